@@ -1,0 +1,52 @@
+"The `lmbook` command and the project-level promises: README in sync, settings, a model import that stays light."
+import json, subprocess, sys
+from conftest import ROOT, lmbook_cmd
+
+
+def test_profiles_lists_every_profile_with_counts():
+    r = lmbook_cmd('profiles', '--json')
+    assert r.returncode == 0, r.stderr
+    rows = {row['profile']: row for row in json.loads(r.stdout)}
+    assert list(rows) == ['smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b']
+    assert 1.95e9 < rows['runpod_2b']['params'] < 2.0e9
+    assert (rows['runpod_2b']['n_embd'], rows['runpod_2b']['n_layer'], rows['runpod_2b']['n_head']) == (2560, 24, 40)
+    assert (rows['runpod_4b']['n_embd'], rows['runpod_4b']['n_layer'], rows['runpod_4b']['n_head']) == (3072, 32, 48)
+    assert rows['gpt2_124m']['vocab_size'] == 50304 and rows['gpt2_124m']['arch'] == 'gpt2'
+    r = lmbook_cmd('profiles')
+    assert 'runpod_4b' in r.stdout and 'B' in r.stdout
+
+
+def test_readme_is_rendered_from_index():
+    r = lmbook_cmd('readme', '--check', '--root', ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def test_readme_quickstart_is_two_commands_and_ci_calls_the_test_one():
+    txt = (ROOT/'README.md').read_text()
+    quick = txt.split('## Quickstart', 1)[1].split('\n## ', 1)[0]
+    cmds = [b.split('```', 1)[0].strip() for b in quick.split('```bash\n')[1:]]
+    assert len(cmds) == 2 and all('\n' not in c for c in cmds), cmds
+    assert 'papermill nbs/train.ipynb' in cmds[0] and 'analysis.ipynb' in cmds[0]
+    assert cmds[1] in (ROOT/'.ci'/'run').read_text()
+
+
+def test_unknown_command_and_bad_profile_are_one_line_errors(workspace):
+    r = lmbook_cmd('train', '--profile', 'smok', '--experiment', 'x')
+    assert r.returncode == 2 and r.stderr.strip().startswith('error:') and len(r.stderr.strip().splitlines()) == 1
+    assert 'smoke' in r.stderr
+
+
+def test_model_import_pulls_in_no_cloud_notebook_or_dataset_library():
+    code = ("import sys, lmbook.model; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', 'nbdev', 'matplotlib', 'tokenizers') "
+            "if m in sys.modules]; print(bad)")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert r.stdout.strip() == '[]', r.stdout + r.stderr
+
+
+def test_settings_env_overrides(workspace, monkeypatch):
+    from lmbook.core import load_settings, paths_for
+    monkeypatch.setenv('RUN_EXPERIMENT', 'fw-2b')
+    monkeypatch.setenv('SHARD_LINES', '1000')
+    s = load_settings(ROOT/'settings.ini')
+    assert (s.experiment, s.shard_lines, s.profile) == ('fw-2b', 1000, 'smoke')
+    assert paths_for('fw-2b').run == workspace/'runs'/'fw-2b'
