@@ -45,7 +45,8 @@ def test_smoke_run_then_plots(workspace):
     ((('profle', 'smoke'),), 'unknown parameter(s) profle'),
     ((('profile', 'smok'),), 'unknown profile'),
     ((('overrides', 'n_layers=2'),), 'unknown config key'),
-    ((('max_steps', 'many'),), 'should be a'),
+    ((('max_steps', 'many'),), 'not a valid int'),
+    ((('nproc', 'two'),), 'should be a int'),
 ])
 def test_bad_parameters_fail_before_work(workspace, params, msg):
     out = workspace/'out.ipynb'

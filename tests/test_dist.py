@@ -1,0 +1,94 @@
+"torchrun with gloo on CPU: DDP and FSDP2 match one process at the same global batch; kill -9 of torchrun and resume."
+import json, os, signal, subprocess, time
+from pathlib import Path
+import pytest
+from lmbook.config import get_config
+from lmbook.trainer import train
+from lmbook.launch import launch_cmd, launch
+from lmbook.checkpoint import list_checkpoints
+
+# global batch 8 sequences: 1 process x batch 4 x grad_accum 2, or 2 processes x batch 4
+TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
+            max_steps=40, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False, batch_size=4)
+SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/shared', LMBOOK_VAL_DIR='datasets/val/shared',
+              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/shared', LMBOOK_CACHE_DIR='cache/shared',
+              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+
+@pytest.fixture(scope='module')
+def ws(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in SHARED.items(): mp.setenv(k, v)
+        yield tmp_path_factory.mktemp('ws')
+
+def rows(run): return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]
+def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
+
+def start(ws, exp, nproc=2, **kw):
+    return subprocess.Popen(launch_cmd('smoke', exp, {**TINY, **kw}, nproc=nproc, root=ws),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+
+def run(ws, exp, **kw):
+    "Through `launch`, as the train notebook does: a plain process prepares the data, then torchrun trains."
+    out = ''.join(launch('smoke', exp, {**TINY, **kw}, nproc=2, root=ws))
+    assert out.index('data ready') < out.index('2 process(es)')
+    return out
+
+@pytest.fixture(scope='module')
+def single(ws):
+    train(get_config('smoke', {**TINY, 'grad_accum': 2}), 'one', root=ws, log=lambda *a: None)
+    return losses(Path(ws)/'runs'/'one')
+
+@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
+def test_two_processes_match_one(ws, single, parallel):
+    out = run(ws, parallel, parallel=parallel)
+    assert '2 process(es)' in out
+    got = losses(Path(ws)/'runs'/parallel)
+    assert sorted(got) == sorted(single) == list(range(1, 41))
+    for s in got: assert abs(got[s] - single[s]) < 1e-4*abs(single[s]), (s, got[s], single[s])
+    meta = json.loads((Path(ws)/'runs'/parallel/'meta.json').read_text())
+    assert (meta['world_size'], meta['parallel'], meta['tokens_per_step']) == (2, parallel, 8*64)
+    # rank 0 alone writes: one line per step
+    assert [r['step'] for r in rows(Path(ws)/'runs'/parallel)] == list(range(41))
+
+def test_resume_with_another_world_size(ws, single):
+    log = []
+    train(get_config('smoke', {**TINY, 'max_steps': 42}), 'ddp', root=ws, log=lambda *a: log.append(' '.join(map(str, a))))
+    assert any('written by 2 process(es), this run has 1' in l for l in log) and any('resumed at step 40' in l for l in log)
+    assert [r['step'] for r in rows(Path(ws)/'runs'/'ddp')] == list(range(43))
+
+def _pids_running(exp, ws):
+    "Processes (torchrun and workers) of experiment `exp` in workspace `ws`."
+    out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.launch' in l and str(ws) in l]
+
+@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
+def test_kill9_torchrun_then_resume(ws, single, parallel):
+    exp = f'{parallel}kill'
+    p = start(ws, exp, max_steps=40, parallel=parallel)
+    for line in p.stdout:
+        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 6: break
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    for _ in range(50):  # workers die with their parent (PR_SET_PDEATHSIG)
+        if not _pids_running(exp, ws): break
+        time.sleep(0.1)
+    assert not _pids_running(exp, ws)
+    ck = int(list_checkpoints(Path(ws)/'runs'/exp/'checkpoints')[0].name[5:])
+    assert 4 <= ck < 40
+    out = run(ws, exp, max_steps=40, parallel=parallel)
+    assert f'resumed at step {ck}' in out
+    got = losses(Path(ws)/'runs'/exp)
+    assert sorted(got) == list(range(1, 41))
+    for s in got: assert abs(got[s] - single[s]) < 1e-4*abs(single[s]), (s, got[s], single[s])
+
+def test_sigterm_to_torchrun(ws):
+    p = start(ws, 'ddpterm', max_steps=500, ckpt_every=100)
+    for line in p.stdout:
+        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    t0 = time.time(); p.send_signal(signal.SIGTERM)
+    rest = p.stdout.read(); p.wait(); dt = time.time() - t0
+    assert dt < 5, (dt, rest)
+    msg = [l for l in rest.splitlines() if l.startswith('stopped by SIGTERM')]
+    assert msg, rest
+    step = int(msg[0].split('at step ')[1].split('/')[0])
+    assert list_checkpoints(Path(ws)/'runs'/'ddpterm'/'checkpoints')[0].name == f'step_{step:08d}'
+    assert not _pids_running('ddpterm', ws)
