@@ -1,0 +1,70 @@
+"`lmbook bench` on the CPU: rows written, real token files, user errors, torchrun; the memory estimate's shape."
+import json, os, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ['--profile', 'smoke', '--set', 'block_size=32', 'n_layer=1', 'n_embd=64', 'grad_accum=2',
+        '--batch-sizes', '2,4', '--steps', '1', '--warmup', '1']
+KEYS = {'profile', 'label', 'date', 'arch', 'n_layer', 'n_embd', 'n_head', 'batch_size', 'block_size', 'grad_accum',
+        'tokens_per_step', 'tok_per_s', 'mfu', 'mem_gb', 'mem_est_gb', 'card', 'torch', 'world_size', 'oom', 'loss'}
+
+
+def _rows(p): return [json.loads(l) for l in Path(p).read_text().splitlines()]
+
+
+def test_bench_cli_writes_one_row_per_batch_size(tmp_path, capsys):
+    from lmbook.bench import main
+    out = tmp_path/'b.jsonl'
+    assert main([*TINY, '--out', str(out), '--label', 'ci']) == 0
+    rows = _rows(out)
+    assert [r['batch_size'] for r in rows] == [2, 4]
+    for r in rows:
+        assert KEYS <= set(r), KEYS - set(r)
+        assert r['tok_per_s'] > 0 and r['mfu'] is None and not r['oom'] and r['label'] == 'ci'
+        assert r['tokens_per_step'] == r['batch_size']*32*2 and r['torch'].startswith(('2.', '3.'))
+    assert 'tok/s' in capsys.readouterr().out  # the table comes last
+
+
+def test_bench_reads_real_token_files(tmp_path):
+    from lmbook.loader import write_token_dir
+    from lmbook.bench import bench
+    tok = write_token_dir(tmp_path/'tok', [np.random.default_rng(0).integers(0, 4000, 20_000).astype(np.uint16)], eot_id=0)
+    rows = bench('smoke', dict(block_size=32, n_layer=1, n_embd=64), [4], steps=1, warmup=1, data=tok)
+    assert rows[0]['data'] == str(tok) and rows[0]['tok_per_s'] > 0
+
+
+@pytest.mark.parametrize('args,msg', [(['--set', 'ce_chunk'], 'name=value'), (['--set', 'nonsense=1'], 'unknown config key'),
+                                      (['--data', '/nonexistent/tok'], 'does not exist')])
+def test_bench_user_errors(args, msg, capsys):
+    from lmbook.bench import main
+    assert main(['--profile', 'smoke', '--steps', '1', *args]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_bench_under_torchrun_ddp(tmp_path):
+    out = tmp_path/'d.jsonl'
+    torchrun = Path(sys.executable).parent/'torchrun'
+    r = subprocess.run([str(torchrun), '--standalone', '--nproc_per_node', '2', '--no-python', sys.executable, '-c',
+                        'from lmbook.bench import main; main()', *TINY[:-6], '--batch-sizes', '2', '--steps', '1',
+                        '--warmup', '1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = _rows(out)
+    assert len(rows) == 1 and rows[0]['world_size'] == 2 and rows[0]['parallel'] == 'ddp'  # rank 0 writes
+    assert rows[0]['tokens_per_step'] == 2*32*2*2
+
+
+def test_memory_estimate_shape():
+    from lmbook.config import get_config
+    from lmbook.memory import estimate_memory, max_batch_size
+    c = get_config('runpod_2b')
+    est = [estimate_memory(c, b)['total_gb'] for b in (1, 8, 16)]
+    assert est[0] < est[1] < est[2]
+    b = max_batch_size(c, 85.5)
+    assert b >= 8 and estimate_memory(c, b)['total_gb'] <= 85.5 < estimate_memory(c, b + 1)['total_gb']/0.94
+    fsdp = estimate_memory(get_config('runpod_4b'), 1, world_size=2, parallel='fsdp')['total_gb']
+    assert fsdp < estimate_memory(get_config('runpod_4b'), 1)['total_gb']/1.5
