@@ -1,4 +1,4 @@
-import os, sys, subprocess
+import json, os, sys, subprocess
 from pathlib import Path
 import pytest
 
@@ -22,3 +22,21 @@ def lmbook_cmd(*args, env=None, timeout=600, cwd=ROOT):
     exe = Path(sys.executable).parent/'lmbook'
     return subprocess.run([str(exe), *map(str, args)], cwd=cwd, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+# Runs of one test module share their data folders (built once), each run keeping its own run folder.
+SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/shared', LMBOOK_VAL_DIR='datasets/val/shared',
+              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/shared', LMBOOK_CACHE_DIR='cache/shared',
+              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+
+@pytest.fixture(scope='module')
+def ws(tmp_path_factory):
+    "A module-wide workspace whose experiments all read the same prepared data."
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in SHARED.items(): mp.setenv(k, v)
+        yield tmp_path_factory.mktemp('ws')
+
+
+def rows(run):
+    "The records of a run's metrics.jsonl."
+    return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]

@@ -3,23 +3,14 @@ import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
 from lmbook.config import get_config
+from conftest import rows
 from lmbook.trainer import train
 from lmbook.launch import launch_cmd
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, file_digest, ckpt_step
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.core import sha256_file
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=30, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False, deterministic=True)
-SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/shared', LMBOOK_VAL_DIR='datasets/val/shared',
-              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/shared', LMBOOK_CACHE_DIR='cache/shared',
-              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-
-@pytest.fixture(scope='module')
-def ws(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SHARED.items(): mp.setenv(k, v)
-        yield tmp_path_factory.mktemp('ws')
-
-def rows(run): return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 
 def start(ws, exp, **kw):
@@ -88,7 +79,7 @@ def test_pickle_payload_refused(ws):
     d = Path(ws)/'runs'/'pickle'/'checkpoints'/'step_00000008'
     torch.save({'state': Payload()}, d/'optim.pt')
     man = json.loads((d/'COMPLETE').read_text())  # the attacker also fixes the manifest
-    man['files']['optim.pt'] = dict(size=(d/'optim.pt').stat().st_size, sha256=file_digest(d/'optim.pt'))
+    man['files']['optim.pt'] = dict(size=(d/'optim.pt').stat().st_size, sha256=sha256_file(d/'optim.pt'))
     (d/'COMPLETE').write_text(json.dumps(man))
     log = []
     train(get_config('smoke', {**TINY, 'max_steps': 10}), 'pickle', root=ws, log=quiet(log))

@@ -3,6 +3,7 @@ import json, os, signal, subprocess, time
 from pathlib import Path
 import pytest
 from lmbook.config import get_config
+from conftest import rows
 from lmbook.trainer import train
 from lmbook.launch import launch_cmd, launch
 from lmbook.checkpoint import list_checkpoints
@@ -10,17 +11,6 @@ from lmbook.checkpoint import list_checkpoints
 # global batch 8 sequences: 1 process x batch 4 x grad_accum 2, or 2 processes x batch 4
 TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=40, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False, batch_size=4)
-SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/shared', LMBOOK_VAL_DIR='datasets/val/shared',
-              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/shared', LMBOOK_CACHE_DIR='cache/shared',
-              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-
-@pytest.fixture(scope='module')
-def ws(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SHARED.items(): mp.setenv(k, v)
-        yield tmp_path_factory.mktemp('ws')
-
-def rows(run): return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]
 def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
 
 def start(ws, exp, nproc=2, **kw):
