@@ -55,3 +55,11 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
     assert msg in r.stderr + out.read_text()
     assert not (workspace/'runs'/'bad-input').exists()
     assert not (workspace/'datasets').exists()
+
+
+def test_analysis_names_the_runs_that_exist(workspace):
+    (workspace/'runs'/'real-run').mkdir(parents=True)
+    (workspace/'runs'/'real-run'/'metrics.jsonl').write_text('{"step": 0, "val_loss": 8.0}\n')
+    out = workspace/'out.ipynb'
+    r = papermill_run('analysis.ipynb', out, ('experiments', 'real-rum'), timeout=300)
+    assert r.returncode != 0 and "runs there: real-run" in r.stderr + out.read_text()
