@@ -5,23 +5,12 @@ import pytest
 from lmbook.config import get_config
 from lmbook.trainer import train, NonFiniteError
 from lmbook.checkpoint import list_checkpoints, check_compatible
+from conftest import rows
 
 # tiny and fast: 2 layers of width 64 on 64-token windows; the data is a slice of the built-in corpus
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False)
-SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/shared', LMBOOK_VAL_DIR='datasets/val/shared',
-              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/shared', LMBOOK_CACHE_DIR='cache/shared',
-              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-
-@pytest.fixture(scope='module')
-def ws(tmp_path_factory):
-    "A workspace whose experiments share one prepared data set."
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SHARED.items(): mp.setenv(k, v)
-        yield tmp_path_factory.mktemp('ws')
-
 def cfg(**kw): return get_config('smoke', {**TINY, **kw})
-def rows(run): return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 
 def test_run_folder(ws):

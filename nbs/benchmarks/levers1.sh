@@ -3,14 +3,7 @@
 # Usage (repo root): bash nbs/benchmarks/levers1.sh OUT.jsonl    (rows are appended to OUT.jsonl)
 O=${1:-levers.jsonl}; START=$(date +%s); BUDGET=${BUDGET:-540}
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
-run() {  # run LIMIT_S ARGS...: one bench process, skipped when the call's budget is nearly spent
-  local lim=$1; shift
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if (( left < 40 )); then echo "SKIP (budget) $*"; return; fi
-  (( lim > left )) && lim=$left
-  echo "== $* (limit ${lim}s)"
-  timeout $lim python3 -c 'from lmbook.bench import main; main()' "$@" --out "$O" 2>&1 | grep -v '^{' | tail -4
-}
+. "$(dirname "$0")/budget.sh"   # run LIMIT_S ARGS...: one bench row within the call's budget
 G2B="n_layer=24 n_embd=2560 n_head=40"
 run 150 --profile gpt2_124m --label 124m-nanogpt      --set ce_chunk=0 grad_accum=1 --batch-sizes 64
 run 150 --profile gpt2_124m --label 124m-chunkce      --set grad_accum=1 --batch-sizes 64

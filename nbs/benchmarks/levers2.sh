@@ -3,15 +3,7 @@
 # Usage (repo root): bash nbs/benchmarks/levers2.sh OUT.jsonl    (rows are appended to OUT.jsonl)
 O=${1:-levers.jsonl}; START=$(date +%s); BUDGET=${BUDGET:-540}
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
-run() {  # run LIMIT_S ARGS...: one bench process, skipped when the call's budget is nearly spent
-  local lim=$1; shift
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if (( left < 40 )); then echo "SKIP (budget) $*"; return; fi
-  (( lim > left )) && lim=$left
-  echo "== $* (limit ${lim}s)"
-  timeout $lim python3 -c 'from lmbook.bench import main; main()' "$@" --out "$O" 2>&1 | grep -v '^{' | tail -4
-}
-G2B="n_layer=24 n_embd=2560 n_head=40"
+. "$(dirname "$0")/budget.sh"   # run LIMIT_S ARGS...: one bench row within the call's budget
 G2B="n_layer=24 n_embd=2560 n_head=40"
 kern() { local left=$(( BUDGET - ($(date +%s) - START) )); (( left < 60 )) && { echo "SKIP kernels $*"; return; }
   echo "== kernels $*"; timeout $((left-5)) python3 nbs/benchmarks/kernels.py "$@" 2>&1 | grep -v Warn | tail -16; }
