@@ -4,6 +4,12 @@ from pathlib import Path
 import pytest
 from lmbook.config import get_config
 from conftest import rows
+from lmbook.distributed import check_parallel
+
+def _fsdp_cpu_ok():
+    try: check_parallel('fsdp', 'cpu'); return True
+    except ValueError: return False
+FSDP_CPU = pytest.mark.skipif(not _fsdp_cpu_ok(), reason='FSDP2 on the CPU needs torch >= 2.6')
 from lmbook.trainer import train
 from lmbook.launch import launch_cmd, launch
 from lmbook.checkpoint import list_checkpoints
@@ -28,7 +34,7 @@ def single(ws):
     train(get_config('smoke', {**TINY, 'grad_accum': 2}), 'one', root=ws, log=lambda *a: None)
     return losses(Path(ws)/'runs'/'one')
 
-@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
+@pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_two_processes_match_one(ws, single, parallel):
     out = run(ws, parallel, parallel=parallel)
     assert '2 process(es)' in out
@@ -51,7 +57,7 @@ def _pids_running(exp, ws):
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
     return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.launch' in l and str(ws) in l]
 
-@pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
+@pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_kill9_torchrun_then_resume(ws, single, parallel):
     exp = f'{parallel}kill'
     p = start(ws, exp, max_steps=40, parallel=parallel)
@@ -82,3 +88,9 @@ def test_sigterm_to_torchrun(ws):
     step = int(msg[0].split('at step ')[1].split('/')[0])
     assert list_checkpoints(Path(ws)/'runs'/'ddpterm'/'checkpoints')[0].name == f'step_{step:08d}'
     assert not _pids_running('ddpterm', ws)
+
+
+@pytest.mark.skipif(_fsdp_cpu_ok(), reason='only torch < 2.6 refuses FSDP2 on the CPU')
+def test_fsdp_on_cpu_refused_before_start_on_old_torch(ws):
+    with pytest.raises(ValueError, match='FSDP2 on the CPU needs torch >= 2.6'):
+        launch_cmd('smoke', 'old-torch', dict(TINY, parallel='fsdp'), nproc=2)
