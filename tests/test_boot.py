@@ -1,0 +1,137 @@
+"The boot pipeline end to end on this machine: orchestrate, boot, resume, autokill through a fake `runpodctl`."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+from conftest import lmbook_cmd
+
+TINY = 'max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1'
+SECRETS = dict(HF_TOKEN='hf_BOOTsecretTOKEN42', JUPYTER_PASSWORD='jp_BOOTsecretPASS42', RUNPOD_API_KEY='rpa_PODSCOPEDkey42')
+RUNPODCTL = '''#!/bin/sh
+{ echo "ARGS $*"
+  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
+  grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
+} >> "$WS/runpodctl-calls"
+'''
+
+
+def corpus(path, n, start=0):
+    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(start, start + n)))
+    return path
+
+
+@pytest.fixture
+def pod(tmp_path, monkeypatch):
+    "A workspace, a fake `runpodctl` on PATH, and the environment a pod would have."
+    ws = tmp_path/'ws'; ws.mkdir()
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
+    env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID='pod1234abc',
+               HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+    return ws, env
+
+
+def calls(ws):
+    f = ws/'runpodctl-calls'
+    return f.read_text().split('ARGS ')[1:] if f.is_file() else []
+
+
+def no_secret_in(ws, *texts):
+    for p in ws.rglob('*'):
+        if p.is_file():
+            data = p.read_bytes()
+            for s in SECRETS.values(): assert s.encode() not in data, f"{s} in {p}"
+    for t in texts:
+        for s in SECRETS.values(): assert s not in t
+
+
+def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkpoint(pod, tmp_path):
+    ws, env = pod
+    exp = 'bt'
+    train, val = corpus(tmp_path/'train.txt', 400), corpus(tmp_path/'val.txt', 40, start=1000)
+    r = lmbook_cmd('orchestrate', '--mode', 'local', '--input', train, '--validation', val, '--experiment', exp, '--train-shard-lines', 100,
+                   '--profile', 'smoke', '--set', *TINY.split(','), env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    for s in ('stage 2/4 layout', 'stage 3/4 data', 'stage 4/4 train: finished'): assert s in log
+    assert 'stage 1/4' not in log
+    shards = sorted(p.name for p in (ws/'datasets'/'train'/exp).iterdir() if p.name.startswith('shard'))
+    assert len(shards) == 4, shards  # 400 documents, 100 lines a shard
+    assert len(list((ws/'datasets'/'val'/exp).glob('shard*'))) == 1
+    assert (ws/'settings.ini').is_file() and list((ws/'runs'/exp).glob('train-*.ipynb'))
+    assert (ws/'runs'/exp/'checkpoints'/'step_00000004'/'COMPLETE').is_file() and calls(ws) == []
+
+    # a new pod over the same volume: the finished run is not trained again; autokill fires once, after it
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT=exp, RUN_SHARD='1', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP=exp)
+    nbs = set((ws/'runs'/exp).glob('train-*.ipynb'))
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    assert 'stage 1/4 install: skipped' in log and 'already finished (step_00000004): nothing to train' in log
+    assert set((ws/'runs'/exp).glob('train-*.ipynb')) == nbs
+    (c,) = calls(ws)
+    assert c.splitlines() == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004', 'logged']
+
+    # more steps asked: the next boot resumes from step 4 through papermill, then stops the pod once
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    assert 'resumed at step 4' in log and 'stage 4/4 train: finished' in log
+    c1, c2 = calls(ws)
+    assert c2.splitlines()[0] == 'stop pod pod1234abc' and 'complete step_00000006' in c2 and 'logged' in c2
+    assert json.loads((ws/'runs'/exp/'autokill.json').read_text())['action'] == 'stop'
+    no_secret_in(ws, r.stdout, r.stderr)
+
+
+def test_a_failed_run_does_not_autokill(pod, tmp_path):
+    ws, env = pod
+    one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: the trainer refuses (exit code 2)
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='stop', EXP='bad')
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (ws/'logs'/'boot-bad.log').read_text()
+    assert 'failed with exit code 2' in log and 'autokill: not firing, the run failed (exit code 2)' in log
+    assert calls(ws) == []
+
+
+def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
+    from lmbook.boot import BootOptions, autokill
+    from lmbook.core import paths_for
+    paths = paths_for('ak', root=tmp_path)
+    paths.run.mkdir(parents=True)
+    lines = []
+    class Log:
+        f = open(tmp_path/'log', 'a')
+        def __call__(self, m): lines.append(m)
+        def sync(self): pass
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n'); (bin_/'runpodctl').chmod(0o755)
+    env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
+    o = BootOptions(experiment='ak', autokill='stop')
+    assert not autokill(o, paths, 3, Log(), env)                  # diverged: the pod stays
+    assert not autokill(o, paths, 0, Log(), env)                  # "finished" but no final checkpoint
+    assert not autokill(o, paths, 143, Log(), dict(env, RUNPOD_POD_ID=''))
+    assert not (tmp_path/'calls').exists()
+    assert autokill(BootOptions(experiment='ak', autokill='terminate', autokill_on_failure=True), paths, 3, Log(), env)
+    assert (tmp_path/'calls').read_text() == 'remove pod pod1234abc\n'
+    assert any('failed run' in l for l in lines)
+
+
+def test_boot_options_come_from_the_pod_environment():
+    from lmbook.boot import BootOptions
+    o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8', AUTOKILL='terminate'))
+    assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8, 'terminate')
+    with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
+    with pytest.raises(ValueError, match='name=value'): BootOptions.from_env(dict(RUN_OVERRIDES='lr'))
+
+
+def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
+    from lmbook.cli import main
+    out = tmp_path/'train.sbatch'
+    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--nodes', '4', '--gpus-per-node', '8', '--partition', 'gpu', '--out', str(out)]) == 0
+    txt = out.read_text()
+    assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
+    for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu', '--rdzv_endpoint=$HEAD:29500',
+              '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
+    capsys.readouterr()
+    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
+    assert capsys.readouterr().err.startswith('error:')
