@@ -18,6 +18,7 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setenv('HF_TOKEN', HF)
     monkeypatch.delenv('JUPYTER_PASSWORD', raising=False)
     monkeypatch.setattr(runpod, 'api_key', None)
+    monkeypatch.setenv('LMBOOK_WORKSPACE', str(tmp_path/'ws'))
     monkeypatch.chdir(tmp_path)
     yield f
     srv.shutdown()
@@ -178,3 +179,13 @@ def test_plan_refuses_what_does_not_fit_and_names_what_does(capsys):
     rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'H100', '--json')
     p = json.loads(out)
     assert p['measured'] and 39_000 < p['tok_per_s'] < 41_000 and p['steps'] == 30_000 and 20 < p['hours'] < 35 and p['cost'] > 0
+
+
+def test_fetch_copies_the_run_folder_without_checkpoints(fake, capsys, tmp_path, monkeypatch):
+    assert run(capsys, *CREATE)[0] == 0
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'rsync').write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/rsync-args\n'); (bin_/'rsync').chmod(0o755)
+    monkeypatch.setenv('PATH', f"{bin_}:{os.environ['PATH']}")
+    assert run(capsys, 'pod', 'fetch', next(iter(fake.pods)))[0] == 0
+    args = (tmp_path/'rsync-args').read_text()
+    assert '--exclude checkpoints/' in args and f'root@203.0.113.7:/workspace/runs/fw-2b/ {tmp_path}/ws/runs/fw-2b/' in args and '-p 40022' in args
