@@ -135,3 +135,40 @@ def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
     capsys.readouterr()
     assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
     assert capsys.readouterr().err.startswith('error:')
+
+
+FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose pip "installs" a fake lmbook
+    git='#!/bin/sh\necho "git $*" >> "$REC"\nfor last; do :; done\n[ "$1" = clone ] && mkdir -p "$last/.git"\n[ "$3" = rev-parse ] && echo 0123456789abcdef\nexit 0\n',
+    python3='#!/bin/sh\necho "python3 $*" >> "$REC"\n[ "$2" = venv ] || exit 1\nfor last; do :; done\nmkdir -p "$last/bin"\n'
+            'cp "$FAKES/python" "$FAKES/pip" "$last/bin/"\n',
+    python='#!/bin/sh\nexit 0\n',
+    pip='#!/bin/sh\necho "pip $*" >> "$REC"\ncp "$FAKES/lmbook" "$(dirname "$0")/"\n',
+    lmbook='#!/bin/sh\necho "lmbook $*" >> "$REC"\n')
+
+
+def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
+    "Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a later pod only boots."
+    import shlex, time
+    from lmbook.runpod import start_command
+    ws, bin_, rec = tmp_path/'ws', tmp_path/'bin', tmp_path/'rec'
+    bin_.mkdir()
+    fakes = tmp_path/'fakes'; fakes.mkdir()
+    for name, body in FAKES.items(): (fakes/name).write_text(body); (fakes/name).chmod(0o755)
+    for name in ('git', 'python3'): (bin_/name).symlink_to(fakes/name)
+    env = dict(PATH=f"{bin_}:/usr/bin:/bin", REC=str(rec), FAKES=str(fakes), LMBOOK_WORKSPACE=str(ws), RUN_EXPERIMENT='fw', LMBOOK_START='true',
+               LMBOOK_REPO='https://example.invalid/lmbook.git', LMBOOK_REF='v1')
+    def boot():
+        n = rec.read_text().count('lmbook boot') if rec.exists() else 0
+        assert subprocess.run(shlex.split(start_command()), env=env, timeout=30).returncode == 0
+        for _ in range(100):
+            if rec.exists() and rec.read_text().count('lmbook boot') > n: return
+            time.sleep(0.05)
+        raise AssertionError((ws/'logs'/'boot-fw.log').read_text())
+    boot()
+    s, v = ws/'lmbook', ws/'venvs'/'lmbook'
+    assert rec.read_text().splitlines() == [f'git clone -q -b v1 https://example.invalid/lmbook.git {s}', f'python3 -m venv --system-site-packages {v}',
+                                            f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD', 'lmbook boot']
+    assert (v/'lmbook-commit').read_text().strip() == '0123456789abcdef'
+    assert 'stage 1/4 install: lmbook from' in (ws/'logs'/'boot-fw.log').read_text()
+    boot()
+    assert rec.read_text().splitlines()[5:] == ['lmbook boot']

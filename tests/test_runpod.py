@@ -50,7 +50,8 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     env = {e['key']: e['value'] for e in inp['env']}
     assert (env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN']) == ('runpod_2b', 'fw-2b', 'terminate', HF)
     assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
-    assert 'lmbook boot' in inp['dockerArgs'] and inp['dockerArgs'].endswith('exec /start.sh\'') and '/workspace/logs/boot-$RUN_EXPERIMENT.log' in inp['dockerArgs']
+    assert 'lmbook boot' in inp['dockerArgs'] and inp['dockerArgs'].endswith("exec ${LMBOOK_START:-/start.sh}'") and '$W/logs/boot-$RUN_EXPERIMENT.log' in inp['dockerArgs']
+    assert env['LMBOOK_WORKSPACE'] == '/workspace'
     assert pod['name'].startswith('fw-2b-') and pod['id'] in out and f"https://{pod['id']}-8888.proxy.runpod.net" in out
     # the API key travels only in the Authorization header; secret values only in the create request's env
     secrets = [KEY, HF, env['JUPYTER_PASSWORD']]
