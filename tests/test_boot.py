@@ -172,3 +172,23 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     assert 'stage 1/4 install: lmbook from' in (ws/'logs'/'boot-fw.log').read_text()
     boot()
     assert rec.read_text().splitlines()[5:] == ['lmbook boot']
+
+
+def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
+    "Two boots as two cluster nodes (1 CPU process each) on one shared workspace: node 0 prepares, node 1 waits, both train."
+    import socket
+    ws, env = pod
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    train = corpus(tmp_path/'train.txt', 400)
+    base = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='mn', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, RUN_NPROC='1',
+                NUM_NODES='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), LMBOOK_DATA_WAIT='240')
+    exe = Path(sys.executable).parent/'lmbook'
+    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'], env=dict(base, NODE_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (1, 0)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    log0, log1 = (ws/'logs'/'boot-mn.log').read_text(), (ws/'logs'/'boot-mn-node1.log').read_text()
+    assert 'torchrun --nnodes=2 --node_rank=0 --master_addr=127.0.0.1' in log0 and '--node_rank=1' in log1
+    assert 'stage 3/4 data: waiting for node 0' in log1 and 'validation tokens' in log0
+    meta = json.loads((ws/'runs'/'mn'/'meta.json').read_text())
+    assert meta['world_size'] == 2 and (ws/'runs'/'mn'/'checkpoints'/'step_00000004'/'COMPLETE').is_file()
