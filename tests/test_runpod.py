@@ -78,6 +78,8 @@ def test_manifest_round_trip_creates_the_same_pod(fake, capsys):
     assert rc == 0, err
     (pod,) = fake.pods.values()
     assert pod['input']['gpuCount'] == 2 and pod['name'].startswith('fw-2b-')
+    assert run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')[0] == 0
+    assert len(fake.pods) == 1 and len(fake.ops('podFindAndDeployOnDemand')) == 1  # the same manifest twice: one pod
     Path('bad.yaml').write_text(Path('pod.yaml').read_text().replace("experiment: fw-2b", 'experiment: fw"2b'))
     one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'bad.yaml'), 'not allowed')
 
@@ -87,7 +89,7 @@ def test_capacity_is_retried_after_a_lookup_then_a_clear_error(fake, capsys):
     rc, out, err = run(capsys, *CREATE)
     assert rc == 0, err
     assert len(fake.pods) == 1 and len(fake.ops('podFindAndDeployOnDemand')) == 3
-    assert len(fake.ops('pods {')) == 2  # a lookup by name before each retry
+    assert len(fake.ops('pods {')) == 3  # a lookup by name before each try
     assert 'retrying' in out
     fake.capacity_failures = 99
     rc, out, err = run(capsys, *CREATE, '--tries', '3')
