@@ -192,3 +192,26 @@ def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
     assert 'stage 3/4 data: waiting for node 0' in log1 and 'validation tokens' in log0
     meta = json.loads((ws/'runs'/'mn'/'meta.json').read_text())
     assert meta['world_size'] == 2 and (ws/'runs'/'mn'/'checkpoints'/'step_00000004'/'COMPLETE').is_file()
+
+
+def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeypatch):
+    "Stage 1 inside the volume's venv: the same commit only registers the kernel; a new commit reinstalls first."
+    import lmbook.boot as boot
+    from lmbook.core import git_commit, package_dir
+    venv = tmp_path/'venv'; venv.mkdir()
+    monkeypatch.setattr(sys, 'prefix', str(venv))
+    calls, lines = [], []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd, **kw) if cmd[0] == 'git' else calls.append(cmd[2:5]))
+    log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m)))()
+    commit = git_commit(package_dir().parent)
+    (venv/'lmbook-commit').write_text(f'{commit}\n')
+    assert boot.stage_install(boot.BootOptions(), log) == 'lmbook'
+    assert calls == [['ipykernel', 'install', '--user']] and 'from the image' in lines[-1]
+    (venv/'lmbook-commit').write_text('an older commit\n')
+    calls.clear()
+    boot.stage_install(boot.BootOptions(), log)
+    assert calls == [['pip', 'install', '-q'], ['ipykernel', 'install', '--user']]
+    assert (venv/'lmbook-commit').read_text().strip() == commit
+    monkeypatch.setattr(sys, 'prefix', sys.base_prefix)
+    with pytest.raises(ValueError, match='virtualenv'): boot.stage_install(boot.BootOptions(), log)
