@@ -1,0 +1,217 @@
+"The boot pipeline end to end on this machine: orchestrate, boot, resume, autokill through a fake `runpodctl`."
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+from conftest import lmbook_cmd
+
+TINY = 'max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1'
+SECRETS = dict(HF_TOKEN='hf_BOOTsecretTOKEN42', JUPYTER_PASSWORD='jp_BOOTsecretPASS42', RUNPOD_API_KEY='rpa_PODSCOPEDkey42')
+RUNPODCTL = '''#!/bin/sh
+{ echo "ARGS $*"
+  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
+  grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
+} >> "$WS/runpodctl-calls"
+'''
+
+
+def corpus(path, n, start=0):
+    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(start, start + n)))
+    return path
+
+
+@pytest.fixture
+def pod(tmp_path, monkeypatch):
+    "A workspace, a fake `runpodctl` on PATH, and the environment a pod would have."
+    ws = tmp_path/'ws'; ws.mkdir()
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
+    env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID='pod1234abc',
+               HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+    return ws, env
+
+
+def calls(ws):
+    f = ws/'runpodctl-calls'
+    return f.read_text().split('ARGS ')[1:] if f.is_file() else []
+
+
+def no_secret_in(ws, *texts):
+    for p in ws.rglob('*'):
+        if p.is_file():
+            data = p.read_bytes()
+            for s in SECRETS.values(): assert s.encode() not in data, f"{s} in {p}"
+    for t in texts:
+        for s in SECRETS.values(): assert s not in t
+
+
+def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkpoint(pod, tmp_path):
+    ws, env = pod
+    exp = 'bt'
+    train, val = corpus(tmp_path/'train.txt', 400), corpus(tmp_path/'val.txt', 40, start=1000)
+    r = lmbook_cmd('orchestrate', '--mode', 'local', '--input', train, '--validation', val, '--experiment', exp, '--train-shard-lines', 100,
+                   '--profile', 'smoke', '--set', *TINY.split(','), env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    for s in ('stage 2/4 layout', 'stage 3/4 data', 'stage 4/4 train: finished'): assert s in log
+    assert 'stage 1/4' not in log
+    shards = sorted(p.name for p in (ws/'datasets'/'train'/exp).iterdir() if p.name.startswith('shard'))
+    assert len(shards) == 4, shards  # 400 documents, 100 lines a shard
+    assert len(list((ws/'datasets'/'val'/exp).glob('shard*'))) == 1
+    assert (ws/'settings.ini').is_file() and list((ws/'runs'/exp).glob('train-*.ipynb'))
+    assert (ws/'runs'/exp/'checkpoints'/'step_00000004'/'COMPLETE').is_file() and calls(ws) == []
+
+    # a new pod over the same volume: the finished run is not trained again; autokill fires once, after it
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT=exp, RUN_SHARD='1', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP=exp)
+    nbs = set((ws/'runs'/exp).glob('train-*.ipynb'))
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    assert 'stage 1/4 install: skipped' in log and 'already finished (step_00000004): nothing to train' in log
+    assert set((ws/'runs'/exp).glob('train-*.ipynb')) == nbs
+    (c,) = calls(ws)
+    assert c.splitlines() == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004', 'logged']
+
+    # more steps asked: the next boot resumes from step 4 through papermill, then stops the pod once
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = (ws/'logs'/f'boot-{exp}.log').read_text()
+    assert 'resumed at step 4' in log and 'stage 4/4 train: finished' in log
+    c1, c2 = calls(ws)
+    assert c2.splitlines()[0] == 'stop pod pod1234abc' and 'complete step_00000006' in c2 and 'logged' in c2
+    assert json.loads((ws/'runs'/exp/'autokill.json').read_text())['action'] == 'stop'
+    no_secret_in(ws, r.stdout, r.stderr)
+
+
+def test_a_failed_run_does_not_autokill(pod, tmp_path):
+    ws, env = pod
+    one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: the trainer refuses (exit code 2)
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='stop', EXP='bad')
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    log = (ws/'logs'/'boot-bad.log').read_text()
+    assert 'failed with exit code 2' in log and 'autokill: not firing, the run failed (exit code 2)' in log
+    assert calls(ws) == []
+
+
+def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
+    from lmbook.boot import BootOptions, autokill
+    from lmbook.core import paths_for
+    paths = paths_for('ak', root=tmp_path)
+    paths.run.mkdir(parents=True)
+    lines = []
+    class Log:
+        f = open(tmp_path/'log', 'a')
+        def __call__(self, m): lines.append(m)
+        def sync(self): pass
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n'); (bin_/'runpodctl').chmod(0o755)
+    env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
+    o = BootOptions(experiment='ak', autokill='stop')
+    assert not autokill(o, paths, 3, Log(), env)                  # diverged: the pod stays
+    assert not autokill(o, paths, 0, Log(), env)                  # "finished" but no final checkpoint
+    assert not autokill(o, paths, 143, Log(), dict(env, RUNPOD_POD_ID=''))
+    assert not (tmp_path/'calls').exists()
+    assert autokill(BootOptions(experiment='ak', autokill='terminate', autokill_on_failure=True), paths, 3, Log(), env)
+    assert (tmp_path/'calls').read_text() == 'remove pod pod1234abc\n'
+    assert any('failed run' in l for l in lines)
+
+
+def test_boot_options_come_from_the_pod_environment():
+    from lmbook.boot import BootOptions
+    o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8', AUTOKILL='terminate'))
+    assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8, 'terminate')
+    with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
+    with pytest.raises(ValueError, match='name=value'): BootOptions.from_env(dict(RUN_OVERRIDES='lr'))
+
+
+def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
+    from lmbook.cli import main
+    out = tmp_path/'train.sbatch'
+    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--nodes', '4', '--gpus-per-node', '8', '--partition', 'gpu', '--out', str(out)]) == 0
+    txt = out.read_text()
+    assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
+    for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu', '--rdzv_endpoint=$HEAD:29500',
+              '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
+    capsys.readouterr()
+    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
+    assert capsys.readouterr().err.startswith('error:')
+
+
+FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose pip "installs" a fake lmbook
+    git='#!/bin/sh\necho "git $*" >> "$REC"\nfor last; do :; done\n[ "$1" = clone ] && mkdir -p "$last/.git"\n[ "$3" = rev-parse ] && echo 0123456789abcdef\nexit 0\n',
+    python3='#!/bin/sh\necho "python3 $*" >> "$REC"\n[ "$2" = venv ] || exit 1\nfor last; do :; done\nmkdir -p "$last/bin"\n'
+            'cp "$FAKES/python" "$FAKES/pip" "$last/bin/"\n',
+    python='#!/bin/sh\nexit 0\n',
+    pip='#!/bin/sh\necho "pip $*" >> "$REC"\ncp "$FAKES/lmbook" "$(dirname "$0")/"\n',
+    lmbook='#!/bin/sh\necho "lmbook $*" >> "$REC"\n')
+
+
+def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
+    "Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a later pod only boots."
+    import shlex, time
+    from lmbook.runpod import start_command
+    ws, bin_, rec = tmp_path/'ws', tmp_path/'bin', tmp_path/'rec'
+    bin_.mkdir()
+    fakes = tmp_path/'fakes'; fakes.mkdir()
+    for name, body in FAKES.items(): (fakes/name).write_text(body); (fakes/name).chmod(0o755)
+    for name in ('git', 'python3'): (bin_/name).symlink_to(fakes/name)
+    env = dict(PATH=f"{bin_}:/usr/bin:/bin", REC=str(rec), FAKES=str(fakes), LMBOOK_WORKSPACE=str(ws), RUN_EXPERIMENT='fw', LMBOOK_START='true',
+               LMBOOK_REPO='https://example.invalid/lmbook.git', LMBOOK_REF='v1')
+    def boot():
+        n = rec.read_text().count('lmbook boot') if rec.exists() else 0
+        assert subprocess.run(shlex.split(start_command()), env=env, timeout=30).returncode == 0
+        for _ in range(100):
+            if rec.exists() and rec.read_text().count('lmbook boot') > n: return
+            time.sleep(0.05)
+        raise AssertionError((ws/'logs'/'boot-fw.log').read_text())
+    boot()
+    s, v = ws/'lmbook', ws/'venvs'/'lmbook'
+    assert rec.read_text().splitlines() == [f'git clone -q -b v1 https://example.invalid/lmbook.git {s}', f'python3 -m venv --system-site-packages {v}',
+                                            f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD', 'lmbook boot']
+    assert (v/'lmbook-commit').read_text().strip() == '0123456789abcdef'
+    assert 'stage 1/4 install: lmbook from' in (ws/'logs'/'boot-fw.log').read_text()
+    boot()
+    assert rec.read_text().splitlines()[5:] == ['lmbook boot']
+
+
+def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
+    "Two boots as two cluster nodes (1 CPU process each) on one shared workspace: node 0 prepares, node 1 waits, both train."
+    import socket
+    ws, env = pod
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    train = corpus(tmp_path/'train.txt', 400)
+    base = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='mn', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, RUN_NPROC='1',
+                NUM_NODES='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), LMBOOK_DATA_WAIT='240')
+    exe = Path(sys.executable).parent/'lmbook'
+    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'], env=dict(base, NODE_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (1, 0)]
+    outs = [p.communicate(timeout=400)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    log0, log1 = (ws/'logs'/'boot-mn.log').read_text(), (ws/'logs'/'boot-mn-node1.log').read_text()
+    assert 'torchrun --nnodes=2 --node_rank=0 --master_addr=127.0.0.1' in log0 and '--node_rank=1' in log1
+    assert 'stage 3/4 data: waiting for node 0' in log1 and 'validation tokens' in log0
+    meta = json.loads((ws/'runs'/'mn'/'meta.json').read_text())
+    assert meta['world_size'] == 2 and (ws/'runs'/'mn'/'checkpoints'/'step_00000004'/'COMPLETE').is_file()
+
+
+def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeypatch):
+    "Stage 1 inside the volume's venv: the same commit only registers the kernel; a new commit reinstalls first."
+    import lmbook.boot as boot
+    from lmbook.core import git_commit, package_dir
+    venv = tmp_path/'venv'; venv.mkdir()
+    monkeypatch.setattr(sys, 'prefix', str(venv))
+    calls, lines = [], []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd, **kw) if cmd[0] == 'git' else calls.append(cmd[2:5]))
+    log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m)))()
+    commit = git_commit(package_dir().parent)
+    (venv/'lmbook-commit').write_text(f'{commit}\n')
+    assert boot.stage_install(boot.BootOptions(), log) == 'lmbook'
+    assert calls == [['ipykernel', 'install', '--user']] and 'from the image' in lines[-1]
+    (venv/'lmbook-commit').write_text('an older commit\n')
+    calls.clear()
+    boot.stage_install(boot.BootOptions(), log)
+    assert calls == [['pip', 'install', '-q'], ['ipykernel', 'install', '--user']]
+    assert (venv/'lmbook-commit').read_text().strip() == commit
+    monkeypatch.setattr(sys, 'prefix', sys.base_prefix)
+    with pytest.raises(ValueError, match='virtualenv'): boot.stage_install(boot.BootOptions(), log)

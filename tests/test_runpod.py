@@ -1,0 +1,194 @@
+"`lmbook pod` with the real `runpod` SDK against a fake RunPod GraphQL server on 127.0.0.1."
+import json, os, stat, sys
+from pathlib import Path
+import pytest
+from fake_runpod import FakeRunPod, serve, CAPACITY
+from lmbook.cli import main
+
+KEY, HF = 'rpa_TESTKEY123', 'hf_SECRETtokenVALUE987'
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    import runpod
+    f = FakeRunPod(KEY)
+    srv, url = serve(f)
+    monkeypatch.setenv('RUNPOD_API_BASE_URL', url)
+    monkeypatch.setenv('RUNPOD_API_KEY', KEY)
+    monkeypatch.setenv('HF_TOKEN', HF)
+    monkeypatch.delenv('JUPYTER_PASSWORD', raising=False)
+    monkeypatch.setattr(runpod, 'api_key', None)
+    monkeypatch.setenv('LMBOOK_WORKSPACE', str(tmp_path/'ws'))
+    monkeypatch.chdir(tmp_path)
+    yield f
+    srv.shutdown()
+
+
+def run(capsys, *args):
+    "(exit code, stdout, stderr) of `lmbook ARGS` run in this process."
+    rc = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def one_line_error(rc, out, err, *words):
+    assert rc == 2 and err.startswith('error: ') and len(err.strip().splitlines()) == 1, err
+    for w in words: assert w in err, err
+
+
+CREATE = ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--gpus', '2', '--volume', 'vol123abc',
+          '--hf-token', 'env:HF_TOKEN', '--autokill', '--retry-wait', '0', '--save', 'pod.yaml']
+
+
+def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
+    rc, out, err = run(capsys, *CREATE)
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    inp = pod['input']
+    assert (inp['gpuTypeId'], inp['gpuCount'], inp['networkVolumeId'], inp['volumeMountPath']) == ('NVIDIA H100 80GB HBM3', 2, 'vol123abc', '/workspace')
+    assert inp['ports'] == '8888/http,6006/http,22/tcp' and inp['imageName'].startswith('runpod/pytorch:') and inp['cloudType'] == 'SECURE'
+    env = {e['key']: e['value'] for e in inp['env']}
+    assert (env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN']) == ('runpod_2b', 'fw-2b', 'terminate', HF)
+    assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
+    assert 'lmbook boot' in inp['dockerArgs'] and inp['dockerArgs'].endswith("exec ${LMBOOK_START:-/start.sh}'") and '$W/logs/boot-$RUN_EXPERIMENT.log' in inp['dockerArgs']
+    assert env['LMBOOK_WORKSPACE'] == '/workspace'
+    assert pod['name'].startswith('fw-2b-') and pod['id'] in out and f"https://{pod['id']}-8888.proxy.runpod.net" in out
+    # the API key travels only in the Authorization header; secret values only in the create request's env
+    secrets = [KEY, HF, env['JUPYTER_PASSWORD']]
+    for headers, q in fake.requests:
+        assert headers['Authorization'] == f'Bearer {KEY}' and KEY not in q
+        if 'podFindAndDeployOnDemand' not in q: assert HF not in q and env['JUPYTER_PASSWORD'] not in q
+    manifest = Path('pod.yaml').read_text()
+    for s in secrets: assert s not in out + err + manifest
+    assert 'env:HF_TOKEN' in manifest and 'generate' in manifest
+
+
+def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys):
+    rc, out, err = run(capsys, *CREATE, '--dry-run')
+    assert rc == 0, err
+    assert fake.requests == [] and not fake.pods
+    assert 'podFindAndDeployOnDemand' in out and 'volumeMountPath: "/workspace"' in out and 'gpuCount: 2' in out and 'kind: lmbook-pod' in out
+    assert HF not in out and KEY not in out and 'chars hidden' in out
+    assert 'HF_TOKEN' in out and 'JUPYTER_PASSWORD' in out
+
+
+def test_manifest_round_trip_creates_the_same_pod(fake, capsys):
+    assert run(capsys, *CREATE, '--dry-run')[0] == 0
+    rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml', '--retry-wait', '0')
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    assert pod['input']['gpuCount'] == 2 and pod['name'].startswith('fw-2b-')
+    assert run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')[0] == 0
+    assert len(fake.pods) == 1 and len(fake.ops('podFindAndDeployOnDemand')) == 1  # the same manifest twice: one pod
+    Path('bad.yaml').write_text(Path('pod.yaml').read_text().replace("experiment: fw-2b", 'experiment: fw"2b'))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'bad.yaml'), 'not allowed')
+
+
+def test_capacity_is_retried_after_a_lookup_then_a_clear_error(fake, capsys):
+    fake.capacity_failures = 2
+    rc, out, err = run(capsys, *CREATE)
+    assert rc == 0, err
+    assert len(fake.pods) == 1 and len(fake.ops('podFindAndDeployOnDemand')) == 3
+    assert len(fake.ops('pods {')) == 3  # a lookup by name before each try
+    assert 'retrying' in out
+    fake.capacity_failures = 99
+    rc, out, err = run(capsys, *CREATE, '--tries', '3')
+    one_line_error(rc, out, err, 'no longer any instances', 'gave up after 3 tries', '--gpu')
+    assert len(fake.pods) == 1
+
+
+def test_half_failed_create_is_found_by_name_and_not_billed_twice(fake, capsys):
+    fake.lose_next_answer = True
+    rc, out, err = run(capsys, *CREATE)
+    assert rc == 0, err
+    assert len(fake.pods) == 1 and len(fake.ops('podFindAndDeployOnDemand')) == 1
+    assert 'not creating another' in out
+
+
+def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeypatch):
+    monkeypatch.delenv('RUNPOD_API_KEY')
+    one_line_error(*run(capsys, 'pod', 'list'), 'no RunPod API key', 'RUNPOD_API_KEY')
+    monkeypatch.setenv('RUNPOD_API_KEY', 'rpa_WRONG')
+    one_line_error(*run(capsys, 'pod', 'list'), 'rejected the API key')
+    monkeypatch.setenv('RUNPOD_API_KEY', KEY)
+    rc, out, err = run(capsys, *[a if a != 'vol123abc' else 'volnothere' for a in CREATE])
+    one_line_error(rc, out, err, 'RunPod API error: Network volume not found')
+    assert HF not in err and KEY not in err
+    monkeypatch.setenv('RUNPOD_API_BASE_URL', 'http://127.0.0.1:9')
+    one_line_error(*run(capsys, 'pod', 'status', 'pod0001xyz'), 'no usable answer from the RunPod API')
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--experiment', 'x", gpuCount: 8, name: "y'], ['experiment name', 'not allowed']),
+    (['--image', 'evil" }) { id } mutation { podTerminate'], ['image', 'not allowed']),
+    (['--env', 'FOO=a"b'], ['FOO', 'unescaped']),
+    (['--env', 'BAD-KEY=1'], ['not allowed']),
+    (['--volume', 'v") { id }'], ['volume id', 'not allowed']),
+    (['--set', 'dataset=/workspace/x"y'], ['RUN_OVERRIDES', 'unescaped']),
+    (['--hf-token', 'hf_plainvalue'], ['never the value itself']),
+    (['--gpu', 'H1000'], ['unknown GPU']),
+])
+def test_malicious_or_bad_values_are_refused_before_any_request(fake, capsys, args, words):
+    base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100']
+    one_line_error(*run(capsys, *base, *args), *words)
+    assert fake.requests == []
+    one_line_error(*run(capsys, 'pod', 'stop', 'abc"}) { id }'), 'pod id')
+
+
+def test_status_wait_lifecycle_and_volumes(fake, capsys):
+    fake.polls_until_running = 2
+    assert run(capsys, *CREATE, '--wait', '--timeout', '60', '--poll', '0')[0] == 0
+    pid = next(iter(fake.pods))
+    rc, out, err = run(capsys, 'pod', 'status', pid)
+    assert rc == 0 and 'RUNNING' in out and '$5.38/h' in out and '97% busy' in out and 'ssh root@203.0.113.7 -p 40022' in out
+    assert HF not in out and 'JUPYTER_PASSWORD' not in out
+    assert pid in run(capsys, 'pod', 'list')[1]
+    assert run(capsys, 'pod', 'stop', pid)[0] == 0 and fake.pods[pid]['desiredStatus'] == 'EXITED'
+    one_line_error(*run(capsys, 'pod', 'wait', pid, '--timeout', '1', '--poll', '0'), 'EXITED')
+    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['desiredStatus'] == 'RUNNING'
+    assert 'gpuCount: 2' in fake.ops('podResume')[0]
+    assert run(capsys, 'pod', 'restart', pid)[0] == 0 and fake.ops('podRestart')
+    assert run(capsys, 'pod', 'terminate', pid)[0] == 0 and pid not in fake.pods
+    one_line_error(*run(capsys, 'pod', 'status', pid), 'does not exist')
+    rc, out, err = run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '500', '--data-center', 'EU-RO-1')
+    assert rc == 0 and '500 GB' in out and 'EU-RO-1' in out
+    assert 'fw' in run(capsys, 'pod', 'volume', 'list')[1]
+    one_line_error(*run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '10', '--data-center', 'EU"RO'), 'data center')
+
+
+def test_wait_times_out_with_a_clear_message(fake, capsys):
+    fake.polls_until_running = 10**6
+    assert run(capsys, *CREATE)[0] == 0
+    from lmbook.runpod import RunPodAPI, wait_running, RunPodError
+    t = iter(range(0, 10**6, 100))
+    with pytest.raises(RunPodError, match='not running after 300 s'):
+        wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None, clock=lambda: next(t), log=lambda m: None)
+
+
+def test_logs_tail_the_boot_log_over_ssh(fake, capsys, tmp_path, monkeypatch):
+    assert run(capsys, *CREATE)[0] == 0
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'ssh').write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/ssh-args\n'); (bin_/'ssh').chmod(0o755)
+    monkeypatch.setenv('PATH', f"{bin_}:{os.environ['PATH']}")
+    assert run(capsys, 'pod', 'logs', next(iter(fake.pods)), '-n', '20')[0] == 0
+    args = (tmp_path/'ssh-args').read_text()
+    assert '-p 40022 root@203.0.113.7 tail -n 20 /workspace/logs/boot-fw-2b.log' in args
+
+
+def test_plan_refuses_what_does_not_fit_and_names_what_does(capsys):
+    one_line_error(*run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', '4090'), '57.2 GB', "--gpu 'NVIDIA H100")
+    rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'A100')
+    assert rc == 0 and 'never measured on NVIDIA A100' in out and 'cost' in out
+    rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'H100', '--json')
+    p = json.loads(out)
+    assert p['measured'] and 39_000 < p['tok_per_s'] < 41_000 and p['steps'] == 30_000 and 20 < p['hours'] < 35 and p['cost'] > 0
+
+
+def test_fetch_copies_the_run_folder_without_checkpoints(fake, capsys, tmp_path, monkeypatch):
+    assert run(capsys, *CREATE)[0] == 0
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    (bin_/'rsync').write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/rsync-args\n'); (bin_/'rsync').chmod(0o755)
+    monkeypatch.setenv('PATH', f"{bin_}:{os.environ['PATH']}")
+    assert run(capsys, 'pod', 'fetch', next(iter(fake.pods)))[0] == 0
+    args = (tmp_path/'rsync-args').read_text()
+    assert '--exclude checkpoints/' in args and f'root@203.0.113.7:/workspace/runs/fw-2b/ {tmp_path}/ws/runs/fw-2b/' in args and '-p 40022' in args
