@@ -68,3 +68,18 @@ def test_memory_estimate_shape():
     assert b >= 8 and estimate_memory(c, b)['total_gb'] <= 85.5 < estimate_memory(c, b + 1)['total_gb']/0.94
     fsdp = estimate_memory(get_config('runpod_4b'), 1, world_size=2, parallel='fsdp')['total_gb']
     assert fsdp < estimate_memory(get_config('runpod_4b'), 1)['total_gb']/1.5
+
+
+def test_levers_script_runs_end_to_end_on_cpu(tmp_path):
+    "The GPU levers table's script, toy shapes: every lever row is written; fp8 degrades to off, the fused loss to chunked."
+    out = tmp_path/'lev.jsonl'
+    env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/levers.py'), str(out), '--tiny', '--shapes', '124m',
+                        '--levers', 'recipe,all', '--parity-steps', '2', '--workspace', str(tmp_path/'ws')],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = _rows(out)
+    assert [r['lever'] for r in rows] == ['recipe', 'all']
+    assert rows[1]['fp8'] == 'off' and rows[1]['loss_kernel'] == 'chunked' and rows[0]['loss_kernel'] == 'logits'
+    assert all(r['val_loss'] > 0 and len(r['losses']) == 4 for r in rows)
+    assert '| 124m-b64 | all |' in p.stdout
