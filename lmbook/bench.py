@@ -13,7 +13,8 @@ from .config import Config, get_config, count_params, flops_per_token, parse_ass
 from .core import peak_flops, pick_device
 
 # %% auto #0
-__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'measure', 'bench', 'format_rows', 'add_cli', 'main']
+__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'eager_val_loss', 'measure', 'bench', 'format_rows', 'add_cli',
+           'main']
 
 # %% ../nbs/14_bench.ipynb #2dcf3f3e
 def synthetic_batches(vocab_size:int, # token ids are drawn from [0, vocab_size)
@@ -76,6 +77,17 @@ def _card(device:str) -> str:
     import platform
     return torch.cuda.get_device_name(device) if device.startswith('cuda') else (platform.processor() or platform.machine())
 
+@torch.no_grad()
+def eager_val_loss(t, # a `trainer.Trainable`
+                   batches:list, # (x, y) validation batches
+                  ) -> float:
+    "Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), averaged across ranks."
+    from lmbook.distributed import all_reduce
+    tot = torch.zeros((), device=t.device)
+    for x, y in batches:
+        with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
+    return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
+
 def _is_oom(e:BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
 
@@ -136,8 +148,7 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
                    loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses], oom=False)
         if val_data is not None:
             from lmbook.loader import val_batches
-            from lmbook.trainer import evaluate
-            row['val_loss'] = round(evaluate(model, val_batches(val_data, tc.batch_size, m.block_size, eval_batches, info.rank, world)), 4)
+            row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size, eval_batches, info.rank, world)), 4)
         del model, step
     except Exception as e:
         if not _is_oom(e): raise

@@ -57,12 +57,13 @@ def loss_kernel(cfg:Config, device:str) -> str:
         return 'liger' if device.startswith('cuda') and _liger_flce() is not None else 'chunked'
     return 'chunked' if m.ce_chunk else 'logits'
 
-def attention_kernel(cfg:Config, device:str) -> str:
-    "The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice)."
-    b = cfg.model.attn_backend
-    if b != 'auto': return b
+def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
+    "The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as `model.sdpa` decides."
+    m = cfg.model
+    if m.attn_backend != 'auto': return m.attn_backend
     cuda = device.startswith('cuda') and torch.cuda.is_available()
-    return 'cudnn' if cuda and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'
+    plain = m.kv_heads == m.n_head and not (training and m.dropout) and m.head_dim <= 128
+    return 'cudnn' if cuda and plain and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'
 
 def lever_report(cfg:Config, device:str, fp8_applied:str='off') -> dict:
     "The levers a run of `cfg` really uses on `device`, for a metrics or benchmark row."

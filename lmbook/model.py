@@ -19,12 +19,14 @@ __all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'ma
 # %% ../nbs/04_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION', math='MATH')
 
-def _hopper_or_newer(t:torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.get_device_properties(t.device).major >= 9
+def _cudnn_suits(q, k, kw) -> bool:
+    "Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel applies."
+    return (q.is_cuda and torch.cuda.get_device_properties(q.device).major >= 9 and not kw.get('enable_gqa')
+            and not kw.get('dropout_p') and q.shape == k.shape and q.shape[-1] <= 128)
 
 def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
-    "`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN on Hopper+, else torch)."
-    if backend == 'auto': backend = 'cudnn' if _hopper_or_newer(q) else 'sdpa'
+    "`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN where it suits, else torch)."
+    if backend == 'auto': backend = 'cudnn' if _cudnn_suits(q, k, kw) else 'sdpa'
     if backend == 'sdpa': return F.scaled_dot_product_attention(q, k, v, **kw)
     from torch.nn.attention import sdpa_kernel, SDPBackend
     with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend]), SDPBackend.MATH]):
@@ -147,7 +149,7 @@ def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
 def _liger_flce():
     "liger-kernel's fused linear + cross-entropy function, or None when it cannot be imported."
     try: from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
-    except (ImportError, RuntimeError, AttributeError): return None
+    except Exception: return None  # an optional GPU package: missing, or built for another torch/triton (the run's row names the kernel used)
     return LigerFusedLinearCrossEntropyFunction
 
 @torch.compiler.disable

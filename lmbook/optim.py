@@ -30,19 +30,19 @@ def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu',
                              eps=1e-8, fused=fused or None)
 
 # %% ../nbs/05_optim.ipynb #3d5c16a9
-def orthogonalize(G:torch.Tensor, # a 2-D gradient or momentum
+def orthogonalize(G:torch.Tensor, # a 2-D gradient or momentum, or a stack of same-shape ones (..., rows, cols)
                   steps:int=5, # Newton-Schulz iterations
                  ) -> torch.Tensor:
     "`G` with its singular values pushed to about 1 (quintic Newton-Schulz; bf16 on CUDA, fp32 elsewhere)."
     a, b, c = 3.4445, -4.7750, 2.0315
     X = G.bfloat16() if G.is_cuda else G.float()
-    tall = X.size(0) > X.size(1)
-    if tall: X = X.T
-    X = X/(X.norm() + 1e-7)  # spectral norm <= Frobenius norm <= 1
+    tall = X.size(-2) > X.size(-1)
+    if tall: X = X.mT
+    X = X/(X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
-        A = X @ X.T
+        A = X @ X.mT
         X = a*X + (b*A + c*A @ A) @ X
-    return (X.T if tall else X).to(G.dtype)
+    return (X.mT if tall else X).to(G.dtype)
 
 # %% ../nbs/05_optim.ipynb #98f2120b
 _BLOCK = re.compile(r'(^|\.)h\.\d+\.')
@@ -70,25 +70,34 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad(): loss = closure()
         for g in self.param_groups:
-            lr = g['lr']*g['lr_scale']
-            for p in g['params']:
-                if p.grad is None: continue
-                if g['weight_decay']: p.mul_(1 - lr*g['weight_decay'])
-                (self._muon if g['muon'] else self._adamw)(p, g, lr)
+            lr, ps = g['lr']*g['lr_scale'], [p for p in g['params'] if p.grad is not None]
+            if g['weight_decay']:
+                for p in ps: p.mul_(1 - lr*g['weight_decay'])
+            if g['muon']: self._muon(ps, g, lr)
+            else:
+                for p in ps: self._adamw(p, g, lr)
         return loss
 
-    def _muon(self, p, g, lr):
-        st, grad = self.state[p], p.grad
-        if not st: st['momentum_buffer'] = torch.zeros_like(p)
-        buf = st['momentum_buffer']
-        buf.lerp_(grad, 1 - g['momentum'])
-        upd = grad.lerp(buf, g['momentum']) if g['nesterov'] else buf
-        full = upd.full_tensor() if hasattr(upd, 'full_tensor') else upd
-        o = orthogonalize(full, g['ns_steps'])*max(1.0, full.size(0)/full.size(1))**0.5
-        if hasattr(p, 'device_mesh'):  # FSDP2: every rank computed the same full update; keep this rank's shard
-            from torch.distributed.tensor import distribute_tensor
-            o = distribute_tensor(o, p.device_mesh, p.placements, src_data_rank=None)
-        p.add_(o, alpha=-lr)
+    def _muon(self, ps, g, lr, stack:int=8):
+        "Momentum, then same-shape updates orthogonalised `stack` at a time (fewer, larger kernels)."
+        by_shape = {}
+        for p in ps:
+            st = self.state[p]
+            if not st: st['momentum_buffer'] = torch.zeros_like(p)
+            buf = st['momentum_buffer']
+            buf.lerp_(p.grad, 1 - g['momentum'])
+            upd = p.grad.lerp(buf, g['momentum']) if g['nesterov'] else buf
+            full = upd.full_tensor() if hasattr(upd, 'full_tensor') else upd  # FSDP2: the whole matrix
+            by_shape.setdefault(tuple(full.shape), []).append((p, full))
+        for (rows, cols), items in by_shape.items():
+            for i in range(0, len(items), stack):
+                chunk = items[i:i + stack]
+                O = orthogonalize(torch.stack([f for _, f in chunk]), g['ns_steps'])*max(1.0, rows/cols)**0.5
+                for (p, _), o in zip(chunk, O):
+                    if hasattr(p, 'device_mesh'):  # every rank computed the same full update; keep this rank's shard
+                        from torch.distributed.tensor import distribute_tensor
+                        o = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
+                    p.add_(o.to(p.dtype), alpha=-lr)
 
     def _adamw(self, p, g, lr):
         st, grad = self.state[p], p.grad

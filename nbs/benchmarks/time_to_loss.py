@@ -13,7 +13,7 @@ synchronised, without compilation and evaluation), val_loss on the same EVAL_BAT
 run gives compile_s and the time at which its validation loss first reached the target.
 Plot: python3 nbs/benchmarks/plot_time_to_loss.py OUT.jsonl PNG
 
-Usage (repo root): python3 nbs/benchmarks/time_to_loss.py OUT.jsonl [--steps 800] [--muon-fracs 0.55,0.75] [--tiny]
+Usage (repo root): python3 nbs/benchmarks/time_to_loss.py OUT.jsonl [--steps 600] [--muon-fracs 0.55,0.75] [--tiny]
 """
 import argparse, json, math, sys, time, warnings
 from pathlib import Path
@@ -25,11 +25,10 @@ RECIPE = dict(ce_chunk=0, attn_backend='sdpa', compile='auto', fp8='off', fused_
 def run(name, cfg, train, val, eval_every, eval_batches, out, target=None):
     "Train `cfg` for its max_steps; write a row every `eval_every` steps; return the rows."
     import torch
-    from lmbook.bench import make_step, file_batches, _sync
+    from lmbook.bench import make_step, file_batches, eager_val_loss, _sync
     from lmbook.core import pick_device
     from lmbook.loader import val_batches
     from lmbook.optim import schedule_for
-    from lmbook.trainer import evaluate
     device = pick_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     t, step, _ = make_step(cfg, device)
@@ -39,7 +38,7 @@ def run(name, cfg, train, val, eval_every, eval_batches, out, target=None):
     rows, train_s, compile_s, reached = [], 0.0, 0.0, None
     def record(s, loss):
         nonlocal reached
-        v = evaluate(t, vb)
+        v = eager_val_loss(t, vb)
         r = dict(run=name, optimizer=cfg.train.optimizer, step=s, tokens=s*cfg.tokens_per_step, train_s=round(train_s, 3),
                  loss=loss, val_loss=round(v, 4), max_steps=cfg.train.max_steps, muon_lr=cfg.train.muon_lr, lr=cfg.train.lr)
         if target is not None and reached is None and v <= target: reached = r
@@ -67,13 +66,13 @@ def run(name, cfg, train, val, eval_every, eval_batches, out, target=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
-    ap.add_argument('--steps', type=int, default=800, help="the AdamW recipe's optimizer steps (its fixed budget)")
+    ap.add_argument('--steps', type=int, default=600, help="the AdamW recipe's optimizer steps (its fixed budget)")
     ap.add_argument('--muon-fracs', default='0.55,0.75', help='Muon runs, each this fraction of --steps long')
     ap.add_argument('--muon-lr', type=float, default=0.02, help="Muon's peak learning rate (matrices)")
     ap.add_argument('--eval-every', type=int, default=25, help='steps between validation rows')
     ap.add_argument('--eval-batches', type=int, default=10, help='validation batches of 64 x 1024 tokens')
     ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
-    ap.add_argument('--mb', type=float, default=100, help='megabytes of source text to tokenize')
+    ap.add_argument('--mb', type=float, default=80, help='megabytes of source text to tokenize')
     ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()

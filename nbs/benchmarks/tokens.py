@@ -8,18 +8,21 @@ once as a JSON-lines corpus), `builtin` (the standard library's docstrings: abou
 runs of a few hundred 64k-token steps) or anything `dataset=` accepts. The models keep their own
 vocabulary size (50304 for GPT-2 shapes): only the token ids are smaller.
 """
-import json, sys, sysconfig
+import json, site, sys, sysconfig
 from pathlib import Path
 
 def source_corpus(out:Path, max_mb:float=40) -> Path:
     "A JSON-lines corpus of this Python's .py files (stdlib first, then site-packages), sorted, up to `max_mb` MB."
     if out.is_file(): return out
-    roots = [Path(sysconfig.get_paths()['stdlib']), Path(sysconfig.get_paths()['purelib'])]
-    n, tmp = 0, out.with_suffix('.tmp')
+    paths = sysconfig.get_paths()
+    roots = [Path(paths['stdlib']), Path(paths['purelib']), Path(paths['platlib']), *map(Path, site.getsitepackages())]
+    n, tmp, seen = 0, out.with_suffix('.tmp'), set()  # site-packages may sit inside the stdlib folder: each file once
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, 'w') as f:
         for root in roots:
-            for p in sorted(root.rglob('*.py')):
+            for p in sorted(root.rglob('*.py')) if root.is_dir() else []:
+                if (r := p.resolve()) in seen: continue
+                seen.add(r)
                 try: txt = p.read_text(encoding='utf-8')
                 except (UnicodeDecodeError, OSError): continue
                 if len(txt) < 200: continue
@@ -34,7 +37,7 @@ def prepare(ws:Path, exp:str, dataset:str='sources', max_mb:float=40) -> tuple[P
     from lmbook.config import get_config
     from lmbook.core import paths_for
     from lmbook.loader import prepare_data
-    if dataset == 'sources': dataset = str(source_corpus(Path(ws)/'corpus'/'sources.jsonl', max_mb))
+    if dataset == 'sources': dataset = str(source_corpus(Path(ws)/'corpus'/f'sources-{max_mb:g}MB.jsonl', max_mb))
     cfg = get_config('gpt2_124m', dict(dataset=dataset, dataset_config='', vocab_size=8192, val_ratio=0.1))
     pd = prepare_data(cfg, paths_for(exp, root=ws))
     return pd.train_tokens, pd.val_tokens
