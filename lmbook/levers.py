@@ -21,7 +21,7 @@ def fp8_support(device:str) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9): return f"float8 matmuls need compute capability 8.9 or newer, this card has {major}.{minor}"
     try: import torchao.float8  # noqa: F401
-    except ImportError: return "float8 training needs torchao: pip install torchao"
+    except Exception as e: return f"float8 training needs torchao (pip install torchao): {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return ''
 
 def fp8_eligible(mod:nn.Module, fqn:str) -> bool:

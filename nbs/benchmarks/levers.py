@@ -65,7 +65,9 @@ def main():
                 warnings.simplefilter('ignore' if a.tiny else 'default')
                 r = measure(cfg, steps, warmup, train if real else None, schedule=real, val_data=val if real else None,
                             eval_batches=10 if not a.tiny else 2)
-            r = dict(profile='gpt2_124m', label=f'{label}-{name}', lever=name, shape=label, overrides=ov, wall_s=round(time.time() - t, 1), **r)
+            left = round(torch.cuda.memory_allocated()/1e9, 2) if torch.cuda.is_available() else None  # should be ~0: nothing leaks into the next row
+            r = dict(profile='gpt2_124m', label=f'{label}-{name}', lever=name, shape=label, overrides=ov, wall_s=round(time.time() - t, 1),
+                     mem_left_gb=left, **r)
             rows.append(r)
             with open(a.out, 'a') as f: f.write(json.dumps(r) + '\n')
             print(f"{r['label']}: {r.get('tok_per_s')} tok/s, mem {r.get('mem_gb')} GB (est {r.get('mem_est_gb')}), "
