@@ -5,15 +5,16 @@ Table "Time to loss" of nbs/benchmarks.md. GPT-2 124M, micro-batch 64 x 1024, ac
 
 1. `adamw`: the nanoGPT recipe (lr 6e-4, betas 0.9/0.95, weight decay 0.1) for STEPS steps; its final
    validation loss is the target;
-2. `muon-F` for each fraction F of --muon-fracs: optimizer=muon (Muon for the blocks' matrices at muon_lr,
-   AdamW as above for embeddings, head and gains) for F x STEPS steps, so its schedule ends there.
+2. one Muon run for each F[@LR] of --muon-runs: optimizer=muon (Muon for the blocks' matrices at muon_lr,
+   AdamW for embeddings, head and gains at LR, default the recipe's 6e-4) for F x STEPS steps, so its schedule
+   ends there. The default tries the AdamW part at 3x the recipe's lr in the shorter run.
 
 Every EVAL_EVERY steps a row is written: run, step, tokens, train_s (wall time of the optimizer steps,
 synchronised, without compilation and evaluation), val_loss on the same EVAL_BATCHES batches. A last row per
 run gives compile_s and the time at which its validation loss first reached the target.
 Plot: python3 nbs/benchmarks/plot_time_to_loss.py OUT.jsonl PNG
 
-Usage (repo root): python3 nbs/benchmarks/time_to_loss.py OUT.jsonl [--steps 600] [--muon-fracs 0.55,0.75] [--tiny]
+Usage (repo root): python3 nbs/benchmarks/time_to_loss.py OUT.jsonl [--steps 600] [--muon-runs 0.55@0.0018,0.75] [--tiny]
 """
 import argparse, json, math, sys, time, warnings
 from pathlib import Path
@@ -67,7 +68,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
     ap.add_argument('--steps', type=int, default=600, help="the AdamW recipe's optimizer steps (its fixed budget)")
-    ap.add_argument('--muon-fracs', default='0.55,0.75', help='Muon runs, each this fraction of --steps long')
+    ap.add_argument('--muon-runs', default='0.55@0.0018,0.75', help="Muon runs: FRACTION of --steps [@ the AdamW part's lr]")
     ap.add_argument('--muon-lr', type=float, default=0.02, help="Muon's peak learning rate (matrices)")
     ap.add_argument('--eval-every', type=int, default=25, help='steps between validation rows')
     ap.add_argument('--eval-batches', type=int, default=10, help='validation batches of 64 x 1024 tokens')
@@ -88,10 +89,11 @@ def main():
     rows, end = run('adamw', cfg(a.steps), train, val, a.eval_every, a.eval_batches, a.out)
     target = end['final_val_loss']
     print(f"adamw: {a.steps} steps, {end['train_s']:.1f}s, val_loss {target}", flush=True)
-    for f in map(float, a.muon_fracs.split(',')):
-        n = max(1, round(f*a.steps))
-        _, e = run(f'muon-{f:g}', cfg(n, optimizer='muon', muon_lr=a.muon_lr), train, val, a.eval_every, a.eval_batches, a.out, target)
+    for spec in a.muon_runs.split(','):
+        f, lr = (spec.split('@') + ['0.0006'])[:2]
+        n, name = max(1, round(float(f)*a.steps)), f'muon-{spec}'
+        _, e = run(name, cfg(n, optimizer='muon', muon_lr=a.muon_lr, lr=float(lr)), train, val, a.eval_every, a.eval_batches, a.out, target)
         ratio = f"{e['reached_train_s']/end['train_s']:.2f}x the recipe's time" if e['reached_train_s'] else 'target not reached'
-        print(f"muon-{f:g}: {n} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']} (target {target}): {ratio}", flush=True)
+        print(f"{name}: {n} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']} (target {target}): {ratio}", flush=True)
 
 if __name__ == '__main__': main()
