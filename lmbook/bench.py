@@ -13,7 +13,8 @@ from .config import Config, get_config, count_params, flops_per_token, parse_ass
 from .core import peak_flops, pick_device
 
 # %% auto #0
-__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'measure', 'bench', 'format_rows', 'add_cli', 'main']
+__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'eager_val_loss', 'measure', 'bench', 'format_rows', 'add_cli',
+           'main']
 
 # %% ../nbs/14_bench.ipynb #2dcf3f3e
 def synthetic_batches(vocab_size:int, # token ids are drawn from [0, vocab_size)
@@ -46,10 +47,11 @@ def make_step(cfg:Config, # the config to train
               compile_mode:str='default', # torch.compile mode, or 'regional' (each block compiled on its own)
               inductor:dict|None=None, # torch._inductor.config settings
              ):
-    "The trainer's `Trainable` and a `step(batches) -> loss` doing one `trainer.train_step`."
+    "The trainer's `Trainable`, a `step(batches, lr) -> loss` doing one `trainer.train_step`, and the fp8 recipe applied."
     from lmbook.trainer import build_trainable, train_step, resolve_compile
     from lmbook.distributed import DistInfo
     from lmbook.config import apply_overrides
+    from lmbook.levers import apply_fp8
     info = info or DistInfo(device=device)
     compiled = resolve_compile(cfg.train.compile, device)
     if compiled and inductor:
@@ -57,15 +59,15 @@ def make_step(cfg:Config, # the config to train
         for k, v in inductor.items():
             old = getattr(icfg, k)
             setattr(icfg, k, str(v).lower() in ('1', 'true') if isinstance(old, bool) else type(old)(v))
-    custom = compiled and compile_mode != 'default'
+    custom = compiled and (compile_mode != 'default' or cfg.train.fp8 != 'off')
     t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, info)
+    fp8 = apply_fp8(t.raw, cfg.train.fp8, device)  # the same parameters: the optimizer already holds them
     if custom:
         if compile_mode == 'regional':
             for b in t.raw.h: b.compile()
-        else: t.raw.compile(mode=compile_mode)
-    lr = cfg.train.lr
-    def step(batches): return train_step(t, lambda: next(batches), lr).loss
-    return t, step
+        else: t.raw.compile(mode=None if compile_mode == 'default' else compile_mode)
+    def step(batches, lr=cfg.train.lr): return train_step(t, lambda: next(batches), lr).loss
+    return t, step, fp8
 
 # %% ../nbs/14_bench.ipynb #8e25b9aa
 def _sync(device:str):
@@ -74,6 +76,17 @@ def _sync(device:str):
 def _card(device:str) -> str:
     import platform
     return torch.cuda.get_device_name(device) if device.startswith('cuda') else (platform.processor() or platform.machine())
+
+@torch.no_grad()
+def eager_val_loss(t, # a `trainer.Trainable`
+                   batches:list, # (x, y) validation batches
+                  ) -> float:
+    "Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), averaged across ranks."
+    from lmbook.distributed import all_reduce
+    tot = torch.zeros((), device=t.device)
+    for x, y in batches:
+        with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
+    return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
 def _is_oom(e:BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
@@ -86,9 +99,14 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
             compile_mode:str='default', # torch.compile mode
             info=None, # `distributed.DistInfo` when under torchrun
             inductor:dict|None=None, # torch._inductor.config settings, e.g. {'coordinate_descent_tuning': True}
+            schedule:bool=False, # follow the config's warmup and decay over warmup + steps (else constant lr)
+            val_data:Path|None=None, # validation token files: add `val_loss` at the end
+            eval_batches:int=20, # validation batches for `val_loss`
            ) -> dict:
     "Train `cfg` for `warmup` + `steps` optimizer steps and return one benchmark row."
     from lmbook.distributed import DistInfo, all_reduce
+    from lmbook.levers import lever_report
+    from lmbook.optim import schedule_for
     device = device or pick_device(cfg.train.device)
     info = info or DistInfo(device=device)
     m, tc = cfg.model, cfg.train
@@ -104,17 +122,19 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
     cuda = device.startswith('cuda')
     try:
         torch.manual_seed(tc.seed + info.rank)
-        model, step = make_step(cfg, device, info, compile_mode, inductor)
+        model, step, fp8 = make_step(cfg, device, info, compile_mode, inductor)
+        row.update(lever_report(cfg, device, fp8), schedule=schedule)
+        lr = schedule_for(tc, warmup + steps) if schedule else (lambda s: tc.lr)
         batches = (file_batches(data, tc.batch_size, m.block_size, device, info.rank, world) if data else
                    synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device, seed=tc.seed + info.rank))
         t0 = time.perf_counter()
-        losses = [step(batches).item() for _ in range(warmup)]
+        losses = [step(batches, lr(i)).item() for i in range(warmup)]
         _sync(device); row['warmup_s'] = round(time.perf_counter() - t0, 2)
         if cuda: torch.cuda.reset_peak_memory_stats(device)
         dts = []
-        for _ in range(steps):
+        for i in range(warmup, warmup + steps):
             t = time.perf_counter()
-            losses.append(step(batches).item())
+            losses.append(step(batches, lr(i)).item())
             _sync(device); dts.append(time.perf_counter() - t)
         total = all_reduce(sum(dts), 'max', device)  # the slowest rank sets the pace
         tok_s = cfg.tokens_per_step*world*steps/total
@@ -124,12 +144,17 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
                    mfu=round(tok_s/world*flops_per_token(m)/peak, 4) if peak and cuda else None,
                    mem_gb=round(torch.cuda.max_memory_allocated(device)/1e9, 3) if cuda else None,
                    mem_reserved_gb=round(torch.cuda.max_memory_reserved(device)/1e9, 3) if cuda else None,
-                   loss_first=round(losses[0], 4), loss=round(losses[-1], 4), oom=False)
+                   loss_first=round(losses[0], 4), loss=round(losses[-1], 4),
+                   loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses], oom=False)
+        if val_data is not None:
+            from lmbook.loader import val_batches
+            row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size, eval_batches, info.rank, world)), 4)
         del model, step
     except Exception as e:
         if not _is_oom(e): raise
         row.update(oom=True, tok_per_s=None, mfu=None, error=str(e).splitlines()[0][:200])
     finally:
+        torch._dynamo.reset()
         gc.collect()
         if cuda: torch.cuda.empty_cache()
     try:
@@ -149,6 +174,9 @@ def bench(profile:str, # profile name or config file
           label:str='', # a name for this configuration in the table
           compile_mode:str='default', # torch.compile mode
           inductor:dict|None=None, # torch._inductor.config settings
+          schedule:bool=False, # follow the config's warmup and decay (for loss comparisons)
+          val_data:Path|None=None, # validation token files: add `val_loss`
+          eval_batches:int=20, # validation batches
          ) -> list[dict]:
     "Benchmark `profile` at each micro-batch size; one row per size, appended to `out`."
     from lmbook.distributed import init_distributed
@@ -159,7 +187,7 @@ def bench(profile:str, # profile name or config file
     for bs in batch_sizes or [base.train.batch_size]:
         cfg = get_config(profile, {**(overrides or {}), 'batch_size': bs})
         r = dict(profile=profile, label=label, overrides=overrides or {},
-                 **measure(cfg, steps, warmup, data, info.device, compile_mode, info, inductor))
+                 **measure(cfg, steps, warmup, data, info.device, compile_mode, info, inductor, schedule, val_data, eval_batches))
         rows.append(r)
         if out is not None and info.is_main:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +215,7 @@ def _run(args) -> int:
     cuda_allocator_defaults()  # the trainer's allocator settings, so the numbers are the training run's
     sizes = [int(s) for s in args.batch_sizes.split(',')] if args.batch_sizes else None
     rows = bench(args.profile, parse_assignments(args.set), sizes, args.steps, args.warmup, args.data, args.out, args.label,
-                 args.compile_mode, parse_assignments(args.inductor))
+                 args.compile_mode, parse_assignments(args.inductor), args.schedule, args.val_data, args.eval_batches)
     from lmbook.distributed import DistInfo, dist_env
     if dist_env()[0] == 0:
         for r in rows: print(json.dumps(r))
@@ -207,6 +235,9 @@ def add_cli(sub):
     p.add_argument('--label', default='', help='name of this configuration in tables')
     p.add_argument('--compile-mode', default='default', help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     p.add_argument('--inductor', nargs='*', default=[], metavar='NAME=VALUE', help='torch._inductor.config settings, e.g. coordinate_descent_tuning=1')
+    p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the steps (for loss comparisons)")
+    p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report val_loss at the end')
+    p.add_argument('--eval-batches', type=int, default=20, help='validation batches for val_loss')
     p.set_defaults(func=_run)
 
 def main(argv:list[str]|None=None) -> int:

@@ -37,7 +37,8 @@ class ModelConfig:
     norm_eps: float = 1e-5       # epsilon of LayerNorm/RMSNorm
     dropout: float = 0.0         # dropout in attention and residual paths (pretraining uses 0)
     ce_chunk: int = 0            # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by compile
-    attn_backend: str = 'auto'   # attention kernel: 'auto' (torch picks), 'cudnn', 'flash', 'efficient' or 'math'
+    attn_backend: str = 'auto'   # attention kernel: 'auto' (cuDNN on Hopper and newer, else torch's choice), 'sdpa' (torch's choice), 'cudnn', 'flash', 'efficient' or 'math'
+    fused_ce: bool = False       # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else the chunked one)
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -95,6 +96,10 @@ class TrainConfig:
     max_nonfinite: int = 5       # non-finite steps in a row (skipped updates) that stop the run
     tensorboard: bool = True     # also log to runs/<exp>/tensorboard
     wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
+    fp8: str = 'off'             # float8 matmuls through torchao on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)
+    optimizer: str = 'adamw'     # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
+    muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
+    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -154,7 +159,8 @@ def apply_overrides(cfg:Config, overrides:dict) -> Config:
 # %% ../nbs/01_config.ipynb #98958396
 _CHOICES = dict(arch=('llama', 'gpt2'), schedule=('cosine', 'wsd'), dtype=('auto', 'bfloat16', 'float32'),
                 compile=('auto', 'true', 'false'), parallel=('ddp', 'fsdp'),
-                attn_backend=('auto', 'cudnn', 'flash', 'efficient', 'math'))
+                attn_backend=('auto', 'sdpa', 'cudnn', 'flash', 'efficient', 'math'),
+                fp8=('off', 'tensorwise', 'rowwise'), optimizer=('adamw', 'muon'))
 
 def validate(cfg:Config) -> Config:
     "Raise a one-line `ValueError` for a config that cannot train."
@@ -175,6 +181,8 @@ def validate(cfg:Config) -> Config:
         if getattr(t, k) < 0: raise ValueError(f"{k} must be >= 0, got {getattr(t, k)}")
     if t.nproc < 1: raise ValueError(f"nproc must be >= 1, got {t.nproc}")
     if not 0 <= t.decay_frac <= 1: raise ValueError(f"decay_frac={t.decay_frac} must be in [0, 1]")
+    if not 0 < t.muon_lr < 1: raise ValueError(f"muon_lr={t.muon_lr} is outside (0, 1)")
+    if not 0 <= t.muon_momentum < 1: raise ValueError(f"muon_momentum={t.muon_momentum} must be in [0, 1)")
     if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
     return cfg
 

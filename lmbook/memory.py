@@ -10,7 +10,7 @@ import math
 from .config import Config, ModelConfig, count_params, get_config
 
 # %% auto #0
-__all__ = ['state_bytes', 'act_bytes_per_token_layer', 'logits_bytes', 'estimate_memory', 'max_batch_size']
+__all__ = ['state_bytes', 'act_bytes_per_token_layer', 'block_matrix_params', 'logits_bytes', 'estimate_memory', 'max_batch_size']
 
 # %% ../nbs/01a_memory.ipynb #ecc6715a
 def state_bytes(n_params:int, # parameters
@@ -21,18 +21,34 @@ def state_bytes(n_params:int, # parameters
                 bf16_weights=2*n_params, new_grads=4*n_params)
 
 # %% ../nbs/01a_memory.ipynb #bff0bc98
-def act_bytes_per_token_layer(m:ModelConfig) -> int:
-    "Bytes one transformer block saves for the backward pass, per token (bf16 autocast, compiled)."
+def act_bytes_per_token_layer(m:ModelConfig, fp8:bool=False) -> int:
+    "Bytes one transformer block saves for the backward pass, per token (bf16 autocast, compiled; `fp8`: float8 matmuls)."
     d, h = m.n_embd, m.hidden
-    attn = 4*d + 4*d + 2*d + 2*d + 2*(m.n_head + 2*m.kv_heads)*m.head_dim + 2*d
+    qkv = 2*(m.n_head + 2*m.kv_heads)*m.head_dim
+    if fp8: return 4*d + 4*d + qkv + d + (2*h if m.arch == 'gpt2' else 4*h)
+    attn = 4*d + 4*d + 2*d + 2*d + qkv + 2*d
     mlp = 4*h if m.arch == 'gpt2' else 8*h
     return attn + mlp
 
-def logits_bytes(m:ModelConfig, tokens:int) -> int:
-    "Bytes the loss keeps for `tokens` tokens: bf16 logits, or what the compiled chunked loss was measured to hold."
-    V = m.padded_vocab
+def block_matrix_params(m:ModelConfig) -> int:
+    "Parameters of the linear layers inside the blocks (the ones float8 training converts)."
+    return m.n_layer*(m.n_embd*(m.n_head + 2*m.kv_heads)*m.head_dim + m.n_embd*m.n_embd + (3 if m.arch != 'gpt2' else 2)*m.n_embd*m.hidden)
+
+def _liger_ok() -> bool:
+    from lmbook.model import _liger_flce
+    return _liger_flce() is not None
+
+def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
+    "Bytes the loss holds for `tokens` tokens: bf16 logits, the compiled chunked loss's measured 4.4 bytes a logit, or a fused loss's chunk and gradients."
+    V, C = m.padded_vocab, m.n_embd
+    if m.fused_ce:
+        if _liger_ok() if liger is None else liger:  # liger: the input's gradient (bf16), the head's (fp32), one chunk of bf16 logits
+            chunk = 2**math.ceil(math.log2(max(1, math.ceil(tokens/math.ceil(V/C)))))
+            return 2*tokens*C + 4*V*C + 2*min(chunk, tokens)*V
+        chunk = min(m.ce_chunk or 8192, tokens)  # eager chunked loss: ~12 bytes a logit of one chunk, fp32 input gradient
+        return 12*chunk*V + 4*tokens*C + 4*V*C
     if not m.ce_chunk: return 2*tokens*V
-    return int(4.4*tokens*V) + 4*V*m.n_embd + 4*tokens*m.n_embd
+    return int(4.4*tokens*V) + 4*V*C + 4*tokens*C
 
 # %% ../nbs/01a_memory.ipynb #a0da47a9
 def estimate_memory(cfg:Config, # the run's config
@@ -51,11 +67,13 @@ def estimate_memory(cfg:Config, # the run's config
     shard = world_size if par == 'fsdp' else 1
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
-    act = tokens*m.n_layer*act_bytes_per_token_layer(m)
+    fp8 = tc.fp8 != 'off'
+    act = tokens*m.n_layer*act_bytes_per_token_layer(m, fp8)
     logits = logits_bytes(m, tokens)
     fp32 = tc.dtype == 'float32'
     if fp32: act, logits = 2*act, 2*logits
     bf16w = 0 if fp32 else s['bf16_weights']/shard
+    if fp8 and not fp32: bf16w -= block_matrix_params(m)/shard  # float8 copies of the blocks' matrices: 1 byte, not 2
     start_bwd = state + ddp + bf16w + act + logits
     end_bwd = state + ddp + s['new_grads']/shard
     total = max(start_bwd, end_bwd)

@@ -14,14 +14,20 @@ from .config import ModelConfig, count_params
 
 # %% auto #0
 __all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'ChunkedLinearCE',
-           'chunked_cross_entropy', 'GPT']
+           'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT']
 
 # %% ../nbs/04_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION', math='MATH')
 
+def _cudnn_suits(q, k, kw) -> bool:
+    "Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel applies."
+    return (q.is_cuda and torch.cuda.get_device_properties(q.device).major >= 9 and not kw.get('enable_gqa')
+            and not kw.get('dropout_p') and q.shape == k.shape and q.shape[-1] <= 128)
+
 def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
-    "`scaled_dot_product_attention` through the kernel `backend` ('auto' lets torch choose)."
-    if backend == 'auto': return F.scaled_dot_product_attention(q, k, v, **kw)
+    "`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN where it suits, else torch)."
+    if backend == 'auto': backend = 'cudnn' if _cudnn_suits(q, k, kw) else 'sdpa'
+    if backend == 'sdpa': return F.scaled_dot_product_attention(q, k, v, **kw)
     from torch.nn.attention import sdpa_kernel, SDPBackend
     with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend]), SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q, k, v, **kw)
@@ -139,6 +145,28 @@ def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
         tot = tot + F.cross_entropy((x[s:s+chunk] @ weight.t()).float(), targets[s:s+chunk], ignore_index=-1, reduction='sum')
     return tot/(targets != -1).sum().clamp(min=1)
 
+# %% ../nbs/04_model.ipynb #85ab3a02
+def _liger_flce():
+    "liger-kernel's fused linear + cross-entropy function, or None when it cannot be imported."
+    try: from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+    except Exception: return None  # an optional GPU package: missing, or built for another torch/triton (the run's row names the kernel used)
+    return LigerFusedLinearCrossEntropyFunction
+
+@torch.compiler.disable
+def fused_linear_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
+                               weight:torch.Tensor, # output head (V, C)
+                               targets:torch.Tensor, # (N,) token ids, -1 ignored
+                               chunk:int=8192, # rows at a time for the chunked fallback
+                              ) -> torch.Tensor:
+    "Mean cross-entropy of `x @ weight.T` without the logits: liger-kernel's kernel on CUDA when installed, else `chunked_cross_entropy`."
+    fn = _liger_flce() if x.is_cuda else None
+    if fn is None: return chunked_cross_entropy(x, weight, targets, chunk)
+    if torch.is_autocast_enabled('cuda'): x = x.to(torch.get_autocast_dtype('cuda'))  # its gradient is kept in this dtype
+    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
+    #  return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens, ce_impl, ce_mode)
+    return fn.apply(x, weight, targets, None, None, -1, 0.0, 0.0, 'mean', None, False, torch.float32,
+                    False, False, False, None, None)[0]
+
 # %% ../nbs/04_model.ipynb #270c1b00
 class GPT(nn.Module):
     "A decoder-only transformer language model."
@@ -178,6 +206,7 @@ class GPT(nn.Module):
         for block in self.h: x = block(x, rope)
         x = self.ln_f(x)
         if targets is None: return self.lm_head(x)[..., :self.cfg.vocab_size]
+        if self.cfg.fused_ce: return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1), self.cfg.ce_chunk or 8192)
         if self.cfg.ce_chunk: return chunked_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1), self.cfg.ce_chunk)
         logits = self.lm_head(x).float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

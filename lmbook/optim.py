@@ -1,4 +1,4 @@
-"""AdamW with decay on matrices only, learning-rate schedules that span the whole run, and scaling rules that propose a run's length.
+"""AdamW with decay on matrices only, Muon for the blocks' matrices, learning-rate schedules that span the whole run, and scaling rules that propose a run's length.
 
 Docs: https://lmbook.github.io/lmbook/optim.html.md"""
 
@@ -6,14 +6,14 @@ Docs: https://lmbook.github.io/lmbook/optim.html.md"""
 
 # %% ../nbs/05_optim.ipynb #337958af
 from __future__ import annotations
-import math
+import math, re
 from dataclasses import dataclass
 import torch
 from .config import TrainConfig, count_params
 
 # %% auto #0
-__all__ = ['param_groups', 'make_optimizer', 'lr_at', 'schedule_for', 'total_steps', 'ScalingPlan', 'scaling_rules',
-           'scaling_table', 'plan_for']
+__all__ = ['param_groups', 'make_optimizer', 'orthogonalize', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'total_steps',
+           'ScalingPlan', 'scaling_rules', 'scaling_table', 'plan_for']
 
 # %% ../nbs/05_optim.ipynb #3de5f3a8
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -22,11 +22,91 @@ def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
     return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
 
-def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu', fused:bool|None=None) -> torch.optim.AdamW:
-    "AdamW over `model` from `tc` (fused kernels on CUDA unless `fused=False`)."
+def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu', fused:bool|None=None) -> torch.optim.Optimizer:
+    "The optimizer `tc.optimizer` names over `model`: AdamW (fused kernels on CUDA unless `fused=False`) or `Muon`."
     fused = device_type == 'cuda' if fused is None else fused
+    if tc.optimizer == 'muon': return Muon(muon_groups(model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2), momentum=tc.muon_momentum)
     return torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                              eps=1e-8, fused=fused or None)
+
+# %% ../nbs/05_optim.ipynb #3d5c16a9
+def orthogonalize(G:torch.Tensor, # a 2-D gradient or momentum, or a stack of same-shape ones (..., rows, cols)
+                  steps:int=5, # Newton-Schulz iterations
+                 ) -> torch.Tensor:
+    "`G` with its singular values pushed to about 1 (quintic Newton-Schulz; bf16 on CUDA, fp32 elsewhere)."
+    a, b, c = 3.4445, -4.7750, 2.0315
+    X = G.bfloat16() if G.is_cuda else G.float()
+    tall = X.size(-2) > X.size(-1)
+    if tall: X = X.mT
+    X = X/(X.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a*X + (b*A + c*A @ A) @ X
+    return (X.mT if tall else X).to(G.dtype)
+
+# %% ../nbs/05_optim.ipynb #98f2120b
+_BLOCK = re.compile(r'(^|\.)h\.\d+\.')
+
+def muon_groups(model:torch.nn.Module, tc:TrainConfig) -> list[dict]:
+    "Muon for the blocks' matrices; AdamW for embeddings and head (with decay) and for gains and biases (without)."
+    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for k, p in named if p.dim() == 2 and _BLOCK.search(k)]
+    ids = {id(p) for p in hidden}
+    rest = [p for k, p in named if id(p) not in ids]
+    return [dict(params=hidden, muon=True, lr_scale=tc.muon_lr/tc.lr, weight_decay=0.0),
+            dict(params=[p for p in rest if p.dim() >= 2], weight_decay=tc.weight_decay),
+            dict(params=[p for p in rest if p.dim() < 2], weight_decay=0.0)]
+
+class Muon(torch.optim.Optimizer):
+    "Muon for groups with `muon=True`, AdamW for the others: one optimizer, one state dict."
+    def __init__(self, params, lr:float=6e-4, betas=(0.9, 0.95), eps:float=1e-8, weight_decay:float=0.0,
+                 momentum:float=0.95, nesterov:bool=True, ns_steps:int=5):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      nesterov=nesterov, ns_steps=ns_steps, muon=False, lr_scale=1.0))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad(): loss = closure()
+        for g in self.param_groups:
+            lr, ps = g['lr']*g['lr_scale'], [p for p in g['params'] if p.grad is not None]
+            if g['weight_decay']:
+                for p in ps: p.mul_(1 - lr*g['weight_decay'])
+            if g['muon']: self._muon(ps, g, lr)
+            else:
+                for p in ps: self._adamw(p, g, lr)
+        return loss
+
+    def _muon(self, ps, g, lr, stack:int=8):
+        "Momentum, then same-shape updates orthogonalised `stack` at a time (fewer, larger kernels)."
+        by_shape = {}
+        for p in ps:
+            st = self.state[p]
+            if not st: st['momentum_buffer'] = torch.zeros_like(p)
+            buf = st['momentum_buffer']
+            buf.lerp_(p.grad, 1 - g['momentum'])
+            upd = p.grad.lerp(buf, g['momentum']) if g['nesterov'] else buf
+            full = upd.full_tensor() if hasattr(upd, 'full_tensor') else upd  # FSDP2: the whole matrix
+            by_shape.setdefault(tuple(full.shape), []).append((p, full))
+        for (rows, cols), items in by_shape.items():
+            for i in range(0, len(items), stack):
+                chunk = items[i:i + stack]
+                O = orthogonalize(torch.stack([f for _, f in chunk]), g['ns_steps'])*max(1.0, rows/cols)**0.5
+                for (p, _), o in zip(chunk, O):
+                    if hasattr(p, 'device_mesh'):  # every rank computed the same full update; keep this rank's shard
+                        from torch.distributed.tensor import distribute_tensor
+                        o = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
+                    p.add_(o.to(p.dtype), alpha=-lr)
+
+    def _adamw(self, p, g, lr):
+        st, grad = self.state[p], p.grad
+        if not st: st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        (b1, b2), t = g['betas'], st['step'].add_(1).item()
+        st['exp_avg'].lerp_(grad, 1 - b1)
+        st['exp_avg_sq'].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (st['exp_avg_sq']/(1 - b2**t)).sqrt_().add_(g['eps'])
+        p.addcdiv_(st['exp_avg'], denom, value=-lr/(1 - b1**t))
 
 # %% ../nbs/05_optim.ipynb #73d09662
 def lr_at(step:int, # optimizer steps done so far (0-based)

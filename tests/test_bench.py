@@ -68,3 +68,35 @@ def test_memory_estimate_shape():
     assert b >= 8 and estimate_memory(c, b)['total_gb'] <= 85.5 < estimate_memory(c, b + 1)['total_gb']/0.94
     fsdp = estimate_memory(get_config('runpod_4b'), 1, world_size=2, parallel='fsdp')['total_gb']
     assert fsdp < estimate_memory(get_config('runpod_4b'), 1)['total_gb']/1.5
+
+
+def test_levers_script_runs_end_to_end_on_cpu(tmp_path):
+    "The GPU levers table's script, toy shapes: every lever row is written; fp8 degrades to off, the fused loss to chunked."
+    out = tmp_path/'lev.jsonl'
+    env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/levers.py'), str(out), '--tiny', '--shapes', '124m',
+                        '--levers', 'recipe,all', '--parity-steps', '2', '--workspace', str(tmp_path/'ws')],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = _rows(out)
+    assert [r['lever'] for r in rows] == ['recipe', 'all']
+    assert rows[1]['fp8'] == 'off' and rows[1]['loss_kernel'] == 'chunked' and rows[0]['loss_kernel'] == 'logits'
+    assert all(r['val_loss'] > 0 and len(r['losses']) == 4 for r in rows)
+    assert '| 124m-b64 | all |' in p.stdout
+
+
+def test_time_to_loss_script_and_plot_on_cpu(tmp_path):
+    "The time-to-loss script, toy shapes: AdamW sets the target, a Muon run reports against it; the plot is drawn."
+    out, png = tmp_path/'ttl.jsonl', tmp_path/'ttl.png'
+    env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/time_to_loss.py'), str(out), '--tiny', '--steps', '4',
+                        '--muon-runs', '0.5@0.001', '--eval-every', '2', '--eval-batches', '1', '--workspace', str(tmp_path/'ws')],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = _rows(out)
+    ends = [r for r in rows if r.get('summary')]
+    assert [e['run'] for e in ends] == ['adamw', 'muon-0.5@0.001'] and ends[1]['target'] == ends[0]['final_val_loss']
+    assert [r['step'] for r in rows if r['run'] == 'adamw' and not r.get('summary')] == [0, 2, 4]
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/plot_time_to_loss.py'), str(out), str(png)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert png.stat().st_size > 5000

@@ -1,4 +1,4 @@
-"Top CUDA kernels of a few training steps: python3 nbs/benchmarks/kernels.py PROFILE NAME=VALUE ..."
+"Where a training step's GPU time goes, by kernel kind and top kernels: python3 nbs/benchmarks/kernel_profile.py PROFILE NAME=VALUE ..."
 import sys, torch
 from torch.profiler import profile, ProfilerActivity
 from lmbook.config import get_config
@@ -6,7 +6,7 @@ from lmbook.bench import make_step, synthetic_batches
 
 prof_name, sets = sys.argv[1], dict(a.split('=', 1) for a in sys.argv[2:])
 cfg = get_config(prof_name, sets)
-model, step = make_step(cfg, 'cuda')
+model, step, _ = make_step(cfg, 'cuda')
 b = synthetic_batches(cfg.model.vocab_size, cfg.train.batch_size, cfg.model.block_size, 'cuda')
 for _ in range(2): step(b).item()
 torch.cuda.synchronize()

@@ -2,7 +2,7 @@
 # Two GPUs of one host: a DDP training run whose torchrun is killed with SIGKILL mid-run (a pod dying),
 # rerun with the same command, must continue from its newest checkpoint and finish; its losses after the
 # resume are compared with the same run left uninterrupted. Real data: the built-in corpus, m3_medium.
-# Usage (repo root): bash nbs/benchmarks/ddp_resume2.sh OUTDIR
+# Usage (repo root): bash nbs/benchmarks/ddp_kill_resume.sh OUTDIR      (section "A DDP run killed mid-run resumes")
 O=${1:-ddp_resume}; mkdir -p "$O"
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 LMBOOK_WORKSPACE=/tmp/lmbook-ws \
        NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
