@@ -95,6 +95,7 @@ class TrainConfig:
     max_nonfinite: int = 5       # non-finite steps in a row (skipped updates) that stop the run
     tensorboard: bool = True     # also log to runs/<exp>/tensorboard
     wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
+    sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -176,6 +177,8 @@ def validate(cfg:Config) -> Config:
     if t.nproc < 1: raise ValueError(f"nproc must be >= 1, got {t.nproc}")
     if not 0 <= t.decay_frac <= 1: raise ValueError(f"decay_frac={t.decay_frac} must be in [0, 1]")
     if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
+    if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
+        raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5
