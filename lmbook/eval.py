@@ -225,9 +225,9 @@ def add_cli(sub):
         if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1: raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
         if args.nproc > 1 and 'RANK' not in os.environ:
             import subprocess
-            argv = [a for a in sys.argv[1:]]
-            i = argv.index('--nproc') if '--nproc' in argv else None
-            argv = argv[:i] + argv[i+2:] if i is not None else [a for a in argv if not a.startswith('--nproc=')]
+            argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size', str(args.batch_size), '--limit', str(args.limit),
+                    '--device', args.device] + ['--no-hellaswag']*args.no_hellaswag + ['--json']*args.json
+            argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file else []) + (['--root', str(args.root)] if args.root else [])
             cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}', '--no-python',
                    sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
             return subprocess.run(cmd).returncode

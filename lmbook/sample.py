@@ -239,15 +239,18 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
                max_new_tokens:int=64, temperature:float=0.8, top_k:int|None=50, seed:int=0,
                root:Path|None=None, # workspace root (default: from settings)
                device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
-               top_p:float=1.0, num_samples:int=1) -> list[dict]:
+               top_p:float=1.0, num_samples:int=1,
+               warn=None, # called with a message for each damaged checkpoint skipped
+              ) -> list[dict]:
     "Continue `prompts` with the checkpoint `source` names."
-    lm = load_model(source, root, device)
+    lm = load_model(source, root, device, warn=warn)
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
                         top_k, seed, lm.device, top_p, num_samples)
 
 # %% ../nbs/09_sample.ipynb #e27c583c
 def add_cli(sub):
     "Register `lmbook sample`."
+    import sys
     p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one of an experiment)')
     p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name')
     p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
@@ -265,7 +268,8 @@ def add_cli(sub):
         source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
         if not source: raise ValueError("name a checkpoint folder, run folder or experiment: lmbook sample EXPERIMENT \"prompt\"")
         for s in sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                            args.root, args.device, args.top_p, args.num_samples):
+                            args.root, args.device, args.top_p, args.num_samples,
+                            warn=lambda m: print(f"warning: {m}", file=sys.stderr)):
             print(json.dumps(s) if args.json else f"{s['prompt']}{s['text']}\n---", flush=True)
         return 0
     p.set_defaults(func=run)
