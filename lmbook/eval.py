@@ -203,8 +203,8 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
             hellaswag_path = hellaswag_file(root)
         exs = read_hellaswag(hellaswag_path)
         res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs[:limit or None], info.device, info.rank, info.world_size))
-    if info.is_main and lm.path.parent.name == 'checkpoints':
-        with open(lm.path.parent.parent/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
+    if info.is_main and lm.run is not None:
+        with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
     return res
 
 # %% ../nbs/08_eval.ipynb #1136a1df

@@ -74,15 +74,22 @@ class Loaded:
     state: dict             # its state.json (step, tokens, config, tokenizer, ...)
     experiment: str|None    # the experiment it belongs to, when known
     device: str             # where the model is
+    run: Path|None = None   # the run folder it belongs to, when known
 
     @property
     def step(self) -> int: return self.state['step']
 
 # %% ../nbs/09_sample.ipynb #ec79dc7c
-def _experiment_of(ck:Path) -> str|None:
-    run = ck.parent.parent
+def _run_of(ck:Path) -> Path|None:
+    "The run folder holding checkpoint `ck` (in checkpoints/ or beside them, e.g. a best/ folder)."
+    for d in (ck.parent.parent, ck.parent):
+        if (d/'meta.json').is_file() or (d/'training.toml').is_file(): return d
+    return ck.parent.parent if ck.parent.name == 'checkpoints' else None
+
+def _experiment_of(run:Path|None) -> str|None:
+    if run is None: return None
     try: return json.loads((run/'meta.json').read_text()).get('experiment') or run.name
-    except (OSError, json.JSONDecodeError): return run.name if ck.parent.name == 'checkpoints' else None
+    except (OSError, json.JSONDecodeError): return run.name
 
 def _find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
     from lmbook.core import paths_for, sha256_file
@@ -129,9 +136,10 @@ def load_model(source:str|Path, # checkpoint folder, run folder or experiment na
                              f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} tensors differ, first {bad[0]}")
     model.load_state_dict(sd)
     device = inference_device(device)
-    exp = str(source) if not Path(source).exists() else _experiment_of(ck)
+    run = _run_of(ck)
+    exp = str(source) if not Path(source).exists() else _experiment_of(run)
     tok = _find_tokenizer(ck, state, exp, root) if tokenizer else None
-    return Loaded(model.to(device).eval(), tok, cfg, ck, state, exp, device)
+    return Loaded(model.to(device).eval(), tok, cfg, ck, state, exp, device, run)
 
 # %% ../nbs/09_sample.ipynb #4129b5c5
 def next_token(logits:torch.Tensor, # (B, V) logits of the last position

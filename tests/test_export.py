@@ -78,8 +78,11 @@ def test_gpt2_weights_in(tmp_path):
         for n, p in hf.named_parameters():
             if n.endswith('.bias'): p.zero_()
             elif n.endswith('ln_1.weight') or n.endswith('ln_f.weight'): p.add_(0.1*torch.randn_like(p))
-    hf.save_pretrained(tmp_path/'gpt2')
-    m, sd = export.gpt2_from_hf(tmp_path/'gpt2')
+    snap = tmp_path/'hub'/'models--me--tiny-gpt2'  # laid out as the Hugging Face cache keeps a download
+    hf.save_pretrained(snap/'snapshots'/'abc123')
+    (snap/'refs').mkdir(); (snap/'refs'/'main').write_text('abc123')
+    folder = export.find_hf_model('me/tiny-gpt2', tmp_path/'hub')
+    m, sd = export.gpt2_from_hf(folder)
     ours = GPT(m).eval(); ours.load_state_dict(sd)
     x = torch.randint(0, 100, (2, 16))
     with torch.no_grad(): assert torch.allclose(ours(x), hf(x).logits, atol=1e-4)

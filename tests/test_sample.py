@@ -39,6 +39,12 @@ def test_truncated_checkpoint(ws, run, tmp_path):
     lm = load_model(copy, warn=warned.append)  # a run folder falls back to the previous good checkpoint
     assert lm.step == 4 and 'step_00000008' in warned[0]
 
+def test_best_folder_beside_the_checkpoints(ws, run):
+    import shutil
+    shutil.copytree(run/'checkpoints'/'step_00000004', run/'best')
+    lm = load_model(run/'best', device='cpu')
+    assert lm.step == 4 and lm.experiment == 'tiny' and lm.run == run and lm.tokenizer is not None
+
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
     assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
