@@ -13,8 +13,8 @@ from safetensors.torch import save_file, load_file
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'gpt2_from_hf',
-           'add_cli']
+__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json',
+           'gpt2_from_hf', 'add_cli']
 
 # %% ../nbs/10a_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -129,6 +129,14 @@ def find_hf_model(repo_id:str='openai-community/gpt2', # a Hub model id, looked 
     except Exception as e:
         raise FileNotFoundError(f"{repo_id} is not in the local Hugging Face cache ({type(e).__name__}): download it once where there is internet "
                                 f"(huggingface-cli download {repo_id}) and copy the cache here") from None
+
+def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, looked up in the local cache only
+                      cache_dir:Path|None=None, # the Hugging Face cache (default: HF_HOME's)
+                     ) -> Path:
+    "The `tokenizer.json` of a cached Hub model, e.g. GPT-2's, for `lmbook prepare --tokenizer-json`."
+    p = find_hf_model(repo_id, cache_dir)/'tokenizer.json'
+    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: download it with huggingface-cli download {repo_id} tokenizer.json")
+    return p
 
 def gpt2_from_hf(folder:Path, # a transformers GPT-2 folder (config.json, model.safetensors)
                 ) -> tuple[ModelConfig, dict]:

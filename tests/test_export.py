@@ -82,6 +82,9 @@ def test_gpt2_weights_in(tmp_path):
     hf.save_pretrained(snap/'snapshots'/'abc123')
     (snap/'refs').mkdir(); (snap/'refs'/'main').write_text('abc123')
     folder = export.find_hf_model('me/tiny-gpt2', tmp_path/'hub')
+    with pytest.raises(FileNotFoundError, match='has no tokenizer.json'): export.hf_tokenizer_json('me/tiny-gpt2', tmp_path/'hub')
+    (folder/'tokenizer.json').write_text('{}')
+    assert export.hf_tokenizer_json('me/tiny-gpt2', tmp_path/'hub') == folder/'tokenizer.json'
     m, sd = export.gpt2_from_hf(folder)
     ours = GPT(m).eval(); ours.load_state_dict(sd)
     x = torch.randint(0, 100, (2, 16))

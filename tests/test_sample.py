@@ -45,6 +45,16 @@ def test_best_folder_beside_the_checkpoints(ws, run):
     lm = load_model(run/'best', device='cpu')
     assert lm.step == 4 and lm.experiment == 'tiny' and lm.run == run and lm.tokenizer is not None
 
+def test_optimizer_state_is_never_read(ws, run, tmp_path):
+    import pickle, shutil
+    copy = tmp_path/'run'; shutil.copytree(run, copy)
+    opt = copy/'checkpoints'/'step_00000008'/'optim.pt'
+    class Boom:
+        def __reduce__(self): return (exec, ("raise SystemExit('pickle ran')",))
+    payload = pickle.dumps(Boom())
+    opt.write_bytes(payload + b' '*(opt.stat().st_size - len(payload)))  # same size, other content
+    assert load_model(copy, device='cpu').step == 8
+
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
     assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
