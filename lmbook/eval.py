@@ -183,7 +183,7 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
             ) -> dict:
     "Validation loss, perplexity, bits per byte and HellaSwag of a checkpoint."
     from lmbook.core import paths_for
-    from lmbook.distributed import init_distributed, barrier
+    from lmbook.distributed import init_distributed, all_reduce
     from lmbook.loader import val_batches
     from lmbook.sample import load_model, inference_device
     from lmbook.tokenizer import token_dir
@@ -197,9 +197,12 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
         allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches or cfg.train.eval_steps)
         res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device))
     if hellaswag:
-        if hellaswag_path is None:
-            if info.is_main: hellaswag_path = hellaswag_file(root)
-            barrier()
+        if hellaswag_path is None:  # rank 0 fetches it once; every rank stops when it cannot
+            err = None
+            if info.is_main:
+                try: hellaswag_file(root)
+                except FileNotFoundError as e: err = e
+            if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not fetch HellaSwag's validation file")
             hellaswag_path = hellaswag_file(root)
         exs = read_hellaswag(hellaswag_path)
         res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs[:limit or None], info.device, info.rank, info.world_size))
@@ -230,7 +233,10 @@ def add_cli(sub):
             argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file else []) + (['--root', str(args.root)] if args.root else [])
             cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}', '--no-python',
                    sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
-            return subprocess.run(cmd).returncode
+            r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)  # keep the workers' messages, not torchrun's report
+            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:'))))
+            if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out, file=sys.stderr)
+            return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
         from lmbook.distributed import cleanup_distributed
         try:
             r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not args.no_hellaswag,

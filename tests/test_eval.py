@@ -38,8 +38,10 @@ def test_malformed_hellaswag_line(ws, run, hs):
     assert r.returncode == 2 and f'{hs}, line 8: not a JSON line' in r.stderr and 'Traceback' not in r.stderr, r.stderr
 
 def test_offline_without_cached_file(ws, run):
-    r = ev(ws)
-    assert r.returncode == 2 and 'downloads are off (HF_HUB_OFFLINE=1)' in r.stderr and 'hellaswag_val.jsonl' in r.stderr, r.stderr
+    for extra in ([], ['--nproc', '2']):  # under torchrun too: every rank stops, rank 0 says why
+        r = ev(ws, *extra)
+        assert r.returncode != 0 and 'downloads are off (HF_HUB_OFFLINE=1)' in r.stderr and 'hellaswag_val.jsonl' in r.stderr, r.stderr
+        assert 'Traceback' not in r.stderr
     assert json.loads(ev(ws, '--no-hellaswag').stdout)['val_tokens'] == 2*4*64
 
 def test_two_ranks_give_one_rank_numbers(ws, run, hs):
