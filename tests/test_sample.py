@@ -76,3 +76,8 @@ def test_sample_notebook(ws, run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     txt = (tmp_path/'out.ipynb').read_text()
     assert '**Return the**' in txt and '**The function**' in txt and 'speed-up' in txt
+
+def test_sample_notebook_refuses_unknown_parameters(tmp_path):
+    from test_notebooks import papermill_run
+    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('max_new_token', 5))
+    assert r.returncode != 0 and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text()
