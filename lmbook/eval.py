@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag', 'hellaswag_file',
-           'hellaswag_accuracy', 'evaluate', 'add_cli']
+           'load_hellaswag', 'hellaswag_accuracy', 'evaluate', 'add_cli']
 
 # %% ../nbs/08_eval.ipynb #6d6f9688
 def token_byte_lengths(tokenizer) -> torch.Tensor:
@@ -117,6 +117,23 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
     finally: tmp.unlink(missing_ok=True)
     return path
 
+# %% ../nbs/08_eval.ipynb #9a8e12f2
+def load_hellaswag(root:Path|None=None, # workspace root (default: from settings)
+                   path:Path|None=None, # a HellaSwag JSONL file (default: the cached official one)
+                   limit:int=0, # examples to keep (0: all)
+                  ) -> list[dict]:
+    "HellaSwag examples on every rank, the official file fetched once by rank 0."
+    from lmbook.distributed import all_reduce
+    if path is None:
+        import torch.distributed as dist
+        err = None
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            try: hellaswag_file(root)
+            except FileNotFoundError as e: err = e
+        if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not fetch HellaSwag's validation file")
+        path = hellaswag_file(root)
+    return read_hellaswag(path)[:limit or None]
+
 # %% ../nbs/08_eval.ipynb #f1f1b8a1
 def _rows(tokenizer, ex:dict, bs:int) -> list[tuple[list[int], int]]:
     ctx = [tokenizer.eot_id] + tokenizer.encode(ex['ctx'])
@@ -183,7 +200,7 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
             ) -> dict:
     "Validation loss, perplexity, bits per byte and HellaSwag of a checkpoint."
     from lmbook.core import paths_for
-    from lmbook.distributed import init_distributed, all_reduce
+    from lmbook.distributed import init_distributed
     from lmbook.loader import val_batches
     from lmbook.sample import load_model, inference_device
     from lmbook.tokenizer import token_dir
@@ -197,15 +214,8 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
         allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches or cfg.train.eval_steps)
         res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device))
     if hellaswag:
-        if hellaswag_path is None:  # rank 0 fetches it once; every rank stops when it cannot
-            err = None
-            if info.is_main:
-                try: hellaswag_file(root)
-                except FileNotFoundError as e: err = e
-            if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not fetch HellaSwag's validation file")
-            hellaswag_path = hellaswag_file(root)
-        exs = read_hellaswag(hellaswag_path)
-        res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs[:limit or None], info.device, info.rank, info.world_size))
+        exs = load_hellaswag(root, hellaswag_path, limit)
+        res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size))
     if info.is_main and lm.run is not None:
         with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
     return res
