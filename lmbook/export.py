@@ -76,17 +76,19 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
               out_dir:Path, # the transformers folder to write
               root:Path|None=None, # workspace root (default: from settings)
               overwrite:bool=False, # replace an existing non-empty `out_dir`
+              dtype:str='float32', # weights as 'float32' or 'bfloat16' (half the size)
               warn=None, # called with a message for each damaged checkpoint skipped
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
     from lmbook.sample import load_model
     out = Path(out_dir)
+    if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn)
     m = lm.config.model
-    cfg = hf_config(m, lm.tokenizer.eot_id)
-    sd = hf_state_dict(lm.model.state_dict(), m)
+    cfg = dict(hf_config(m, lm.tokenizer.eot_id), torch_dtype=dtype)
+    sd = {k: v.to(getattr(torch, dtype)) for k, v in hf_state_dict(lm.model.state_dict(), m).items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
     try:
@@ -173,6 +175,7 @@ def add_cli(sub):
     p.add_argument('out_dir', type=Path, help='the folder to write')
     p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision (bfloat16 halves the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true', help='create the Hub repository public (default: private)')
     p.add_argument('--root', default=None, help='workspace root (default: from settings)')
@@ -182,7 +185,7 @@ def add_cli(sub):
             import huggingface_hub as hh
             if not (os.environ.get('HF_TOKEN') or hh.get_token()):
                 raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or run `huggingface-cli login`")
-        out = export_hf(args.source, args.out_dir, args.root, args.overwrite, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
         print(f"exported to {out}")
         if args.push_to_hub: print(f"uploaded to {push_to_hub(out, args.push_to_hub, private=not args.public)}")
         return 0

@@ -95,3 +95,11 @@ def test_gpt2_weights_in(tmp_path):
 
 def test_gpt2_not_in_cache(tmp_path):
     with pytest.raises(FileNotFoundError, match='not in the local Hugging Face cache'): export.find_hf_model('openai-community/gpt2', tmp_path)
+
+def test_bfloat16_export(workspace):
+    exp = tiny_run(workspace, 'e-bf16')
+    r = lmbook_cmd('export', exp, workspace/'hf'/'bf16', '--dtype', 'bfloat16')
+    assert r.returncode == 0, r.stderr
+    hf = AutoModelForCausalLM.from_pretrained(workspace/'hf'/'bf16', local_files_only=True)
+    assert next(hf.parameters()).dtype == torch.bfloat16
+    assert (workspace/'hf'/'bf16'/'model.safetensors').stat().st_size < 0.6*sum(p.numel()*4 for p in load_model(exp).model.parameters())
