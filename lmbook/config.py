@@ -100,6 +100,7 @@ class TrainConfig:
     optimizer: str = 'adamw'     # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
     muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
+    sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -184,6 +185,8 @@ def validate(cfg:Config) -> Config:
     if not 0 < t.muon_lr < 1: raise ValueError(f"muon_lr={t.muon_lr} is outside (0, 1)")
     if not 0 <= t.muon_momentum < 1: raise ValueError(f"muon_momentum={t.muon_momentum} must be in [0, 1)")
     if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
+    if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
+        raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5

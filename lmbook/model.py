@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .config import ModelConfig, count_params
 
 # %% auto #0
-__all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'ChunkedLinearCE',
+__all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE',
            'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT']
 
 # %% ../nbs/04_model.ipynb #79399d2f
@@ -58,17 +58,24 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
         self.dropout, self.backend = cfg.dropout, cfg.attn_backend
 
-    def forward(self, x, rope=None):
+    def forward(self, x, rope=None, kv=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.nh*self.hd, self.nkv*self.hd, self.nkv*self.hd], dim=-1)
         q, k, v = q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv, self.hd)
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
+        mask = None
+        if kv is not None:  # generation: store this step's keys/values after the cached ones, attend over all
+            kbuf, vbuf, pos = kv
+            kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
+            k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
+            if T > 1: mask = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos)  # (T, pos+T)
         gqa = self.nkv != self.nh
         if gqa and not _SDPA_GQA:
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
         kw = dict(enable_gqa=True) if gqa and _SDPA_GQA else {}
-        y = sdpa(q, k, v, self.backend, is_causal=True, dropout_p=self.dropout if self.training else 0.0, **kw)
+        if kv is not None: kw['attn_mask'] = mask
+        y = sdpa(q, k, v, self.backend, is_causal=kv is None, dropout_p=self.dropout if self.training else 0.0, **kw)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 # %% ../nbs/04_model.ipynb #e4bc1f39
@@ -100,9 +107,20 @@ class Block(nn.Module):
         self.ln_1, self.attn, self.ln_2, self.mlp = make_norm(cfg), CausalSelfAttention(cfg), make_norm(cfg), MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope=None):
-        x = x + self.drop(self.attn(self.ln_1(x), rope))
+    def forward(self, x, rope=None, kv=None):
+        x = x + self.drop(self.attn(self.ln_1(x), rope, kv))
         return x + self.drop(self.mlp(self.ln_2(x)))
+
+# %% ../nbs/04_model.ipynb #9b4e3b0e
+class KVCache:
+    "Keys and values of every layer for the positions seen so far (`pos`), in buffers of `block_size` positions."
+    def __init__(self, cfg:ModelConfig, batch_size:int, device=None, dtype:torch.dtype=torch.float32):
+        shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.block_size, cfg.head_dim)
+        self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def layer(self, i:int) -> tuple: return self.k[i], self.v[i], self.pos
+    def reset(self): self.pos = 0
 
 # %% ../nbs/04_model.ipynb #5e1d35a4
 class ChunkedLinearCE(torch.autograd.Function):
@@ -195,15 +213,18 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, (nn.LayerNorm, nn.RMSNorm)): nn.init.ones_(m.weight)
 
-    def forward(self, idx:torch.Tensor, targets:torch.Tensor|None=None):
+    def forward(self, idx:torch.Tensor, targets:torch.Tensor|None=None, cache:KVCache|None=None):
         B, T = idx.shape
-        if T > self.cfg.block_size: raise ValueError(f"sequence of {T} tokens is longer than block_size={self.cfg.block_size}")
+        pos = cache.pos if cache is not None else 0  # position of idx's first token
+        if pos + T > self.cfg.block_size:
+            raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.cfg.block_size}")
         x = self.wte(idx)
         rope = None
-        if self.wpe is not None: x = x + self.wpe(torch.arange(T, device=idx.device))
-        else: rope = (self.rope_cos, self.rope_sin)
+        if self.wpe is not None: x = x + self.wpe(torch.arange(pos, pos + T, device=idx.device))
+        else: rope = (self.rope_cos[pos:pos+T], self.rope_sin[pos:pos+T])
         x = self.drop(x)
-        for block in self.h: x = block(x, rope)
+        for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i))
+        if cache is not None: cache.pos += T
         x = self.ln_f(x)
         if targets is None: return self.lm_head(x)[..., :self.cfg.vocab_size]
         if self.cfg.fused_ce: return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1), self.cfg.ce_chunk or 8192)

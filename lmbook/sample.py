@@ -1,4 +1,4 @@
-"""Sampled continuations from a model or a run's checkpoint: temperature, top-k, a seeded generator.
+"""Load a checkpoint for inference and continue prompts with a KV cache: temperature, top-k, top-p, a seeded generator, stopping at the end of text.
 
 Docs: https://lmbook.github.io/lmbook/sample.html.md"""
 
@@ -6,48 +6,229 @@ Docs: https://lmbook.github.io/lmbook/sample.html.md"""
 
 # %% ../nbs/09_sample.ipynb #2806239a
 from __future__ import annotations
-import json
+import json, time, warnings
+from dataclasses import dataclass
 from pathlib import Path
 import torch
+from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SHAPE_KEYS
 
 # %% auto #0
-__all__ = ['DEFAULT_PROMPTS', 'generate', 'sample_texts', 'write_samples', 'load_run_model', 'sample_run', 'add_cli']
+__all__ = ['INFERENCE_FILES', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference', 'find_checkpoint',
+           'inference_device', 'Loaded', 'load_model', 'next_token', 'generate', 'prompts_for', 'sample_texts',
+           'write_samples', 'sample_run', 'add_cli']
 
-# %% ../nbs/09_sample.ipynb #8edef437
+# %% ../nbs/09_sample.ipynb #8a799915
+INFERENCE_FILES = ('model.safetensors', 'state.json')
+
+def verify_for_inference(path:Path) -> dict:
+    "The manifest of checkpoint `path` if all its files have their recorded sizes and weights and state their hashes."
+    from lmbook.core import sha256_file
+    path = Path(path)
+    man = verify_checkpoint(path, hashes=False)
+    for name in INFERENCE_FILES:
+        meta = man['files'].get(name)
+        if meta is None: raise CheckpointError(f"{path} has no {name}")
+        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
+    return man
+
+# %% ../nbs/09_sample.ipynb #240f220d
+def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name
+                    root:Path|None=None, # workspace root for an experiment name (default: from settings)
+                    warn=None, # called with a message for each damaged checkpoint skipped
+                   ) -> Path:
+    "The checkpoint folder `source` names, checked for inference."
+    warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
+    p = Path(source)
+    if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_')):
+        try: verify_for_inference(p)
+        except CheckpointError as e:
+            raise ValueError(f"checkpoint {p} cannot be used: {e}; name its run folder or experiment to use the newest good one") from None
+        return p
+    if p.is_dir(): ckdir, what = (p/'checkpoints' if (p/'checkpoints').is_dir() else p), f"folder {p}"
+    elif '/' in str(source) or '\\' in str(source) or p.exists():
+        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
+    else:
+        from lmbook.core import paths_for
+        ckdir, what = paths_for(str(source), root=root).checkpoints, f"experiment {source!r}"
+    for c in list_checkpoints(ckdir):
+        try: verify_for_inference(c); return c
+        except CheckpointError as e: warn(f"skipping checkpoint {c.name}: {e}")
+    raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): train it first, or give a checkpoint folder")
+
+# %% ../nbs/09_sample.ipynb #254d50d4
+def inference_device(device:str='auto') -> str:
+    "`auto`: CUDA where present, else Apple's MPS, else the CPU; other names are checked."
+    from lmbook.core import pick_device
+    mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
+    if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
+    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is not available here: use auto or cpu")
+    return pick_device(device)
+
+@dataclass
+class Loaded:
+    "A model ready for inference and what came with it."
+    model: torch.nn.Module  # the GPT, in eval mode, on `device`
+    tokenizer: object       # its tokenizer (None when not asked for)
+    config: object          # the run's `Config`
+    path: Path              # the checkpoint folder
+    state: dict             # its state.json (step, tokens, config, tokenizer, ...)
+    experiment: str|None    # the experiment it belongs to, when known
+    device: str             # where the model is
+    run: Path|None = None   # the run folder it belongs to, when known
+
+    @property
+    def step(self) -> int: return self.state['step']
+
+# %% ../nbs/09_sample.ipynb #ec79dc7c
+def _run_of(ck:Path) -> Path|None:
+    "The run folder holding checkpoint `ck` (in checkpoints/ or beside them, e.g. a best/ folder)."
+    for d in (ck.parent.parent, ck.parent):
+        if (d/'meta.json').is_file() or (d/'training.toml').is_file(): return d
+    return ck.parent.parent if ck.parent.name == 'checkpoints' else None
+
+def _experiment_of(run:Path|None) -> str|None:
+    if run is None: return None
+    try: return json.loads((run/'meta.json').read_text()).get('experiment') or run.name
+    except (OSError, json.JSONDecodeError): return run.name
+
+def _find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
+    from lmbook.core import paths_for, sha256_file
+    from lmbook.tokenizer import load_tokenizer
+    ref = state.get('tokenizer') or {}
+    cands = [Path(ref['path'])] if ref.get('path') else []
+    if experiment:
+        try: cands.append(paths_for(experiment, root=root).tokenizer)
+        except ValueError: pass
+    for c in cands:
+        f = c/'tokenizer.json'
+        if f.is_file() and (not ref.get('sha256') or sha256_file(f) == ref['sha256']): return load_tokenizer(c)
+    raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is not in "
+                            f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer folder there")
+
+def load_model(source:str|Path, # checkpoint folder, run folder or experiment name
+               root:Path|None=None, # workspace root (default: from settings)
+               device:str='cpu', # where to put the model ('auto' picks CUDA, MPS or CPU)
+               expect:dict|None=None, # model config fields the checkpoint must have (e.g. arch, n_layer)
+               tokenizer:bool=True, # also load its tokenizer
+               warn=None, # called with a message for each damaged checkpoint skipped
+              ) -> Loaded:
+    "Model weights (not the optimizer), config and tokenizer of a checkpoint, for inference."
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from lmbook.config import config_from_dict
+    from lmbook.model import GPT
+    ck = find_checkpoint(source, root, warn)
+    try: state = json.loads((ck/'state.json').read_text()); cfg = config_from_dict(state['config'])
+    except (json.JSONDecodeError, KeyError, ValueError) as e:
+        raise ValueError(f"checkpoint {ck} has a config this lmbook cannot read ({type(e).__name__}: {e}): use the lmbook version that wrote it") from None
+    m = cfg.model
+    diff = [f"{k}={getattr(m, k)!r} (checkpoint) vs {v!r} (expected)" for k, v in (expect or {}).items() if getattr(m, k) != v]
+    if diff: raise ValueError(f"checkpoint {ck} is another model: {'; '.join(diff)}")
+    try:
+        sd = load_file(ck/'model.safetensors')
+        with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
+    except Exception as e: raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
+    for alias, key in aliases.items(): sd[alias] = sd[key]
+    model = GPT(m)
+    want = model.state_dict()
+    bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in want.items() if k in sd and sd[k].shape != v.shape]
+    if bad: raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} config "
+                             f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} tensors differ, first {bad[0]}")
+    model.load_state_dict(sd)
+    device = inference_device(device)
+    run = _run_of(ck)
+    exp = str(source) if not Path(source).exists() else _experiment_of(run)
+    tok = _find_tokenizer(ck, state, exp, root) if tokenizer else None
+    return Loaded(model.to(device).eval(), tok, cfg, ck, state, exp, device, run)
+
+# %% ../nbs/09_sample.ipynb #4129b5c5
+def next_token(logits:torch.Tensor, # (B, V) logits of the last position
+               temperature:float=0.8, # <1 sharpens, >1 flattens; 0 means greedy
+               top_k:int|None=50, # keep the k most likely tokens (None or 0: all)
+               top_p:float=1.0, # keep the smallest set of tokens with this much probability (1: all)
+               generator:torch.Generator|None=None, # seeded CPU generator
+              ) -> torch.Tensor:
+    "Next token ids (B, 1)."
+    if temperature == 0: return logits.argmax(-1, keepdim=True)
+    logits = logits.float()/temperature
+    if top_k: logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]], -float('inf'))
+    if top_p < 1:
+        srt, order = logits.sort(-1, descending=True)
+        p = srt.softmax(-1)
+        drop = (p.cumsum(-1) - p) > top_p  # tokens past the nucleus; the most likely one always stays
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -float('inf'))
+    return torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator).to(logits.device)
+
+# %% ../nbs/09_sample.ipynb #131fb8dd
 @torch.no_grad()
-def generate(model:torch.nn.Module, # returns logits for (B, T) token ids
+def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids)
              idx:torch.Tensor, # (B, T) prompt token ids
-             max_new_tokens:int, # tokens to add
-             block_size:int, # the model's context length
+             max_new_tokens:int, # tokens to add at most
+             block_size:int|None=None, # context length (default: the model's)
              temperature:float=0.8, # <1 sharpens, >1 flattens; 0 means greedy
              top_k:int|None=50, # sample among the k most likely tokens
-             generator:torch.Generator|None=None, # seeded RNG for reproducible samples
+             generator:torch.Generator|None=None, # seeded CPU generator for reproducible samples
+             top_p:float=1.0, # nucleus: keep tokens up to this total probability
+             stop_id:int|None=None, # a row is finished once it produces this token
+             cache:bool=True, # keep keys/values (linear cost) instead of rerunning the context
             ) -> torch.Tensor:
-    "`idx` extended by `max_new_tokens` sampled tokens."
+    "`idx` extended by up to `max_new_tokens` tokens."
+    from lmbook.model import KVCache
+    bs = block_size or model.cfg.block_size
+    B, T = idx.shape
+    if T == 0: raise ValueError("the prompt is empty: give at least one token")
+    if T > bs: raise ValueError(f"the prompt has {T} tokens, more than the model's context of block_size={bs}: shorten it")
+    kv = KVCache(model.cfg, B, idx.device, next(model.parameters()).dtype) if cache else None
+    done, new = torch.zeros(B, dtype=torch.bool), idx
     for _ in range(max_new_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :].float()
-        if temperature == 0: nxt = logits.argmax(-1, keepdim=True)
+        if kv is None: logits = model(idx[:, -bs:])
         else:
-            logits = logits/temperature
-            if top_k: logits[logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]] = -float('inf')
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-        idx = torch.cat([idx, nxt], dim=1)
+            if kv.pos + new.shape[1] > bs: kv.reset(); new = idx[:, -max(bs//2, 1):]  # context full: slide by half
+            logits = model(new, cache=kv)
+        new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
+        idx = torch.cat([idx, new], dim=1)
+        if stop_id is not None:
+            done |= (new[:, 0] == stop_id).cpu()
+            if bool(done.all()): break
     return idx
 
-# %% ../nbs/09_sample.ipynb #d18263b5
-DEFAULT_PROMPTS = ('Return the', 'The function', 'This module provides', 'If the value is')
+# %% ../nbs/09_sample.ipynb #3cf8050b
+CORPUS_PROMPTS = {  # a word in the dataset's name -> prompts that read naturally in that corpus
+    'builtin': ('Return the', 'The function', 'This module provides', 'If the value is'),
+    'fineweb': ('The best way to', 'In 2019, the', 'Scientists have found that', 'Here are some tips for'),
+    'shakespeare': ('ROMEO:', 'JULIET:', 'KING HENRY:', 'First Citizen:'),
+    'tinystories': ('Once upon a time', 'One day, a little girl named', 'The little dog'),
+}
+GENERIC_PROMPTS = ('The', 'In the beginning', 'It is', 'One of the most')
+DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
+def prompts_for(cfg) -> list[str]:
+    "The prompts a run samples: its `sample_prompts` ('|'-separated), else ones that suit its dataset."
+    if getattr(cfg.train, 'sample_prompts', ''): return [p.strip() for p in cfg.train.sample_prompts.split('|')]
+    ds = cfg.data.dataset.lower()
+    return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
+
+# %% ../nbs/09_sample.ipynb #d18263b5
 def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens:int=48,
-                 block_size:int=1024, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu') -> list[dict]:
-    "One continuation per prompt: `[{'prompt', 'text'}]` (text is the decoded continuation)."
-    g = torch.Generator(device=device).manual_seed(seed)
+                 block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
+                 top_p:float=1.0, num_samples:int=1) -> list[dict]:
+    "`num_samples` continuations per prompt: `[{'prompt', 'text'}]`, each text ending before end-of-text."
+    if temperature < 0: raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+    if not 0 < top_p <= 1: raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if top_k is not None and top_k < 0: raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps all tokens)")
+    if num_samples < 1 or max_new_tokens < 0: raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
+    bs, eot = block_size or model.cfg.block_size, tokenizer.eot_id
+    g = torch.Generator().manual_seed(seed)
     was_training = model.training; model.eval()
     res = []
-    for p in prompts:
-        ids = tokenizer.encode(p) or [tokenizer.eot_id]
-        out = generate(model, torch.tensor([ids], device=device), max_new_tokens, block_size, temperature, top_k, g)
-        res.append(dict(prompt=p, text=tokenizer.decode(out[0, len(ids):].tolist())))
-    model.train(was_training)
+    try:
+        for p in prompts:
+            ids = [eot] + tokenizer.encode(p)
+            if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
+            out = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g, top_p, eot)
+            for row in out[:, len(ids):].tolist():
+                res.append(dict(prompt=p, text=tokenizer.decode(row[:row.index(eot)] if eot in row else row)))
+    finally: model.train(was_training)
     return res
 
 # %% ../nbs/09_sample.ipynb #e31659a7
@@ -61,46 +242,42 @@ def write_samples(run_dir:Path, step:int, samples:list[dict]):
         for s in samples: f.write(f"- **{s['prompt']}**{s['text']}\n".replace('\n\n', '\n'))
 
 # %% ../nbs/09_sample.ipynb #d3d76314
-def load_run_model(experiment:str, root:Path|None=None, device:str='cpu'):
-    "(model, tokenizer, config) from the newest complete checkpoint of `experiment`."
-    from lmbook.core import paths_for
-    from lmbook.config import config_from_dict
-    from lmbook.checkpoint import latest_checkpoint, read_checkpoint
-    from lmbook.model import GPT
-    paths = paths_for(experiment, root=root)
-    ck = latest_checkpoint(paths.checkpoints)
-    if ck is None: raise FileNotFoundError(f"no complete checkpoint in {paths.checkpoints}: train experiment {experiment!r} first")
-    data = read_checkpoint(ck)
-    cfg = config_from_dict(data['state']['config'])
-    model = GPT(cfg.model)
-    model.load_state_dict(data['model'])
-    from lmbook.tokenizer import load_tokenizer
-    rec = (data['state'].get('tokenizer') or {}).get('path')  # where training found it; else this workspace's
-    tok = load_tokenizer(rec if rec and Path(rec).exists() else paths.tokenizer)
-    return model.to(device).eval(), tok, cfg
-
-def sample_run(experiment:str, prompts=DEFAULT_PROMPTS, max_new_tokens:int=64, temperature:float=0.8,
-               top_k:int|None=50, seed:int=0, root:Path|None=None, device:str='auto') -> list[dict]:
-    "Continue `prompts` with the newest checkpoint of `experiment`."
-    from lmbook.core import pick_device
-    device = pick_device(device)
-    model, tok, cfg = load_run_model(experiment, root, device)
-    return sample_texts(model, tok, prompts, max_new_tokens, cfg.model.block_size, temperature, top_k, seed, device)
+def sample_run(source:str|Path, # checkpoint folder, run folder or experiment name
+               prompts:list[str]|None=None, # default: the run's sample_prompts, else ones for its dataset
+               max_new_tokens:int=64, temperature:float=0.8, top_k:int|None=50, seed:int=0,
+               root:Path|None=None, # workspace root (default: from settings)
+               device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
+               top_p:float=1.0, num_samples:int=1,
+               warn=None, # called with a message for each damaged checkpoint skipped
+              ) -> list[dict]:
+    "Continue `prompts` with the checkpoint `source` names."
+    lm = load_model(source, root, device, warn=warn)
+    return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
+                        top_k, seed, lm.device, top_p, num_samples)
 
 # %% ../nbs/09_sample.ipynb #e27c583c
 def add_cli(sub):
     "Register `lmbook sample`."
-    p = sub.add_parser('sample', help='continue prompts with the newest checkpoint of an experiment')
-    p.add_argument('--experiment', '-e', required=True, help='experiment name (runs/<experiment>)')
-    p.add_argument('prompts', nargs='*', help='prompts (default: a few built-in ones)')
-    p.add_argument('--max-new-tokens', type=int, default=64)
-    p.add_argument('--temperature', type=float, default=0.8)
-    p.add_argument('--top-k', type=int, default=50)
+    import sys
+    p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one of an experiment)')
+    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name')
+    p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
+    p.add_argument('--experiment', '-e', default=None, help='experiment name (then every positional argument is a prompt)')
+    p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')
+    p.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
+    p.add_argument('--top-k', type=int, default=50, help='sample among the k most likely tokens (0: all)')
+    p.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling: keep tokens up to this probability (1: all)')
     p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
+    p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--root', default=None, help='workspace root (default: from settings)')
+    p.add_argument('--json', action='store_true', help='one JSON object per sample')
     def run(args) -> int:
-        for s in sample_run(args.experiment, args.prompts or DEFAULT_PROMPTS, args.max_new_tokens, args.temperature,
-                            args.top_k, args.seed, args.root):
-            print(f"{s['prompt']}{s['text']}\n---")
+        source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
+        if not source: raise ValueError("name a checkpoint folder, run folder or experiment: lmbook sample EXPERIMENT \"prompt\"")
+        for s in sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
+                            args.root, args.device, args.top_p, args.num_samples,
+                            warn=lambda m: print(f"warning: {m}", file=sys.stderr)):
+            print(json.dumps(s) if args.json else f"{s['prompt']}{s['text']}\n---", flush=True)
         return 0
     p.set_defaults(func=run)

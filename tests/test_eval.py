@@ -1,0 +1,52 @@
+"`lmbook eval` on a tiny trained run: validation numbers that match the trainer's, HellaSwag from a test file, bad files, offline, two ranks."
+import json
+from pathlib import Path
+import pytest
+from lmbook.config import get_config
+from lmbook.trainer import train
+from conftest import lmbook_cmd, rows
+
+TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
+            max_steps=8, warmup_steps=2, ckpt_every=4, tensorboard=False, device='cpu')
+EX = dict(ind=1, activity_label='Python', ctx_a='Return the value', ctx_b='of', source_id='t', split='val', split_type='indomain')
+
+@pytest.fixture(scope='module')
+def run(ws):
+    return Path(train(get_config('smoke', TINY), 'tiny', root=ws, log=lambda *a, **k: None)['run_dir'])
+
+@pytest.fixture
+def hs(tmp_path):
+    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'], ['if it is None.', 'xyzzy.', 'qq qq.', 'ha ha ha.']]
+    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4)) for i in range(7)]
+    (tmp_path/'hs.jsonl').write_text('\n'.join(lines) + '\n')
+    return tmp_path/'hs.jsonl'
+
+def ev(ws, *args): return lmbook_cmd('eval', 'tiny', '--root', ws, '--device', 'cpu', '--json', *args)
+
+def test_eval_matches_training_log(ws, run, hs):
+    r = ev(ws, '--hellaswag-file', hs)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res['step'] == 8 and res['hellaswag_n'] == 7 and 0 <= res['hellaswag'] <= 1 and 0 <= res['hellaswag_acc'] <= 1
+    assert abs(res['val_loss'] - rows(run)[-1]['val_loss']) < 1e-4  # the same batches the trainer evaluated
+    assert 0 < res['val_bpb'] < res['val_loss'] and abs(res['ppl'] - 2.718281828**res['val_loss']) < 1e-3*res['ppl']
+    assert json.loads((run/'eval.jsonl').read_text().splitlines()[-1])['val_bpb'] == res['val_bpb']
+
+def test_malformed_hellaswag_line(ws, run, hs):
+    hs.write_text(hs.read_text() + '{"ctx": "a", "endings": ["b"]\n')
+    r = ev(ws, '--hellaswag-file', hs)
+    assert r.returncode == 2 and f'{hs}, line 8: not a JSON line' in r.stderr and 'Traceback' not in r.stderr, r.stderr
+
+def test_offline_without_cached_file(ws, run):
+    for extra in ([], ['--nproc', '2']):  # under torchrun too: every rank stops, rank 0 says why
+        r = ev(ws, *extra)
+        assert r.returncode != 0 and 'downloads are off (HF_HUB_OFFLINE=1)' in r.stderr and 'hellaswag_val.jsonl' in r.stderr, r.stderr
+        assert 'Traceback' not in r.stderr
+    assert json.loads(ev(ws, '--no-hellaswag').stdout)['val_tokens'] == 2*4*64
+
+def test_two_ranks_give_one_rank_numbers(ws, run, hs):
+    one, two = ev(ws, '--hellaswag-file', hs), ev(ws, '--hellaswag-file', hs, '--nproc', '2')
+    assert two.returncode == 0, two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout.strip().splitlines()[-1])
+    assert a['hellaswag_n'] == b['hellaswag_n'] == 7 and a['hellaswag'] == b['hellaswag'] and a['hellaswag_acc'] == b['hellaswag_acc']
+    assert a['val_tokens'] == b['val_tokens'] and abs(a['val_loss'] - b['val_loss']) < 1e-6 and abs(a['val_bpb'] - b['val_bpb']) < 1e-6

@@ -1,0 +1,83 @@
+"Loading checkpoints for inference and `lmbook sample` on a tiny trained run: fallback, refusals, greedy cache equality."
+import json
+from pathlib import Path
+import pytest
+import torch
+from lmbook.config import get_config
+from lmbook.trainer import train
+from lmbook.sample import load_model, generate, sample_run
+from conftest import lmbook_cmd
+
+TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=1,
+            max_steps=8, warmup_steps=2, ckpt_every=4, keep_ckpts=3, tensorboard=False, device='cpu')
+
+@pytest.fixture(scope='module')
+def run(ws):
+    return Path(train(get_config('smoke', TINY), 'tiny', root=ws, log=lambda *a, **k: None)['run_dir'])
+
+def test_sample_cli(ws, run):
+    r = lmbook_cmd('sample', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(l) for l in r.stdout.splitlines()]
+    assert len(out) == 2 and all(o['prompt'] == 'Return the' for o in out)
+    assert 'weights_only' not in r.stderr
+    again = lmbook_cmd('sample', '-e', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2, '--device', 'cpu', '--json', '--root', ws)
+    assert again.stdout == r.stdout  # seeded, and the old --experiment form still works
+
+def test_prompt_longer_than_context(ws, run):
+    r = lmbook_cmd('sample', str(run), 'word '*200, '--device', 'cpu')
+    assert r.returncode == 2 and 'more than the context of block_size=64' in r.stderr, r.stderr
+
+def test_truncated_checkpoint(ws, run, tmp_path):
+    import shutil
+    copy = tmp_path/'tiny'; shutil.copytree(run, copy)
+    newest = copy/'checkpoints'/'step_00000008'
+    with open(newest/'model.safetensors', 'r+b') as f: f.truncate(1000)
+    r = lmbook_cmd('sample', newest, 'Return the', '--device', 'cpu', '--max-new-tokens', 2)
+    assert r.returncode == 2 and 'cannot be used' in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    warned = []
+    lm = load_model(copy, warn=warned.append)  # a run folder falls back to the previous good checkpoint
+    assert lm.step == 4 and 'step_00000008' in warned[0]
+
+def test_best_folder_beside_the_checkpoints(ws, run):
+    import shutil
+    shutil.copytree(run/'checkpoints'/'step_00000004', run/'best')
+    lm = load_model(run/'best', device='cpu')
+    assert lm.step == 4 and lm.experiment == 'tiny' and lm.run == run and lm.tokenizer is not None
+
+def test_optimizer_state_is_never_read(ws, run, tmp_path):
+    import pickle, shutil
+    copy = tmp_path/'run'; shutil.copytree(run, copy)
+    opt = copy/'checkpoints'/'step_00000008'/'optim.pt'
+    class Boom:
+        def __reduce__(self): return (exec, ("raise SystemExit('pickle ran')",))
+    payload = pickle.dumps(Boom())
+    opt.write_bytes(payload + b' '*(opt.stat().st_size - len(payload)))  # same size, other content
+    assert load_model(copy, device='cpu').step == 8
+
+def test_missing_experiment(ws):
+    r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
+    assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
+
+def test_greedy_cache_matches_no_cache(ws, run):
+    lm = load_model('tiny', root=ws)
+    x = torch.tensor([[lm.tokenizer.eot_id] + lm.tokenizer.encode('Return the value')])
+    a = generate(lm.model, x, 40, temperature=0)
+    assert torch.equal(a, generate(lm.model, x, 40, temperature=0, cache=False))
+
+def test_sample_prompts_field():
+    with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"): get_config('smoke', dict(sample_prompts='a||b'))
+    assert get_config('smoke', dict(sample_prompts='a|b')).train.sample_prompts == 'a|b'
+
+def test_sample_notebook(ws, run, tmp_path):
+    from test_notebooks import papermill_run
+    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('source', run), ('prompts', 'Return the|The function'), ('device', 'cpu'),
+                      ('max_new_tokens', 8))
+    assert r.returncode == 0, r.stderr[-3000:]
+    txt = (tmp_path/'out.ipynb').read_text()
+    assert '**Return the**' in txt and '**The function**' in txt and 'speed-up' in txt
+
+def test_sample_notebook_refuses_unknown_parameters(tmp_path):
+    from test_notebooks import papermill_run
+    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('max_new_token', 5))
+    assert r.returncode != 0 and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text()
