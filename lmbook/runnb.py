@@ -255,7 +255,7 @@ def run_state(run:Path, # the run folder
         if info.get('host') == socket.gethostname() and isinstance(info.get('pid'), int) and not _pid_alive(info['pid']): return 'stopped'
         hb = _seconds(info.get('heartbeat'))
         if hb is not None: return 'running' if now - hb < stale_s else 'stopped'
-    seen = [f.stat().st_mtime for f in (run/'metrics.jsonl', run/'meta.json', lock) if f.is_file()]
+    seen = [f.stat().st_mtime for f in [run, *run.iterdir()]] if run.is_dir() else []  # metrics, meta, the notebook papermill saves
     return 'running' if seen and now - max(seen) < stale_s else 'stopped'
 
 # %% ../nbs/12a_runnb.ipynb #37af827a

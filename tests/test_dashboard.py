@@ -72,7 +72,7 @@ def test_run_state_from_lock_or_writes(tmp_path):
     write_run(run, FAKE, 200)
     assert run_state(run) == 'running'
     old = time.time() - 3600
-    for f in run.iterdir(): os.utime(f, (old, old))
+    for f in [*run.iterdir(), run]: os.utime(f, (old, old))
     assert run_state(run) == 'stopped'                     # no lock, no write for an hour
     (run/'.lock').write_text(json.dumps(dict(host=socket.gethostname(), pid=os.getpid(), heartbeat=time.time())))
     assert run_state(run) == 'running'                     # the lock's heartbeat wins over old files
