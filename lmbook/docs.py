@@ -179,7 +179,7 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
     "Build the docs site of `checkout` offline; return its folder and the renderer's warnings."
     checkout = Path(checkout).resolve()
     if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError(f"no pyproject.toml in {checkout}: run this in a checkout of the project")
-    try: from smalldocs.site import build
+    try: from smalldocs.site import build; from smalldocs.config import BuildError, ConfigError
     except ImportError: raise ValueError("the docs renderer is not installed: pip install -e '.[docs]'") from None
     from nbdev.config import get_config
     with _in_dir(checkout): cfg = get_config()
@@ -187,7 +187,8 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
     proc = process_notebooks(checkout)
     with tempfile.TemporaryDirectory() as tmp:
         stage_site(proc, Path(tmp)/'site', out, f"{cfg.doc_host}{cfg.doc_baseurl}/")
-        site = build(Path(tmp)/'site', quiet=True)
+        try: site = build(Path(tmp)/'site', quiet=True)
+        except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None  # e.g. --out is a folder that is not a site
     markdown_copies(out); offline_css(out); member_links(out)
     return out, list(site.warnings)
 

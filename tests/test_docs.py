@@ -56,6 +56,13 @@ def test_pages_match_docstring_links(site):
     assert not (site/'train.html').exists()   # run notebooks are not pages
 
 
+def test_refuses_to_empty_a_folder_that_is_not_a_site(site, tmp_path):
+    mine = tmp_path/'mine'; mine.mkdir(); (mine/'notes.txt').write_text('keep')
+    r = lmbook_cmd('docs', '--out', mine)
+    assert r.returncode == 2 and r.stderr.startswith('error: ') and 'not a built site' in r.stderr, r.stderr
+    assert (mine/'notes.txt').read_text() == 'keep' and len(list(mine.iterdir())) == 1
+
+
 # ---------------------------------------------------------------- the browser
 
 def chromium() -> str | None:
