@@ -42,6 +42,9 @@ def test_follow_live_and_plain(tmp_path, capsys):
     assert out.startswith('a line\n') and 'step 100/200' in out and 'eta' in out
     follow(iter([]), run, live=True)   # outside a notebook, display() prints the widget's repr
     assert 'VBox' in capsys.readouterr().out
+    drawn = []
+    assert watch({'demo': run}, refresh=0.1, draw=lambda: drawn.append(1), live=True, max_s=0.3) == {'demo': 'running'}
+    assert drawn == [1] and 'VBox' in capsys.readouterr().out
 
 
 def test_interactive_on_a_real_kernel():
