@@ -56,7 +56,7 @@ def render_readme(nb_path:Path) -> str:
     return '<!-- generated from nbs/index.ipynb by `lmbook readme`: edit the notebook, not this file -->\n\n' + '\n\n'.join(out) + '\n'
 
 # %% ../nbs/12_cli.ipynb #3d720e23
-COMMAND_MODULES = ['lmbook.data', 'lmbook.tokenizer', 'lmbook.loader', 'lmbook.databench', 'lmbook.launch', 'lmbook.sample', 'lmbook.eval', 'lmbook.export', 'lmbook.bench', 'lmbook.runpod', 'lmbook.boot']
+COMMAND_MODULES = ['lmbook.data', 'lmbook.tokenizer', 'lmbook.loader', 'lmbook.databench', 'lmbook.launch', 'lmbook.sample', 'lmbook.eval', 'lmbook.export', 'lmbook.bench', 'lmbook.runpod', 'lmbook.boot', 'lmbook.docs']
 
 def _profiles(args) -> int:
     rows = profile_rows()

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runnb.html.md"""
 
 # %% ../nbs/12a_runnb.ipynb #96e1a441
 from __future__ import annotations
-import json, math, time
+import html, json, math, os, time
 from pathlib import Path
 from typing import Iterable
 from .config import get_config, parse_assignments, Config
@@ -14,7 +14,8 @@ from .analysis import format_row
 
 # %% auto #0
 __all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'parse_overrides', 'check_params', 'train_overrides', 'train_config',
-           'config_table', 'progress_line', 'follow']
+           'config_table', 'progress_stats', 'progress_line', 'interactive', 'last_sample', 'run_length', 'plot_png',
+           'Dashboard', 'follow', 'run_state', 'watch']
 
 # %% ../nbs/12a_runnb.ipynb #2355721c
 TRAIN_PARAMS = dict(
@@ -81,27 +82,137 @@ def _fmt_time(s:float) -> str:
     s = int(s)
     return f"{s//3600}h{s%3600//60:02d}m" if s >= 3600 else f"{s//60}m{s%60:02d}s"
 
-def progress_line(recs:list[dict], max_steps:int, elapsed:float) -> str:
-    "A bar, the newest metrics (the trainer's row format, with the newest val_loss) and the time left."
+def progress_stats(recs:list[dict], max_steps:int, elapsed:float|None) -> dict:
+    "The numbers a progress display shows: step, fraction done, seconds left and the newest metrics."
     train = [r for r in recs if 'loss' in r]
     val = [r for r in recs if 'val_loss' in r]
     row = {**(train[-1] if train else dict(step=0)), **({'val_loss': val[-1]['val_loss']} if val else {})}
     frac = min(1.0, row['step']/max_steps) if max_steps else 0.0
-    bar = '█'*int(20*frac) + '░'*(20 - int(20*frac))
-    eta = f" | eta {_fmt_time(elapsed*(1-frac)/frac)}" if 0 < frac < 1 else ''
-    return f"{bar} {format_row(row, max_steps)}{eta}"
+    eta = None
+    if 0 < frac < 1:  # from the trainer's time per step, else from the time this display has watched
+        eta = (max_steps - row['step'])*row['dt_ms']/1000 if row.get('dt_ms') else elapsed*(1-frac)/frac if elapsed else None
+    return dict(row, frac=frac, eta=eta)
 
-# %% ../nbs/12a_runnb.ipynb #76566a27
-def follow(lines:Iterable[str], metrics_path:Path, max_steps:int, every:float=2.0, echo:bool=True) -> None:
-    "Print `lines` as they come and keep one progress display, redrawn from `metrics_path`, up to date."
+def progress_line(recs:list[dict], max_steps:int, elapsed:float|None) -> str:
+    "A bar, the newest metrics (the trainer's row format, with the newest val_loss) and the time left."
+    s = progress_stats(recs, max_steps, elapsed)
+    bar = '█'*int(20*s['frac']) + '░'*(20 - int(20*s['frac']))
+    eta = f" | eta {_fmt_time(s['eta'])}" if s['eta'] else ''
+    return f"{bar} {format_row({k: v for k, v in s.items() if k not in ('frac', 'eta')}, max_steps)}{eta}"
+
+# %% ../nbs/12a_runnb.ipynb #b9f96e12
+def _parent_cmd(pid:int) -> str:
+    try: return Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
+    except OSError: return ''
+
+def interactive(env:dict|None=None, # the environment (default: os.environ)
+                shell=None, # the IPython shell (default: get_ipython())
+               ) -> bool:
+    "Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill or a script."
+    env = os.environ if env is None else env
+    if env.get('LMBOOK_DASHBOARD') in ('0', '1'): return env['LMBOOK_DASHBOARD'] == '1'
+    if shell is None:
+        try: from IPython import get_ipython; shell = get_ipython()
+        except ImportError: return False
+    kernel = getattr(shell, 'kernel', None)
+    if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
+    if any(w in _parent_cmd(int(env.get('JPY_PARENT_PID') or 0)) for w in ('papermill', 'nbclient', 'nbconvert')): return False
+    try: cell_id = (kernel.get_parent() or {}).get('metadata', {}).get('cellId')
+    except Exception: cell_id = None
+    return bool(cell_id) or 'JPY_SESSION_NAME' in env
+
+# %% ../nbs/12a_runnb.ipynb #7739c909
+def _jsonl(path:Path) -> list[dict]:
+    if not Path(path).is_file(): return []
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try: r = json.loads(line)
+        except json.JSONDecodeError: continue  # a line still being written
+        if isinstance(r, dict): out.append(r)
+    return out
+
+def last_sample(run:Path) -> dict|None:
+    "The newest sample of the run folder `run` (`step`, `prompt`, `text`), or None before the first."
+    s = _jsonl(Path(run)/'samples.jsonl')
+    return s[-1] if s else None
+
+def run_length(run:Path) -> int|None:
+    "The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote it)."
+    try: return int(json.loads((Path(run)/'meta.json').read_text())['total_steps'])
+    except (OSError, ValueError, KeyError, TypeError): return None
+
+# %% ../nbs/12a_runnb.ipynb #e20453cf
+def plot_png(recs:list[dict], dpi:int=80) -> bytes:
+    "Loss (with val_loss) and learning rate against step, side by side, as PNG bytes."
+    import io
+    from matplotlib.figure import Figure
+    from lmbook.analysis import series
+    fig = Figure(figsize=(9, 2.8), dpi=dpi, layout='tight')
+    ax1, ax2 = fig.subplots(1, 2)
+    for n, st in (('loss', '-'), ('val_loss', 'o-')):
+        xs, ys = series(recs, n)
+        if xs: ax1.plot(xs, ys, st, ms=3, label=n)
+    xs, ys = series(recs, 'lr')
+    if xs: ax2.plot(xs, ys, color='tab:green')
+    ax1.set(xlabel='step', ylabel='loss'); ax2.set(xlabel='step', ylabel='lr')
+    if ax1.lines: ax1.legend()
+    for a in (ax1, ax2): a.grid(alpha=0.3)
+    buf = io.BytesIO(); fig.savefig(buf, format='png'); return buf.getvalue()
+
+# %% ../nbs/12a_runnb.ipynb #ee9ea62b
+class Dashboard:
+    "A live view of a run: progress bar with ETA, loss and LR plots, speed and MFU, the newest sample."
+    def __init__(self, title:str, max_steps:int|None, plot_every:float=5.0):
+        import ipywidgets as W
+        self.max_steps, self.plot_every, self._plotted = max_steps, plot_every, -1e9
+        self.bar = W.FloatProgress(value=0, min=0, max=1, description='0%', layout=W.Layout(width='60%'))
+        self.status = W.HTML()
+        self.stats = W.HTML()
+        self.plots = W.Image(format='png', layout=W.Layout(max_width='900px'))
+        self.sample = W.HTML()
+        self.widget = W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([self.bar, self.status]), self.stats, self.plots, self.sample])
+
+    def update(self, recs:list[dict], elapsed:float|None, sample:dict|None=None, max_steps:int|None=None, force:bool=False):
+        "Redraw from the metrics rows `recs`; the plots at most every `plot_every` seconds unless `force`."
+        self.max_steps = max_steps or self.max_steps
+        s = progress_stats(recs, self.max_steps or 0, elapsed)
+        self.bar.value, self.bar.description = s['frac'], f"{100*s['frac']:.0f}%"
+        self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
+        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {_fmt_time(s['eta'])}" if s['eta'] else '')
+        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'), '.2e'),
+                 ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None, '.1f')]
+        self.stats.value = ' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>" for k, v, f in cells if v is not None)
+        if sample: self.sample.value = f"<i>sample at step {sample.get('step')}:</i> <b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}"
+        if force or time.time() - self._plotted >= self.plot_every:
+            if any('loss' in r for r in recs): self.plots.value = plot_png(recs)
+            self._plotted = time.time()
+
+# %% ../nbs/12a_runnb.ipynb #8663881b
+def follow(lines:Iterable[str], # the trainer's output lines
+           run:Path, # the run folder (metrics.jsonl, meta.json, samples.jsonl)
+           max_steps:int|None=None, # the run length until meta.json says
+           every:float=2.0, # seconds between redraws of the dashboard
+           echo:bool=True, # print the lines
+           live:bool|None=None, # the dashboard (default: where a person watches, see `interactive`)
+           plain_every:float=30.0, # seconds between plain progress lines
+          ) -> None:
+    "Print `lines` as they come and keep a progress display of the run in `run` up to date."
     from lmbook.analysis import read_metrics
-    from IPython.display import display, Markdown
-    t0, last = time.time(), 0.0
-    handle = display(Markdown('`starting…`'), display_id=True)
-    def redraw():
-        try: recs = read_metrics(metrics_path)
+    run = Path(run)
+    live = interactive() if live is None else live
+    t0, last, last_plain = time.time(), 0.0, time.time()
+    dash = Dashboard(run.name, max_steps) if live else None
+    if dash is not None:
+        from IPython.display import display
+        display(dash.widget)
+    def redraw(final=False):
+        nonlocal last_plain
+        try: recs = read_metrics(run/'metrics.jsonl')
         except FileNotFoundError: return
-        if handle is not None: handle.update(Markdown(f"`{progress_line(recs, max_steps, time.time()-t0)}`"))
+        n = run_length(run) or max_steps
+        if dash is not None: dash.update(recs, time.time()-t0, last_sample(run), n, force=final)
+        elif final or time.time() - last_plain >= plain_every:
+            print(progress_line(recs, n or 0, time.time()-t0), flush=True); last_plain = time.time()
     try:
         for line in lines:
             if echo: print(line.rstrip('\n'), flush=True)
@@ -109,4 +220,69 @@ def follow(lines:Iterable[str], metrics_path:Path, max_steps:int, every:float=2.
     except KeyboardInterrupt:  # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
         if hasattr(lines, 'close'): lines.close()
         raise
-    redraw()
+    redraw(final=True)
+
+# %% ../nbs/12a_runnb.ipynb #c6f445a8
+def _seconds(t) -> float|None:
+    if isinstance(t, (int, float)): return float(t)
+    try:
+        from datetime import datetime
+        return datetime.fromisoformat(str(t).replace('Z', '+00:00')).timestamp()
+    except ValueError: return None
+
+def _pid_alive(pid:int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+def run_state(run:Path, # the run folder
+              stale_s:float=600, # seconds without a heartbeat or a write after which the trainer counts as gone
+              now:float|None=None,
+             ) -> str:
+    "'done' (its last step is logged), 'running' (its trainer is alive) or 'stopped' (neither)."
+    import socket
+    from lmbook.analysis import read_metrics
+    run, now = Path(run), time.time() if now is None else now
+    n = run_length(run)
+    try: steps = [r['step'] for r in read_metrics(run/'metrics.jsonl') if 'loss' in r or 'val_loss' in r]
+    except FileNotFoundError: steps = []
+    if n is not None and steps and max(steps) >= n: return 'done'
+    lock = run/'.lock'
+    if lock.is_file():
+        try: info = json.loads(lock.read_text())
+        except (OSError, json.JSONDecodeError): info = {}
+        if info.get('host') == socket.gethostname() and isinstance(info.get('pid'), int) and not _pid_alive(info['pid']): return 'stopped'
+        hb = _seconds(info.get('heartbeat'))
+        if hb is not None: return 'running' if now - hb < stale_s else 'stopped'
+    seen = [f.stat().st_mtime for f in [run, *run.iterdir()]] if run.is_dir() else []  # metrics, meta, the notebook papermill saves
+    return 'running' if seen and now - max(seen) < stale_s else 'stopped'
+
+# %% ../nbs/12a_runnb.ipynb #37af827a
+def watch(runs:dict[str, Path], # experiment -> run folder
+          refresh:float, # seconds between redraws
+          draw=None, # called after the loop (e.g. the notebook's table and plots)
+          live:bool|None=None, # dashboards (default: where a person watches)
+          stale_s:float=600, # see `run_state`
+          max_s:float|None=None, # stop following after this many seconds
+         ) -> dict[str, str]:
+    "Follow `runs` until none is running; return each one's state."
+    from lmbook.analysis import read_metrics
+    live = interactive() if live is None else live
+    dashes = {e: Dashboard(e, run_length(d)) for e, d in runs.items()} if live else {}
+    if dashes:
+        from IPython.display import display
+        import ipywidgets as W
+        display(W.VBox([x.widget for x in dashes.values()]))
+    t0 = time.time()
+    while True:
+        states = {e: run_state(d, stale_s) for e, d in runs.items()}
+        for e, d in runs.items():
+            try: recs = read_metrics(d/'metrics.jsonl')
+            except FileNotFoundError: continue
+            if e in dashes: dashes[e].update(recs, None, last_sample(d), run_length(d), force=True)
+            else: print(f"{e} [{states[e]}] {progress_line(recs, run_length(d) or 0, None)}", flush=True)
+        if 'running' not in states.values() or (max_s is not None and time.time() - t0 >= max_s): break
+        time.sleep(refresh)
+    if draw is not None: draw()
+    return states
