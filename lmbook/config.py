@@ -95,6 +95,8 @@ class TrainConfig:
     max_nonfinite: int = 5       # non-finite steps in a row (skipped updates) that stop the run
     tensorboard: bool = True     # also log to runs/<exp>/tensorboard
     wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
+    ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
+    allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -176,6 +178,8 @@ def validate(cfg:Config) -> Config:
     if t.nproc < 1: raise ValueError(f"nproc must be >= 1, got {t.nproc}")
     if not 0 <= t.decay_frac <= 1: raise ValueError(f"decay_frac={t.decay_frac} must be in [0, 1]")
     if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
+    for k in ('ckpt_async', 'allow_config_change'):
+        if getattr(t, k) not in (True, False): raise ValueError(f"{k}={getattr(t, k)!r}: choose true or false")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5
