@@ -378,10 +378,11 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
     t0 = time.perf_counter()
     self.wait()
+    t1 = time.perf_counter()
     snap = snapshot(model, optimizer, rank_state, sharded, self.info, self.buffers if self.background else None)
     self.last = step
     if not self.info.is_main: return
-    rec = dict(step=step)
+    rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1)
     self.timings.append(rec)
     def write():
         t1 = time.perf_counter()

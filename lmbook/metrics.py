@@ -85,7 +85,8 @@ def set_aside(path:Path, step:int, warn:Callable=print) -> Path|None:
     while side.exists(): i += 1; side = path.with_name(f'metrics.after-step-{n}-{i}.jsonl')
     side.write_text(''.join(l + '\n' for l, a in zip(lines, after) if a))
     _write_lines(path, [l for l, a in zip(lines, after) if not a])
-    warn(f"moved {sum(after)} metric record(s) after step {max(step, 0) if step >= 0 else 'start'} to {side.name}: the run replays those steps")
+    what = f"after step {step}" if step >= 0 else "of an earlier start"
+    warn(f"moved {sum(after)} metric record(s) {what} to {side.name}: the run replays those steps")
     return side
 
 # %% ../nbs/06c_metrics.ipynb #d9904897
@@ -152,7 +153,11 @@ class RunLog:
     def __call__(self, *args):
         line = ' '.join(map(str, args))
         stamped = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line}\n"
-        if self.file: self.file.write(stamped)
+        if self.file:
+            try: self.file.write(stamped)
+            except OSError as e:  # a full disk: the checkpoint that follows says so in one line
+                self.file = None
+                if self.out: self.out(f"warning: train.log is not written any more: {e}")
         else: self.pending.append(stamped)
         if self.out is None: return
         try: self.out(line)

@@ -12,9 +12,10 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['LOCK', 'HEARTBEAT_S', 'stale_after', 'lock_state', 'RunLocked', 'RunLock']
 
-# %% ../nbs/06d_runlock.ipynb #0c0a348a
+# %% ../nbs/06d_runlock.ipynb #9d3fe902
 LOCK = '.lock'
 HEARTBEAT_S = 30.0   # seconds between heartbeats of the owner
+_TOKENS = set()      # tokens of the locks this process holds
 
 def stale_after() -> float:
     "Seconds without a heartbeat after which a lock is stale (env `LMBOOK_LOCK_STALE_S`, default 120)."
@@ -37,7 +38,10 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     except (json.JSONDecodeError, UnicodeDecodeError, OSError): return {}, 'unreadable lock file'
     now = time.time() if now is None else now
     age = now - float(d.get('heartbeat', 0))
-    if d.get('host') == socket.gethostname() and not _alive(int(d.get('pid', -1))): return d, f"pid {d.get('pid')} is gone"
+    if d.get('host') == socket.gethostname():
+        pid = int(d.get('pid', -1))
+        if not _alive(pid): return d, f"pid {pid} is gone"
+        if pid == os.getpid() and d.get('token') not in _TOKENS: return d, f"pid {pid} is this process now (a restarted container)"
     if age > stale_after(): return d, f"no heartbeat for {age:.0f} s"
     return d, None
 
@@ -73,7 +77,8 @@ def _refusal(path:Path, d:dict) -> RunLocked:
     started = time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(float(d.get('started', 0))))
     return RunLocked(f"{path.parent} is in use by another trainer: host {d.get('host')} pid {d.get('pid')}, started {started}, "
                      f"last heartbeat {ago:.0f} s ago; the lock counts as stale after {stale_after():.0f} s without one "
-                     f"(LMBOOK_LOCK_STALE_S): stop that run, or train another experiment")
+                     f"(LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that trainer is gone: stop that run, "
+                     f"or train another experiment")
 
 def _acquire(self:RunLock) -> RunLock:
     "Take the lock, taking over a stale one; raise `RunLocked` when another trainer holds it."
@@ -90,6 +95,7 @@ def _acquire(self:RunLock) -> RunLock:
         if self.owned(): break
     else: raise RunLocked(f"could not lock {self.path}: other trainers keep taking it")
     if not self.owned(): raise _refusal(self.path, lock_state(self.path)[0] or {})
+    _TOKENS.add(self.token)
     self.thread = threading.Thread(target=self._beat, name='runlock-heartbeat', daemon=True)
     self.thread.start()
     return self
@@ -107,6 +113,7 @@ def _release(self:RunLock):
     try:
         if self.owned(): self.path.unlink()
     except OSError: pass
+    _TOKENS.discard(self.token)
 
 RunLock.acquire, RunLock._beat, RunLock.release = _acquire, _beat, _release
 RunLock.__enter__, RunLock.__exit__ = _acquire, lambda self, *exc: self.release()
