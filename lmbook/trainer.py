@@ -364,8 +364,8 @@ def _train(r:Run, experiment:str) -> dict:
                 if ck.due(step, r.total, bool(signum)):
                     ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped), dict(loader=r.loader.state_dict()), t.sharded)
                 if signum: break
-        ck.wait()
-        last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
+            ck.wait()  # still under the flag: a second signal cannot cut the last write short
+            last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
     finally:
         ck.close()
         metrics.close()
