@@ -7,8 +7,10 @@ Each mode is one run of `train` in its own process (fresh workspace, nothing sha
 Per checkpoint it reports the stall (seconds training stood still), split into waiting for the previous
 write and taking the snapshot, and the write time. Per mode: the trainer's tok/s of the steps (median of
 per-step rows, which exclude checkpoint time) and the wall-clock tok/s from step 10 to the last step,
-which includes every stall. `overhead_at_5min` is the stall of a checkpoint with no write in flight,
-as a fraction of a 5-minute checkpoint interval.
+which includes every stall. `overhead_at_5min` is the stall of the first checkpoint (no write in flight,
+snapshot buffers allocated then) as a fraction of a 5-minute checkpoint interval; `later_snapshot_s`
+is the snapshot time once the buffers exist. With a checkpoint every 20 steps (a few seconds on a GPU)
+a 2B write cannot finish before the next save, so later stalls there are mostly `wait_s`.
 
 GPU (one card; runpod_2b at micro-batch 8, grad_accum 1, 60 steps, a checkpoint every 20; about 45 GB
 of free disk and 30 GB of free host memory for the pinned snapshot):
@@ -43,7 +45,8 @@ def one(mode:str, profile:str, overrides:dict, steps:int, every:int, root:Path) 
     out = dict(mode=mode, steps=steps, every=every, tokens_per_step=tokens_per_step, checkpoints=res['checkpoints'],
                step_tok_per_s=statistics.median(tps) if tps else None,
                wall_tok_per_s=tokens_per_step*(last - first)/(stamps[last] - stamps[first]))
-    if ckpts: out['first_stall_s'] = ckpts[0]['stall_s']
+    if ckpts: out['first_stall_s'] = ckpts[0]['stall_s']  # includes allocating the (pinned) snapshot buffers
+    if len(ckpts) > 1: out['later_snapshot_s'] = statistics.median(c['snapshot_s'] for c in ckpts[1:])  # buffers reused
     shutil.rmtree(res['run_dir'], ignore_errors=True)
     return out
 
