@@ -9,44 +9,16 @@ from __future__ import annotations
 import json, math
 from pathlib import Path
 from .core import paths_for, check_name
+from .metrics import read_metrics, format_row
 
 # %% auto #0
-__all__ = ['PLOTS', 'read_metrics', 'series', 'format_row', 'run_dir', 'plot_runs', 'summarize']
-
-# %% ../nbs/13_analysis.ipynb #6133348f
-def read_metrics(path:Path) -> list[dict]:
-    "Records of a `metrics.jsonl` (a file or a run directory), in step order, newest record per step and kind."
-    path = Path(path)
-    if path.is_dir(): path = path/'metrics.jsonl'
-    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the experiment name)")
-    recs = {}
-    for line in path.read_text().splitlines():
-        try: r = json.loads(line)
-        except json.JSONDecodeError: continue  # a line still being written
-        if not isinstance(r, dict) or 'step' not in r: continue
-        kind = 'val' if 'val_loss' in r and 'loss' not in r else 'train'
-        recs[(kind, r['step'])] = r
-    return [recs[k] for k in sorted(recs, key=lambda k: (k[1], k[0]))]
+__all__ = ['PLOTS', 'series', 'run_dir', 'plot_runs', 'summarize']
 
 # %% ../nbs/13_analysis.ipynb #34abc9b1
 def series(recs:list[dict], name:str) -> tuple[list, list]:
     "Steps and values of metric `name` (records without it, or with a non-finite value, skipped)."
     pts = [(r['step'], r[name]) for r in recs if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
     return [p[0] for p in pts], [p[1] for p in pts]
-
-# %% ../nbs/13_analysis.ipynb #5dcad956
-def format_row(row:dict, total:int) -> str:
-    "A one-line summary of a metrics row."
-    parts = [f"step {row['step']:>{len(str(total))}}/{total}"]
-    if row.get('loss') is not None: parts.append(f"loss {row['loss']:.4f}")
-    if row.get('val_loss') is not None: parts.append(f"val {row['val_loss']:.4f}")
-    if row.get('lr') is not None: parts.append(f"lr {row['lr']:.2e}")
-    if row.get('grad_norm') is not None: parts.append(f"norm {row['grad_norm']:.2f}")
-    if row.get('tok_per_s'): parts.append(f"{row['tok_per_s']/1e3:,.1f}k tok/s")
-    if row.get('dt_ms'): parts.append(f"{row['dt_ms']:.0f} ms")
-    if row.get('mfu'): parts.append(f"mfu {100*row['mfu']:.1f}%")
-    if row.get('skipped'): parts.append(f"skipped {row['skipped']}")
-    return ' | '.join(parts)
 
 # %% ../nbs/13_analysis.ipynb #08a450d8
 def run_dir(experiment:str, root:Path|None=None) -> Path:

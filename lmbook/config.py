@@ -101,6 +101,8 @@ class TrainConfig:
     muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
     sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
+    ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
+    allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -187,6 +189,8 @@ def validate(cfg:Config) -> Config:
     if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
     if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
+    for k in ('ckpt_async', 'allow_config_change'):
+        if getattr(t, k) not in (True, False): raise ValueError(f"{k}={getattr(t, k)!r}: choose true or false")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5

@@ -6,13 +6,14 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../nbs/06b_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, os, shlex, signal, subprocess, sys
+import argparse, json, os, shlex, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 from typing import Iterator
 from .config import get_config, parse_assignments
 
 # %% auto #0
-__all__ = ['WORKER', 'train_args', 'resolve_args', 'main', 'launch_cmd', 'launch', 'run_training', 'add_cli']
+__all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
+           'TrainingExit', 'run_training', 'add_cli']
 
 # %% ../nbs/06b_launch.ipynb #01c458d7
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -27,6 +28,7 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--root', default=None, help='workspace root (default: settings.ini / LMBOOK_WORKSPACE)')
     p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes 2 --node-rank 0 --rdzv-endpoint host:29500"')
     p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, tokens), then exit')
+    p.add_argument('--allow-config-change', action='store_true', help='resume even though the config differs from the checkpoint (the diff is logged and recorded)')
     return p
 
 def resolve_args(a:argparse.Namespace) -> tuple:
@@ -37,31 +39,57 @@ def resolve_args(a:argparse.Namespace) -> tuple:
     if a.nproc is not None: ov['nproc'] = a.nproc
     if a.parallel: ov['parallel'] = a.parallel
     if a.no_auto_resume: ov['auto_resume'] = False
+    if getattr(a, 'allow_config_change', False): ov['allow_config_change'] = True
     profile, experiment = a.profile or s.profile, a.experiment or s.experiment
     return get_config(profile, ov), profile, experiment, ov
 
 # %% ../nbs/06b_launch.ipynb #24de827c
+EXIT_CODES = {0: 'finished, or already finished', 2: 'user error: bad config or input, run folder locked, no space for a checkpoint',
+              3: 'diverged: the loss or grad norm stayed non-finite', 130: 'stopped by SIGINT after writing its checkpoint',
+              143: 'stopped by SIGTERM after writing its checkpoint'}
+
+def describe_exit(code:int) -> str:
+    "What exit code `code` of a training process means."
+    if code in EXIT_CODES: return EXIT_CODES[code]
+    if code > 128: return f"stopped by {signal.Signals(code - 128).name} after writing its checkpoint"
+    if code < 0: return f"killed by {signal.Signals(-code).name} (no checkpoint of its own)"
+    return 'crashed: see its output'
+
+def train_process(cfg, # the resolved `Config`
+                  experiment:str, root:Path|None=None, prepare_only:bool=False) -> int:
+    "Prepare the data, or train, in this process; return the exit code (`EXIT_CODES`). User errors raise."
+    from lmbook.trainer import train, NonFiniteError, exit_code
+    from lmbook.metrics import RunLog
+    if prepare_only:
+        from lmbook.loader import prepare_data
+        from lmbook.core import paths_for
+        pd = prepare_data(cfg, paths_for(experiment, root=root))
+        RunLog()(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}")
+        return 0
+    try: return exit_code(train(cfg, experiment, root=root))
+    except NonFiniteError: return 3
+
+def _say_error(e:Exception):
+    try: print(f"error: {e}", file=sys.stderr, flush=True)
+    except OSError: pass  # nobody is reading
+
 def main(argv:list[str]|None=None) -> int:
-    "Entry point of one training process (plain or a torchrun worker)."
-    from lmbook.trainer import train, NonFiniteError
+    "Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to `LMBOOK_EXIT_FILE`."
     from lmbook.distributed import cleanup_distributed
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     try:
         cfg, _, experiment, _ = resolve_args(a)
-        if a.prepare_only:
-            from lmbook.loader import prepare_data
-            from lmbook.core import paths_for
-            pd = prepare_data(cfg, paths_for(experiment, root=a.root))
-            print(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}", flush=True)
-        else: train(cfg, experiment, root=a.root)
+        rc = train_process(cfg, experiment, a.root, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
-        if int(os.environ.get('RANK', 0)) == 0: print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except NonFiniteError: return 3
+        if int(os.environ.get('RANK', 0)) == 0: _say_error(e)
+        rc = 2
     finally: cleanup_distributed()
-    return 0
+    if os.environ.get('LMBOOK_EXIT_FILE') and int(os.environ.get('RANK', 0)) == 0:
+        Path(os.environ['LMBOOK_EXIT_FILE']).write_text(json.dumps(dict(exit_code=rc)))
+    return rc
 
 WORKER = 'import sys; from lmbook.launch import main; sys.exit(main())'
+
 
 # %% ../nbs/06b_launch.ipynb #5f6fec5e
 def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None, root:Path|None=None,
@@ -96,31 +124,52 @@ def launch(profile:str, # profile name or config file
            torchrun_args:str|list='', # rendezvous flags of a multi-node job
            env:dict|None=None, # extra environment variables
            grace_s:float=30, # how long a stopped run may take to checkpoint
+           prepare_only:bool=False, # only prepare the data
+           forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
           ) -> Iterator[str]:
-    "Run the training in a subprocess and yield its output lines."
+    "Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not finish."
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
-    if 'torch.distributed.run' in cmd:
-        yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e, grace_s)
-    yield from _stream(cmd, e, grace_s)
+    if 'torch.distributed.run' in cmd or prepare_only:
+        yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e, grace_s, forward_signals)
+    if not prepare_only: yield from _stream(cmd, e, grace_s, forward_signals)
 
-def _stream(cmd:list[str], env:dict, grace_s:float) -> Iterator[str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env,
+class TrainingExit(RuntimeError):
+    "A training process that ended with a non-zero exit code (`code`)."
+    def __init__(self, code:int):
+        self.code = code
+        super().__init__(f"training exited with code {code} ({describe_exit(code)}); its output above says why")
+
+def _exit_code(rc:int, exit_file:str) -> int:
+    "The worker's own exit code when it wrote one (torchrun reports 1 for any failed worker), else the process's."
+    try: return int(json.loads(Path(exit_file).read_text())['exit_code']) if rc else 0
+    except (OSError, ValueError, KeyError): return 128 - rc if rc < 0 else rc
+    finally: Path(exit_file).unlink(missing_ok=True)
+
+def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
+    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json'); os.close(fd); os.unlink(exit_file)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=dict(env, LMBOOK_EXIT_FILE=exit_file),
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
+    old = {}
+    if forward_signals and threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, lambda signum, frame: proc.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for line in proc.stdout: yield line
         rc = proc.wait()
     finally:
+        for s, h in old.items(): signal.signal(s, h)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try: proc.wait(grace_s)
             except subprocess.TimeoutExpired: proc.kill(); proc.wait()
-    if rc != 0: raise RuntimeError(f"training exited with code {rc}; its output above says why")
+    code = _exit_code(rc, exit_file)
+    if code != 0: raise TrainingExit(code)
 
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None, root:Path|None=None,
-                 torchrun_args:str|list='', env:dict|None=None, out=print) -> int:
+                 torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False, forward_signals:bool=False) -> int:
     "`launch` and print every line; on Ctrl-C / an interrupted cell stop the run cleanly, then re-raise."
-    gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env)
+    gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env, prepare_only=prepare_only, forward_signals=forward_signals)
     try:
         for line in gen: out(line.rstrip('\n'))
     except KeyboardInterrupt:
@@ -133,12 +182,11 @@ def add_cli(sub):
     p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)'))
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)
-        if cfg.train.nproc == 1 and not a.torchrun_args:
-            from lmbook.trainer import train, NonFiniteError
-            try: train(cfg, experiment, root=a.root)
-            except NonFiniteError: return 3
-            return 0
-        try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args)
-        except RuntimeError as e: print(f"error: {e}", file=sys.stderr); return 1
+        if cfg.train.nproc == 1 and not a.torchrun_args: return train_process(cfg, experiment, a.root, a.prepare_only)
+        try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args, prepare_only=a.prepare_only,
+                          forward_signals=True)
+        except TrainingExit as e:
+            if e.code not in (2, 3) and e.code <= 128: _say_error(e)  # the run's own lines said the rest
+            return e.code
         return 0
     p.set_defaults(func=run)

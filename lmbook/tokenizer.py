@@ -39,6 +39,10 @@ class Tokenizer:
     def decode(self, ids) -> str: return self.tok.decode(list(map(int, ids)), skip_special_tokens=False)
     def token_id(self, token:str) -> int|None: return self.tok.token_to_id(token)
     def __repr__(self): return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+    @property
+    def sha256(self) -> str:
+        "The tokenizer's identity: sha256 of its canonical JSON (the same for a bundle and the object loaded from it)."
+        return hashlib.sha256(self.tok.to_str().encode()).hexdigest()
 
 # %% ../nbs/03_tokenizer.ipynb #5ddc5efe
 def new_bpe():
@@ -72,7 +76,7 @@ def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
     tk.tok.save(str(tmp))
     os.replace(tmp, out_dir/'tokenizer.json')
     meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t) for t in SPECIAL_TOKENS},
-                sha256=sha256_file(out_dir/'tokenizer.json'), **meta)
+                sha256=tk.sha256, **meta)
     (out_dir/'meta.json').write_text(json.dumps(meta, indent=1))
     return out_dir
 
@@ -201,7 +205,7 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
     tk = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     sm = check_shards(shard_dir, checksums=False)
     dt = token_dtype(tk.vocab_size, dtype)
-    tok_sha = hashlib.sha256(tk.tok.to_str().encode()).hexdigest()
+    tok_sha = tk.sha256
     out_dir.mkdir(parents=True, exist_ok=True)
     m = read_manifest(out_dir)
     if m is None:

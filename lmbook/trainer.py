@@ -1,4 +1,4 @@
-"""The training loop: a model ready for its device, one optimizer step with gradient accumulation, and `train`, which turns a config into a run directory.
+"""The training loop: a model ready for its device, one optimizer step with gradient accumulation, and `train`, which turns a config into a run directory, in parts: setup, checkpointing, the logging of a step, the stop agreement and the endings.
 
 Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
@@ -11,18 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import torch
-from .config import Config, config_dict, save_config, flops_per_token, count_params
+from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
 from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops
-from .analysis import format_row
+from .metrics import MetricsLogger, RunLog, format_row, _console
+from .runlock import RunLock, RunLocked
 from .model import GPT
 from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
 from . import checkpoint as ckpt
+from .checkpoint import Checkpointer
 
 # %% auto #0
-__all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'resolve_compile', 'Trainable', 'build_trainable',
-           'StepResult', 'train_step', 'evaluate', 'MetricsLogger', 'StopFlag', 'choose_run_dir', 'NonFiniteError',
-           'train']
+__all__ = ['CUDA_ALLOC_CONF', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'cuda_allocator_defaults', 'resolve_dtype',
+           'resolve_compile', 'Trainable', 'build_trainable', 'StepResult', 'train_step', 'evaluate', 'StopFlag',
+           'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog', 'NonFiniteError',
+           'exit_code', 'diverged', 'finish', 'train']
 
 # %% ../nbs/06_trainer.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -53,6 +56,7 @@ class Trainable:
     grad_accum: int = 1           # micro-steps per optimizer step
     grad_clip: float = 1.0        # max global grad norm (0: no clipping, norm still measured)
     info: DistInfo = field(default_factory=DistInfo)
+    sharded: bool = False         # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
 
     def autocast(self):
         "The autocast context for forward passes."
@@ -77,7 +81,7 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
     wrapped = wrap_model(model, parallel, info, param_dtype=amp)
     sharded = info.distributed and parallel == 'fsdp'
     opt = make_optimizer(wrapped, tc, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
-    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.grad_clip, info)
+    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.grad_clip, info, sharded)
 
 # %% ../nbs/06_trainer.ipynb #f051c8ce
 @dataclass
@@ -102,7 +106,7 @@ def train_step(t:Trainable, # model, optimizer and settings
             loss.backward()
         total += loss.detach()
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0 else float('inf'))
-    if hasattr(norm, 'full_tensor'): norm = norm.full_tensor()
+    if t.sharded: norm = norm.full_tensor()  # a DTensor: the norm over every rank's shard
     norm = norm.item()
     skipped = not math.isfinite(norm)
     if not skipped: t.optimizer.step()
@@ -120,53 +124,13 @@ def evaluate(t:Trainable, batches:list) -> float:
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
-# %% ../nbs/06_trainer.ipynb #a3664ffa
-def _clean(v):
-    if isinstance(v, float): return v if math.isfinite(v) else None
-    return v
-
-class MetricsLogger:
-    "Writes metric lines to `metrics.jsonl`, TensorBoard and W&B (rank 0 only)."
-    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True, wandb_project:str='', config:dict|None=None,
-                 name:str='', log:Callable=print):
-        self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/'metrics.jsonl', enabled, log, None, None
-        if not enabled: return
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(Path(run_dir)/'tensorboard'))
-            except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip install tensorboard)")
-        if wandb_project:
-            try:
-                import wandb
-                self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow', dir=str(run_dir), config=config)
-            except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
-
-    def write(self, row:dict):
-        "Append one metrics line."
-        if not self.enabled: return
-        row = {k: _clean(v) for k, v in row.items()}
-        with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
-        nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != 'step'}
-        if self.tb:
-            for k, v in nums.items(): self.tb.add_scalar(k, v, row['step'])
-        if self.wb: self.wb.log(nums, step=row['step'])
-
-    def truncate(self, step:int):
-        "Drop lines after `step` (they are replayed after a resume); all lines when `step` < 0."
-        if not self.enabled or not self.path.exists(): return
-        keep = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l).get('step', 0) <= step]
-        self.path.write_text(''.join(l + '\n' for l in keep))
-
-    def close(self):
-        if self.tb: self.tb.close()
-        if self.wb: self.wb.finish()
-
-# %% ../nbs/06_trainer.ipynb #e797c8bd
+# %% ../nbs/06_trainer.ipynb #b66e4aea
 class StopFlag:
     "Turns SIGTERM/SIGINT into a flag while active (main thread only); restores the old handlers."
-    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT)): self.sigs, self.signal, self.old = sigs, None, {}
-    def _handler(self, signum, frame): self.signal = signal.Signals(signum).name
+    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT)): self.sigs, self.signum, self.old = sigs, 0, {}
+    def _handler(self, signum, frame): self.signum = signum
+    @property
+    def signal(self) -> str|None: return signal.Signals(self.signum).name if self.signum else None
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self.old = {s: signal.signal(s, self._handler) for s in self.sigs}
@@ -174,7 +138,11 @@ class StopFlag:
     def __exit__(self, *exc):
         for s, h in self.old.items(): signal.signal(s, h)
 
-# %% ../nbs/06_trainer.ipynb #80d97b01
+def agree_stop(signum:int, info:DistInfo) -> int:
+    "The signal that stops the run at this step (0: none), the same on every rank."
+    return int(all_reduce(float(signum), 'max')) if info.distributed else signum
+
+# %% ../nbs/06_trainer.ipynb #98667602
 def choose_run_dir(run:Path, auto_resume:bool) -> Path:
     "The run folder to use: `run` itself, or a fresh sibling when not resuming an existing run."
     used = lambda p: (p/'metrics.jsonl').exists() or (p/'checkpoints').exists()
@@ -183,151 +151,225 @@ def choose_run_dir(run:Path, auto_resume:bool) -> Path:
     while used(run.with_name(f'{run.name}-{i}')): i += 1
     return run.with_name(f'{run.name}-{i}')
 
-# %% ../nbs/06_trainer.ipynb #e5e714b1
-class NonFiniteError(RuntimeError):
-    "Too many non-finite steps in a row: the run diverged."
+# %% ../nbs/06_trainer.ipynb #39fe8c78
+def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
+    "Rank 0 locks `run_dir`; raise `RunLocked` on every rank when it could not."
+    lock, err = None, None
+    if info.is_main:
+        try: lock = RunLock(run_dir, log).acquire()
+        except RunLocked as e: err = e
+    if all_reduce(1.0 if err else 0.0, 'max') > 0:
+        raise err or RunLocked(f"rank 0 could not lock {run_dir}")
+    return lock
 
+# %% ../nbs/06_trainer.ipynb #ee63de1e
+@dataclass
+class Run:
+    "A run ready for its first step."
+    cfg: Config                  # the resolved config
+    dir: Path                    # the run folder
+    info: DistInfo               # this process's place
+    t: Trainable                 # model, optimizer, autocast
+    loader: object               # the train `TokenLoader`
+    val: list                    # the fixed validation batches of this rank
+    tok_dir: Path                # the tokenizer bundle
+    tok_ref: dict|None           # its path and hash, stored in checkpoints
+    total: int                   # optimizer steps of the whole run
+    tokens_per_step: int         # over all ranks
+    sched: Callable              # step -> learning rate
+    n_train_tokens: int          # tokens in the train split
+    log: Callable                # progress lines (rank 0; a no-op elsewhere)
+    lock: RunLock|None = None    # the run folder's lock (rank 0)
+
+def _quiet(*a, **k): pass
+
+def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
+    "Everything before the first step of `cfg` as `experiment`."
+    from lmbook.loader import prepare_data, TokenLoader, val_batches
+    tc = cfg.train
+    cuda_allocator_defaults()
+    info = init_distributed(pick_device(tc.device))
+    say = log if info.is_main else _quiet
+    if tc.deterministic: torch.use_deterministic_algorithms(True)
+    paths = paths_for(experiment, root=root)
+    run_dir = choose_run_dir(paths.run, tc.auto_resume)
+    lock = lock_run(run_dir, info, say)
+    try:
+        if info.is_main: log.open(run_dir/'train.log')
+        barrier()
+        if info.local_rank == 0: prepared = prepare_data(cfg, paths)  # once per node, the others then find it done
+        barrier()
+        if info.local_rank != 0: prepared = prepare_data(cfg, paths)
+        if prepared.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
+        tps = cfg.tokens_per_step*info.world_size
+        total = total_steps(tc, tps, prepared.n_train_tokens)
+        seed_everything(tc.seed)
+        t = build_trainable(cfg, info)
+        loader = TokenLoader(prepared.train_tokens, tc.batch_size, cfg.model.block_size, info.rank, info.world_size, seed=tc.seed)
+        val = val_batches(prepared.val_tokens, tc.batch_size, cfg.model.block_size, tc.eval_steps, info.rank, info.world_size)
+    except BaseException:
+        if lock: lock.release()
+        raise
+    return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir, ckpt.tokenizer_ref(prepared.tokenizer_dir),
+               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock)
+
+# %% ../nbs/06_trainer.ipynb #0f87a5b0
+def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
+    "Rank 0 writes this start's config and `meta.json`; return the config file written."
+    r.dir.mkdir(parents=True, exist_ok=True)
+    if not (r.dir/'training.toml').exists(): path = save_config(r.cfg, r.dir)[0]
+    else:
+        (r.dir/'configs').mkdir(exist_ok=True)
+        path, i = r.dir/'configs'/f'start-step-{step}.toml', 1
+        while path.exists(): i += 1; path = r.dir/'configs'/f'start-step-{step}-{i}.toml'
+        path.write_text(to_toml(config_dict(r.cfg)))
+    tc = r.cfg.train
+    meta = dict(environment_info(), experiment=experiment, run_dir=str(r.dir), world_size=r.info.world_size,
+                parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total, tokens_per_step=r.tokens_per_step,
+                n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
+                resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
+                started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
+    (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
+    return path
+
+# %% ../nbs/06_trainer.ipynb #5fa227ff
 def _mem_gb(device:str) -> float:
     if device.startswith('cuda'): return torch.cuda.max_memory_allocated(device)/1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1e6  # peak RSS (Linux reports KiB)
 
-def _resume(t:Trainable, run:Path, cfg:Config, tok_ref:dict|None, log:Callable) -> dict|None:
-    "Load the newest good checkpoint of `run` into `t` (all ranks agree on which); return it."
-    info, step, data = t.info, -1, None
-    if info.is_main:
-        for p in ckpt.list_checkpoints(run/'checkpoints'):
-            try: ckpt.verify_checkpoint(p); data = ckpt.read_checkpoint(p); step = ckpt.ckpt_step(p); break
-            except ckpt.CheckpointError as e: log(f"warning: skipping checkpoint {p.name}: {e}")
-    step = int(all_reduce(step if info.is_main else -1, 'max'))
-    if step < 0: return None
-    path = run/'checkpoints'/ckpt.ckpt_name(step)
-    if data is None: data = ckpt.read_checkpoint(path, info.rank)  # every rank reads the full state (shared filesystem)
-    ckpt.check_compatible(data['state'], config_dict(cfg)['model'], tok_ref, path)
-    if data['state'].get('world_size', 1) != info.world_size:  # loader positions are global: rank 0's state fits every rank
-        log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), this run has {info.world_size}: "
-            f"model and optimizer load in full, and the data order continues from the same global position")
-        data['rank_state'] = ckpt.read_rank_state(path, 0)
-    ckpt.load_full_state(t.model, t.optimizer, data['model'], data['optim'])
-    return data
+class StepLog:
+    "Times the steps of a run and writes its metric rows."
+    def __init__(self, r:Run, metrics:MetricsLogger):
+        self.r, self.metrics, self.t_train, self.n = r, metrics, 0.0, 0
+        dev = r.info.device
+        self.peak = peak_flops(torch.cuda.get_device_name(dev) if dev.startswith('cuda') else None)
+        self.fpt = flops_per_token(r.cfg.model)
 
-# %% ../nbs/06_trainer.ipynb #0abb555b
+    def timed(self, seconds:float): self.t_train += seconds; self.n += 1
+
+    def train_row(self, step:int, tokens:int, res:StepResult, lr:float, skipped:int) -> dict:
+        "The row of a train step; starts the next timing window."
+        r, n, dt = self.r, max(self.n, 1), self.t_train
+        tok_s = r.tokens_per_step*self.n/max(dt, 1e-9)
+        row = dict(step=step, tokens=tokens, loss=all_reduce(res.loss, 'mean', r.info.device), lr=lr, grad_norm=res.grad_norm,
+                   tok_per_s=tok_s, dt_ms=1000*dt/n, mfu=self.fpt*tok_s/(self.peak*r.info.world_size) if self.peak else None,
+                   mem_gb=_mem_gb(r.info.device), epoch=r.loader.epoch, skipped=skipped)
+        self.t_train, self.n = 0.0, 0
+        return row
+
+    def write(self, row:dict):
+        "Append `row` to the metrics and log it as one line."
+        self.metrics.write(row); self.r.log(format_row(row, self.r.total))
+
+# %% ../nbs/06_trainer.ipynb #1705d16e
+class NonFiniteError(RuntimeError):
+    "Too many non-finite steps in a row: the run diverged."
+
+EXIT_FINISHED, EXIT_USER_ERROR, EXIT_DIVERGED = 0, 2, 3
+
+def exit_code(result:dict) -> int:
+    "The process exit code of a `train` result: 0 finished, 128+signal when stopped by one."
+    return 128 + result['signal'] if result.get('signal') else EXIT_FINISHED
+
+def _samples(r:Run, step:int):
+    from lmbook.sample import sample_texts, write_samples
+    from lmbook.tokenizer import load_tokenizer
+    if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
+        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), block_size=r.cfg.model.block_size,
+                         seed=r.cfg.train.seed, device=r.info.device)
+        if r.info.is_main: write_samples(r.dir, step, s)
+
+def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
+    "The error (logged) of a run whose loss or grad norm stayed non-finite."
+    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step {step}, "
+           f"lr {lr:.2e}); those updates were skipped and the last good checkpoint "
+           f"{'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: lower lr or raise warmup_steps, then rerun")
+    r.log(f"error: {msg}")
+    return NonFiniteError(msg)
+
+def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int, last_val:float|None) -> float|None:
+    "Log how the run ended (sampling at a real end); return the final val_loss."
+    if signum:
+        r.log(f"stopped by {signal.Signals(signum).name} at step {step}/{r.total}; checkpoint {ckpt.ckpt_name(last_ckpt)} written: "
+              f"rerun the same command to resume")
+    elif step == start:
+        last_val = evaluate(r.t, r.val)
+        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise max_steps to train on, "
+              f"or use --no-auto-resume (auto_resume=False) for a new run")
+    else:
+        _samples(r, step)
+        r.log(f"done: {step} steps, {tokens:,} tokens; val_loss {last_val:.4f}; run folder {r.dir}")
+    return last_val
+
+# %% ../nbs/06_trainer.ipynb #87f638b5
+def _run_state(r:Run, step:int, tokens:int, skipped:int) -> dict:
+    tc = r.cfg.train
+    return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
+                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref)
+
 def train(cfg:Config, # the resolved config
           experiment:str, # names the run folder runs/<experiment> and the data folders
           root:Path|None=None, # workspace root (default: from settings)
-          log:Callable=print, # where progress lines go (rank 0)
+          log:Callable=print, # where progress lines go (rank 0), besides train.log
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
-    from lmbook.loader import prepare_data, TokenLoader, val_batches
-    from lmbook.sample import sample_texts, write_samples
-    from lmbook.tokenizer import load_tokenizer
-    tc = cfg.train
-    cuda_allocator_defaults()
-    info = init_distributed(pick_device(tc.device))
-    log = log if info.is_main else (lambda *a, **k: None)
-    if tc.deterministic: torch.use_deterministic_algorithms(True)
-    paths = paths_for(experiment, root=root)
-    run = choose_run_dir(paths.run, tc.auto_resume)
-    barrier()
-    if info.local_rank == 0: prepared = prepare_data(cfg, paths)  # once per node, the others then find it done
-    barrier()
-    if info.local_rank != 0: prepared = prepare_data(cfg, paths)
-    if prepared.vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
-    tok_ref = ckpt.tokenizer_ref(prepared.tokenizer_dir)
-    tps = cfg.tokens_per_step*info.world_size
-    total = total_steps(tc, tps, prepared.n_train_tokens)
-    sched = schedule_for(tc, total)
+    rlog = log if isinstance(log, RunLog) else RunLog(_console if log is print else log)
+    r = setup_run(cfg, experiment, root, rlog)
+    try: return _train(r, experiment)
+    finally:
+        if r.lock: r.lock.release()
+        rlog.close()
 
-    seed_everything(tc.seed)
-    t = build_trainable(cfg, info)
-    loader = TokenLoader(prepared.train_tokens, tc.batch_size, cfg.model.block_size, info.rank, info.world_size, seed=tc.seed)
-    val = val_batches(prepared.val_tokens, tc.batch_size, cfg.model.block_size, tc.eval_steps, info.rank, info.world_size)
-    resumed = _resume(t, run, cfg, tok_ref, log) if tc.auto_resume else None
+def _train(r:Run, experiment:str) -> dict:
+    tc, info, t = r.cfg.train, r.info, r.t
+    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
+    resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
     step = resumed['state']['step'] if resumed else 0
     tokens, skipped = (resumed['state']['tokens'], resumed['state'].get('skipped', 0)) if resumed else (0, 0)
-
-    metrics = MetricsLogger(run, info.is_main, tc.tensorboard, tc.wandb, config_dict(cfg), run.name, log)
+    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name, r.log)
     if info.is_main:
-        run.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run)
-        meta = dict(environment_info(), experiment=experiment, run_dir=str(run), world_size=info.world_size,
-                    parallel=tc.parallel if info.distributed else 'none', total_steps=total, tokens_per_step=tps,
-                    n_params=count_params(cfg.model), n_train_tokens=prepared.n_train_tokens,
-                    resumed_from=str(resumed['path']) if resumed else None, started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
-        (run/'meta.json').write_text(json.dumps(meta, indent=1))
-        metrics.truncate(step if resumed else -1)
-    log(f"run {run} | {count_params(cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on {info.device} | "
-        f"{total} steps of {tps:,} tokens" + (f" | resumed at step {step}" if resumed else ''))
+        record_start(r, step, resumed, experiment)
+        metrics.start_at(step if resumed else -1)
+    r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on {info.device} | "
+          f"{r.total} steps of {r.tokens_per_step:,} tokens" + (f" | resumed at step {step}" if resumed else ''))
     if resumed:
-        loader.load_state_dict(resumed['rank_state']['loader'])
+        if resumed['changes']: r.log(f"config changed at step {step}: {', '.join(resumed['changes'])}")
+        r.loader.load_state_dict(resumed['rank_state']['loader'])
         ckpt.set_rng_state(resumed['rank_state']['rng'])
-
-    peak = peak_flops(torch.cuda.get_device_name(info.device) if info.device.startswith('cuda') else None)
-    fpt = flops_per_token(cfg.model)
-    def save(step):
-        state = dict(tokens=tokens, epoch=loader.epoch, total_steps=total, lr=sched(step), skipped=skipped,
-                     parallel=tc.parallel, config=config_dict(cfg), tokenizer=tok_ref)
-        return ckpt.save_checkpoint(run/'checkpoints', step, t.model, t.optimizer, state, dict(loader=loader.state_dict()),
-                                    info.rank, info.world_size, tc.keep_ckpts)
-    def do_samples(step):
-        if info.is_main or (info.distributed and tc.parallel == 'fsdp'):
-            s = sample_texts(t.raw if not (info.distributed and tc.parallel == 'fsdp') else t.model, load_tokenizer(prepared.tokenizer_dir),
-                             block_size=cfg.model.block_size, seed=tc.seed, device=info.device)
-            if info.is_main: write_samples(run, step, s)
-
+    slog = StepLog(r, metrics)
     first_val = last_val = None
     if not resumed:
-        first_val = last_val = evaluate(t, val)
-        metrics.write(dict(step=0, tokens=0, val_loss=first_val, epoch=0))
-        log(format_row(dict(step=0, val_loss=first_val), total))
-    start, last_ckpt, consec, stopped = step, step, 0, None
-    t_train, n_int = 0.0, 0
-    with StopFlag() as stop_flag:
-        while step < total:
-            lr = sched(step)
-            t0 = time.perf_counter()
-            r = train_step(t, loader.next_batch, lr)
-            t_train += time.perf_counter() - t0; n_int += 1
-            step += 1; tokens += tps
-            consec = consec + 1 if r.skipped else 0
-            skipped += r.skipped
-            row = None
-            if step % tc.log_every == 0 or step == total or r.skipped:
-                tok_s = tps*n_int/max(t_train, 1e-9)
-                row = dict(step=step, tokens=tokens, loss=all_reduce(r.loss, 'mean', info.device), lr=lr, grad_norm=r.grad_norm,
-                           tok_per_s=tok_s, dt_ms=1000*t_train/n_int, mfu=fpt*tok_s/(peak*info.world_size) if peak else None,
-                           mem_gb=_mem_gb(info.device), epoch=loader.epoch, skipped=skipped)
-                t_train, n_int = 0.0, 0
-            if step % tc.eval_every == 0 or step == total:
-                last_val = evaluate(t, val)
-                row = dict(row or dict(step=step, tokens=tokens, epoch=loader.epoch), val_loss=last_val)
-            if row:
-                metrics.write(row); log(format_row(row, total))
-            if consec >= max(1, tc.max_nonfinite):
-                metrics.close()
-                msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step {step}, "
-                       f"lr {lr:.2e}); those updates were skipped and the last good checkpoint "
-                       f"{'is step ' + str(last_ckpt) if last_ckpt else 'does not exist'}: lower lr or raise warmup_steps, then rerun")
-                log(f"error: {msg}")
-                raise NonFiniteError(msg)
-            if tc.sample_every and step % tc.sample_every == 0 and step < total: do_samples(step)
-            stop = stop_flag.signal is not None
-            if info.distributed: stop = all_reduce(float(stop), 'max') > 0
-            if step % tc.ckpt_every == 0 or step == total or (stop and last_ckpt < step):
-                save(step); last_ckpt = step
-            if stop:
-                stopped = stop_flag.signal or 'signal on another rank'
-                break
-    if stopped:
-        log(f"stopped by {stopped} at step {step}/{total}; checkpoint {ckpt.ckpt_name(last_ckpt)} written: rerun the same command to resume")
-    elif step == start:
-        last_val = evaluate(t, val)
-        log(f"the run in {run} already finished at step {step} (val_loss {last_val:.4f}): raise max_steps to train on, "
-            f"or use --no-auto-resume (auto_resume=False) for a new run")
-    else:
-        do_samples(step)
-        log(f"done: {step} steps, {tokens:,} tokens; val_loss {last_val:.4f}; run folder {run}")
-    metrics.close()
+        first_val = last_val = evaluate(t, r.val)
+        slog.write(dict(step=0, tokens=0, val_loss=first_val, epoch=0))
+    start, consec, signum = step, 0, 0
+    try:
+        with StopFlag() as flag:
+            while step < r.total:
+                lr = r.sched(step)
+                t0 = time.perf_counter()
+                res = train_step(t, r.loader.next_batch, lr)
+                slog.timed(time.perf_counter() - t0)
+                step += 1; tokens += r.tokens_per_step
+                consec = consec + 1 if res.skipped else 0
+                skipped += res.skipped
+                row = slog.train_row(step, tokens, res, lr, skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
+                if step % tc.eval_every == 0 or step == r.total:
+                    last_val = evaluate(t, r.val)
+                    row = dict(row or dict(step=step, tokens=tokens, epoch=r.loader.epoch), val_loss=last_val)
+                if row: slog.write(row)
+                if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, step, lr, ck.last)
+                if tc.sample_every and step % tc.sample_every == 0 and step < r.total: _samples(r, step)
+                signum = agree_stop(flag.signum, info)
+                if ck.due(step, r.total, bool(signum)):
+                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped), dict(loader=r.loader.state_dict()), t.sharded)
+                if signum: break
+            ck.wait()  # still under the flag: a second signal cannot cut the last write short
+            last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
+    finally:
+        ck.close()
+        metrics.close()
     barrier()
-    return dict(run_dir=run, step=step, total_steps=total, tokens=tokens, first_val_loss=first_val, val_loss=last_val,
-                stopped=stopped, skipped=skipped)
+    res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val, val_loss=last_val,
+               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped, checkpoints=ck.timings)
+    return dict(res, exit_code=exit_code(res))
