@@ -51,7 +51,6 @@ def make_step(cfg:Config, # the config to train
     from lmbook.trainer import build_trainable, train_step, resolve_compile
     from lmbook.distributed import DistInfo
     from lmbook.config import apply_overrides
-    from lmbook.levers import apply_fp8
     info = info or DistInfo(device=device)
     compiled = resolve_compile(cfg.train.compile, device)
     if compiled and inductor:
@@ -59,15 +58,14 @@ def make_step(cfg:Config, # the config to train
         for k, v in inductor.items():
             old = getattr(icfg, k)
             setattr(icfg, k, str(v).lower() in ('1', 'true') if isinstance(old, bool) else type(old)(v))
-    custom = compiled and (compile_mode != 'default' or cfg.train.fp8 != 'off')
+    custom = compiled and compile_mode != 'default'
     t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, info)
-    fp8 = apply_fp8(t.raw, cfg.train.fp8, device)  # the same parameters: the optimizer already holds them
     if custom:
         if compile_mode == 'regional':
             for b in t.raw.h: b.compile()
         else: t.raw.compile(mode=None if compile_mode == 'default' else compile_mode)
     def step(batches, lr=cfg.train.lr): return train_step(t, lambda: next(batches), lr).loss
-    return t, step, fp8
+    return t, step, t.fp8
 
 # %% ../nbs/14_bench.ipynb #8e25b9aa
 def _sync(device:str):

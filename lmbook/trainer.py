@@ -16,6 +16,7 @@ from .core import paths_for, pick_device, seed_everything, environment_info, pea
 from .metrics import MetricsLogger, RunLog, format_row, _console
 from .runlock import RunLock, RunLocked
 from .model import GPT
+from .levers import apply_fp8
 from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
 from . import checkpoint as ckpt
@@ -57,6 +58,7 @@ class Trainable:
     grad_clip: float = 1.0        # max global grad norm (0: no clipping, norm still measured)
     info: DistInfo = field(default_factory=DistInfo)
     sharded: bool = False         # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
+    fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
 
     def autocast(self):
         "The autocast context for forward passes."
@@ -73,6 +75,7 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
     parallel = parallel or tc.parallel
     torch.manual_seed(tc.seed)  # identical initial weights on every rank
     model = GPT(cfg.model).to(dev)
+    fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     if resolve_compile(tc.compile, dev):
         if info.distributed and parallel == 'fsdp':
             for b in model.h: b.compile()
@@ -81,7 +84,7 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
     wrapped = wrap_model(model, parallel, info, param_dtype=amp)
     sharded = info.distributed and parallel == 'fsdp'
     opt = make_optimizer(wrapped, tc, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
-    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.grad_clip, info, sharded)
+    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.grad_clip, info, sharded, fp8)
 
 # %% ../nbs/06_trainer.ipynb #f051c8ce
 @dataclass
