@@ -12,8 +12,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['SETTINGS_ENV', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings', 'on_runpod',
-           'workspace_root', 'check_name', 'Paths', 'paths_for', 'seed_everything', 'pick_device', 'git_commit',
-           'sha256_file', 'environment_info', 'peak_flops']
+           'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment', 'Paths', 'paths_for',
+           'seed_everything', 'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -109,6 +109,36 @@ def check_name(name:str, what:str='experiment') -> str:
     if not isinstance(name, str) or not _re_name.match(name) or '..' in name:
         raise ValueError(f"{what} name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name
+
+# %% ../nbs/00_core.ipynb #f5943bc8
+def nonblank(value:str|None, what:str='experiment') -> str|None:
+    "`value` unchanged, None when not given; an empty or whitespace-only value is a one-line error."
+    if value is None: return None
+    if not isinstance(value, str): raise ValueError(f"{what}={value!r} must be text")
+    if not value.strip(): raise ValueError(f"{what} is empty: give a {what}, or leave it out to use the default")
+    return value
+
+_CONFIG_SUFFIXES = ('.toml', '.yaml', '.yml', '.json')
+
+def _name_from_profile(profile:str) -> str:
+    stem = Path(profile).name
+    for suf in _CONFIG_SUFFIXES:
+        if stem.endswith(suf): stem = stem[:-len(suf)]
+    name = re.sub(r'\.{2,}', '.', re.sub(r'[^A-Za-z0-9._-]+', '-', stem)).strip('.-_')[:64].rstrip('.-_')
+    return name or 'run'
+
+def default_experiment(profile:str|None=None, settings:Settings|None=None, env:dict|None=None) -> str:
+    "The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' profile, else named after `profile`."
+    env = os.environ if env is None else env
+    if env.get(SETTINGS_ENV['experiment']): return check_name(env[SETTINGS_ENV['experiment']])
+    profile = nonblank(profile, 'profile') or (settings or load_settings(env=env)).profile
+    own = settings or load_settings(env={})  # the file's pairing of profile and experiment, not $RUN_CONFIG's
+    if profile == own.profile: return check_name(own.experiment)
+    return check_name(_name_from_profile(profile))
+
+def resolve_experiment(experiment:str|None, profile:str|None=None, settings:Settings|None=None) -> str:
+    "The checked experiment name: `experiment` when given, else `default_experiment(profile)` (`settings`: the file's, for tests)."
+    return check_name(nonblank(experiment)) if experiment is not None else default_experiment(profile, settings)
 
 # %% ../nbs/00_core.ipynb #63167bdd
 @dataclass(frozen=True)

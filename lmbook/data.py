@@ -369,9 +369,10 @@ def shard_docs(folder:Path, m:dict|None=None) -> Iterator[str]:
 FINEWEB = ('HuggingFaceFW/fineweb', 'sample-10BT')
 
 def _shard_cmd(args) -> int:
-    from lmbook.core import paths_for, load_settings
+    from lmbook.core import paths_for, load_settings, resolve_experiment, nonblank
     s = load_settings()
-    p = paths_for(args.experiment or s.experiment, s)
+    p = paths_for(resolve_experiment(args.experiment), s)
+    for k in ('input', 'dataset', 'text_field', 'hf_split'): nonblank(getattr(args, k), k.replace('_', '-'))
     if args.input and args.dataset: raise ValueError("give either --input or --dataset, not both")
     dataset = str(Path(args.input).expanduser().resolve()) if args.input else (args.dataset or FINEWEB[0])
     if args.input: input_files(Path(dataset))

@@ -31,13 +31,14 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def resolve_args(a:argparse.Namespace) -> tuple:
     "(config, experiment, overrides) from parsed training options."
-    from lmbook.core import load_settings
+    from lmbook.core import load_settings, nonblank, resolve_experiment
     s = load_settings()
     ov = parse_assignments(a.set) | parse_assignments(a.overrides)
     if a.nproc is not None: ov['nproc'] = a.nproc
     if a.parallel: ov['parallel'] = a.parallel
     if a.no_auto_resume: ov['auto_resume'] = False
-    profile, experiment = a.profile or s.profile, a.experiment or s.experiment
+    profile = nonblank(a.profile, 'profile') or s.profile
+    experiment = resolve_experiment(a.experiment, profile)
     return get_config(profile, ov), profile, experiment, ov
 
 # %% ../nbs/06b_launch.ipynb #24de827c

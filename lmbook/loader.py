@@ -165,10 +165,12 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None)
 # %% ../nbs/03a_loader.ipynb #873821a5
 def _prepare_cmd(args) -> int:
     from lmbook.config import get_config, parse_assignments
-    from lmbook.core import load_settings, paths_for
+    from lmbook.core import load_settings, paths_for, nonblank, resolve_experiment
     s = load_settings()
-    cfg = get_config(args.profile or s.profile, parse_assignments(args.set))
-    pd = prepare_data(cfg, paths_for(args.experiment or s.experiment, s), progress=not args.quiet, tokenizer_json=args.tokenizer_json)
+    profile = nonblank(args.profile, 'profile') or s.profile
+    cfg = get_config(profile, parse_assignments(args.set))
+    pd = prepare_data(cfg, paths_for(resolve_experiment(args.experiment, profile), s), progress=not args.quiet,
+                      tokenizer_json=nonblank(args.tokenizer_json, 'tokenizer-json'))
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in {pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0

@@ -251,9 +251,8 @@ def token_dir(paths, split:str) -> Path:
     return Path(paths.cache)/'tokens'/split
 
 def _paths(args):
-    from lmbook.core import paths_for, load_settings
-    s = load_settings()
-    return paths_for(args.experiment or s.experiment, s)
+    from lmbook.core import paths_for, load_settings, resolve_experiment
+    return paths_for(resolve_experiment(args.experiment), load_settings())
 
 def _tokenizer_cmd(args) -> int:
     p = _paths(args)
