@@ -371,7 +371,7 @@ FINEWEB = ('HuggingFaceFW/fineweb', 'sample-10BT')
 def _shard_cmd(args) -> int:
     from lmbook.core import paths_for, load_settings, resolve_experiment, nonblank
     s = load_settings()
-    p = paths_for(resolve_experiment(args.experiment), s)
+    p = paths_for(resolve_experiment(args.experiment), s, root=args.root)
     for k in ('input', 'dataset', 'text_field', 'hf_split'): nonblank(getattr(args, k), k.replace('_', '-'))
     if args.input and args.dataset: raise ValueError("give either --input or --dataset, not both")
     dataset = str(Path(args.input).expanduser().resolve()) if args.input else (args.dataset or FINEWEB[0])
@@ -388,7 +388,8 @@ def _shard_cmd(args) -> int:
 
 def add_cli(sub):
     "Add the `shard` command to an argparse subparsers object."
-    a = sub.add_parser('shard', help='stream a corpus into text shards with a manifest')
+    from lmbook.core import cli_options
+    a = cli_options(sub.add_parser('shard', help='stream a corpus into text shards with a manifest'), 'experiment', 'root', 'quiet')
     a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after --take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
     a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod modes')
     a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings shard_lines, env SHARD_LINES)')
@@ -396,12 +397,10 @@ def add_cli(sub):
     a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
-    a.add_argument('--experiment', default=None, help='experiment name (default: settings experiment)')
     a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, or 'builtin' (default {FINEWEB[0]})")
     a.add_argument('--dataset-config', default=None, help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
     a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')
     a.add_argument('--text-field', default='text', help='field or column holding the text')
-    a.add_argument('--quiet', action='store_true', help='no progress bar')
     a.set_defaults(func=_shard_cmd)
     return a

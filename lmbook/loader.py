@@ -169,7 +169,7 @@ def _prepare_cmd(args) -> int:
     s = load_settings()
     profile = nonblank(args.profile, 'profile') or s.profile
     cfg = get_config(profile, parse_assignments(args.set))
-    pd = prepare_data(cfg, paths_for(resolve_experiment(args.experiment, profile), s), progress=not args.quiet,
+    pd = prepare_data(cfg, paths_for(resolve_experiment(args.experiment, profile), s, root=args.root), progress=not args.quiet,
                       tokenizer_json=nonblank(args.tokenizer_json, 'tokenizer-json'))
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in {pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
@@ -177,11 +177,8 @@ def _prepare_cmd(args) -> int:
 
 def add_cli(sub):
     "Add the `prepare` command to an argparse subparsers object."
+    from lmbook.core import cli_options
     a = sub.add_parser('prepare', help="shard, train the tokenizer and tokenize for a profile's data config")
-    a.add_argument('--profile', '-p', default=None, help='profile name or config file (default: settings)')
-    a.add_argument('--experiment', '-e', default=None, help='experiment name (default: settings)')
-    a.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides, e.g. --set take=1000 vocab_size=8192')
-    a.add_argument('--tokenizer-json', default=None, help='adopt this published tokenizer.json instead of training one')
-    a.add_argument('--quiet', action='store_true', help='no progress bars')
+    cli_options(a, 'profile', 'experiment', 'set', 'root', 'tokenizer_json', 'quiet')
     a.set_defaults(func=_prepare_cmd)
     return a
