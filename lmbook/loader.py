@@ -149,7 +149,15 @@ class PreparedData:
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None) -> PreparedData:
     "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths`."
     from lmbook.core import load_settings
+    from lmbook.config import validate
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    validate(cfg)
     d = cfg.data
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file():  # what the tokenizer stage needs, checked before the long stages
+        if tokenizer_json is not None and not Path(tokenizer_json).is_file():
+            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a tokenizer.json")
+        if tokenizer_json is None and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: use at least {256 + len(SPECIAL_TOKENS)}")
     tm, vm = read_manifest(paths.train), read_manifest(paths.val)
     if tm and tm.get('complete') and not (vm and vm.get('complete')):
         raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` or `lmbook shard --split val`")
