@@ -13,9 +13,10 @@ from .core import sha256_file
 from typing import Iterable, Iterator
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'stdlib_files', 'builtin_docs',
-           'SourceStats', 'input_files', 'local_docs', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind', 'iter_docs',
-           'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
+__all__ = ['TEXT_SUFFIXES', 'MAX_DOC_BYTES', 'SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'stdlib_files',
+           'builtin_docs', 'SourceStats', 'input_files', 'local_docs', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind',
+           'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs',
+           'add_cli']
 
 # %% ../nbs/02_data.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -69,6 +70,7 @@ class SourceStats:
     "What reading a source skipped."
     bad_bytes: int = 0    # documents skipped because they were not valid UTF-8
     empty: int = 0        # empty or whitespace-only documents skipped
+    split: int = 0        # extra pieces made by splitting documents longer than MAX_DOC_BYTES
 
 def _open_bin(p:Path): return gzip.open(p, 'rb') if p.name.endswith('.gz') else open(p, 'rb')
 
@@ -83,37 +85,88 @@ def input_files(path:Path) -> list[Path]:
     return files
 
 # %% ../nbs/02_data.ipynb #800c2f4d
-def _decode(b:bytes, stats:SourceStats) -> str|None:
-    try: return b.decode('utf-8')
-    except UnicodeDecodeError: stats.bad_bytes += 1; return None
+MAX_DOC_BYTES = 1 << 20  # longer local documents are split into pieces of at most this size
+_CHUNK = 1 << 16         # bytes read at a time from a line
 
-def _txt_docs(p:Path, stats:SourceStats) -> Iterator[str]:
+class _Utf8:
+    "Decodes one file's documents; refuses the file once more than 1% of them (and at least 3) are not UTF-8."
+    def __init__(self, p:Path, stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = p, stats, 0, 0, None
+    def __call__(self, b:bytes, offset:int) -> str|None:
+        try: s = b.decode('utf-8'); self.good += 1; return s
+        except UnicodeDecodeError as e:
+            self.stats.bad_bytes += 1; self.bad += 1
+            if self.first is None: self.first = offset + e.start
+            if self.bad >= 3 and self.bad*100 > self.good + self.bad:
+                raise ValueError(f"{self.p} is not UTF-8 text ({self.bad} of its first {self.good + self.bad} documents are not; the first bad "
+                                 f"byte is at offset {self.first}): convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8.txt`") from None
+            return None
+
+def _cut(b:bytes, limit:int) -> int:
+    "Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at a UTF-8 boundary."
+    for sep in (b'\n', b' '):
+        if (i := b.rfind(sep, limit//2, limit)) > 0: return i + 1
+    i = limit
+    while i > limit - 4 and 0x80 <= b[i] < 0xC0: i -= 1  # never inside a multi-byte character
+    return i if i > limit - 4 else limit
+
+def _txt_docs(p:Path, stats:SourceStats, limit:int=MAX_DOC_BYTES) -> Iterator[str]:
+    "Blank-line separated documents of a text file, streamed, each at most `limit` bytes."
+    dec, buf, start, offset, line_start = _Utf8(p, stats), bytearray(), 0, 0, True
+    def emit(b, at): return dec(bytes(b).strip(b'\r\n'), at)
     with _open_bin(p) as f:
-        for para in re.split(rb'(?:\r?\n){2,}', f.read()):
-            if (s := _decode(para.strip(b'\r\n'), stats)) is not None: yield s
+        while piece := f.readline(_CHUNK):
+            blank = line_start and piece in (b'\n', b'\r\n')
+            line_start = piece.endswith(b'\n')
+            offset += len(piece)
+            if blank:
+                if buf.strip(b'\r\n') and (s := emit(buf, start)) is not None: yield s
+                buf, start = bytearray(), offset
+                continue
+            buf += piece
+            while len(buf) > limit:
+                i = _cut(buf, limit)
+                if (s := emit(memoryview(buf)[:i], start)) is not None: yield s
+                stats.split += 1; start += i; del buf[:i]
+    if buf.strip(b'\r\n') and (s := emit(buf, start)) is not None: yield s
+
+def _split_text(s:str, limit:int=MAX_DOC_BYTES) -> list[str]:
+    "`s` in pieces of at most `limit` characters, cut at a newline or space when there is one."
+    out = []
+    while len(s) > limit:
+        i = max(s.rfind('\n', limit//2, limit), s.rfind(' ', limit//2, limit))
+        i = i + 1 if i > 0 else limit
+        out.append(s[:i]); s = s[i:]
+    return out + [s]
 
 def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
+    dec, offset = _Utf8(p, stats), 0
     with _open_bin(p) as f:
         for i, line in enumerate(f, 1):
+            offset += len(line)
             if not line.strip(): continue
-            if (s := _decode(line, stats)) is None: continue
+            if (s := dec(line, offset - len(line))) is None: continue
             try: obj = json.loads(s)
             except json.JSONDecodeError: raise ValueError(f"{p}:{i} is not valid JSON: fix or remove that line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
                 raise ValueError(f"{p}:{i} has no string field {text_field!r}: pass --text-field NAME")
-            yield obj[text_field]
+            parts = _split_text(obj[text_field]); stats.split += len(parts) - 1
+            yield from parts
 
-def _parquet_docs(p:Path, text_field:str) -> Iterator[str]:
+def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
     import pyarrow.parquet as pq
     pf = pq.ParquetFile(p)
     if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass --text-field NAME")
-    for b in pf.iter_batches(columns=[text_field], batch_size=4096): yield from (s for s in b.column(0).to_pylist() if s is not None)
+    for b in pf.iter_batches(columns=[text_field], batch_size=4096):
+        for s in b.column(0).to_pylist():
+            if s is None: continue
+            parts = _split_text(s); stats.split += len(parts) - 1
+            yield from parts
 
 def local_docs(path:Path, text_field:str='text', stats:SourceStats|None=None) -> Iterator[str]:
     "Documents of a local file or folder, in file order."
     stats = stats if stats is not None else SourceStats()
     for p in input_files(path):
-        if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field)
+        if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field, stats)
         elif p.name.endswith(('.txt', '.txt.gz')): yield from _txt_docs(p, stats)
         else: yield from _jsonl_docs(p, stats, text_field)
 
@@ -261,11 +314,24 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
         m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
         write_manifest(folder, m)
         return m
-    for k in ('source', 'args'):
+    for k in ('source', 'args', 'input'):
         if m.get(k) != meta[k]:
-            raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
+            if not m.get('complete'):  # an unfinished run of something else: start afresh
+                for s in m['shards']: (folder/s['name']).unlink(missing_ok=True)
+                m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
+                write_manifest(folder, m)
+                return m
+            if k != 'input':
+                raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
     check_shards(folder, m, checksums=False)
     return m
+
+def _fingerprint(dataset:str, kind:str) -> str|None:
+    "Names, sizes and modification times of a local source's files: a changed file changes it."
+    if kind != 'local': return None
+    h = hashlib.blake2b(digest_size=12)
+    for p in input_files(Path(dataset).expanduser()): h.update(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:
     "Raise a one-line error unless every shard in the manifest exists with its size (and checksum)."
@@ -316,7 +382,8 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     args = dict(mode=mode, take=take, lines_per_shard=lines_per_shard, gzip=gz,
                 **(dict(val_ratio=val_ratio, seed=seed) if mode == 'split' else dict(split=split)))
     dirs = {'train': Path(train_dir), 'val': Path(val_dir)} if mode == 'split' else {split: Path(train_dir if split == 'train' else val_dir or train_dir)}
-    ms = {k: _open_split(d, k, dict(source=src, args=args)) for k, d in dirs.items()}
+    meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None)
+    ms = {k: _open_split(d, k, meta) for k, d in dirs.items()}
     if all(m['complete'] for m in ms.values()): return ms
     for d in dirs.values():
         for p in d.glob('.*.tmp'): p.unlink()  # left by an interrupted run
@@ -349,7 +416,10 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     except BaseException:
         for w in ws.values(): w.abort()
         raise
+    if i == 0 and stats.bad_bytes: raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; convert it to UTF-8")
     if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
+    if mode == 'split' and val_ratio > 0 and not (ms['val']['docs'] or ws['val'].n):
+        raise ValueError(f"{dataset} gave {i} documents and none went to validation (val_ratio={val_ratio}): add documents or raise val_ratio")
     for m in ms.values(): m['skipped'] = dict(vars(stats))
     st = hf.state() if hf else None
     for w in ws.values(): w.close(i, final=True, state=st)
@@ -384,6 +454,9 @@ def _shard_cmd(args) -> int:
                       progress=not args.quiet, kind='local' if args.input else 'builtin' if dataset == 'builtin' else 'hf')
     for k, m in ms.items():
         print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
+    sk = next(iter(ms.values())).get('skipped') or {}
+    if sk.get('bad_bytes') or sk.get('split'):
+        print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split {sk.get('split', 0):,} documents longer than {MAX_DOC_BYTES:,} bytes")
     return 0
 
 def add_cli(sub):
