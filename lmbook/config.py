@@ -98,7 +98,7 @@ MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 
 @dataclass
 class DataConfig:
     "Where the tokens come from."
-    dataset: str = 'builtin'     # 'builtin' (this Python's own docstrings), a Hugging Face dataset id, or a local file/folder
+    dataset: str = 'builtin'     # 'builtin' (this Python's docstrings), 'pysource' (its installed source and docs), a Hugging Face dataset id, or a local file/folder
     dataset_config: str = ''     # Hugging Face dataset config (e.g. 'sample-10BT')
     take: int = 0                # documents to read from the source; 0 means all
     val_ratio: float = 0.05      # fraction of documents routed to validation

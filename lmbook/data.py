@@ -6,17 +6,17 @@ Docs: https://lmbook.github.io/lmbook/data.html.md"""
 
 # %% ../nbs/02_data.ipynb #807c8fb6
 from __future__ import annotations
-import ast, gzip, hashlib, itertools, json, os, re, sysconfig
+import gzip, hashlib, itertools, json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from .core import sha256_file
+from .corpus import builtin_docs, pysource_docs
 from typing import Iterable, Iterator
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'MAX_DOC_BYTES', 'SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'stdlib_files',
-           'builtin_docs', 'SourceStats', 'input_files', 'local_docs', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind',
-           'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs',
-           'add_cli']
+__all__ = ['TEXT_SUFFIXES', 'MAX_DOC_BYTES', 'SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'SourceStats',
+           'input_files', 'local_docs', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind', 'iter_docs', 'non_empty',
+           'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
 
 # %% ../nbs/02_data.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -29,38 +29,6 @@ def escape_doc(text:str) -> str:
 def unescape_doc(line:str) -> str:
     "The document a shard line holds (inverse of `escape_doc`)."
     return _re_esc.sub(lambda m: _unesc[m.group(1)], line) if '\\' in line else line
-
-# %% ../nbs/02_data.ipynb #800c6341
-_SKIP_DIRS = {'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'}
-
-def stdlib_files(root:Path|None=None) -> list[Path]:
-    "The standard library's `.py` files in sorted order (no tests, no site-packages)."
-    root = Path(root or sysconfig.get_paths()['stdlib'])
-    out = []
-    for dp, dns, fns in os.walk(root):
-        dns[:] = sorted(d for d in dns if d not in _SKIP_DIRS and not d.startswith('.'))
-        out += [Path(dp)/f for f in sorted(fns) if f.endswith('.py')]
-    return out
-
-def _docstrings(src:bytes, min_chars:int) -> Iterator[str]:
-    try: tree = ast.parse(src)
-    except (SyntaxError, ValueError): return
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            d = ast.get_docstring(node)
-            if d and len(d) >= min_chars: yield d
-
-def builtin_docs(min_chars:int=40, root:Path|None=None) -> Iterator[str]:
-    "Documents of the built-in corpus: pydoc topics, then stdlib docstrings, deterministically."
-    files = stdlib_files(root)
-    topics = [f for f in files if f.parts[-2:] == ('pydoc_data', 'topics.py')]
-    for f in topics:
-        for node in ast.parse(f.read_bytes()).body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-                for k, v in zip(node.value.keys, node.value.values):
-                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and len(v.value) >= min_chars: yield v.value.strip()
-    for f in files:
-        if f not in topics: yield from _docstrings(f.read_bytes(), min_chars)
 
 # %% ../nbs/02_data.ipynb #4a7b863e
 TEXT_SUFFIXES = ('.txt', '.txt.gz', '.jsonl', '.jsonl.gz', '.json.gz', '.parquet')
@@ -216,22 +184,23 @@ def hf_docs(name:str, config:str='', split:str='train', text_field:str='text', h
     return iter(HFDocs(name, config, split, text_field, hf_cache))
 
 # %% ../nbs/02_data.ipynb #496bafbc
-SOURCE_KINDS = ('auto', 'builtin', 'local', 'hf')
+SOURCE_KINDS = ('auto', 'builtin', 'pysource', 'local', 'hf')
 
 def source_kind(dataset:str, kind:str='auto') -> str:
-    "How `dataset` will be read: 'builtin', 'local' (our readers) or 'hf' (`datasets` streaming)."
+    "How `dataset` will be read: 'builtin', 'pysource', 'local' (our readers) or 'hf' (`datasets` streaming)."
     if kind not in SOURCE_KINDS: raise ValueError(f"kind={kind!r}: choose one of {', '.join(SOURCE_KINDS)}")
     if kind != 'auto': return kind
     p = Path(dataset).expanduser()
-    if dataset == 'builtin': return 'builtin'
+    if dataset in ('builtin', 'pysource'): return dataset
     return 'local' if p.is_file() or (p.is_dir() and not (p/'README.md').is_file()) else 'hf'
 
 def iter_docs(dataset:str='builtin', config:str='', split:str='train', text_field:str='text',
               hf_cache:Path|None=None, stats:SourceStats|None=None, kind:str='auto') -> Iterator[str]:
-    "Non-empty documents of `dataset`: 'builtin', a local file/folder, or a Hugging Face dataset."
+    "Non-empty documents of `dataset`: 'builtin', 'pysource', a local file/folder, or a Hugging Face dataset."
     stats = stats if stats is not None else SourceStats()
     k = source_kind(dataset, kind)
     if k == 'builtin': src = builtin_docs()
+    elif k == 'pysource': src = pysource_docs()
     elif k == 'local': src = local_docs(Path(dataset).expanduser(), text_field, stats)
     else: src = hf_docs(dataset, config, split, text_field, hf_cache)
     yield from non_empty(src, stats)
@@ -451,7 +420,7 @@ def _shard_cmd(args) -> int:
     ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split, take=take,
                       val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard or s.shard_lines,
                       gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split, hf_cache=p.hf_cache,
-                      progress=not args.quiet, kind='local' if args.input else 'builtin' if dataset == 'builtin' else 'hf')
+                      progress=not args.quiet, kind='local' if args.input else dataset if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
         print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
     sk = next(iter(ms.values())).get('skipped') or {}
@@ -470,7 +439,7 @@ def add_cli(sub):
     a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
-    a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, or 'builtin' (default {FINEWEB[0]})")
+    a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, 'builtin' or 'pysource' (default {FINEWEB[0]})")
     a.add_argument('--dataset-config', default=None, help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
     a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')

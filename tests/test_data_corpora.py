@@ -75,3 +75,20 @@ def test_too_few_documents_for_validation(tmp_path):
     (tmp_path/'tiny.txt').write_text('one document\n\nand another\n')
     with pytest.raises(ValueError, match='none went to validation'):
         shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(tmp_path/'tiny.txt'), val_ratio=0.05)
+
+
+def test_pysource_corpus_is_deterministic_and_capped(tmp_path):
+    a = shard_corpus(tmp_path/'a'/'tr', tmp_path/'a'/'va', dataset='pysource', take=300, lines_per_shard=100)
+    b = shard_corpus(tmp_path/'b'/'tr', tmp_path/'b'/'va', dataset='pysource', take=300, lines_per_shard=100)
+    assert a['train']['docs'] + a['val']['docs'] == 300 and a['train']['source']['kind'] == 'pysource'
+    for k in ('train', 'val'):
+        assert [s['sha256'] for s in a[k]['shards']] == [s['sha256'] for s in b[k]['shards']]
+    assert any('def ' in d for d in shard_docs(tmp_path/'a'/'tr'))
+
+
+def test_pysource_imports_nothing():
+    import subprocess, sys
+    code = ("import sys, itertools; from lmbook.data import iter_docs; before = set(sys.modules); "
+            "n = sum(1 for _ in itertools.islice(iter_docs('pysource'), 5000)); print(n, sorted(m for m in set(sys.modules) - before if not m.startswith('_sysconfigdata')))")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split(' ', 1) == ['5000', '[]\n'], r.stdout + r.stderr
