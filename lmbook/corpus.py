@@ -1,4 +1,4 @@
-"""The corpora every machine already holds: this Python's own documentation, and the source and docs of its installed packages, read as files without importing anything.
+"""Where documents come from on any machine: this Python's own documentation, the source and docs of its installed packages (read as files, never imported), and a user's local text, JSON-lines and Parquet files.
 
 Docs: https://lmbook.github.io/lmbook/corpus.html.md"""
 
@@ -6,12 +6,14 @@ Docs: https://lmbook.github.io/lmbook/corpus.html.md"""
 
 # %% ../nbs/01b_corpus.ipynb #7853cd37
 from __future__ import annotations
-import ast, os, site, sys, sysconfig
+import ast, gzip, json, os, re, site, sys, sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 # %% auto #0
-__all__ = ['PYSOURCE_SUFFIXES', 'MAX_FILE_BYTES', 'stdlib_files', 'builtin_docs', 'site_dirs', 'pysource_files', 'pysource_docs']
+__all__ = ['PYSOURCE_SUFFIXES', 'MAX_FILE_BYTES', 'TEXT_SUFFIXES', 'MAX_DOC_BYTES', 'stdlib_files', 'builtin_docs', 'site_dirs',
+           'pysource_files', 'pysource_docs', 'SourceStats', 'input_files', 'local_docs']
 
 # %% ../nbs/01b_corpus.ipynb #800c6341
 _SKIP_DIRS = {'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'}
@@ -73,3 +75,111 @@ def pysource_docs(roots:list[Path]|None=None) -> Iterator[str]:
     for p in pysource_files(roots):
         try: yield p.read_bytes().decode('utf-8')
         except (UnicodeDecodeError, OSError): continue
+
+# %% ../nbs/01b_corpus.ipynb #4a7b863e
+TEXT_SUFFIXES = ('.txt', '.txt.gz', '.jsonl', '.jsonl.gz', '.json.gz', '.parquet')
+
+@dataclass
+class SourceStats:
+    "What reading a source skipped."
+    bad_bytes: int = 0    # documents skipped because they were not valid UTF-8
+    empty: int = 0        # empty or whitespace-only documents skipped
+    split: int = 0        # extra pieces made by splitting documents longer than MAX_DOC_BYTES
+
+def _open_bin(p:Path): return gzip.open(p, 'rb') if p.name.endswith('.gz') else open(p, 'rb')
+
+def input_files(path:Path) -> list[Path]:
+    "The corpus files at `path`: itself, or the supported files of a folder (sorted, recursive)."
+    path = Path(path)
+    if not path.exists(): raise FileNotFoundError(f"input {path} does not exist: give a .txt/.jsonl/.parquet file or a folder of them")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob('*') if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
+    for p in files:
+        if not p.name.endswith(TEXT_SUFFIXES): raise ValueError(f"input {p} is not one of {', '.join(TEXT_SUFFIXES)}")
+    if not files: raise FileNotFoundError(f"folder {path} holds no {', '.join(TEXT_SUFFIXES)} files")
+    return files
+
+# %% ../nbs/01b_corpus.ipynb #800c2f4d
+MAX_DOC_BYTES = 1 << 16  # longer local documents are split into pieces of at most this size
+_CHUNK = 1 << 16         # bytes read at a time from a line
+
+class _Utf8:
+    "Decodes one file's documents; refuses the file once more than 1% of them (and at least 3) are not UTF-8."
+    def __init__(self, p:Path, stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = p, stats, 0, 0, None
+    def __call__(self, b:bytes, offset:int) -> str|None:
+        try: s = b.decode('utf-8'); self.good += 1; return s
+        except UnicodeDecodeError as e:
+            self.stats.bad_bytes += 1; self.bad += 1
+            if self.first is None: self.first = offset + e.start
+            if self.bad >= 3 and self.bad*100 > self.good + self.bad:
+                raise ValueError(f"{self.p} is not UTF-8 text ({self.bad} of its first {self.good + self.bad} documents are not; the first bad "
+                                 f"byte is at offset {self.first}): convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8.txt`") from None
+            return None
+
+def _cut(b:bytes, limit:int) -> int:
+    "Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at a UTF-8 boundary."
+    for sep in (b'\n', b' '):
+        if (i := b.rfind(sep, limit//2, limit)) > 0: return i + 1
+    i = limit
+    while i > limit - 4 and 0x80 <= b[i] < 0xC0: i -= 1  # never inside a multi-byte character
+    return i if i > limit - 4 else limit
+
+def _txt_docs(p:Path, stats:SourceStats, limit:int=MAX_DOC_BYTES) -> Iterator[str]:
+    "Blank-line separated documents of a text file, streamed, each at most `limit` bytes."
+    dec, buf, start, offset, line_start = _Utf8(p, stats), bytearray(), 0, 0, True
+    def emit(b, at): return dec(bytes(b).strip(b'\r\n'), at)
+    with _open_bin(p) as f:
+        while piece := f.readline(_CHUNK):
+            blank = line_start and piece in (b'\n', b'\r\n')
+            line_start = piece.endswith(b'\n')
+            offset += len(piece)
+            if blank:
+                if buf.strip(b'\r\n') and (s := emit(buf, start)) is not None: yield s
+                buf, start = bytearray(), offset
+                continue
+            buf += piece
+            while len(buf) > limit:
+                i = _cut(buf, limit)
+                if (s := emit(memoryview(buf)[:i], start)) is not None: yield s
+                stats.split += 1; start += i; del buf[:i]
+    if buf.strip(b'\r\n') and (s := emit(buf, start)) is not None: yield s
+
+def _split_text(s:str, limit:int=MAX_DOC_BYTES) -> list[str]:
+    "`s` in pieces of at most `limit` characters, cut at a newline or space when there is one."
+    out = []
+    while len(s) > limit:
+        i = max(s.rfind('\n', limit//2, limit), s.rfind(' ', limit//2, limit))
+        i = i + 1 if i > 0 else limit
+        out.append(s[:i]); s = s[i:]
+    return out + [s]
+
+def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
+    dec, offset = _Utf8(p, stats), 0
+    with _open_bin(p) as f:
+        for i, line in enumerate(f, 1):
+            offset += len(line)
+            if not line.strip(): continue
+            if (s := dec(line, offset - len(line))) is None: continue
+            try: obj = json.loads(s)
+            except json.JSONDecodeError: raise ValueError(f"{p}:{i} is not valid JSON: fix or remove that line") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                raise ValueError(f"{p}:{i} has no string field {text_field!r}: pass --text-field NAME")
+            parts = _split_text(obj[text_field]); stats.split += len(parts) - 1
+            yield from parts
+
+def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
+    import pyarrow.parquet as pq
+    pf = pq.ParquetFile(p)
+    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass --text-field NAME")
+    for b in pf.iter_batches(columns=[text_field], batch_size=4096):
+        for s in b.column(0).to_pylist():
+            if s is None: continue
+            parts = _split_text(s); stats.split += len(parts) - 1
+            yield from parts
+
+def local_docs(path:Path, text_field:str='text', stats:SourceStats|None=None) -> Iterator[str]:
+    "Documents of a local file or folder, in file order."
+    stats = stats if stats is not None else SourceStats()
+    for p in input_files(path):
+        if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field, stats)
+        elif p.name.endswith(('.txt', '.txt.gz')): yield from _txt_docs(p, stats)
+        else: yield from _jsonl_docs(p, stats, text_field)

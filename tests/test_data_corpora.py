@@ -32,7 +32,7 @@ def test_file_without_line_breaks_is_split_in_bounded_memory(tmp_path):
     assert all(len(d.encode()) <= MAX_DOC_BYTES for d in docs) and len(docs) >= size // MAX_DOC_BYTES
     assert ms['val']['docs'] > 0 and ms['train']['skipped']['split'] == len(docs) - 1
     assert sum(len(d.encode()) for d in docs) >= size - len(docs) - 1   # nothing lost but the cut's trailing space
-    assert peak < 5*MAX_DOC_BYTES < size/2, (peak, size)      # a few documents' worth, never the file
+    assert peak < 8*MAX_DOC_BYTES < size/2, (peak, size)      # a few documents' worth, never the file
     assert n == len(docs)
     assert dt < 60, dt
 
