@@ -116,7 +116,7 @@ def nonblank(value:str|None, what:str='experiment') -> str|None:
     "`value` unchanged, None when not given; an empty or whitespace-only value is a one-line error."
     if value is None: return None
     if not isinstance(value, str): raise ValueError(f"{what}={value!r} must be text")
-    if not value.strip(): raise ValueError(f"{what} is empty: give a {what}, or leave it out to use the default")
+    if not value.strip(): raise ValueError(f"{what} is empty: give one, or leave it out for the default")
     return value
 
 _CONFIG_SUFFIXES = ('.toml', '.yaml', '.yml', '.json')

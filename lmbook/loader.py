@@ -205,9 +205,7 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None) -> PreparedData:
     "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` (nanoGPT .bin folders are copied in)."
     from lmbook.core import load_settings
-    from lmbook.config import validate
     from lmbook.tokenizer import SPECIAL_TOKENS
-    validate(cfg)
     d = cfg.data
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file():  # what the tokenizer stage needs, checked before the long stages
