@@ -223,8 +223,8 @@ def _run(args) -> int:
 def add_cli(sub):
     "Add the `bench` command to the `lmbook` CLI."
     p = sub.add_parser('bench', help='measure training tokens/s, MFU and peak memory of a profile')
-    p.add_argument('--profile', default='smoke', help='profile name or config file')
-    p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides, e.g. --set ce_chunk=0 grad_accum=4')
+    from lmbook.core import cli_options
+    cli_options(p, 'profile', 'set', profile='smoke')
     p.add_argument('--batch-sizes', default='', help='comma-separated micro-batch sizes (default: the profile\'s)')
     p.add_argument('--steps', type=int, default=10, help='timed optimizer steps')
     p.add_argument('--warmup', type=int, default=2, help='untimed optimizer steps first')

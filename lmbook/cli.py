@@ -6,12 +6,12 @@ Docs: https://lmbook.github.io/lmbook/cli.html.md"""
 
 # %% ../nbs/12_cli.ipynb #78ecc4c9
 from __future__ import annotations
-import argparse, importlib, json, sys
+import argparse, json, sys
 from pathlib import Path
 from .config import PROFILES, count_params, flops_per_token
 
 # %% auto #0
-__all__ = ['COMMAND_MODULES', 'profile_rows', 'format_profiles', 'render_readme', 'build_parser', 'main']
+__all__ = ['profile_rows', 'format_profiles', 'render_readme', 'build_parser', 'main']
 
 # %% ../nbs/12_cli.ipynb #c15a441b
 def profile_rows() -> list[dict]:
@@ -56,15 +56,13 @@ def render_readme(nb_path:Path) -> str:
     return '<!-- generated from nbs/index.ipynb by `lmbook readme`: edit the notebook, not this file -->\n\n' + '\n\n'.join(out) + '\n'
 
 # %% ../nbs/12_cli.ipynb #3d720e23
-COMMAND_MODULES = ['lmbook.data', 'lmbook.tokenizer', 'lmbook.loader', 'lmbook.databench', 'lmbook.launch', 'lmbook.sample', 'lmbook.eval', 'lmbook.export', 'lmbook.bench', 'lmbook.runpod', 'lmbook.boot', 'lmbook.docs']
-
 def _profiles(args) -> int:
     rows = profile_rows()
     print(json.dumps(rows, indent=1) if args.json else format_profiles(rows))
     return 0
 
 def _readme(args) -> int:
-    root = Path(args.root)
+    root = Path(args.checkout)
     txt = render_readme(root/'nbs'/'index.ipynb')
     readme = root/'README.md'
     if args.check:
@@ -76,12 +74,14 @@ def _readme(args) -> int:
 
 def _plot(args) -> int:
     from lmbook.analysis import plot_runs
-    for e, pngs in plot_runs(args.experiments, root=args.workspace).items(): print(e, *map(str, pngs), sep='\n  ')
+    for e, pngs in plot_runs(args.experiments, root=args.root).items(): print(e, *map(str, pngs), sep='\n  ')
     return 0
 
 # %% ../nbs/12_cli.ipynb #31da40ed
 def build_parser() -> argparse.ArgumentParser:
     "The `lmbook` argument parser with every module's subcommands."
+    from lmbook import data, tokenizer, loader, databench, launch, sample, eval, export, bench, runpod, boot, docs
+    from lmbook.core import cli_options
     ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a corpus to plots.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
     p = sub.add_parser('profiles', help='list the profiles with parameter counts and memory estimates')
@@ -89,15 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_profiles)
     p = sub.add_parser('readme', help='render README.md from nbs/index.ipynb')
     p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of writing it')
-    p.add_argument('--root', default='.', help='the checkout')
+    p.add_argument('--checkout', default='.', metavar='DIR', help='the lmbook checkout holding nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
-    p = sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments')
+    p = cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'), 'root')
     p.add_argument('experiments', nargs='+', help='experiment names')
-    p.add_argument('--workspace', type=Path, default=None, help='workspace root (default: from settings)')
     p.set_defaults(func=_plot)
-    for m in COMMAND_MODULES:
-        mod = importlib.import_module(m)
-        if hasattr(mod, 'add_cli'): mod.add_cli(sub)
+    for mod in (data, tokenizer, loader, databench, launch, sample, eval, export, bench, runpod, boot, docs): mod.add_cli(sub)
     return ap
 
 # %% ../nbs/12_cli.ipynb #de5be98e

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/config.html.md"""
 
 # %% ../nbs/01_config.ipynb #ec2b06d0
 from __future__ import annotations
-import dataclasses, json, math
+import dataclasses, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -15,10 +15,48 @@ try: import tomllib
 except ImportError: import tomli as tomllib
 
 # %% auto #0
-__all__ = ['SECTIONS', 'PROFILES', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config', 'field_index', 'apply_overrides',
-           'validate', 'parse_assignments', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
-           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml',
-           'save_config', 'load_config_file', 'get_config']
+__all__ = ['FLAG', 'MAX_SEED', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES', 'Range',
+           'at_least', 'above', 'between', 'one_of', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config',
+           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'count_params', 'flops_per_token',
+           'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
+           'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+
+# %% ../nbs/01_config.ipynb #99b63870
+@dataclass(frozen=True)
+class Range:
+    "The values one config field may take: an interval, a list of choices, or a text pattern."
+    lo: float|None = None   # smallest allowed value (None: unbounded)
+    hi: float|None = None   # largest allowed value (None: unbounded)
+    lo_open: bool = False   # `lo` itself is not allowed
+    hi_open: bool = False   # `hi` itself is not allowed
+    choices: tuple = ()     # the allowed values, when they are a short list
+    pattern: str = ''       # a regular expression the whole text must match
+    hint: str = ''          # what a valid text looks like, for the error
+
+    def __str__(self) -> str:
+        if self.choices: return 'one of ' + ', '.join(map(str, self.choices))
+        if self.pattern: return self.hint or f'text matching {self.pattern}'
+        if self.hi is None: return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        if self.lo is None: return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+
+    def error(self, name:str, v) -> str|None:
+        "Why `v` is not allowed for field `name`, or None when it is."
+        if self.choices: ok = v in self.choices
+        elif self.pattern: ok = isinstance(v, str) and re.fullmatch(self.pattern, v) is not None
+        else:
+            ok = isinstance(v, (int, float)) and math.isfinite(v)
+            if ok and self.lo is not None: ok = v > self.lo if self.lo_open else v >= self.lo
+            if ok and self.hi is not None: ok = v < self.hi if self.hi_open else v <= self.hi
+        if ok: return None
+        return f"{name}={v!r}: choose {self}" if self.choices else f"{name}={v!r} must be {self}"
+
+def at_least(lo:float) -> Range: return Range(lo)
+def above(lo:float) -> Range: return Range(lo, lo_open=True)
+def between(lo:float, hi:float, hi_open:bool=False, lo_open:bool=False) -> Range: return Range(lo, hi, lo_open, hi_open)
+def one_of(*choices) -> Range: return Range(choices=choices)
+FLAG = one_of(True, False)
+MAX_SEED = 2**63 - 1
 
 # %% ../nbs/01_config.ipynb #e3569f03
 @dataclass
@@ -51,15 +89,26 @@ class ModelConfig:
         if self.mlp_hidden: return self.mlp_hidden
         return 4*self.n_embd if self.arch == 'gpt2' else math.ceil(8*self.n_embd/3/256)*256
 
+MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 1), block_size=between(1, 2**24),
+                    n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1), mlp_hidden=at_least(0),
+                    rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True, hi_open=True),
+                    dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
+                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'), fused_ce=FLAG)
+
 # %% ../nbs/01_config.ipynb #5dda4e23
 @dataclass
 class DataConfig:
     "Where the tokens come from."
-    dataset: str = 'builtin'     # 'builtin' (this Python's own docstrings), a Hugging Face dataset id, or a local file/folder
+    dataset: str = 'builtin'     # 'builtin' (this Python's docstrings), 'pysource' (its installed source and docs), a Hugging Face dataset id, or a local file/folder
     dataset_config: str = ''     # Hugging Face dataset config (e.g. 'sample-10BT')
     take: int = 0                # documents to read from the source; 0 means all
     val_ratio: float = 0.05      # fraction of documents routed to validation
     data_seed: int = 1337        # seed of the train/validation split
+
+_TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
+DATA_RANGES = dict(dataset=Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)"),
+                   dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces"),
+                   take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED))
 
 # %% ../nbs/01_config.ipynb #e9c4c250
 @dataclass
@@ -103,6 +152,21 @@ class TrainConfig:
     sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
     ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
     allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
+
+TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
+                    min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
+                    beta1=between(0, 1, hi_open=True), beta2=between(0, 1, hi_open=True), grad_clip=at_least(0),
+                    eval_every=at_least(1), eval_steps=at_least(1), log_every=at_least(1), ckpt_every=at_least(1),
+                    keep_ckpts=at_least(1), sample_every=at_least(0), seed=between(0, MAX_SEED),
+                    device=Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?', hint="auto, cpu, mps, cuda or cuda:N"),
+                    dtype=one_of('auto', 'bfloat16', 'float32'), compile=one_of('auto', 'true', 'false'), epochs=at_least(0),
+                    token_budget=at_least(0), decay_frac=between(0, 1), parallel=one_of('ddp', 'fsdp'), nproc=at_least(1),
+                    auto_resume=FLAG, deterministic=FLAG, max_nonfinite=at_least(0), tensorboard=FLAG,
+                    wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name of letters, digits, '.', '_', '-'"),
+                    fp8=one_of('off', 'tensorwise', 'rowwise'), optimizer=one_of('adamw', 'muon'),
+                    muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
+                    sample_prompts=Range(pattern=r'(?s).{0,4000}', hint="at most 4000 characters of '|'-separated prompts"),
+                    ckpt_async=FLAG, allow_config_change=FLAG)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -160,37 +224,21 @@ def apply_overrides(cfg:Config, overrides:dict) -> Config:
     return cfg
 
 # %% ../nbs/01_config.ipynb #98958396
-_CHOICES = dict(arch=('llama', 'gpt2'), schedule=('cosine', 'wsd'), dtype=('auto', 'bfloat16', 'float32'),
-                compile=('auto', 'true', 'false'), parallel=('ddp', 'fsdp'),
-                attn_backend=('auto', 'sdpa', 'cudnn', 'flash', 'efficient', 'math'),
-                fp8=('off', 'tensorwise', 'rowwise'), optimizer=('adamw', 'muon'))
+RANGES = {**MODEL_RANGES, **DATA_RANGES, **TRAIN_RANGES}  # every field's allowed values
 
 def validate(cfg:Config) -> Config:
-    "Raise a one-line `ValueError` for a config that cannot train."
-    m, t = cfg.model, cfg.train
-    for sec in (m, cfg.data, t):
-        for k, ch in _CHOICES.items():
-            if hasattr(sec, k) and getattr(sec, k) not in ch: raise ValueError(f"{k}={getattr(sec, k)!r}: choose one of {', '.join(ch)}")
+    "Raise a one-line `ValueError` naming the field for a config that cannot train."
+    for sec in SECTIONS:
+        for f in fields(getattr(cfg, sec)):
+            assert f.name in RANGES, f"config field {f.name} has no entry in {sec.upper()}_RANGES"
+            if err := RANGES[f.name].error(f.name, getattr(getattr(cfg, sec), f.name)): raise ValueError(err)
+    m = cfg.model
     if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
     if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by n_kv_head={m.kv_heads}")
     if m.arch == 'llama' and m.head_dim % 2: raise ValueError(f"RoPE needs an even head size, got n_embd/n_head={m.head_dim}")
-    for k in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd'):
-        if getattr(m, k) <= 0: raise ValueError(f"{k} must be positive, got {getattr(m, k)}")
-    for k in ('batch_size', 'grad_accum', 'max_steps', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every', 'keep_ckpts'):
-        if getattr(t, k) <= 0: raise ValueError(f"{k} must be positive, got {getattr(t, k)}")
-    if m.ce_chunk < 0: raise ValueError(f"ce_chunk must be >= 0 (0: whole logits at once), got {m.ce_chunk}")
-    if not 0 < t.lr < 1: raise ValueError(f"lr={t.lr} is outside (0, 1)")
-    for k in ('epochs', 'token_budget', 'max_nonfinite'):
-        if getattr(t, k) < 0: raise ValueError(f"{k} must be >= 0, got {getattr(t, k)}")
-    if t.nproc < 1: raise ValueError(f"nproc must be >= 1, got {t.nproc}")
-    if not 0 <= t.decay_frac <= 1: raise ValueError(f"decay_frac={t.decay_frac} must be in [0, 1]")
-    if not 0 < t.muon_lr < 1: raise ValueError(f"muon_lr={t.muon_lr} is outside (0, 1)")
-    if not 0 <= t.muon_momentum < 1: raise ValueError(f"muon_momentum={t.muon_momentum} must be in [0, 1)")
-    if not 0 <= cfg.data.val_ratio < 1: raise ValueError(f"val_ratio={cfg.data.val_ratio} must be in [0, 1)")
+    t = cfg.train
     if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
-    for k in ('ckpt_async', 'allow_config_change'):
-        if getattr(t, k) not in (True, False): raise ValueError(f"{k}={getattr(t, k)!r}: choose true or false")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5
@@ -275,9 +323,13 @@ def config_dict(cfg:Config) -> dict: return asdict(cfg)
 
 def config_from_dict(d:dict, base:Config|None=None) -> Config:
     "A `Config` from nested (`{'model': {...}}`) or flat keys, over `base` (default: `Config()`)."
-    flat = {}
+    flat, idx = {}, field_index()
     for k, v in d.items():
-        if k in SECTIONS and isinstance(v, dict): flat.update(v)
+        if isinstance(v, dict):
+            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; sections: {', '.join(SECTIONS)}")
+            for kk in v:
+                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], not [{k}]: move it there")
+            flat.update(v)
         else: flat[k] = v
     return apply_overrides(base or Config(), flat)
 
@@ -318,7 +370,8 @@ def load_config_file(path:Path) -> Config:
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(d, dict): raise ValueError(f"config file {path} must hold a mapping of sections")
-    return config_from_dict(d)
+    try: return config_from_dict(d)
+    except ValueError as e: raise ValueError(f"config file {path}: {e}") from None
 
 # %% ../nbs/01_config.ipynb #d278ee79
 def get_config(profile:str, overrides:dict|None=None) -> Config:

@@ -11,9 +11,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['SETTINGS_ENV', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings', 'on_runpod',
-           'workspace_root', 'check_name', 'Paths', 'paths_for', 'seed_everything', 'pick_device', 'git_commit',
-           'sha256_file', 'environment_info', 'peak_flops']
+__all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings',
+           'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment',
+           'cli_options', 'Paths', 'paths_for', 'seed_everything', 'pick_device', 'git_commit', 'sha256_file',
+           'environment_info', 'peak_flops']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -110,6 +111,59 @@ def check_name(name:str, what:str='experiment') -> str:
         raise ValueError(f"{what} name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return name
 
+# %% ../nbs/00_core.ipynb #f5943bc8
+def nonblank(value:str|None, what:str='experiment') -> str|None:
+    "`value` unchanged, None when not given; an empty or whitespace-only value is a one-line error."
+    if value is None: return None
+    if not isinstance(value, str): raise ValueError(f"{what}={value!r} must be text")
+    if not value.strip(): raise ValueError(f"{what} is empty: give one, or leave it out for the default")
+    return value
+
+_CONFIG_SUFFIXES = ('.toml', '.yaml', '.yml', '.json')
+
+def _name_from_profile(profile:str) -> str:
+    stem = Path(profile).name
+    for suf in _CONFIG_SUFFIXES:
+        if stem.endswith(suf): stem = stem[:-len(suf)]
+    name = re.sub(r'\.{2,}', '.', re.sub(r'[^A-Za-z0-9._-]+', '-', stem)).strip('.-_')[:64].rstrip('.-_')
+    return name or 'run'
+
+def default_experiment(profile:str|None=None, settings:Settings|None=None, env:dict|None=None) -> str:
+    "The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' profile, else named after `profile`."
+    env = os.environ if env is None else env
+    if env.get(SETTINGS_ENV['experiment']): return check_name(env[SETTINGS_ENV['experiment']])
+    profile = nonblank(profile, 'profile') or (settings or load_settings(env=env)).profile
+    own = settings or load_settings(env={})  # the file's pairing of profile and experiment, not $RUN_CONFIG's
+    if profile == own.profile: return check_name(own.experiment)
+    return check_name(_name_from_profile(profile))
+
+def resolve_experiment(experiment:str|None, profile:str|None=None, settings:Settings|None=None) -> str:
+    "The checked experiment name: `experiment` when given, else `default_experiment(profile)` (`settings`: the file's, for tests)."
+    return check_name(nonblank(experiment)) if experiment is not None else default_experiment(profile, settings)
+
+# %% ../nbs/00_core.ipynb #f0b9fe10
+CLI_OPTIONS = {  # name -> (flags, argparse keywords) of the options every command shares
+    'profile': (('--profile', '-p'), dict(default=None, metavar='PROFILE',
+                help='profile name or .toml/.yaml config file (default: settings profile, env RUN_CONFIG)')),
+    'experiment': (('--experiment', '-e'), dict(default=None, metavar='NAME',
+                   help='experiment: names runs/NAME and its data folders (default: env RUN_EXPERIMENT, else the '
+                        "settings experiment for the settings profile, else the profile's name)")),
+    'set': (('--set', '-s'), dict(action='extend', nargs='+', default=[], metavar='KEY=VALUE',
+            help='config overrides, e.g. --set lr=3e-4 take=1000')),
+    'root': (('--root',), dict(default=None, metavar='DIR', help='workspace root (default: settings workspace, env LMBOOK_WORKSPACE)')),
+    'tokenizer_json': (('--tokenizer-json',), dict(default=None, metavar='PATH', help='adopt this published tokenizer.json instead of training one')),
+    'quiet': (('--quiet', '-q'), dict(action='store_true', help='no progress bars')),
+}
+
+def cli_options(p, *names:str, **defaults):
+    "Add the shared options `names` to argparse parser `p`; `defaults` changes a default (and says so in the help)."
+    for n in names:
+        flags, kw = CLI_OPTIONS[n]
+        kw = dict(kw)
+        if n in defaults: kw.update(default=defaults[n], help=kw['help'].split(' (default:')[0] + f' (default: {defaults[n]})')
+        p.add_argument(*flags, **kw)
+    return p
+
 # %% ../nbs/00_core.ipynb #63167bdd
 @dataclass(frozen=True)
 class Paths:
@@ -134,6 +188,7 @@ def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) 
     "The `Paths` of `experiment` in the workspace (`root` overrides it)."
     s = settings or load_settings()
     check_name(experiment)
+    if isinstance(root, str): nonblank(root, 'root')
     root = Path(root).resolve() if root is not None else workspace_root(s)
     sub = lambda tmpl: root/tmpl.format(experiment=experiment)
     return Paths(root, experiment, sub(s.train_dir), sub(s.val_dir), sub(s.tokenizer_dir), sub(s.run_dir),

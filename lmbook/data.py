@@ -1,4 +1,4 @@
-"""Corpora as streams of documents (a built-in one, local files, Hugging Face datasets) and a resumable sharder that writes them as newline-delimited text shards with a manifest.
+"""Corpora as streams of documents (the built-in ones and local files of `corpus`, Hugging Face datasets) and a resumable sharder that writes them as newline-delimited text shards with a manifest.
 
 Docs: https://lmbook.github.io/lmbook/data.html.md"""
 
@@ -6,16 +6,17 @@ Docs: https://lmbook.github.io/lmbook/data.html.md"""
 
 # %% ../nbs/02_data.ipynb #807c8fb6
 from __future__ import annotations
-import ast, gzip, hashlib, itertools, json, os, re, sysconfig
+import gzip, hashlib, itertools, json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from .core import sha256_file
+from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local_docs, MAX_DOC_BYTES
 from typing import Iterable, Iterator
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'stdlib_files', 'builtin_docs',
-           'SourceStats', 'input_files', 'local_docs', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind', 'iter_docs',
-           'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
+__all__ = ['SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind',
+           'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs',
+           'add_cli']
 
 # %% ../nbs/02_data.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -28,94 +29,6 @@ def escape_doc(text:str) -> str:
 def unescape_doc(line:str) -> str:
     "The document a shard line holds (inverse of `escape_doc`)."
     return _re_esc.sub(lambda m: _unesc[m.group(1)], line) if '\\' in line else line
-
-# %% ../nbs/02_data.ipynb #800c6341
-_SKIP_DIRS = {'site-packages', 'dist-packages', '__pycache__', 'test', 'tests', 'idle_test'}
-
-def stdlib_files(root:Path|None=None) -> list[Path]:
-    "The standard library's `.py` files in sorted order (no tests, no site-packages)."
-    root = Path(root or sysconfig.get_paths()['stdlib'])
-    out = []
-    for dp, dns, fns in os.walk(root):
-        dns[:] = sorted(d for d in dns if d not in _SKIP_DIRS and not d.startswith('.'))
-        out += [Path(dp)/f for f in sorted(fns) if f.endswith('.py')]
-    return out
-
-def _docstrings(src:bytes, min_chars:int) -> Iterator[str]:
-    try: tree = ast.parse(src)
-    except (SyntaxError, ValueError): return
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            d = ast.get_docstring(node)
-            if d and len(d) >= min_chars: yield d
-
-def builtin_docs(min_chars:int=40, root:Path|None=None) -> Iterator[str]:
-    "Documents of the built-in corpus: pydoc topics, then stdlib docstrings, deterministically."
-    files = stdlib_files(root)
-    topics = [f for f in files if f.parts[-2:] == ('pydoc_data', 'topics.py')]
-    for f in topics:
-        for node in ast.parse(f.read_bytes()).body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
-                for k, v in zip(node.value.keys, node.value.values):
-                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and len(v.value) >= min_chars: yield v.value.strip()
-    for f in files:
-        if f not in topics: yield from _docstrings(f.read_bytes(), min_chars)
-
-# %% ../nbs/02_data.ipynb #4a7b863e
-TEXT_SUFFIXES = ('.txt', '.txt.gz', '.jsonl', '.jsonl.gz', '.json.gz', '.parquet')
-
-@dataclass
-class SourceStats:
-    "What reading a source skipped."
-    bad_bytes: int = 0    # documents skipped because they were not valid UTF-8
-    empty: int = 0        # empty or whitespace-only documents skipped
-
-def _open_bin(p:Path): return gzip.open(p, 'rb') if p.name.endswith('.gz') else open(p, 'rb')
-
-def input_files(path:Path) -> list[Path]:
-    "The corpus files at `path`: itself, or the supported files of a folder (sorted, recursive)."
-    path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"input {path} does not exist: give a .txt/.jsonl/.parquet file or a folder of them")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob('*') if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
-    for p in files:
-        if not p.name.endswith(TEXT_SUFFIXES): raise ValueError(f"input {p} is not one of {', '.join(TEXT_SUFFIXES)}")
-    if not files: raise FileNotFoundError(f"folder {path} holds no {', '.join(TEXT_SUFFIXES)} files")
-    return files
-
-# %% ../nbs/02_data.ipynb #800c2f4d
-def _decode(b:bytes, stats:SourceStats) -> str|None:
-    try: return b.decode('utf-8')
-    except UnicodeDecodeError: stats.bad_bytes += 1; return None
-
-def _txt_docs(p:Path, stats:SourceStats) -> Iterator[str]:
-    with _open_bin(p) as f:
-        for para in re.split(rb'(?:\r?\n){2,}', f.read()):
-            if (s := _decode(para.strip(b'\r\n'), stats)) is not None: yield s
-
-def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
-    with _open_bin(p) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip(): continue
-            if (s := _decode(line, stats)) is None: continue
-            try: obj = json.loads(s)
-            except json.JSONDecodeError: raise ValueError(f"{p}:{i} is not valid JSON: fix or remove that line") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                raise ValueError(f"{p}:{i} has no string field {text_field!r}: pass --text-field NAME")
-            yield obj[text_field]
-
-def _parquet_docs(p:Path, text_field:str) -> Iterator[str]:
-    import pyarrow.parquet as pq
-    pf = pq.ParquetFile(p)
-    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass --text-field NAME")
-    for b in pf.iter_batches(columns=[text_field], batch_size=4096): yield from (s for s in b.column(0).to_pylist() if s is not None)
-
-def local_docs(path:Path, text_field:str='text', stats:SourceStats|None=None) -> Iterator[str]:
-    "Documents of a local file or folder, in file order."
-    stats = stats if stats is not None else SourceStats()
-    for p in input_files(path):
-        if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field)
-        elif p.name.endswith(('.txt', '.txt.gz')): yield from _txt_docs(p, stats)
-        else: yield from _jsonl_docs(p, stats, text_field)
 
 # %% ../nbs/02_data.ipynb #a2e16858
 def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
@@ -163,22 +76,23 @@ def hf_docs(name:str, config:str='', split:str='train', text_field:str='text', h
     return iter(HFDocs(name, config, split, text_field, hf_cache))
 
 # %% ../nbs/02_data.ipynb #496bafbc
-SOURCE_KINDS = ('auto', 'builtin', 'local', 'hf')
+SOURCE_KINDS = ('auto', 'builtin', 'pysource', 'local', 'hf')
 
 def source_kind(dataset:str, kind:str='auto') -> str:
-    "How `dataset` will be read: 'builtin', 'local' (our readers) or 'hf' (`datasets` streaming)."
+    "How `dataset` will be read: 'builtin', 'pysource', 'local' (our readers) or 'hf' (`datasets` streaming)."
     if kind not in SOURCE_KINDS: raise ValueError(f"kind={kind!r}: choose one of {', '.join(SOURCE_KINDS)}")
     if kind != 'auto': return kind
     p = Path(dataset).expanduser()
-    if dataset == 'builtin': return 'builtin'
+    if dataset in ('builtin', 'pysource'): return dataset
     return 'local' if p.is_file() or (p.is_dir() and not (p/'README.md').is_file()) else 'hf'
 
 def iter_docs(dataset:str='builtin', config:str='', split:str='train', text_field:str='text',
               hf_cache:Path|None=None, stats:SourceStats|None=None, kind:str='auto') -> Iterator[str]:
-    "Non-empty documents of `dataset`: 'builtin', a local file/folder, or a Hugging Face dataset."
+    "Non-empty documents of `dataset`: 'builtin', 'pysource', a local file/folder, or a Hugging Face dataset."
     stats = stats if stats is not None else SourceStats()
     k = source_kind(dataset, kind)
     if k == 'builtin': src = builtin_docs()
+    elif k == 'pysource': src = pysource_docs()
     elif k == 'local': src = local_docs(Path(dataset).expanduser(), text_field, stats)
     else: src = hf_docs(dataset, config, split, text_field, hf_cache)
     yield from non_empty(src, stats)
@@ -261,11 +175,24 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
         m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
         write_manifest(folder, m)
         return m
-    for k in ('source', 'args'):
+    for k in ('source', 'args', 'input'):
         if m.get(k) != meta[k]:
-            raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
+            if not m.get('complete'):  # an unfinished run of something else: start afresh
+                for s in m['shards']: (folder/s['name']).unlink(missing_ok=True)
+                m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
+                write_manifest(folder, m)
+                return m
+            if k != 'input':
+                raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
     check_shards(folder, m, checksums=False)
     return m
+
+def _fingerprint(dataset:str, kind:str) -> str|None:
+    "Names, sizes and modification times of a local source's files: a changed file changes it."
+    if kind != 'local': return None
+    h = hashlib.blake2b(digest_size=12)
+    for p in input_files(Path(dataset).expanduser()): h.update(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:
     "Raise a one-line error unless every shard in the manifest exists with its size (and checksum)."
@@ -316,7 +243,8 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     args = dict(mode=mode, take=take, lines_per_shard=lines_per_shard, gzip=gz,
                 **(dict(val_ratio=val_ratio, seed=seed) if mode == 'split' else dict(split=split)))
     dirs = {'train': Path(train_dir), 'val': Path(val_dir)} if mode == 'split' else {split: Path(train_dir if split == 'train' else val_dir or train_dir)}
-    ms = {k: _open_split(d, k, dict(source=src, args=args)) for k, d in dirs.items()}
+    meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None)
+    ms = {k: _open_split(d, k, meta) for k, d in dirs.items()}
     if all(m['complete'] for m in ms.values()): return ms
     for d in dirs.values():
         for p in d.glob('.*.tmp'): p.unlink()  # left by an interrupted run
@@ -349,7 +277,10 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     except BaseException:
         for w in ws.values(): w.abort()
         raise
+    if i == 0 and stats.bad_bytes: raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; convert it to UTF-8")
     if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
+    if mode == 'split' and val_ratio > 0 and not (ms['val']['docs'] or ws['val'].n):
+        raise ValueError(f"{dataset} gave {i} documents and none went to validation (val_ratio={val_ratio}): add documents or raise val_ratio")
     for m in ms.values(): m['skipped'] = dict(vars(stats))
     st = hf.state() if hf else None
     for w in ws.values(): w.close(i, final=True, state=st)
@@ -369,9 +300,10 @@ def shard_docs(folder:Path, m:dict|None=None) -> Iterator[str]:
 FINEWEB = ('HuggingFaceFW/fineweb', 'sample-10BT')
 
 def _shard_cmd(args) -> int:
-    from lmbook.core import paths_for, load_settings
+    from lmbook.core import paths_for, load_settings, resolve_experiment, nonblank
     s = load_settings()
-    p = paths_for(args.experiment or s.experiment, s)
+    p = paths_for(resolve_experiment(args.experiment), s, root=args.root)
+    for k in ('input', 'dataset', 'text_field', 'hf_split'): nonblank(getattr(args, k), k.replace('_', '-'))
     if args.input and args.dataset: raise ValueError("give either --input or --dataset, not both")
     dataset = str(Path(args.input).expanduser().resolve()) if args.input else (args.dataset or FINEWEB[0])
     if args.input: input_files(Path(dataset))
@@ -380,14 +312,18 @@ def _shard_cmd(args) -> int:
     ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split, take=take,
                       val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard or s.shard_lines,
                       gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split, hf_cache=p.hf_cache,
-                      progress=not args.quiet, kind='local' if args.input else 'builtin' if dataset == 'builtin' else 'hf')
+                      progress=not args.quiet, kind='local' if args.input else dataset if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
         print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
+    sk = next(iter(ms.values())).get('skipped') or {}
+    if sk.get('bad_bytes') or sk.get('split'):
+        print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split {sk.get('split', 0):,} documents longer than {MAX_DOC_BYTES:,} bytes")
     return 0
 
 def add_cli(sub):
     "Add the `shard` command to an argparse subparsers object."
-    a = sub.add_parser('shard', help='stream a corpus into text shards with a manifest')
+    from lmbook.core import cli_options
+    a = cli_options(sub.add_parser('shard', help='stream a corpus into text shards with a manifest'), 'experiment', 'root', 'quiet')
     a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after --take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
     a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod modes')
     a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings shard_lines, env SHARD_LINES)')
@@ -395,12 +331,10 @@ def add_cli(sub):
     a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
-    a.add_argument('--experiment', default=None, help='experiment name (default: settings experiment)')
-    a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, or 'builtin' (default {FINEWEB[0]})")
+    a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, 'builtin' or 'pysource' (default {FINEWEB[0]})")
     a.add_argument('--dataset-config', default=None, help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
     a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')
     a.add_argument('--text-field', default='text', help='field or column holding the text')
-    a.add_argument('--quiet', action='store_true', help='no progress bar')
     a.set_defaults(func=_shard_cmd)
     return a

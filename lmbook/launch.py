@@ -27,20 +27,21 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     p.add_argument('--root', default=None, help='workspace root (default: settings.ini / LMBOOK_WORKSPACE)')
     p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes 2 --node-rank 0 --rdzv-endpoint host:29500"')
-    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, tokens), then exit')
     p.add_argument('--allow-config-change', action='store_true', help='resume even though the config differs from the checkpoint (the diff is logged and recorded)')
+    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, tokens), then exit')
     return p
 
 def resolve_args(a:argparse.Namespace) -> tuple:
     "(config, experiment, overrides) from parsed training options."
-    from lmbook.core import load_settings
+    from lmbook.core import load_settings, nonblank, resolve_experiment
     s = load_settings()
     ov = parse_assignments(a.set) | parse_assignments(a.overrides)
     if a.nproc is not None: ov['nproc'] = a.nproc
     if a.parallel: ov['parallel'] = a.parallel
     if a.no_auto_resume: ov['auto_resume'] = False
     if getattr(a, 'allow_config_change', False): ov['allow_config_change'] = True
-    profile, experiment = a.profile or s.profile, a.experiment or s.experiment
+    profile = nonblank(a.profile, 'profile') or s.profile
+    experiment = resolve_experiment(a.experiment, profile)
     return get_config(profile, ov), profile, experiment, ov
 
 # %% ../nbs/06b_launch.ipynb #24de827c

@@ -14,7 +14,8 @@ from .data import shard_corpus, read_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir
 
 # %% auto #0
-__all__ = ['token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'PreparedData', 'prepare_data', 'add_cli']
+__all__ = ['BIN_FILES', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'bin_dir', 'import_bin', 'PreparedData',
+           'prepare_data', 'add_cli']
 
 # %% ../nbs/03a_loader.ipynb #3d45bbe2
 def token_files(token_dir:Path) -> list[tuple[Path, int]]:
@@ -133,6 +134,50 @@ def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, r
         out.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
     return out
 
+# %% ../nbs/03a_loader.ipynb #abb7ccca
+BIN_FILES = ('train.bin', 'val.bin')
+
+def bin_dir(dataset:str) -> Path|None:
+    "The folder of nanoGPT `train.bin`/`val.bin` that `dataset` names, else None."
+    p = Path(dataset).expanduser()
+    return p if p.is_dir() and all((p/f).is_file() for f in BIN_FILES) else None
+
+def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chunk:int=1 << 24) -> dict:
+    "Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking every id is below `vocab_size`."
+    import os
+    from lmbook.tokenizer import HEADER, MAGIC, VERSION
+    from lmbook.data import read_manifest, write_manifest
+    src, out_dir = Path(src), Path(out_dir)
+    size = src.stat().st_size
+    source = dict(bin=str(src.resolve()), bytes=size, mtime_ns=src.stat().st_mtime_ns, vocab_size=vocab_size)
+    m = read_manifest(out_dir) if out_dir.is_dir() else None
+    if m and m.get('complete'):
+        if m.get('source') == source: return m
+        raise ValueError(f"{out_dir} already holds finished tokens of another source: use another experiment or delete {out_dir}")
+    if size == 0 or size % 2: raise ValueError(f"{src} holds {size} bytes, not a whole number of uint16 token ids: it is not a nanoGPT .bin")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n, docs, at, dst = size//2, 0, 0, out_dir/'shard_00000.bin'
+    tmp = dst.with_name(f'.{dst.name}.tmp')
+    try:
+        with open(src, 'rb') as f, open(tmp, 'wb') as g:
+            g.write(HEADER.pack(MAGIC, VERSION, 2, n, 0))
+            while b := f.read(chunk*2):
+                a = np.frombuffer(b, dtype='<u2')
+                if int(a.max()) >= vocab_size:
+                    j = int(np.argmax(a >= vocab_size))
+                    raise ValueError(f"{src} holds token id {int(a[j])} at position {at + j:,}, but the tokenizer has {vocab_size} ids: "
+                                     "give the tokenizer that made this file")
+                if eot_id is not None: docs += int((a == eot_id).sum())
+                g.write(b); at += a.size
+        with open(tmp, 'r+b') as g: g.write(HEADER.pack(MAGIC, VERSION, 2, n, docs))
+    except BaseException:
+        tmp.unlink(missing_ok=True); raise
+    os.replace(tmp, dst)
+    m = dict(format='lmbook-tokens', version=1, dtype='uint16', files=[dict(name=dst.name, tokens=n, docs=docs)],
+             tokens=n, docs=docs, complete=True, source=source)
+    write_manifest(out_dir, m)
+    return m
+
 # %% ../nbs/03a_loader.ipynb #1724c097
 @dataclass
 class PreparedData:
@@ -146,10 +191,28 @@ class PreparedData:
     n_val_tokens: int     # tokens in the validation split
 
 # %% ../nbs/03a_loader.ipynb #ee034453
+def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
+    "Adopt the tokenizer of nanoGPT token files in `bd` and copy them in."
+    tj = tokenizer_json or (bd/'tokenizer.json' if (bd/'tokenizer.json').is_file() else None)
+    if tj is None and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
+        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with --tokenizer-json PATH, "
+                         "or put its tokenizer.json beside them")
+    tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj)
+    ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train', 'val')}
+    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
+                        ms['train']['tokens'], ms['val']['tokens'])
+
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None) -> PreparedData:
-    "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths`."
+    "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` (nanoGPT .bin folders are copied in)."
     from lmbook.core import load_settings
+    from lmbook.tokenizer import SPECIAL_TOKENS
     d = cfg.data
+    if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file():  # what the tokenizer stage needs, checked before the long stages
+        if tokenizer_json is not None and not Path(tokenizer_json).is_file():
+            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a tokenizer.json")
+        if tokenizer_json is None and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: use at least {256 + len(SPECIAL_TOKENS)}")
     tm, vm = read_manifest(paths.train), read_manifest(paths.val)
     if tm and tm.get('complete') and not (vm and vm.get('complete')):
         raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` or `lmbook shard --split val`")
@@ -165,21 +228,20 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None)
 # %% ../nbs/03a_loader.ipynb #873821a5
 def _prepare_cmd(args) -> int:
     from lmbook.config import get_config, parse_assignments
-    from lmbook.core import load_settings, paths_for
+    from lmbook.core import load_settings, paths_for, nonblank, resolve_experiment
     s = load_settings()
-    cfg = get_config(args.profile or s.profile, parse_assignments(args.set))
-    pd = prepare_data(cfg, paths_for(args.experiment or s.experiment, s), progress=not args.quiet, tokenizer_json=args.tokenizer_json)
+    profile = nonblank(args.profile, 'profile') or s.profile
+    cfg = get_config(profile, parse_assignments(args.set))
+    pd = prepare_data(cfg, paths_for(resolve_experiment(args.experiment, profile), s, root=args.root), progress=not args.quiet,
+                      tokenizer_json=nonblank(args.tokenizer_json, 'tokenizer-json'))
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in {pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0
 
 def add_cli(sub):
     "Add the `prepare` command to an argparse subparsers object."
+    from lmbook.core import cli_options
     a = sub.add_parser('prepare', help="shard, train the tokenizer and tokenize for a profile's data config")
-    a.add_argument('--profile', '-p', default=None, help='profile name or config file (default: settings)')
-    a.add_argument('--experiment', '-e', default=None, help='experiment name (default: settings)')
-    a.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides, e.g. --set take=1000 vocab_size=8192')
-    a.add_argument('--tokenizer-json', default=None, help='adopt this published tokenizer.json instead of training one')
-    a.add_argument('--quiet', action='store_true', help='no progress bars')
+    cli_options(a, 'profile', 'experiment', 'set', 'root', 'tokenizer_json', 'quiet')
     a.set_defaults(func=_prepare_cmd)
     return a

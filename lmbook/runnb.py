@@ -20,7 +20,7 @@ __all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'parse_overrides', 'check_params',
 # %% ../nbs/12a_runnb.ipynb #2355721c
 TRAIN_PARAMS = dict(
     profile='smoke',        # profile name or path to a .toml/.yaml config
-    experiment='smoke-demo',  # run name: runs/<experiment>
+    experiment=None,        # run name: runs/<experiment>; None: core.default_experiment(profile)
     nproc=1,                # processes (GPUs) on this node; >1 launches torchrun
     parallel='ddp',         # 'ddp' or 'fsdp' when nproc > 1
     auto_resume=True,       # continue from the newest complete checkpoint of the experiment

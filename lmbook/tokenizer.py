@@ -255,9 +255,8 @@ def token_dir(paths, split:str) -> Path:
     return Path(paths.cache)/'tokens'/split
 
 def _paths(args):
-    from lmbook.core import paths_for, load_settings
-    s = load_settings()
-    return paths_for(args.experiment or s.experiment, s)
+    from lmbook.core import paths_for, load_settings, resolve_experiment
+    return paths_for(resolve_experiment(args.experiment), load_settings(), root=args.root)
 
 def _tokenizer_cmd(args) -> int:
     p = _paths(args)
@@ -275,16 +274,14 @@ def _tokenize_cmd(args) -> int:
 
 def add_cli(sub):
     "Add the `tokenizer` and `tokenize` commands to an argparse subparsers object."
-    a = sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an experiment')
-    a.add_argument('--experiment', default=None, help='experiment name (default: settings experiment)')
+    from lmbook.core import cli_options
+    a = cli_options(sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an experiment'),
+                    'experiment', 'root', 'tokenizer_json')
     a.add_argument('--vocab-size', type=int, default=8192, help='vocabulary size including special tokens')
-    a.add_argument('--tokenizer-json', default=None, help='adopt this published tokenizer.json instead of training')
     a.add_argument('--max-bytes', type=int, default=1_000_000_000, help='train on at most this many characters of text')
     a.set_defaults(func=_tokenizer_cmd)
-    b = sub.add_parser('tokenize', help='turn text shards into binary token files')
-    b.add_argument('--experiment', default=None, help='experiment name (default: settings experiment)')
+    b = cli_options(sub.add_parser('tokenize', help='turn text shards into binary token files'), 'experiment', 'root', 'quiet')
     b.add_argument('--split', choices=('train', 'val', 'both'), default='both', help='which shards to tokenize')
     b.add_argument('--dtype', choices=('auto', 'uint16', 'uint32'), default='auto', help='token id type (auto: uint16 when the vocab fits)')
-    b.add_argument('--quiet', action='store_true', help='no progress bar')
     b.set_defaults(func=_tokenize_cmd)
     return a, b

@@ -17,7 +17,7 @@ def test_profiles_lists_every_profile_with_counts():
 
 
 def test_readme_is_rendered_from_index():
-    r = lmbook_cmd('readme', '--check', '--root', ROOT)
+    r = lmbook_cmd('readme', '--check', '--checkout', ROOT)
     assert r.returncode == 0, r.stderr
 
 
@@ -50,3 +50,23 @@ def test_settings_env_overrides(workspace, monkeypatch):
     s = load_settings(ROOT/'settings.ini')
     assert (s.experiment, s.shard_lines, s.profile) == ('fw-2b', 1000, 'smoke')
     assert paths_for('fw-2b').run == workspace/'runs'/'fw-2b'
+
+
+def test_shared_options_read_the_same_everywhere():
+    "One spelling and one help text per shared option, and --root always means the workspace."
+    from lmbook.cli import build_parser
+    from lmbook.core import CLI_OPTIONS
+    subs = next(a for a in build_parser()._actions if a.dest == 'command').choices
+    seen = {}
+    for cmd in ('shard', 'tokenizer', 'tokenize', 'prepare', 'bench', 'plot'):
+        for act in subs[cmd]._actions:
+            for name, (flags, kw) in CLI_OPTIONS.items():
+                if set(act.option_strings) & set(flags):
+                    assert tuple(act.option_strings) == flags, (cmd, act.option_strings)
+                    assert act.help.split(' (default:')[0] == kw['help'].split(' (default:')[0], (cmd, name)
+                    seen.setdefault(name, []).append(cmd)
+    assert seen['experiment'] == ['shard', 'tokenizer', 'tokenize', 'prepare'] and 'plot' in seen['root'] and 'bench' in seen['profile']
+    for cmd, p in subs.items():
+        root = [a for a in p._actions if '--root' in a.option_strings]
+        assert not root or 'workspace' in root[0].help, cmd
+    assert '--checkout' in subs['readme'].format_help()

@@ -97,7 +97,7 @@ def test_local_inputs(tmp_path):
     pq.write_table(pa.table({'text': ['four', 'five'], 'id': [1, 2]}), d/'c.parquet')
     ms = shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(d), val_ratio=0.0)
     assert list(shard_docs(tmp_path/'tr')) == ['one\nstill one', 'two', 'three', 'four', 'five']
-    assert ms['train']['skipped'] == {'bad_bytes': 1, 'empty': 0}
+    assert ms['train']['skipped'] == {'bad_bytes': 1, 'empty': 0, 'split': 0}
     (d/'README.md').write_text('# my corpus\n')  # now it looks like a HF dataset folder to `auto`, but --input reads it locally
     assert source_kind(str(d)) == 'hf'
     ms2 = shard_corpus(tmp_path/'tr2', tmp_path/'va2', dataset=str(d), val_ratio=0.0, kind='local')
