@@ -101,7 +101,10 @@ def _find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
         except ValueError: pass
     for c in cands:
         f = c/'tokenizer.json'
-        if f.is_file() and (not ref.get('sha256') or sha256_file(f) == ref['sha256']): return load_tokenizer(c)
+        if not f.is_file(): continue
+        if not ref.get('sha256'): return load_tokenizer(c)
+        tok = load_tokenizer(c)  # hashed by content since 'canonical-json'; older checkpoints hashed the file
+        if (tok.sha256 if ref.get('hash') == 'canonical-json' else sha256_file(f)) == ref['sha256']: return tok
     raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is not in "
                             f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer folder there")
 
