@@ -165,7 +165,7 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name of letters, digits, '.', '_', '-'"),
                     fp8=one_of('off', 'tensorwise', 'rowwise'), optimizer=one_of('adamw', 'muon'),
                     muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
-                    sample_prompts=Range(pattern=r'(?s).{0,4000}', hint="at most 4000 characters of '|'-separated prompts"),
+                    sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
                     ckpt_async=FLAG, allow_config_change=FLAG)
 
 # %% ../nbs/01_config.ipynb #7bd88da3

@@ -84,12 +84,12 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
 
 def test_a_failed_run_does_not_autokill(pod, tmp_path):
     ws, env = pod
-    one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: the trainer refuses (exit code 2)
+    one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: data preparation refuses it (exit code 2)
     benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='stop', EXP='bad')
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     log = (ws/'logs'/'boot-bad.log').read_text()
-    assert 'failed with exit code 2' in log and 'autokill: not firing, the run failed (exit code 2)' in log
+    assert 'exit code 2' in log and 'autokill: not firing, the run failed (exit code 2)' in log
     assert calls(ws) == []
 
 
