@@ -57,9 +57,15 @@ def init_distributed(device:str='cpu', timeout_s:float=600) -> DistInfo:
                                     device_id=torch.device(device) if backend == 'nccl' else None)
     return DistInfo(rank, local_rank, world, device)
 
-def cleanup_distributed():
-    "Leave the process group, if any."
-    if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
+def cleanup_distributed(wait_s:float=60):
+    "Leave the process group, if any, once every rank is ready to leave (at most `wait_s` seconds; 0: leave now)."
+    import datetime
+    if not (dist.is_available() and dist.is_initialized()): return
+    try:  # gloo aborts a process ("terminate called without an active exception") whose peer left first
+        if wait_s > 0 and dist.get_backend() == 'gloo': dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
+        elif wait_s > 0: dist.barrier()
+    except Exception: pass  # a rank that failed alone: leave anyway
+    dist.destroy_process_group()
 
 # %% ../nbs/06a_distributed.ipynb #10c85002
 def all_reduce(x:float|torch.Tensor, op:str='mean', device:str|None=None) -> float:

@@ -248,13 +248,16 @@ def add_cli(sub):
             if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out, file=sys.stderr)
             return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
         from lmbook.distributed import cleanup_distributed
+        done = False  # every rank ends here together unless one crashed
         try:
             r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not args.no_hellaswag,
                          args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            done = True
         except (ValueError, FileNotFoundError):
+            done = True
             if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
             raise
-        finally: cleanup_distributed()
+        finally: cleanup_distributed(wait_s=60 if done else 0)
         if int(os.environ.get('RANK', 0)) == 0:
             print(json.dumps(r) if args.json else '\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in r.items()))
         return 0

@@ -78,13 +78,14 @@ def main(argv:list[str]|None=None) -> int:
     "Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to `LMBOOK_EXIT_FILE`."
     from lmbook.distributed import cleanup_distributed
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
+    rc = None
     try:
         cfg, _, experiment, _ = resolve_args(a)
         rc = train_process(cfg, experiment, a.root, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
         if int(os.environ.get('RANK', 0)) == 0: _say_error(e)
         rc = 2
-    finally: cleanup_distributed()
+    finally: cleanup_distributed(wait_s=60 if rc is not None else 0)  # a crash leaves at once
     if os.environ.get('LMBOOK_EXIT_FILE') and int(os.environ.get('RANK', 0)) == 0:
         Path(os.environ['LMBOOK_EXIT_FILE']).write_text(json.dumps(dict(exit_code=rc)))
     return rc
