@@ -104,3 +104,15 @@ def test_downloaded_when_online(tmp_path, hub, monkeypatch):
     monkeypatch.setattr(hh, 'hf_hub_download', unreachable)
     with pytest.raises(FileNotFoundError, match=r'cannot be downloaded \(OSError\).*huggingface-cli download gpt2 tokenizer.json'):
         hub_tokenizer_json('gpt2')
+
+
+def test_nanogpt_bins_with_the_hub_tokenizer(workspace, hub, tmp_path):
+    "nanoGPT's GPT-2-tokenized train.bin/val.bin need only tokenizer=gpt2, no tokenizer file beside them."
+    tok, _ = hub()
+    d = tmp_path/'nano'; d.mkdir()
+    ids = np.concatenate([[tok.token_to_id(EOT), *tok.encode(f'the lazy dog {i}').ids] for i in range(300)]).astype('<u2')
+    ids.tofile(d/'train.bin'); ids[:500].tofile(d/'val.bin')
+    assert main(['prepare', '-p', 'smoke', '-e', 'nano', '-s', f'dataset={d}', 'tokenizer=gpt2', '-q']) == 0
+    p = paths_for('nano', root=workspace)
+    assert np.array_equal(np.asarray(open_tokens(token_dir(p, 'train')/'shard_00000.bin')), ids)
+    assert json.loads((p.tokenizer/'meta.json').read_text())['hub_id'] == 'gpt2'
