@@ -170,8 +170,9 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
         meta = json.loads((out_dir/'meta.json').read_text()) if (out_dir/'meta.json').is_file() else {}
         asked, want = meta.get('requested_vocab_size'), tokenizer or tokenizer_json
         if want and 'trained_on' in meta:
+            keep = "tokenizer=''" if tokenizer else "no --tokenizer-json"
             raise ValueError(f"the tokenizer in {out_dir} was trained on the corpus, not adopted from {want}: use another experiment, "
-                             f"delete {out_dir}, or keep it with tokenizer=''")
+                             f"delete {out_dir}, or keep it with {keep}")
         if tokenizer and meta.get('hub_id', tokenizer) not in hub_names(tokenizer):
             raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use another experiment or delete {out_dir}")
         if not want and asked is not None and asked != vocab_size:
