@@ -77,6 +77,7 @@ class ModelConfig:
     ce_chunk: int = 0            # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by compile
     attn_backend: str = 'sdpa'   # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster on an H100), 'cudnn', 'flash', 'efficient' or 'math'
     fused_ce: bool = False       # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else the chunked one)
+    bias: bool = False           # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head stays bias-free)
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -93,7 +94,7 @@ MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 
                     n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1), mlp_hidden=at_least(0),
                     rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True, hi_open=True),
                     dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
-                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'), fused_ce=FLAG)
+                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'), fused_ce=FLAG, bias=FLAG)
 
 # %% ../nbs/01_config.ipynb #5dda4e23
 @dataclass
@@ -104,11 +105,14 @@ class DataConfig:
     take: int = 0                # documents to read from the source; 0 means all
     val_ratio: float = 0.05      # fraction of documents routed to validation
     data_seed: int = 1337        # seed of the train/validation split
+    tokenizer: str = ''          # '' trains a BPE on the corpus; a Hub model id ('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, downloaded when online)
 
 _TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
 DATA_RANGES = dict(dataset=Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)"),
                    dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces"),
-                   take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED))
+                   take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED),
+                   tokenizer=Range(pattern=r'([A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?|',
+                                   hint="'' or a Hub model id such as gpt2 or openai-community/gpt2"))
 
 # %% ../nbs/01_config.ipynb #e9c4c250
 @dataclass
@@ -236,6 +240,7 @@ def validate(cfg:Config) -> Config:
     if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
     if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by n_kv_head={m.kv_heads}")
     if m.arch == 'llama' and m.head_dim % 2: raise ValueError(f"RoPE needs an even head size, got n_embd/n_head={m.head_dim}")
+    if m.bias and m.arch != 'gpt2': raise ValueError(f"bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for arch={m.arch!r}")
     t = cfg.train
     if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
@@ -258,9 +263,10 @@ def count_params(m:ModelConfig, embeddings:bool=True) -> int:
     attn = d*(m.n_head + 2*m.kv_heads)*hd + d*d
     if m.arch == 'gpt2': mlp, norms, pos = 2*d*m.hidden, 2*d, m.block_size*d
     else: mlp, norms, pos = 3*d*m.hidden, 2*d, 0
+    if m.bias: attn, mlp, norms = attn + (m.n_head + 2*m.kv_heads)*hd + d, mlp + m.hidden + d, 2*norms  # LayerNorm: gain and bias
     wte = V*d
     head = 0 if m.tie_embeddings else V*d
-    n = m.n_layer*(attn + mlp + norms) + d + wte + head
+    n = m.n_layer*(attn + mlp + norms) + (2 if m.bias else 1)*d + wte + head
     return n + (pos if embeddings else 0)
 
 def flops_per_token(m:ModelConfig) -> float:
@@ -292,9 +298,9 @@ def m3_medium() -> Config:
 
 @profile
 def gpt2_124m() -> Config:
-    "GPT-2 small, exactly: nanoGPT's shape, for like-for-like speed."
+    "GPT-2 small: nanoGPT's shape (bias-free, for like-for-like speed) and GPT-2's own tokenizer, so losses compare with published ones."
     return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
-                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
+                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
                   TrainConfig(batch_size=64, grad_accum=8, max_steps=19073, lr=6e-4, warmup_steps=715, eval_every=250))
 
 @profile

@@ -14,7 +14,7 @@ from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json',
-           'gpt2_from_hf', 'add_cli']
+           'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
 
 # %% ../nbs/10a_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -37,16 +37,16 @@ def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
     "lmbook weights `sd` renamed and reshaped for the `transformers` model of `hf_config(m)`."
     V, L, H, q, kv = m.vocab_size, m.n_layer, m.hidden, m.n_head*m.head_dim, m.kv_heads*m.head_dim
     out = {}
-    if m.arch == 'gpt2':
-        z = lambda n: torch.zeros(n, dtype=sd['wte.weight'].dtype)
+    if m.arch == 'gpt2':  # GPT-2 always has biases: a bias-free model's are zeros
+        b = lambda k, n: sd[k] if m.bias else torch.zeros(n, dtype=sd['wte.weight'].dtype)
         out.update({'transformer.wte.weight': sd['wte.weight'][:V], 'transformer.wpe.weight': sd['wpe.weight'],
-                    'transformer.ln_f.weight': sd['ln_f.weight'], 'transformer.ln_f.bias': z(m.n_embd)})
+                    'transformer.ln_f.weight': sd['ln_f.weight'], 'transformer.ln_f.bias': b('ln_f.bias', m.n_embd)})
         for i in range(L):
             p, h = f'h.{i}.', f'transformer.h.{i}.'
-            for ln in ('ln_1', 'ln_2'): out[h+ln+'.weight'], out[h+ln+'.bias'] = sd[p+ln+'.weight'], z(m.n_embd)
+            for ln in ('ln_1', 'ln_2'): out[h+ln+'.weight'], out[h+ln+'.bias'] = sd[p+ln+'.weight'], b(p+ln+'.bias', m.n_embd)
             for name in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'):  # Conv1D keeps (in, out)
                 w = sd[p+name+'.weight']
-                out[h+name+'.weight'], out[h+name+'.bias'] = w.t(), z(w.shape[0])
+                out[h+name+'.weight'], out[h+name+'.bias'] = w.t(), b(p+name+'.bias', w.shape[0])
     else:
         out.update({'model.embed_tokens.weight': sd['wte.weight'][:V], 'model.norm.weight': sd['ln_f.weight']})
         for i in range(L):
@@ -140,30 +140,49 @@ def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, loo
     if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: download it with huggingface-cli download {repo_id} tokenizer.json")
     return p
 
-def gpt2_from_hf(folder:Path, # a transformers GPT-2 folder (config.json, model.safetensors)
+def hf_gpt2_folder(name:str='gpt2', # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or another Hub id of a GPT-2 model
+                   hf_cache:Path|None=None, # the workspace's Hugging Face cache, searched besides HF_HOME's and the default
+                   download:bool=False, # fetch config.json and model.safetensors when missing (and HF_HUB_OFFLINE is not set)
+                  ) -> Path:
+    "The local snapshot folder of a published GPT-2 (config.json and model.safetensors) in the Hugging Face cache."
+    from lmbook.tokenizer import hub_file
+    try: cfg, w = hub_file(name, 'config.json', hf_cache, download), hub_file(name, 'model.safetensors', hf_cache, download)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"the weights of {name} are not in the local Hugging Face cache: fetch them where there is internet with "
+                                f"`huggingface-cli download {name} config.json model.safetensors` and copy the cache here (or set HF_HOME)") from None
+    if cfg.parent != w.parent: raise FileNotFoundError(f"{name}'s config.json ({cfg.parent}) and model.safetensors ({w.parent}) are in different snapshots: download both again")
+    return w.parent
+
+def gpt2_from_hf(folder:Path|str, # a transformers GPT-2 folder (config.json, model.safetensors), or a cached Hub id such as 'gpt2'
+                 vocab_size:int|None=None, # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens
                 ) -> tuple[ModelConfig, dict]:
-    "An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder."
-    folder = Path(folder)
+    "An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder, exactly (`bias=True` when it has biases)."
+    if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute() or str(folder).startswith('.')):
+        raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached Hub id such as gpt2")
+    folder = Path(folder) if Path(folder).is_dir() else hf_gpt2_folder(str(folder))
     if not (folder/'config.json').is_file() or not (folder/'model.safetensors').is_file():
         raise FileNotFoundError(f"{folder} needs config.json and model.safetensors of a GPT-2 model")
     c = json.loads((folder/'config.json').read_text())
     if c.get('model_type') != 'gpt2': raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, not gpt2")
     if c.get('activation_function', 'gelu_new') != 'gelu_new': raise ValueError(f"{folder} uses {c['activation_function']}; lmbook's gpt2 uses gelu_new")
+    if c.get('scale_attn_by_inverse_layer_idx') or not c.get('scale_attn_weights', True):
+        raise ValueError(f"{folder} scales attention scores otherwise than by 1/sqrt(head size), as lmbook's gpt2 does: it cannot be imported exactly")
+    if vocab_size is not None and vocab_size < c['vocab_size']: raise ValueError(f"vocab_size={vocab_size} is smaller than {folder}'s {c['vocab_size']}")
     hf = {k.removeprefix('transformer.'): v for k, v in load_file(folder/'model.safetensors').items()}
-    biases = {k: v.abs().max().item() for k, v in hf.items() if k.endswith('.bias') and v.dim() == 1}
-    if any(biases.values()):
-        k = max(biases, key=biases.get)
-        raise ValueError(f"{folder} has bias terms (largest |{k}| = {biases[k]:.3g}) and lmbook's gpt2 blocks have none: it cannot be imported exactly")
-    tied = c.get('tie_word_embeddings', True)
-    m = ModelConfig(arch='gpt2', vocab_size=c['vocab_size'], block_size=c['n_positions'], n_layer=c['n_layer'], n_head=c['n_head'],
-                    n_embd=c['n_embd'], mlp_hidden=c.get('n_inner') or 4*c['n_embd'], norm_eps=c.get('layer_norm_epsilon', 1e-5),
-                    tie_embeddings=tied)
+    bias = any(v.abs().max().item() > 0 for k, v in hf.items() if k.endswith('.bias') and v.dim() == 1)  # (attn.bias is a mask, not a weight)
+    tied, n = c.get('tie_word_embeddings', True), c['n_embd']
+    m = ModelConfig(arch='gpt2', vocab_size=vocab_size or c['vocab_size'], block_size=c['n_positions'], n_layer=c['n_layer'], n_head=c['n_head'],
+                    n_embd=n, mlp_hidden=0 if (c.get('n_inner') or 4*n) == 4*n else c['n_inner'], norm_eps=c.get('layer_norm_epsilon', 1e-5),
+                    tie_embeddings=tied, bias=bias)
     pad = lambda w: torch.cat([w, w.new_zeros(m.padded_vocab - w.shape[0], w.shape[1])])
     sd = {'wte.weight': pad(hf['wte.weight']), 'wpe.weight': hf['wpe.weight'], 'ln_f.weight': hf['ln_f.weight']}
+    names = ('ln_f',)
     for i in range(m.n_layer):
         p = f'h.{i}.'
         sd.update({p+'ln_1.weight': hf[p+'ln_1.weight'], p+'ln_2.weight': hf[p+'ln_2.weight']})
         for name in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'): sd[p+name+'.weight'] = hf[p+name+'.weight'].t().contiguous()
+        names += tuple(p+k for k in ('ln_1', 'ln_2', 'attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'))
+    if bias: sd.update({k+'.bias': hf[k+'.bias'] for k in names})
     sd['lm_head.weight'] = sd['wte.weight'] if tied else pad(hf['lm_head.weight'])
     return m, sd
 

@@ -194,10 +194,10 @@ class PreparedData:
 def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
     "Adopt the tokenizer of nanoGPT token files in `bd` and copy them in."
     tj = tokenizer_json or (bd/'tokenizer.json' if (bd/'tokenizer.json').is_file() else None)
-    if tj is None and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
-        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with --tokenizer-json PATH, "
-                         "or put its tokenizer.json beside them")
-    tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj)
+    if tj is None and not cfg.data.tokenizer and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
+        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with --tokenizer-json PATH "
+                         "or a Hub id (tokenizer=gpt2), or put its tokenizer.json beside them")
+    tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj, tokenizer=cfg.data.tokenizer, hf_cache=paths.hf_cache)
     ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train', 'val')}
     return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
@@ -205,13 +205,14 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None) -> PreparedData:
     "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` (nanoGPT .bin folders are copied in)."
     from lmbook.core import load_settings
-    from lmbook.tokenizer import SPECIAL_TOKENS
+    from lmbook.tokenizer import SPECIAL_TOKENS, hub_tokenizer_json
     d = cfg.data
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file():  # what the tokenizer stage needs, checked before the long stages
         if tokenizer_json is not None and not Path(tokenizer_json).is_file():
             raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a tokenizer.json")
-        if tokenizer_json is None and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
+        if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)  # found (or fetched) before any shard is written
+        if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
             raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: use at least {256 + len(SPECIAL_TOKENS)}")
     tm, vm = read_manifest(paths.train), read_manifest(paths.val)
     if tm and tm.get('complete') and not (vm and vm.get('complete')):
@@ -220,7 +221,10 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None)
         shard_corpus(paths.train, paths.val, dataset=d.dataset, config=d.dataset_config, mode='split', take=d.take,
                      val_ratio=d.val_ratio, seed=d.data_seed, lines_per_shard=load_settings().shard_lines,
                      hf_cache=paths.hf_cache, progress=progress)
-    tk = ensure_tokenizer(paths.tokenizer, paths.train, cfg.model.vocab_size, tokenizer_json)
+    tk = ensure_tokenizer(paths.tokenizer, paths.train, cfg.model.vocab_size, tokenizer_json, tokenizer=d.tokenizer, hf_cache=paths.hf_cache)
+    if tk.vocab_size > cfg.model.vocab_size:  # before tokenizing, which may take hours
+        raise ValueError(f"the tokenizer in {paths.tokenizer} has {tk.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: "
+                         f"set vocab_size={-(-tk.vocab_size//128)*128}")
     ms = {k: tokenize_split(getattr(paths, k), tk, token_dir(paths, k), progress=progress) for k in ('train', 'val')}
     return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])

@@ -54,8 +54,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg:ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=False)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout, self.backend = cfg.dropout, cfg.attn_backend
 
     def forward(self, x, rope=None, kv=None):
@@ -84,8 +84,8 @@ class MLP(nn.Module):
     def __init__(self, cfg:ModelConfig):
         super().__init__()
         self.swiglu = cfg.arch != 'gpt2'
-        self.c_fc = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1)*cfg.hidden, bias=False)
-        self.c_proj = nn.Linear(cfg.hidden, cfg.n_embd, bias=False)
+        self.c_fc = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1)*cfg.hidden, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.hidden, cfg.n_embd, bias=cfg.bias)
 
     def forward(self, x):
         h = self.c_fc(x)
@@ -96,8 +96,8 @@ class MLP(nn.Module):
 
 # %% ../nbs/04_model.ipynb #64ab6f6c
 def make_norm(cfg:ModelConfig) -> nn.Module:
-    "LayerNorm without bias (gpt2) or RMSNorm (llama)."
-    if cfg.arch == 'gpt2': return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=False)
+    "LayerNorm (gpt2; with a bias when `cfg.bias`) or RMSNorm (llama)."
+    if cfg.arch == 'gpt2': return nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps, bias=cfg.bias)
     return nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps)
 
 class Block(nn.Module):
@@ -190,6 +190,7 @@ class GPT(nn.Module):
     "A decoder-only transformer language model."
     def __init__(self, cfg:ModelConfig):
         super().__init__()
+        if cfg.bias and cfg.arch != 'gpt2': raise ValueError(f"bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for arch={cfg.arch!r}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == 'gpt2' else None
@@ -205,13 +206,14 @@ class GPT(nn.Module):
         self.init_weights()
 
     def init_weights(self):
-        "GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_layer)."
+        "GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_layer), biases zero."
         for name, p in self.named_parameters():
             if p.dim() < 2: continue
             std = 0.02/math.sqrt(2*self.cfg.n_layer) if name.endswith('c_proj.weight') else 0.02
             nn.init.normal_(p, 0.0, std)
         for m in self.modules():
             if isinstance(m, (nn.LayerNorm, nn.RMSNorm)): nn.init.ones_(m.weight)
+            if isinstance(m, (nn.LayerNorm, nn.Linear)) and m.bias is not None: nn.init.zeros_(m.bias)
 
     def forward(self, idx:torch.Tensor, targets:torch.Tensor|None=None, cache:KVCache|None=None):
         B, T = idx.shape

@@ -14,9 +14,10 @@ from .core import sha256_file
 from .data import shard_docs, read_manifest, write_manifest, check_shards, unescape_doc, MANIFEST
 
 # %% auto #0
-__all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'Tokenizer', 'new_bpe', 'train_bpe',
-           'save_bundle', 'load_tokenizer', 'adopt_tokenizer', 'ensure_tokenizer', 'token_dtype', 'write_tokens',
-           'read_header', 'open_tokens', 'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
+__all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'Tokenizer', 'new_bpe',
+           'train_bpe', 'save_bundle', 'load_tokenizer', 'hub_names', 'hub_caches', 'hub_offline', 'hub_file',
+           'hub_tokenizer_json', 'adopt_tokenizer', 'ensure_tokenizer', 'token_dtype', 'write_tokens', 'read_header',
+           'open_tokens', 'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
 
 # %% ../nbs/03_tokenizer.ipynb #f3b30909
 EOT = '<|endoftext|>'
@@ -91,9 +92,61 @@ def load_tokenizer(path:Path) -> Tokenizer:
     if tok.token_to_id(EOT) is None: raise ValueError(f"{p} has no {EOT} token: adopt it with `lmbook tokenizer --tokenizer-json` first")
     return Tokenizer(tok, p)
 
+# %% ../nbs/03_tokenizer.ipynb #8096890c
+HUB_ALIASES = {n: f'openai-community/{n}' for n in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}  # short name -> Hub id
+
+def hub_names(repo_id:str) -> list[str]:
+    "`repo_id` and the other name the Hub knows the same model by."
+    return [repo_id, *(v for k, v in HUB_ALIASES.items() if k == repo_id), *(k for k, v in HUB_ALIASES.items() if v == repo_id)]
+
+def hub_caches(hf_cache:Path|None=None) -> list[Path]:
+    "Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's `hf_cache`, the default one."
+    env, out = os.environ, []
+    if env.get('HF_HUB_CACHE'): out.append(Path(env['HF_HUB_CACHE']))
+    if env.get('HF_HOME'): out.append(Path(env['HF_HOME'])/'hub')
+    if hf_cache is not None: out.append(Path(hf_cache)/'hub')
+    out.append(Path(env.get('XDG_CACHE_HOME') or '~/.cache')/'huggingface'/'hub')
+    return list(dict.fromkeys(p.expanduser() for p in out))
+
+def hub_offline() -> bool:
+    "Whether the Hugging Face libraries are told to stay offline (HF_HUB_OFFLINE)."
+    return os.environ.get('HF_HUB_OFFLINE', '').strip().lower() in ('1', 'true', 'yes', 'on')
+
+def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
+             filename:str, # a file of that repository, e.g. 'tokenizer.json'
+             hf_cache:Path|None=None, # the workspace's Hugging Face cache, searched too (and downloaded into unless HF_HOME is set)
+             download:bool=True, # fetch it when no cache has it and HF_HUB_OFFLINE is not set
+            ) -> Path:
+    "The local path of `filename` in Hub model `repo_id`: from a Hugging Face cache, else downloaded."
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    caches = hub_caches(hf_cache)
+    try:
+        for c in caches:
+            for name in hub_names(repo_id):
+                p = try_to_load_from_cache(name, filename, cache_dir=c)
+                if isinstance(p, str) and Path(p).is_file(): return Path(p)
+    except HFValidationError: raise ValueError(f"{repo_id!r} is not a Hub model id: use a name like gpt2 or openai-community/gpt2") from None
+    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` and copy the Hugging Face cache "
+           f"here ({caches[0]}, or set HF_HOME)")
+    if not download or hub_offline(): raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache: {how}")
+    from huggingface_hub import hf_hub_download
+    try: return Path(hf_hub_download(repo_id, filename, cache_dir=caches[0]))
+    except Exception as e:
+        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache and cannot be downloaded "
+                                f"({type(e).__name__}): {how}") from None
+
+def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e.g. 'gpt2'
+                       hf_cache:Path|None=None, # the workspace's Hugging Face cache
+                       download:bool=True, # fetch it when missing and HF_HUB_OFFLINE is not set
+                      ) -> Path:
+    "The `tokenizer.json` of Hub model `repo_id`, from the local Hugging Face cache or downloaded into it."
+    try: return hub_file(repo_id, 'tokenizer.json', hf_cache, download)
+    except FileNotFoundError as e: raise FileNotFoundError(f"{e}; or pass --tokenizer-json FILE") from None
+
 # %% ../nbs/03_tokenizer.ipynb #100c0fbc
-def adopt_tokenizer(tokenizer_json:Path, out_dir:Path) -> Tokenizer:
-    "Copy a published `tokenizer.json` into a bundle, adding `<|endoftext|>` and chat tokens it lacks."
+def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
+    "Copy a published `tokenizer.json` into a bundle (`meta` added to its meta.json), adding `<|endoftext|>` and chat tokens it lacks."
     from tokenizers import Tokenizer as HFTokenizer
     p = Path(tokenizer_json)
     if not p.is_file(): raise FileNotFoundError(f"--tokenizer-json {p} does not exist")
@@ -101,21 +154,32 @@ def adopt_tokenizer(tokenizer_json:Path, out_dir:Path) -> Tokenizer:
     missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
     if missing: tok.add_special_tokens(missing)
     tk = Tokenizer(tok)
-    save_bundle(tk, out_dir, adopted_from=str(p), added_tokens=missing)
+    save_bundle(tk, out_dir, adopted_from=str(p), added_tokens=missing, **meta)
     return load_tokenizer(out_dir)
 
 def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192, tokenizer_json:Path|None=None,
-                     max_bytes:int=1_000_000_000) -> Tokenizer:
-    "The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json`, else trained on `train_dir`."
+                     max_bytes:int=1_000_000_000,
+                     tokenizer:str='', # a Hub model id whose tokenizer to adopt when `tokenizer_json` is None ('' trains one)
+                     hf_cache:Path|None=None, # the workspace's Hugging Face cache, for `tokenizer`
+                    ) -> Tokenizer:
+    "The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json` or Hub model `tokenizer`'s, else trained on `train_dir`."
     out_dir = Path(out_dir)
+    if tokenizer_json is not None: tokenizer = ''
     if (out_dir/'tokenizer.json').is_file():
         tk = load_tokenizer(out_dir)
         meta = json.loads((out_dir/'meta.json').read_text()) if (out_dir/'meta.json').is_file() else {}
-        asked = meta.get('requested_vocab_size')
-        if tokenizer_json is None and asked is not None and asked != vocab_size:
+        asked, want = meta.get('requested_vocab_size'), tokenizer or tokenizer_json
+        if want and 'trained_on' in meta:
+            keep = "tokenizer=''" if tokenizer else "no --tokenizer-json"
+            raise ValueError(f"the tokenizer in {out_dir} was trained on the corpus, not adopted from {want}: use another experiment, "
+                             f"delete {out_dir}, or keep it with {keep}")
+        if tokenizer and meta.get('hub_id', tokenizer) not in hub_names(tokenizer):
+            raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use another experiment or delete {out_dir}")
+        if not want and asked is not None and asked != vocab_size:
             raise ValueError(f"the tokenizer in {out_dir} was trained for vocab_size={asked}, not {vocab_size}: "
                              f"set vocab_size={asked}, use another experiment, or delete {out_dir}")
         return tk
+    if tokenizer: return adopt_tokenizer(hub_tokenizer_json(tokenizer, hf_cache), out_dir, hub_id=tokenizer)
     if tokenizer_json is not None: return adopt_tokenizer(tokenizer_json, out_dir)
     if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train shards to train one, or --tokenizer-json")
     m = check_shards(train_dir, checksums=False)

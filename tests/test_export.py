@@ -28,7 +28,7 @@ def tiny_run(ws, exp, **kw):
                     dict(tokens=0, config=config_dict(cfg), tokenizer=tokenizer_ref(paths.tokenizer)))
     return exp
 
-@pytest.mark.parametrize('kw', [dict(arch='gpt2'), dict(arch='llama', n_kv_head=2, tie_embeddings=False)])
+@pytest.mark.parametrize('kw', [dict(arch='gpt2'), dict(arch='gpt2', bias=True), dict(arch='llama', n_kv_head=2, tie_embeddings=False)])
 def test_export_roundtrip_through_transformers(workspace, kw):
     exp = tiny_run(workspace, f"e-{kw['arch']}", **kw)
     out = workspace/'hf'/exp
@@ -71,30 +71,77 @@ def test_no_upload_without_token(workspace, monkeypatch, tmp_path):
     r = lmbook_cmd('export', exp, workspace/'hf'/'m2', '--push-to-hub', 'me/tiny', env=dict(HF_HOME=str(tmp_path/'hf_home')))
     assert r.returncode == 2 and 'no Hugging Face token' in r.stderr and not (workspace/'hf'/'m2').exists()
 
-def test_gpt2_weights_in(tmp_path):
-    torch.manual_seed(0)
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=4)).eval()
+def fake_hub(root, repo_dir, files:dict, rev='abc123'):
+    "A Hugging Face cache under `root` holding `files` (name -> writer) for one repository, laid out as a download is."
+    snap = root/'hub'/repo_dir
+    (snap/'snapshots'/rev).mkdir(parents=True); (snap/'refs').mkdir()
+    (snap/'refs'/'main').write_text(rev)
+    for name, write in files.items(): write(snap/'snapshots'/rev/name)
+    return snap/'snapshots'/rev
+
+def random_gpt2(seed=0, **kw):
+    "A tiny random GPT2LMHeadModel with non-zero biases everywhere (transformers starts them at zero)."
+    torch.manual_seed(seed)
+    hf = GPT2LMHeadModel(GPT2Config(**{**dict(vocab_size=100, n_positions=16, n_embd=32, n_layer=2, n_head=4), **kw})).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 1: p.add_(0.1*torch.randn_like(p))
+    return hf
+
+def test_gpt2_weights_in(tmp_path, monkeypatch):
+    "Published GPT-2's layout (biases everywhere) imports exactly from the local cache, under either of its Hub names."
+    monkeypatch.setenv('HF_HOME', str(tmp_path/'hf')); monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path/'xdg'))
+    hf = random_gpt2()
+    folder = fake_hub(tmp_path/'hf', 'models--gpt2', {})
+    hf.save_pretrained(folder)
+    assert export.hf_gpt2_folder('gpt2') == export.hf_gpt2_folder('openai-community/gpt2') == folder
+    m, sd = export.gpt2_from_hf('gpt2')
+    assert m.bias and m.vocab_size == 100 and m.mlp_hidden == 0
+    ours = GPT(m).eval(); ours.load_state_dict(sd)
+    x = torch.randint(0, 100, (2, 16))
+    with torch.no_grad(): assert torch.allclose(ours(x), hf(x).logits, atol=1e-4), (ours(x) - hf(x).logits).abs().max()
+    m2, sd2 = export.gpt2_from_hf(folder, vocab_size=128)  # room for added tokens: the extra rows are zeros
+    assert m2.vocab_size == 128 and sd2['wte.weight'][100:].abs().sum() == 0
+    wide = GPT(m2).eval(); wide.load_state_dict(sd2)
+    with torch.no_grad(): assert torch.allclose(wide(x)[..., :100], hf(x).logits, atol=1e-4) and wide(x)[..., 100:].abs().max() == 0
+    folder_nb = tmp_path/'no-bias'
     with torch.no_grad():
         for n, p in hf.named_parameters():
             if n.endswith('.bias'): p.zero_()
-            elif n.endswith('ln_1.weight') or n.endswith('ln_f.weight'): p.add_(0.1*torch.randn_like(p))
-    snap = tmp_path/'hub'/'models--me--tiny-gpt2'  # laid out as the Hugging Face cache keeps a download
-    hf.save_pretrained(snap/'snapshots'/'abc123')
-    (snap/'refs').mkdir(); (snap/'refs'/'main').write_text('abc123')
-    folder = export.find_hf_model('me/tiny-gpt2', tmp_path/'hub')
-    with pytest.raises(FileNotFoundError, match='has no tokenizer.json'): export.hf_tokenizer_json('me/tiny-gpt2', tmp_path/'hub')
-    (folder/'tokenizer.json').write_text('{}')
-    assert export.hf_tokenizer_json('me/tiny-gpt2', tmp_path/'hub') == folder/'tokenizer.json'
-    m, sd = export.gpt2_from_hf(folder)
-    ours = GPT(m).eval(); ours.load_state_dict(sd)
-    x = torch.randint(0, 100, (2, 16))
-    with torch.no_grad(): assert torch.allclose(ours(x), hf(x).logits, atol=1e-4)
-    with torch.no_grad(): hf.transformer.h[0].mlp.c_fc.bias[3] = 0.5
-    hf.save_pretrained(tmp_path/'biased')
-    with pytest.raises(ValueError, match=r'bias terms \(largest \|h.0.mlp.c_fc.bias\| = 0.5\)'): export.gpt2_from_hf(tmp_path/'biased')
+    hf.save_pretrained(folder_nb)
+    assert not export.gpt2_from_hf(folder_nb)[0].bias  # lmbook's own bias-free exports come back bias-free
 
-def test_gpt2_not_in_cache(tmp_path):
+def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
+    "GPT-2 imported, saved as an lmbook checkpoint and exported again is the same transformers model."
+    hf = random_gpt2(1, vocab_size=300)
+    hf.save_pretrained(tmp_path/'src')
+    m, sd = export.gpt2_from_hf(tmp_path/'src')
+    paths = paths_for('from-gpt2', root=workspace)
+    save_bundle(train_bpe(['The cat sat on the mat. The dog ate the bone.']*50, 300), paths.tokenizer)
+    cfg = get_config('smoke', dict(arch='gpt2', bias=True, vocab_size=300, block_size=16, n_layer=2, n_head=4, n_embd=32))
+    assert cfg.model == m
+    model = GPT(m); model.load_state_dict(sd)
+    save_checkpoint(paths.checkpoints, 0, model, torch.optim.AdamW(model.parameters()),
+                    dict(tokens=0, config=config_dict(cfg), tokenizer=tokenizer_ref(paths.tokenizer)))
+    out = export.export_hf('from-gpt2', workspace/'hf'/'back')
+    back = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    a, b = hf.state_dict(), back.state_dict()
+    assert {k for k in a if not k.endswith('attn.bias')} <= set(b)
+    for k, v in a.items():
+        if k in b: assert torch.equal(v, b[k]), k
+
+def test_gpt2_not_in_cache(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match='not in the local Hugging Face cache'): export.find_hf_model('openai-community/gpt2', tmp_path)
+    monkeypatch.setenv('HF_HOME', str(tmp_path/'hf')); monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path/'xdg'))
+    with pytest.raises(FileNotFoundError, match='huggingface-cli download gpt2 config.json model.safetensors'): export.gpt2_from_hf('gpt2')
+    fake_hub(tmp_path/'hf', 'models--gpt2', {'tokenizer.json': lambda p: p.write_text('{}')})  # the tokenizer alone is not the weights
+    with pytest.raises(FileNotFoundError, match='weights of gpt2 are not in the local'): export.hf_gpt2_folder('gpt2')
+    with pytest.raises(FileNotFoundError, match='is not a folder'): export.gpt2_from_hf(tmp_path/'nope')
+
+def test_bias_needs_gpt2():
+    with pytest.raises(ValueError, match="bias=True is published GPT-2's layout: set arch='gpt2'"): get_config('smoke', dict(bias=True))
+    r = lmbook_cmd('train', '--profile', 'smoke', '--set', 'bias=true')
+    assert r.returncode == 2 and "set arch='gpt2'" in r.stderr
 
 def test_bfloat16_export(workspace):
     exp = tiny_run(workspace, 'e-bf16')

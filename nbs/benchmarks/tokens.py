@@ -38,7 +38,7 @@ def prepare(ws:Path, exp:str, dataset:str='sources', max_mb:float=40) -> tuple[P
     from lmbook.core import paths_for
     from lmbook.loader import prepare_data
     if dataset == 'sources': dataset = str(source_corpus(Path(ws)/'corpus'/f'sources-{max_mb:g}MB.jsonl', max_mb))
-    cfg = get_config('gpt2_124m', dict(dataset=dataset, dataset_config='', vocab_size=8192, val_ratio=0.1))
+    cfg = get_config('gpt2_124m', dict(dataset=dataset, dataset_config='', vocab_size=8192, val_ratio=0.1, tokenizer=''))  # its own 8192-token BPE
     pd = prepare_data(cfg, paths_for(exp, root=ws))
     return pd.train_tokens, pd.val_tokens
 
