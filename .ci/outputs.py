@@ -72,11 +72,13 @@ def execute(path:Path) -> list[str]:
         if c.cell_type == 'code': c.outputs = [o for o in c.outputs if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
     tmp = path.with_name(f'.{path.stem}.outputs.ipynb')
     write_nb(nb, tmp)
-    subprocess.run([str(Path(sys.executable).parent/'nbdev-clean'), '--fname', str(tmp)], check=True)  # as CI cleans
-    if found := problems(tmp):
-        tmp.unlink(); return [f.replace(tmp.name, path.name) for f in found]
-    tmp.replace(path)
-    return []
+    clean = Path(sys.executable).parent/'nbdev-clean'
+    try:
+        subprocess.run([str(clean) if clean.exists() else 'nbdev-clean', '--fname', str(tmp)], check=True)  # as CI cleans
+        if found := problems(tmp): return [f.replace(tmp.name, path.name) for f in found]
+        tmp.replace(path)
+        return []
+    finally: tmp.unlink(missing_ok=True)
 
 
 def _outputs(p:Path) -> list:
