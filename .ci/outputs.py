@@ -68,8 +68,10 @@ def execute(path:Path) -> list[str]:
     try: sh.run_all(nb, exc_stop=True, preproc=lambda c: c.id not in run)
     except Exception:
         return [f"{path.name} failed:\n{sh.prettytb(fname=path)}"]
-    for c in nb.cells:  # warnings and progress bars are noise on a page
-        if c.cell_type == 'code': c.outputs = [o for o in c.outputs if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
+    for c in nb.cells:  # warnings and progress bars are noise on a page; so is what a cell marked `#| output: false` shows
+        if c.cell_type != 'code': continue
+        quiet = str((getattr(c, 'directives_', None) or {}).get('output', '')).lower() == 'false'
+        c.outputs = [] if quiet else [o for o in c.outputs if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
     tmp = path.with_name(f'.{path.stem}.outputs.ipynb')
     write_nb(nb, tmp)
     clean = Path(sys.executable).parent/'nbdev-clean'
