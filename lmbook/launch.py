@@ -10,6 +10,7 @@ import argparse, json, os, shlex, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 from typing import Iterator
 from .config import get_config, parse_assignments
+from .core import cli_options
 
 # %% auto #0
 __all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
@@ -17,15 +18,12 @@ __all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit'
 
 # %% ../nbs/06b_launch.ipynb #01c458d7
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
-    "Add the training options to `p`."
-    p.add_argument('--profile', '-p', default=None, help='profile name or .toml/.yaml config file (default: settings)')
-    p.add_argument('--experiment', '-e', default=None, help='experiment name: runs/<experiment> (default: settings)')
-    p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides, e.g. --set lr=3e-4 warmup_steps=500')
+    "Add the training options to `p`: the shared ones (`core.cli_options`) and those of training."
+    cli_options(p, 'profile', 'experiment', 'set', 'root')
     p.add_argument('overrides', nargs='*', metavar='KEY=VALUE', help='config overrides')
     p.add_argument('--nproc', type=int, default=None, help='processes (GPUs) per node; >1 launches torchrun')
     p.add_argument('--parallel', choices=('ddp', 'fsdp'), default=None, help='multi-process strategy')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
-    p.add_argument('--root', default=None, help='workspace root (default: settings.ini / LMBOOK_WORKSPACE)')
     p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes 2 --node-rank 0 --rdzv-endpoint host:29500"')
     p.add_argument('--allow-config-change', action='store_true', help='resume even though the config differs from the checkpoint (the diff is logged and recorded)')
     p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, tokens), then exit')

@@ -262,10 +262,11 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
 def add_cli(sub):
     "Register `lmbook sample`."
     import sys
+    from lmbook.core import cli_options, default_experiment
     p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one of an experiment)')
-    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name')
+    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as for --experiment)')
     p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
-    p.add_argument('--experiment', '-e', default=None, help='experiment name (then every positional argument is a prompt)')
+    cli_options(p, 'experiment', 'root')  # with --experiment, every positional argument is a prompt
     p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')
     p.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
     p.add_argument('--top-k', type=int, default=50, help='sample among the k most likely tokens (0: all)')
@@ -273,11 +274,10 @@ def add_cli(sub):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
-    p.add_argument('--root', default=None, help='workspace root (default: from settings)')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
     def run(args) -> int:
         source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
-        if not source: raise ValueError("name a checkpoint folder, run folder or experiment: lmbook sample EXPERIMENT \"prompt\"")
+        source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
         for s in sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
                             args.root, args.device, args.top_p, args.num_samples,
                             warn=lambda m: print(f"warning: {m}", file=sys.stderr)):

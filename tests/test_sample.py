@@ -55,6 +55,13 @@ def test_optimizer_state_is_never_read(ws, run, tmp_path):
     opt.write_bytes(payload + b' '*(opt.stat().st_size - len(payload)))  # same size, other content
     assert load_model(copy, device='cpu').step == 8
 
+def test_no_source_samples_the_default_experiment(ws, run):
+    "With nothing named, `lmbook sample` samples the experiment `lmbook train` would use ($RUN_EXPERIMENT here)."
+    r = lmbook_cmd('sample', '--root', ws, '--max-new-tokens', 2, '--device', 'cpu', '--json', env=dict(RUN_EXPERIMENT='tiny'))
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['text'] is not None, r.stderr
+    r = lmbook_cmd('sample', '--root', ws, env=dict(RUN_EXPERIMENT='never-trained'))
+    assert r.returncode == 2 and "experiment 'never-trained'" in r.stderr and 'train it first' in r.stderr, r.stderr
+
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
     assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
