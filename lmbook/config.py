@@ -106,13 +106,15 @@ class DataConfig:
     val_ratio: float = 0.05      # fraction of documents routed to validation
     data_seed: int = 1337        # seed of the train/validation split
     tokenizer: str = ''          # '' trains a BPE on the corpus; a Hub model id ('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, downloaded when online)
+    sft_data: str = ''           # a JSONL of prompt/response or chat records to fine-tune on ('' trains on `dataset`); needs init_from
 
 _TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
 DATA_RANGES = dict(dataset=Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)"),
                    dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces"),
                    take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED),
                    tokenizer=Range(pattern=r'([A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?|',
-                                   hint="'' or a Hub model id such as gpt2 or openai-community/gpt2"))
+                                   hint="'' or a Hub model id such as gpt2 or openai-community/gpt2"),
+                   sft_data=Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no surrounding spaces)"))
 
 # %% ../nbs/01_config.ipynb #e9c4c250
 @dataclass
@@ -156,6 +158,9 @@ class TrainConfig:
     sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
     ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
     allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
+    init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, at step 0 with a fresh optimizer
+    lora_rank: int = 0           # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
+    lora_alpha: float = 16.0     # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
 
 TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
                     min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
@@ -170,7 +175,9 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     fp8=one_of('off', 'tensorwise', 'rowwise'), optimizer=one_of('adamw', 'muon'),
                     muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
                     sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
-                    ckpt_async=FLAG, allow_config_change=FLAG)
+                    ckpt_async=FLAG, allow_config_change=FLAG,
+                    init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)"),
+                    lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True))
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass

@@ -14,7 +14,7 @@ __all__ = ['DOCS_FILE_RE', 'is_page', 'process_notebooks', 'output_file', 'rewri
            'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'serve', 'add_cli']
 
 # %% ../nbs/15_docs.ipynb #0f0cd2c6
-DOCS_FILE_RE = r'^(?!(?:train|analysis|sample)\.ipynb$).*\.(?:ipynb|qmd|md)$'  # the pages: nbdev-docs --file-re DOCS_FILE_RE
+DOCS_FILE_RE = r'^(?!(?:train|analysis|sample|finetune)\.ipynb$).*\.(?:ipynb|qmd|md)$'  # the pages: nbdev-docs --file-re DOCS_FILE_RE
 
 def is_page(name:str) -> bool:
     "Whether the file `name` in `nbs/` becomes a page of the site."

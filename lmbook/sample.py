@@ -120,6 +120,7 @@ def load_model(source:str|Path, # checkpoint folder, run folder or experiment na
     from safetensors.torch import load_file
     from lmbook.config import config_from_dict
     from lmbook.model import GPT
+    from lmbook.lora import merge_lora_state
     ck = find_checkpoint(source, root, warn)
     try: state = json.loads((ck/'state.json').read_text()); cfg = config_from_dict(state['config'])
     except (json.JSONDecodeError, KeyError, ValueError) as e:
@@ -132,6 +133,7 @@ def load_model(source:str|Path, # checkpoint folder, run folder or experiment na
         with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
     except Exception as e: raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
     for alias, key in aliases.items(): sd[alias] = sd[key]
+    sd = merge_lora_state(sd, cfg.train.lora_alpha)  # a LoRA run's adapters folded into plain weights
     model = GPT(m)
     want = model.state_dict()
     bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in want.items() if k in sd and sd[k].shape != v.shape]

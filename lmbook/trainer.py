@@ -74,7 +74,8 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
         torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
     parallel = parallel or tc.parallel
     torch.manual_seed(tc.seed)  # identical initial weights on every rank
-    model = GPT(cfg.model).to(dev)
+    from lmbook.sft import init_model
+    model = init_model(cfg).to(dev)  # GPT(cfg.model), with init_from's weights and LoRA adapters when configured
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     if resolve_compile(tc.compile, dev):
         if info.distributed and parallel == 'fsdp':
@@ -188,7 +189,7 @@ def _quiet(*a, **k): pass
 
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     "Everything before the first step of `cfg` as `experiment`."
-    from lmbook.loader import prepare_data, TokenLoader, val_batches
+    from lmbook.sft import prepare_run, run_loaders, resolve_init
     tc = cfg.train
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
@@ -200,17 +201,16 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     try:
         if info.is_main: log.open(run_dir/'train.log')
         barrier()
-        if info.local_rank == 0: prepared = prepare_data(cfg, paths)  # once per node, the others then find it done
+        if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)  # once per node, the others then find it done
         barrier()
-        if info.local_rank != 0: prepared = prepare_data(cfg, paths)
+        if info.local_rank != 0: prepared = prepare_run(cfg, paths)
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
         tps = cfg.tokens_per_step*info.world_size
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
-        t = build_trainable(cfg, info)
-        loader = TokenLoader(prepared.train_tokens, tc.batch_size, cfg.model.block_size, info.rank, info.world_size, seed=tc.seed)
-        val = val_batches(prepared.val_tokens, tc.batch_size, cfg.model.block_size, tc.eval_steps, info.rank, info.world_size)
+        t = build_trainable(resolve_init(cfg, paths, run_dir), info)
+        loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
     except BaseException:
         if lock: lock.release()
         raise

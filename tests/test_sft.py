@@ -1,0 +1,157 @@
+"Fine-tuning: packing and masks, bad records, init_from (weights, tokenizer, shape), LoRA (frozen base, merged export), exact resume, and the CI path pretrain -> finetune -> sample -> export -> transformers."
+import json, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+from safetensors.torch import load_file
+from lmbook.config import get_config
+from lmbook.core import paths_for
+from lmbook.trainer import train
+from lmbook.model import GPT
+from lmbook.lora import add_lora
+from lmbook.sample import load_model, find_checkpoint
+from lmbook.tokenizer import load_tokenizer, train_bpe
+from lmbook.sft import (finetune, finetune_config, init_model, resolve_init, read_sft, pack, render_chat, record_messages,
+                        builtin_chat, write_jsonl, chat_prompt, FINETUNE_PARAMS)
+from conftest import lmbook_cmd, rows
+
+quiet = lambda *a, **k: None
+TINY = dict(take=300, vocab_size=320, block_size=32, n_layer=1, n_head=2, n_embd=32, batch_size=4, max_steps=6, warmup_steps=1,
+            eval_every=6, eval_steps=1, ckpt_every=6, tensorboard=False, device='cpu', ckpt_async=False, deterministic=True)
+FT = dict(max_steps=6, batch_size=2, eval_steps=1, ckpt_every=3, eval_every=3, log_every=1)
+
+
+@pytest.fixture(scope='module')
+def pre(tmp_path_factory):
+    "A tiny pretrained run 'pre' and a chat file, in a workspace of their own."
+    root = tmp_path_factory.mktemp('ws')
+    train(get_config('smoke', TINY), 'pre', root=root, log=quiet)
+    return root, write_jsonl(builtin_chat()[:40], root/'chat.jsonl')
+
+
+def weights(run):
+    return load_file(find_checkpoint(run)/'model.safetensors')
+
+
+def test_packing_targets_are_exactly_the_response_tokens():
+    tk = train_bpe(['What is two and two? Four. Say hello. Hello there!']*30, 300)
+    exs = [render_chat(record_messages(r), tk) for r in
+           [dict(prompt='Say hello.', response='Hello there!'), dict(prompt='What is two and two?', response='Four.', system='Be brief.'),
+            dict(messages=[dict(role='user', content='Say hello.'), dict(role='assistant', content='Hello!'),
+                           dict(role='user', content='Again.'), dict(role='assistant', content='Hello there!')])]]
+    x, y = pack(exs, 24, tk.eot_id)
+    assert x.shape[1] == 24 and len(x) >= 2
+    assert y[y != -1].tolist() == [i for ids, m in exs for i, k in zip(ids, m) if k]  # every trained token once, in order
+    flat = [tk.decode(x[r].tolist()) for r in range(len(x))]
+    assert flat[0].startswith('<|endoftext|><|user|>') and flat[2].startswith('<|endoftext|><|user|>')
+    assert flat[1].startswith('<|system|>')  # an example of exactly block_size + 1 tokens fills a row without the start token
+    assert tk.decode(exs[1][0]) == '<|system|>Be brief.<|end|><|user|>What is two and two?<|end|><|assistant|>Four.<|end|><|endoftext|>'
+    m = GPT(get_config('smoke', dict(vocab_size=384, block_size=24, n_layer=1, n_head=2, n_embd=16)).model)
+    keep = y != -1
+    manual = torch.nn.functional.cross_entropy(m(x).float()[keep], y[keep])
+    assert torch.allclose(m(x, y), manual, atol=1e-6)
+    m.cfg.fused_ce = True  # the chunked, fused path ignores the same targets
+    assert torch.allclose(m(x, y), manual, atol=1e-5)
+
+
+@pytest.mark.parametrize('line,msg', [('{"prompt": "Hi"}', ':2: the record has no response'),
+                                      ('{"messages": []}', ':2: messages is empty'),
+                                      ('{"messages": [{"role": "robot", "content": "x"}]}', ":2: message 0 has unknown role 'robot'"),
+                                      ('{"prompt": "Hi", "response": ', ':2: not valid JSON')])
+def test_bad_records_name_file_and_line_and_write_nothing(pre, line, msg):
+    root, _ = pre
+    bad = root/'bad.jsonl'
+    bad.write_text('{"prompt": "Hi", "response": "Hello"}\n' + line + '\n')
+    with pytest.raises(ValueError) as e: finetune('pre', bad, 'ft-bad', FT, root=root, log=quiet)
+    assert str(e.value).startswith(f"{bad}{msg}") and '\n' not in str(e.value)
+    assert not paths_for('ft-bad', root=root).run.exists() and not paths_for('ft-bad', root=root).tokenizer.exists()
+
+
+def test_cli_bad_record_one_line(pre):
+    root, _ = pre
+    bad = root/'bad-cli.jsonl'
+    bad.write_text('{"prompt": "Hi", "response": "Hello"}\n{"prompt": "Hi"}\n')
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', bad, '-e', 'ft-cli-bad', '--root', root)
+    assert r.returncode == 2 and r.stderr == f"error: {bad}:2: the record has no response\n", r.stderr
+    assert not paths_for('ft-cli-bad', root=root).run.exists()
+
+
+def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
+    root, data = pre
+    cfg = finetune_config('pre', data, FT, root)
+    paths = paths_for('ft-init', root=root)
+    m = init_model(resolve_init(cfg, paths, paths.run))
+    src = load_model('pre', root).model.state_dict()
+    assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
+    with pytest.raises(ValueError) as e: finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root, log=quiet)
+    msg = str(e.value)
+    assert 'n_layer=1' in msg and 'n_layer=2' in msg and '\n' not in msg
+    assert not paths_for('ft-shape', root=root).run.exists()
+    with pytest.raises(ValueError, match='sft_data=.* needs init_from'):
+        train(get_config('smoke', dict(TINY, sft_data=str(data))), 'ft-noinit', root=root, log=quiet)
+
+
+def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
+    root, data = pre
+    lora = dict(FT, lora_rank=2, lora_alpha=4.0, lr=1e-2)
+    full = finetune('pre', data, 'ft-a', lora, root=root, log=quiet)
+    assert full['step'] == 6 and rows(full['run_dir'])[0]['step'] == 0  # starts at step 0
+    a, losses = weights(full['run_dir']), [r['loss'] for r in rows(full['run_dir']) if 'loss' in r]
+    shutil.rmtree(full['run_dir']/'checkpoints'/'step_00000006')  # as if stopped after the checkpoint of step 3
+    again = finetune('pre', data, 'ft-a', lora, root=root, log=quiet)
+    assert again['step'] == 6 and rows(again['run_dir'])[-1]['step'] == 6
+    b = weights(again['run_dir'])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r['loss'] for r in rows(again['run_dir']) if 'loss' in r] == losses
+    base = weights(paths_for('pre', root=root).run)
+    assert all(torch.equal(a[k], base[k]) for k in base)  # the pretrained weights stayed frozen
+    assert any(k.endswith('lora_B') and a[k].abs().sum() > 0 for k in a)  # the adapters trained
+    # the unmerged LoRA model, as trained, against transformers on the exported (merged) folder
+    cfg = finetune_config('pre', data, lora, root)
+    m = add_lora(GPT(cfg.model), 2, 4.0); m.load_state_dict({**a, 'lm_head.weight': a['wte.weight']}); m.eval()  # tied head
+    out = root/'hf-lora'
+    from lmbook.export import export_hf
+    export_hf('ft-a', out, root=root)
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    assert not any('lora' in k for k in load_file(out/'model.safetensors'))
+    ids = torch.tensor([load_tokenizer(paths_for('ft-a', root=root).tokenizer).encode(chat_prompt('What does abs do in Python?'))])
+    with torch.no_grad(): x, y = m(ids), hf(ids).logits
+    assert torch.allclose(x, y, atol=1e-4), (x - y).abs().max()
+    assert not torch.allclose(x, load_model('pre', root).model(ids), atol=1e-3)  # and it is not the pretrained model
+
+
+def test_ci_path_pretrain_finetune_sample_export(pre):
+    root, data = pre
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', data, '-e', 'ft-ci', '--root', root, '--set', 'max_steps=4',
+                   'batch_size=2', 'eval_steps=1', 'ckpt_async=false')
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = paths_for('ft-ci', root=root).run
+    assert (run/'checkpoints').is_dir() and (paths_for('ft-ci', root=root).tokenizer/'tokenizer.json').is_file()
+    assert load_tokenizer(paths_for('ft-ci', root=root).tokenizer).sha256 == load_tokenizer(paths_for('pre', root=root).tokenizer).sha256
+    r = lmbook_cmd('sample', 'ft-ci', chat_prompt('What does abs do in Python?'), '--max-new-tokens', '8', '--device', 'cpu',
+                   '--root', root, '--json')
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['prompt'].startswith('<|user|>'), r.stderr
+    out = root/'hf-ci'
+    r = lmbook_cmd('export', 'ft-ci', out, '--format', 'hf', '--root', root)
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    lm = load_model('ft-ci', root)
+    ids = torch.tensor([lm.tokenizer.encode('<|user|>What does len do?<|end|><|assistant|>')])
+    with torch.no_grad(): assert torch.allclose(hf(ids).logits, lm.model(ids), atol=1e-4)
+
+
+def test_finetune_notebook(pre, tmp_path):
+    import papermill
+    nb = Path(__file__).resolve().parent.parent/'nbs'/'finetune.ipynb'
+    assert {k: v['default'] for k, v in papermill.inspect_notebook(str(nb)).items()} == {k: repr(v) for k, v in FINETUNE_PARAMS.items()}
+    root, data = pre
+    pm = str(Path(sys.executable).parent/'papermill')
+    run = lambda *ps: subprocess.run([pm, str(nb), str(tmp_path/'out.ipynb'), '-k', 'python3', *[a for k, v in ps for a in ('-p', k, v)]],
+                                     capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    r = run(('init_from', 'pre'), ('data', str(data)), ('root', str(root)), ('experiment', 'ft-nb'), ('max_steps', '3'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert find_checkpoint(paths_for('ft-nb', root=root).run).name == 'step_00000003'
+    r = run(('init_frm', 'pre'), ('root', str(root)))
+    assert r.returncode != 0 and 'unknown parameter(s) init_frm' in r.stderr + r.stdout
