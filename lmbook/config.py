@@ -152,6 +152,9 @@ class TrainConfig:
     sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
     ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
     allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
+    hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
+    hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
+    hellaswag_file: str = ''     # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
 
 TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
                     min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
@@ -166,7 +169,8 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     fp8=one_of('off', 'tensorwise', 'rowwise'), optimizer=one_of('adamw', 'muon'),
                     muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
                     sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
-                    ckpt_async=FLAG, allow_config_change=FLAG)
+                    ckpt_async=FLAG, allow_config_change=FLAG, hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
+                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"))
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass

@@ -53,9 +53,10 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
         for x, y in batches:
             x, y = x.to(device), y.to(device)
             with _autocast(device): logits = model(x)
-            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
-            b = bl[y.flatten().clamp(max=len(bl) - 1)]
-            nats += nll.sum().item(); tokens += y.numel()
+            keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
+            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none', ignore_index=-1)
+            b = bl[y.flatten().clamp(0, len(bl) - 1)]*keep
+            nats += nll.sum().item(); tokens += keep.sum().item()
             text_nats += (nll*(b > 0)).sum().item(); nbytes += b.sum().item()
     finally: model.train(was_training)
     nats, tokens, text_nats, nbytes = _sum_ranks([nats, tokens, text_nats, nbytes], device)
@@ -188,7 +189,7 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
     return dict(hellaswag=acc_norm/max(n, 1), hellaswag_acc=acc/max(n, 1), hellaswag_n=int(n))
 
 # %% ../nbs/08_eval.ipynb #072baf71
-def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
+def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
              batches:int=0, # validation batches (0: the run's eval_steps)
@@ -224,7 +225,7 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
 def add_cli(sub):
     "Register `lmbook eval`."
     p = sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0, help="validation batches (default: the run's eval_steps)")
     p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')
