@@ -117,3 +117,15 @@ def test_end_of_run_samples_use_the_config_prompts(ws):
     res = train(cfg(max_steps=2, eval_every=2, sample_prompts='Hello there|Goodbye'), 'prompts', root=ws, log=quiet())
     got = [json.loads(l)['prompt'] for l in (Path(res['run_dir'])/'samples.jsonl').read_text().splitlines()]
     assert got == ['Hello there', 'Goodbye']
+
+def test_hellaswag_shared_by_two_fsdp_ranks(ws, hs):
+    "Under torchrun each rank scores its share of the examples; the numbers are those of all of them."
+    sets = [f'--set={k}={v}' for k, v in {**OVF, 'max_steps': 4, 'eval_every': 2, 'ckpt_every': 4, 'hellaswag_every': 2,
+                                           'hellaswag_file': hs, 'parallel': 'fsdp'}.items()]
+    r = lmbook_cmd('train', '-p', 'smoke', '-e', 'hs-two', '--nproc', 2, '--root', ws, *sets)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [x for x in rows(Path(ws)/'runs'/'hs-two') if 'hellaswag' in x]
+    assert [x['step'] for x in got] == [0, 2, 4] and all('val_bpb' in x for x in got)
+    e = lmbook_cmd('eval', 'hs-two', '--root', ws, '--device', 'cpu', '--json', '--hellaswag-file', hs)
+    assert e.returncode == 0, e.stderr
+    assert json.loads(e.stdout)['hellaswag'] == got[-1]['hellaswag']
