@@ -25,9 +25,8 @@ from .checkpoint import Checkpointer
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'cuda_allocator_defaults', 'resolve_dtype',
            'resolve_compile', 'Trainable', 'build_trainable', 'StepResult', 'train_step', 'evaluate', 'StopFlag',
-           'agree_stop', 'choose_run_dir', 'lock_run', 'TrainEvals', 'hellaswag_examples', 'train_evals', 'val_metrics',
-           'validation', 'Run', 'setup_run', 'record_start', 'StepLog', 'NonFiniteError', 'exit_code', 'diverged',
-           'finish', 'train']
+           'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog', 'NonFiniteError',
+           'exit_code', 'diverged', 'finish', 'train']
 
 # %% ../nbs/06_trainer.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -166,49 +165,6 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
         raise err or RunLocked(f"rank 0 could not lock {run_dir}")
     return lock
 
-# %% ../nbs/06_trainer.ipynb #16456c36
-@dataclass
-class TrainEvals:
-    "What validations measure besides the loss."
-    byte_lengths: torch.Tensor      # UTF-8 bytes each token id stands for (val_bpb)
-    tokenizer: object = None        # the run's tokenizer (HellaSwag encodes text)
-    hellaswag: list|None = None     # HellaSwag's examples (None: off)
-    every: int = 0                  # steps between HellaSwag evaluations
-
-def hellaswag_examples(tc, # the run's `TrainConfig`
-                       root:Path|None=None, # workspace root (default: from settings)
-                      ) -> list|None:
-    "HellaSwag's examples when `hellaswag_every` is on (fetched or read now), else None."
-    if not tc.hellaswag_every: return None
-    from lmbook.eval import load_hellaswag
-    return load_hellaswag(root, Path(tc.hellaswag_file).expanduser() if tc.hellaswag_file else None, tc.hellaswag_limit)
-
-def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEvals:
-    "The `TrainEvals` of a run whose tokenizer is in `tok_dir`."
-    from lmbook.eval import token_byte_lengths
-    from lmbook.tokenizer import load_tokenizer
-    tok = load_tokenizer(tok_dir)
-    return TrainEvals(token_byte_lengths(tok), tok, hellaswag, every)
-
-# %% ../nbs/06_trainer.ipynb #0f2a5573
-def val_metrics(t:Trainable, batches:list, byte_lengths:torch.Tensor) -> dict:
-    "`val_loss` and `val_bpb` over `batches` in one pass, summed over ranks."
-    from lmbook.eval import bits_per_byte
-    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device)
-    return dict(val_loss=res['val_loss'], val_bpb=res['val_bpb'])
-
-def validation(r:Run, step:int) -> dict:
-    "What to log at `step`: `val_loss`, `val_bpb` every `eval_every` steps, `hellaswag` every `hellaswag_every`; first and last step too."
-    tc, ev, out = r.cfg.train, r.evals, {}
-    edge = step == 0 or step == r.total
-    if edge or step % tc.eval_every == 0:
-        out = val_metrics(r.t, r.val, ev.byte_lengths) if ev else dict(val_loss=evaluate(r.t, r.val))
-    if ev and ev.hellaswag is not None and (edge or step % ev.every == 0):
-        from lmbook.eval import hellaswag_accuracy
-        hs = hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag, r.t.device, r.info.rank, r.info.world_size)
-        out.update(hellaswag=hs['hellaswag'], hellaswag_acc=hs['hellaswag_acc'])
-    return out
-
 # %% ../nbs/06_trainer.ipynb #ee63de1e
 @dataclass
 class Run:
@@ -234,6 +190,7 @@ def _quiet(*a, **k): pass
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     "Everything before the first step of `cfg` as `experiment`."
     from lmbook.loader import prepare_data, TokenLoader, val_batches
+    from lmbook.validation import hellaswag_examples, train_evals
     tc = cfg.train
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
@@ -373,6 +330,7 @@ def train(cfg:Config, # the resolved config
         rlog.close()
 
 def _train(r:Run, experiment:str) -> dict:
+    from lmbook.validation import validation
     tc, info, t = r.cfg.train, r.info, r.t
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
