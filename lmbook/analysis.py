@@ -1,4 +1,4 @@
-"""Read a run's `metrics.jsonl` (also while it is still being written) and plot loss, grad norm and learning rate against step.
+"""Read a run's `metrics.jsonl` (also while it is still being written) and plot loss, grad norm and learning rate against step, and bits per byte and HellaSwag when the run logged them.
 
 Docs: https://lmbook.github.io/lmbook/analysis.html.md"""
 
@@ -12,7 +12,7 @@ from .core import paths_for, check_name
 from .metrics import read_metrics, format_row
 
 # %% auto #0
-__all__ = ['PLOTS', 'series', 'run_dir', 'plot_runs', 'summarize']
+__all__ = ['PLOTS', 'OPTIONAL', 'series', 'run_dir', 'plot_runs', 'summarize']
 
 # %% ../nbs/13_analysis.ipynb #34abc9b1
 def series(recs:list[dict], name:str) -> tuple[list, list]:
@@ -30,10 +30,11 @@ def run_dir(experiment:str, root:Path|None=None) -> Path:
     return d
 
 # %% ../nbs/13_analysis.ipynb #814f4ee9
-PLOTS = dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',))
+PLOTS = dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',), val_bpb=('val_bpb',), hellaswag=('hellaswag',))
+OPTIONAL = ('val_bpb', 'hellaswag')  # drawn only when a run logged them
 
 def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -> dict[str, list[Path]]:
-    "Plot loss/val_loss, grad_norm and lr against step for `experiments`; return the PNGs written per experiment."
+    "Plot loss/val_loss, grad_norm, lr (and val_bpb, hellaswag when logged) against step for `experiments`; return the PNGs written per experiment."
     import matplotlib
     if not show: matplotlib.use('Agg', force=False)
     import matplotlib.pyplot as plt
@@ -43,11 +44,12 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
     written = {e: [] for e in exps}
     figs = []
     for fname, names in PLOTS.items():
+        if fname in OPTIONAL and not any(series(recs, n)[0] for recs in runs.values() for n in names): continue
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for e, recs in runs.items():
             for n in names:
                 xs, ys = series(recs, n)
-                if xs: ax.plot(xs, ys, marker='o' if n == 'val_loss' else None, ms=3,
+                if xs: ax.plot(xs, ys, marker='o' if n in ('val_loss',) + OPTIONAL else None, ms=3,
                                label=n if len(exps) == 1 else f"{e} {n}")
         ax.set_xlabel('step'); ax.set_ylabel(fname); ax.grid(alpha=0.3)
         if fname == 'loss' or len(exps) > 1: ax.legend()
@@ -66,11 +68,14 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
 
 # %% ../nbs/13_analysis.ipynb #ab48981a
 def summarize(recs:list[dict]) -> dict:
-    "First and last step, train loss and val loss of a run's records."
+    "First and last step, train loss and val loss of a run's records (and the last val_bpb and hellaswag, when logged)."
     steps, loss = series(recs, 'loss')
     vsteps, vloss = series(recs, 'val_loss')
     out = dict(steps=steps[-1] if steps else None, first_loss=loss[0] if loss else None, last_loss=loss[-1] if loss else None,
                first_val_loss=vloss[0] if vloss else None, last_val_loss=vloss[-1] if vloss else None)
+    for n in OPTIONAL:
+        _, v = series(recs, n)
+        if v: out[f'last_{n}'] = v[-1]
     _, tps = series(recs, 'tok_per_s')
     if tps: out['tok_per_s'] = sorted(tps)[len(tps)//2]
     return out

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 
 # %% ../nbs/07_checkpoint.ipynb #29a5bd7b
 from __future__ import annotations
-import errno, json, os, random, shutil, threading, time, warnings
+import errno, json, math, os, random, shutil, threading, time, warnings
 from pathlib import Path
 from typing import Callable
 from .core import sha256_file
@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import save_file, load_file, safe_open
 
 # %% auto #0
-__all__ = ['SHAPE_KEYS', 'FREE_KEYS', 'FIXED_KEYS', 'CheckpointError', 'CheckpointSpaceError', 'ckpt_name', 'ckpt_step',
-           'rng_state', 'set_rng_state', 'full_state', 'load_full_state', 'dedupe', 'cpu_copy', 'snapshot',
-           'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint', 'save_checkpoint',
-           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'read_rank_state',
-           'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'config_changes', 'check_config_change',
-           'Checkpointer']
+__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'BEST', 'CheckpointError', 'CheckpointSpaceError',
+           'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'full_state', 'load_full_state', 'dedupe',
+           'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint',
+           'save_checkpoint', 'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint',
+           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'config_changes',
+           'check_config_change', 'Checkpointer']
 
 # %% ../nbs/07_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -164,9 +164,11 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      keep:int=2, # checkpoints kept (that verify)
                      good:set|None=None, # names of checkpoints known to verify (updated)
                      log:Callable|None=None, # where warnings go
+                     name:str|None=None, # folder name (default: the step's, `step_00000100`); others are never pruned
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
-    ckpt_dir = Path(ckpt_dir); final, tmp = ckpt_dir/ckpt_name(step), ckpt_dir/f'.tmp-{ckpt_name(step)}'
+    ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
+    final, tmp, old = ckpt_dir/name, ckpt_dir/f'.tmp-{name}', ckpt_dir/f'.old-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
     check_space(ckpt_dir, step, need, keep)
@@ -177,18 +179,21 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         weights, aliases = dedupe(snap['model'])
         save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
         _fsync(tmp/'model.safetensors')
-        _torch_save(snap['optim'], tmp/'optim.pt')
+        if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
         (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']), time=time.time(), **state), indent=1))
         _fsync(tmp/'state.json')
         files = {p.name: dict(size=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(tmp.iterdir())}
         (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
         _fsync(tmp/'COMPLETE'); _fsync(tmp)
-        if final.exists(): shutil.rmtree(final)
+        if old.exists(): shutil.rmtree(old)
+        if final.exists(): os.replace(final, old)  # replaced by two renames: a complete folder is always there but for an instant
         os.replace(tmp, final); _fsync(ckpt_dir)
+        shutil.rmtree(old, ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno == errno.ENOSPC: raise _space_error(ckpt_dir, step, need, shutil.disk_usage(ckpt_dir).free, keep) from None
         raise
+    if name != ckpt_name(step): return final
     if good is not None: good.add(final.name)
     prune_checkpoints(ckpt_dir, keep, good, log)
     return final
@@ -263,7 +268,9 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
             msd = load_file(path/'model.safetensors')
             with safe_open(path/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
             for alias, key in aliases.items(): msd[alias] = msd[key]
-            osd = torch.load(path/'optim.pt', map_location='cpu', weights_only=True)
+            man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
+            has_optim = 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file()
+            osd = torch.load(path/'optim.pt', map_location='cpu', weights_only=True) if has_optim else None
         state = json.loads((path/'state.json').read_text())
         rank_state = read_rank_state(path, rank)
     except Exception as e:  # safetensors, unpickler and JSON errors all mean: do not use this checkpoint
@@ -286,12 +293,14 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
     return None
 
 # %% ../nbs/07_checkpoint.ipynb #b77052a4
-SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'tie_embeddings')
+SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'tie_embeddings', 'bias')
+SHAPE_DEFAULTS = {'bias': False}  # a key that older checkpoints lack, with the value they were trained with
 
 def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''):
     "Raise `ValueError` when a checkpoint's model shape (`SHAPE_KEYS`) or tokenizer differs from the run's."
     old = state.get('config', {}).get('model', {})
-    diff = [f"{k}={old.get(k)!r} (checkpoint) vs {model_cfg.get(k)!r} (config)" for k in SHAPE_KEYS if old.get(k) != model_cfg.get(k)]
+    get = lambda d, k: d.get(k, SHAPE_DEFAULTS.get(k))
+    diff = [f"{k}={get(old, k)!r} (checkpoint) vs {get(model_cfg, k)!r} (config)" for k in SHAPE_KEYS if get(old, k) != get(model_cfg, k)]
     fix = "use --no-auto-resume (auto_resume=False) to start a new run, or restore the original config"
     if diff: raise ValueError(f"checkpoint {path} has another model shape: {'; '.join(diff)}; {fix}")
     old_tok = state.get('tokenizer')
@@ -305,12 +314,14 @@ def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''
 # %% ../nbs/07_checkpoint.ipynb #2588b207
 FREE_KEYS = {'max_steps', 'epochs', 'token_budget', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every', 'keep_ckpts',
              'sample_every', 'device', 'compile', 'nproc', 'parallel', 'auto_resume', 'deterministic', 'max_nonfinite',
-             'tensorboard', 'wandb', 'attn_backend', 'ce_chunk', 'allow_config_change', 'ckpt_async'}
+             'tensorboard', 'wandb', 'attn_backend', 'ce_chunk', 'allow_config_change', 'ckpt_async',
+             'hellaswag_every', 'hellaswag_limit', 'hellaswag_file'}
 FIXED_KEYS = {'batch_size': "the loader's exact position counts batches of the old batch_size",
               'seed': "the data order and RNG states continue from the checkpoint, not from a new seed",
               'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's position is in the old data",
               'take': "the loader's position is in the old data", 'val_ratio': "the loader's position is in the old data",
-              'data_seed': "the loader's position is in the old data"}
+              'data_seed': "the loader's position is in the old data", 'sft_data': "the loader's position is in the old data",
+              'lora_rank': "the checkpoint's adapters have the old rank"}
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
     "Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' refused)."
@@ -345,6 +356,7 @@ class Checkpointer:
         self.info, self.log = info or DistInfo(), log
         self.last, self.good, self.buffers, self.timings = -1, set(), {}, []
         self.thread, self.error = None, None
+        self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps, at the end, and when stopping."
@@ -374,19 +386,24 @@ Checkpointer.resume = _resume
 
 # %% ../nbs/07_checkpoint.ipynb #ef45b50a
 def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer, state:dict,
-          rank_state:dict|None=None, sharded:bool=False):
+          rank_state:dict|None=None, sharded:bool=False,
+          best:float|None=None, # this step's val_loss when it is a new best: also write `best/`
+          periodic:bool=True): # write the step checkpoint (False: only `best/`)
     "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
     t0 = time.perf_counter()
     self.wait()
     t1 = time.perf_counter()
-    snap = snapshot(model, optimizer, rank_state, sharded, self.info, self.buffers if self.background else None)
-    self.last = step
+    snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers if self.background else None)
+    if periodic: self.last = step
+    if best is not None: self.best_val, self.best_step = best, step
     if not self.info.is_main: return
-    rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1)
+    rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True} if best is not None else {}))
     self.timings.append(rec)
     def write():
         t1 = time.perf_counter()
-        try: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
+        try:
+            if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
+            if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, val_loss=best), self.keep, log=self.log, name=BEST)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
@@ -411,3 +428,31 @@ def _close(self:Checkpointer):
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
 Checkpointer.save, Checkpointer.wait, Checkpointer.close = _save, _wait, _close
+
+# %% ../nbs/07_checkpoint.ipynb #e2e36f5d
+BEST = 'best'  # the folder of the checkpoint with the lowest val_loss, beside the step checkpoints
+
+def _load_best(self:Checkpointer) -> float:
+    "The val_loss of `best/` (inf when there is none; a damaged one is moved aside), the same on every rank."
+    best, old, val, step = self.dir/BEST, self.dir/f'.old-{BEST}', math.inf, -1
+    if self.info.is_main:
+        shutil.rmtree(self.dir/f'.tmp-{BEST}', ignore_errors=True)
+        if old.is_dir() and not best.exists(): os.replace(old, best)  # stopped between the two renames of a replacement
+        shutil.rmtree(old, ignore_errors=True)
+        if best.exists():
+            try:
+                verify_checkpoint(best)
+                st = json.loads((best/'state.json').read_text())
+                val, step = float(st['val_loss']), int(st['step'])
+            except (CheckpointError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                self.log(f"warning: checkpoint {BEST} does not verify: {e}")
+                move_damaged(best, self.log)
+    self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
+    self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
+    return self.best_val
+
+def _improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
+    "Whether a validation at `step` (after the first optimizer step) beats the best so far."
+    return val_loss is not None and math.isfinite(val_loss) and step > 0 and val_loss < self.best_val
+
+Checkpointer.load_best, Checkpointer.improves = _load_best, _improves

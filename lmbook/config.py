@@ -161,6 +161,9 @@ class TrainConfig:
     init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, at step 0 with a fresh optimizer
     lora_rank: int = 0           # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
     lora_alpha: float = 16.0     # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
+    hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
+    hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
+    hellaswag_file: str = ''     # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
 
 TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
                     min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
@@ -177,7 +180,10 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
                     ckpt_async=FLAG, allow_config_change=FLAG,
                     init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)"),
-                    lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True))
+                    lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True),
+                    hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
+                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"))
+
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass

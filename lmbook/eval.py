@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag', 'hellaswag_file',
-           'load_hellaswag', 'hellaswag_accuracy', 'evaluate', 'add_cli']
+__all__ = ['LOGITS_AT_ONCE', 'HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag',
+           'hellaswag_file', 'load_hellaswag', 'hellaswag_accuracy', 'evaluate', 'add_cli']
 
 # %% ../nbs/08_eval.ipynb #6d6f9688
 def token_byte_lengths(tokenizer) -> torch.Tensor:
@@ -32,6 +32,8 @@ def token_byte_lengths(tokenizer) -> torch.Tensor:
 def _autocast(device:str):
     return torch.autocast('cuda', torch.bfloat16) if str(device).startswith('cuda') else contextlib.nullcontext()
 
+LOGITS_AT_ONCE = 1 << 28  # logits computed at a time (1 GiB in fp32): big batches of a big vocabulary go in row chunks
+
 def _sum_ranks(vals:list[float], device:str) -> list[float]:
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()): return vals
@@ -48,15 +50,18 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
     "`val_loss` (nats per token), `ppl`, `val_bpb` (bits per UTF-8 byte) and counts, summed over ranks."
     was_training = model.training; model.eval()
     nats = tokens = text_nats = nbytes = 0.0
-    bl = byte_lengths.to(device)
+    bl, V = byte_lengths.to(device), getattr(getattr(model, 'cfg', None), 'vocab_size', 0)
     try:
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            with _autocast(device): logits = model(x)
-            nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
-            b = bl[y.flatten().clamp(max=len(bl) - 1)]
-            nats += nll.sum().item(); tokens += y.numel()
-            text_nats += (nll*(b > 0)).sum().item(); nbytes += b.sum().item()
+        for xb, yb in batches:
+            rows = max(1, LOGITS_AT_ONCE//(xb.shape[1]*V)) if V else len(xb)
+            for s in range(0, len(xb), rows):
+                x, y = xb[s:s+rows].to(device), yb[s:s+rows].to(device)
+                with _autocast(device): logits = model(x)
+                keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
+                nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none', ignore_index=-1)
+                b = bl[y.flatten().clamp(0, len(bl) - 1)]*keep
+                nats += nll.sum().item(); tokens += keep.sum().item()
+                text_nats += (nll*(b > 0)).sum().item(); nbytes += b.sum().item()
     finally: model.train(was_training)
     nats, tokens, text_nats, nbytes = _sum_ranks([nats, tokens, text_nats, nbytes], device)
     loss = nats/max(tokens, 1)
@@ -188,7 +193,7 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
     return dict(hellaswag=acc_norm/max(n, 1), hellaswag_acc=acc/max(n, 1), hellaswag_n=int(n))
 
 # %% ../nbs/08_eval.ipynb #072baf71
-def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
+def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
              batches:int=0, # validation batches (0: the run's eval_steps)
@@ -224,7 +229,7 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
 def add_cli(sub):
     "Register `lmbook eval`."
     p = sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0, help="validation batches (default: the run's eval_steps)")
     p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')

@@ -72,7 +72,7 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
     (out_dir/'special_tokens_map.json').write_text(json.dumps(special, indent=1))
 
 # %% ../nbs/10a_export.ipynb #07c9e14a
-def export_hf(source:str|Path, # checkpoint folder, run folder or experiment name
+def export_hf(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
               out_dir:Path, # the transformers folder to write
               root:Path|None=None, # workspace root (default: from settings)
               overwrite:bool=False, # replace an existing non-empty `out_dir`
@@ -190,7 +190,7 @@ def gpt2_from_hf(folder:Path|str, # a transformers GPT-2 folder (config.json, mo
 def add_cli(sub):
     "Register `lmbook export`."
     p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload it)')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('out_dir', type=Path, help='the folder to write')
     p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')

@@ -13,9 +13,9 @@ import torch
 from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SHAPE_KEYS
 
 # %% auto #0
-__all__ = ['INFERENCE_FILES', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference', 'find_checkpoint',
-           'inference_device', 'Loaded', 'load_model', 'next_token', 'generate', 'prompts_for', 'sample_texts',
-           'write_samples', 'sample_run', 'add_cli']
+__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference',
+           'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model', 'next_token', 'generate',
+           'prompts_for', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
 
 # %% ../nbs/09_sample.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -32,24 +32,41 @@ def verify_for_inference(path:Path) -> dict:
     return man
 
 # %% ../nbs/09_sample.ipynb #240f220d
-def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name
+BEST_SUFFIX = ':best'  # `EXPERIMENT:best` or `RUN_FOLDER:best`: the checkpoint with the lowest val_loss
+
+def best_base(source:str|Path) -> str|None:
+    "The experiment or run folder `source` names with `:best`, else None."
+    s = str(source)
+    return s[:-len(BEST_SUFFIX)] if s.endswith(BEST_SUFFIX) and len(s) > len(BEST_SUFFIX) and not Path(s).exists() else None
+
+def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
+    "The checkpoints folder of a run folder or experiment name, and how to name it in an error."
+    p = Path(source)
+    if p.is_dir(): return (p/'checkpoints' if (p/'checkpoints').is_dir() else p), f"folder {p}"
+    if '/' in source or '\\' in source or p.exists():
+        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
+    from lmbook.core import paths_for
+    return paths_for(source, root=root).checkpoints, f"experiment {source!r}"
+
+def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
                     root:Path|None=None, # workspace root for an experiment name (default: from settings)
                     warn=None, # called with a message for each damaged checkpoint skipped
                    ) -> Path:
     "The checkpoint folder `source` names, checked for inference."
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
+    if (base := best_base(source)) is not None:
+        ckdir, what = _ckpt_dir(base, root)
+        if not (ckdir/'best').is_dir():
+            raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its first validation after a step; "
+                                    f"name {base} alone for its newest checkpoint")
+        source = ckdir/'best'
     p = Path(source)
-    if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_')):
+    if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_') or p.name == 'best'):
         try: verify_for_inference(p)
         except CheckpointError as e:
             raise ValueError(f"checkpoint {p} cannot be used: {e}; name its run folder or experiment to use the newest good one") from None
         return p
-    if p.is_dir(): ckdir, what = (p/'checkpoints' if (p/'checkpoints').is_dir() else p), f"folder {p}"
-    elif '/' in str(source) or '\\' in str(source) or p.exists():
-        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
-    else:
-        from lmbook.core import paths_for
-        ckdir, what = paths_for(str(source), root=root).checkpoints, f"experiment {source!r}"
+    ckdir, what = _ckpt_dir(str(source), root)
     for c in list_checkpoints(ckdir):
         try: verify_for_inference(c); return c
         except CheckpointError as e: warn(f"skipping checkpoint {c.name}: {e}")
@@ -108,7 +125,7 @@ def _find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
     raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is not in "
                             f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer folder there")
 
-def load_model(source:str|Path, # checkpoint folder, run folder or experiment name
+def load_model(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
                root:Path|None=None, # workspace root (default: from settings)
                device:str='cpu', # where to put the model ('auto' picks CUDA, MPS or CPU)
                expect:dict|None=None, # model config fields the checkpoint must have (e.g. arch, n_layer)
@@ -142,7 +159,8 @@ def load_model(source:str|Path, # checkpoint folder, run folder or experiment na
     model.load_state_dict(sd)
     device = inference_device(device)
     run = _run_of(ck)
-    exp = str(source) if not Path(source).exists() else _experiment_of(run)
+    name = best_base(source) or str(source)
+    exp = name if not Path(name).exists() else _experiment_of(run)
     tok = _find_tokenizer(ck, state, exp, root) if tokenizer else None
     return Loaded(model.to(device).eval(), tok, cfg, ck, state, exp, device, run)
 
@@ -266,7 +284,7 @@ def add_cli(sub):
     import sys
     from lmbook.core import cli_options, default_experiment
     p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one of an experiment)')
-    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as for --experiment)')
+    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as for --experiment; EXPERIMENT:best: its best checkpoint)')
     p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
     cli_options(p, 'experiment', 'root')  # with --experiment, every positional argument is a prompt
     p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')

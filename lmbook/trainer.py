@@ -184,12 +184,14 @@ class Run:
     n_train_tokens: int          # tokens in the train split
     log: Callable                # progress lines (rank 0; a no-op elsewhere)
     lock: RunLock|None = None    # the run folder's lock (rank 0)
+    evals: TrainEvals|None = None  # what validations measure besides the loss (val_bpb, HellaSwag)
 
 def _quiet(*a, **k): pass
 
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     "Everything before the first step of `cfg` as `experiment`."
     from lmbook.sft import prepare_run, run_loaders, resolve_init
+    from lmbook.validation import hellaswag_examples, train_evals
     tc = cfg.train
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
@@ -200,6 +202,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     lock = lock_run(run_dir, info, say)
     try:
         if info.is_main: log.open(run_dir/'train.log')
+        hellaswag = hellaswag_examples(tc, root)  # before the data: a missing file stops the run now, not at step N
         barrier()
         if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)  # once per node, the others then find it done
         barrier()
@@ -211,11 +214,12 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         seed_everything(tc.seed)
         t = build_trainable(resolve_init(cfg, paths, run_dir), info)
         loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
+        evals = train_evals(prepared.tokenizer_dir, hellaswag, tc.hellaswag_every)
     except BaseException:
         if lock: lock.release()
         raise
     return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir, ckpt.tokenizer_ref(prepared.tokenizer_dir),
-               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock)
+               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
 
 # %% ../nbs/06_trainer.ipynb #0f87a5b0
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
@@ -263,7 +267,8 @@ class StepLog:
 
     def write(self, row:dict):
         "Append `row` to the metrics and log it as one line."
-        self.metrics.write(row); self.r.log(format_row(row, self.r.total))
+        extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
+        self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../nbs/06_trainer.ipynb #1705d16e
 class NonFiniteError(RuntimeError):
@@ -276,10 +281,10 @@ def exit_code(result:dict) -> int:
     return 128 + result['signal'] if result.get('signal') else EXIT_FINISHED
 
 def _samples(r:Run, step:int):
-    from lmbook.sample import sample_texts, write_samples
+    from lmbook.sample import sample_texts, write_samples, prompts_for
     from lmbook.tokenizer import load_tokenizer
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
-        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), block_size=r.cfg.model.block_size,
+        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), prompts_for(r.cfg), block_size=r.cfg.model.block_size,
                          seed=r.cfg.train.seed, device=r.info.device)
         if r.info.is_main: write_samples(r.dir, step, s)
 
@@ -325,9 +330,11 @@ def train(cfg:Config, # the resolved config
         rlog.close()
 
 def _train(r:Run, experiment:str) -> dict:
+    from lmbook.validation import validation
     tc, info, t = r.cfg.train, r.info, r.t
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
+    ck.load_best()  # the best val_loss so far survives a resume: a worse validation never replaces best/
     step = resumed['state']['step'] if resumed else 0
     tokens, skipped = (resumed['state']['tokens'], resumed['state'].get('skipped', 0)) if resumed else (0, 0)
     metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name, r.log)
@@ -343,8 +350,9 @@ def _train(r:Run, experiment:str) -> dict:
     slog = StepLog(r, metrics)
     first_val = last_val = None
     if not resumed:
-        first_val = last_val = evaluate(t, r.val)
-        slog.write(dict(step=0, tokens=0, val_loss=first_val, epoch=0))
+        ev = validation(r, 0)
+        first_val = last_val = ev['val_loss']
+        slog.write(dict(step=0, tokens=0, epoch=0, **ev))
     start, consec, signum = step, 0, 0
     try:
         with StopFlag() as flag:
@@ -357,22 +365,25 @@ def _train(r:Run, experiment:str) -> dict:
                 consec = consec + 1 if res.skipped else 0
                 skipped += res.skipped
                 row = slog.train_row(step, tokens, res, lr, skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
-                if step % tc.eval_every == 0 or step == r.total:
-                    last_val = evaluate(t, r.val)
-                    row = dict(row or dict(step=step, tokens=tokens, epoch=r.loader.epoch), val_loss=last_val)
+                ev = validation(r, step)
+                if 'val_loss' in ev: last_val = ev['val_loss']
+                if ev: row = dict(row or dict(step=step, tokens=tokens, epoch=r.loader.epoch), **ev)
                 if row: slog.write(row)
                 if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, step, lr, ck.last)
                 if tc.sample_every and step % tc.sample_every == 0 and step < r.total: _samples(r, step)
                 signum = agree_stop(flag.signum, info)
-                if ck.due(step, r.total, bool(signum)):
-                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped), dict(loader=r.loader.state_dict()), t.sharded)
+                due, best = ck.due(step, r.total, bool(signum)), ev.get('val_loss') if ck.improves(ev.get('val_loss'), step) else None
+                if due or best is not None:
+                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped), dict(loader=r.loader.state_dict()), t.sharded, best, due)
                 if signum: break
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
             last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
+            if ck.best_step > 0: r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
     finally:
         ck.close()
         metrics.close()
     barrier()
     res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val, val_loss=last_val,
-               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped, checkpoints=ck.timings)
+               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped, checkpoints=ck.timings,
+               best_step=ck.best_step, best_val_loss=ck.best_val if ck.best_step > 0 else None)
     return dict(res, exit_code=exit_code(res))

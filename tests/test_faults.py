@@ -148,3 +148,12 @@ def test_torchrun_stop_exit_code(ws):
     assert stop, rest
     step = int(stop[0].split('at step ')[1].split('/')[0])
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'tr-stop'/'checkpoints')[0]) == step
+
+def test_resume_refuses_new_biases_and_adapters(ws):
+    "Turning on `bias` or changing `lora_rank` on resume is a one-line refusal, even with --allow-config-change, not a state-dict error."
+    train(cfg(arch='gpt2', max_steps=4), 'shapechange', root=ws, log=quiet([]))
+    with pytest.raises(ValueError, match=r"another model shape: bias=False \(checkpoint\) vs True \(config\)"):
+        train(cfg(arch='gpt2', bias=True, max_steps=6, allow_config_change=True), 'shapechange', root=ws, log=quiet([]))
+    with pytest.raises(ValueError, match="lora_rank 0 -> 4: the checkpoint's adapters have the old rank"):
+        train(cfg(arch='gpt2', lora_rank=4, max_steps=6, allow_config_change=True), 'shapechange', root=ws, log=quiet([]))
+    assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'shapechange'/'checkpoints')[0]) == 4

@@ -1,0 +1,131 @@
+"The best checkpoint, val_bpb and HellaSwag during training, the prompts a run samples: tiny CPU runs on five documents."
+import hashlib, json, shutil
+from pathlib import Path
+import pytest
+from lmbook.config import get_config
+from lmbook.trainer import train
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint
+from lmbook.sample import load_model
+from conftest import lmbook_cmd, rows
+
+# five documents and 200 steps at a constant, high lr: validation loss bottoms out early, then rises
+OVF = dict(take=5, val_ratio=0.2, batch_size=8, block_size=32, n_layer=2, n_embd=64, n_head=2, vocab_size=384, eval_every=10,
+           eval_steps=2, max_steps=200, warmup_steps=2, lr=1e-2, min_lr_ratio=1.0, ckpt_every=50, keep_ckpts=1, log_every=10,
+           tensorboard=False, device='cpu')
+EX = dict(ind=1, activity_label='Python', ctx_a='Return the value', ctx_b='of', source_id='t', split='val', split_type='indomain')
+
+def cfg(**kw): return get_config('smoke', {**OVF, **kw})
+def quiet(lines=None): return lambda *a, **k: (lines if lines is not None else []).append(' '.join(map(str, a)))
+def digest(d): return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).iterdir())}
+def vals(run_dir): return {r['step']: r for r in rows(run_dir) if 'val_loss' in r}
+
+@pytest.fixture(scope='module')
+def run(ws):
+    return train(cfg(), 'ovf', root=ws, log=quiet())
+
+@pytest.fixture
+def hs(tmp_path):
+    "A HellaSwag file in the official JSONL format."
+    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'], ['if it is None.', 'xyzzy.', 'qq qq.', 'ha ha ha.']]
+    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4)) for i in range(7)]
+    (tmp_path/'hs.jsonl').write_text('\n'.join(lines) + '\n')
+    return tmp_path/'hs.jsonl'
+
+def copy_run(run, name):
+    src = Path(run['run_dir']); d = src.parent/name
+    shutil.copytree(src, d)
+    return d
+
+def test_best_is_the_lowest_validation(run):
+    d = Path(run['run_dir']); v = vals(d)
+    low = min(v, key=lambda s: v[s]['val_loss'])
+    best = d/'checkpoints'/'best'
+    st = json.loads((best/'state.json').read_text())
+    assert 0 < st['step'] == low == run['best_step'] < 200, (st['step'], low)
+    assert st['val_loss'] == v[low]['val_loss'] == run['best_val_loss']
+    assert v[200]['val_loss'] > v[low]['val_loss'] + 0.05  # the run did overfit
+    verify_checkpoint(best)
+    assert not (best/'optim.pt').exists()  # weights only: a resume uses the step checkpoints
+    assert [p.name for p in list_checkpoints(d/'checkpoints')] == ['step_00000200']  # best/ is not one of the keep_ckpts=1
+
+def test_resume_keeps_a_better_best(ws, run):
+    d = copy_run(run, 'ovf-resumed'); best = d/'checkpoints'/'best'
+    before, lines = digest(best), []
+    res = train(cfg(max_steps=240), 'ovf-resumed', root=ws, log=quiet(lines))
+    assert any('resumed at step 200' in l for l in lines)  # from the newest step checkpoint, not from best/
+    v = vals(d)
+    assert all(v[s]['val_loss'] > v[run['best_step']]['val_loss'] for s in (210, 220, 230, 240))  # every new validation is worse
+    assert digest(best) == before and res['best_step'] == run['best_step']
+
+def test_damaged_best_is_moved_aside(ws, run):
+    d = copy_run(run, 'ovf-damaged'); best = d/'checkpoints'/'best'
+    with open(best/'model.safetensors', 'r+b') as f: f.truncate(1000)
+    r = lmbook_cmd('sample', 'ovf-damaged:best', 'Return the', '--root', ws, '--device', 'cpu')
+    assert r.returncode == 2 and 'cannot be used' in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    lines = []
+    res = train(cfg(max_steps=210), 'ovf-damaged', root=ws, log=quiet(lines))
+    assert any('moved damaged checkpoint best to checkpoints/damaged/best' in l for l in lines), lines
+    assert json.loads((best/'state.json').read_text())['step'] == 210 == res['best_step']  # the next validation is the best now
+    verify_checkpoint(best)
+
+def test_val_bpb_matches_eval(ws, run):
+    v = vals(run['run_dir'])
+    assert all(0 < r['val_bpb'] < r['val_loss'] for r in v.values())
+    for src, step in (('ovf', 200), ('ovf:best', run['best_step'])):
+        r = lmbook_cmd('eval', src, '--root', ws, '--device', 'cpu', '--json', '--no-hellaswag')
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res['step'] == step and abs(res['val_bpb'] - v[step]['val_bpb']) < 1e-5 and abs(res['val_loss'] - v[step]['val_loss']) < 1e-5
+
+def test_sample_and_export_the_best(ws, run, tmp_path):
+    lm = load_model('ovf:best', root=ws)
+    assert (lm.path.name, lm.step, lm.experiment) == ('best', run['best_step'], 'ovf')
+    assert load_model(Path(run['run_dir'])/'checkpoints'/'best').step == run['best_step']
+    r = lmbook_cmd('sample', 'ovf:best', 'Return the', '--max-new-tokens', 4, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['prompt'] == 'Return the', r.stderr
+    r = lmbook_cmd('export', 'ovf:best', tmp_path/'hf', '--format', 'hf', '--root', ws)
+    assert r.returncode == 0 and (tmp_path/'hf'/'config.json').is_file(), r.stderr
+    r = lmbook_cmd('eval', 'no-such-run:best', '--root', ws, '--no-hellaswag')
+    assert r.returncode == 2 and 'no best checkpoint' in r.stderr, r.stderr
+
+def test_hellaswag_every_n_steps(ws, hs, tmp_path, monkeypatch):
+    res = train(cfg(max_steps=10, eval_every=5, ckpt_every=10, hellaswag_every=4, hellaswag_file=str(hs), hellaswag_limit=5), 'hs',
+                root=ws, log=quiet())
+    got = [r for r in rows(res['run_dir']) if 'hellaswag' in r]
+    assert [r['step'] for r in got] == [0, 4, 8, 10]  # every 4 steps, the start and the end
+    assert all(0 <= r['hellaswag'] <= 1 and 0 <= r['hellaswag_acc'] <= 1 for r in got)
+    e = lmbook_cmd('eval', 'hs', '--root', ws, '--device', 'cpu', '--json', '--hellaswag-file', hs, '--limit', 5)
+    assert e.returncode == 0, e.stderr
+    out = json.loads(e.stdout)
+    assert (out['hellaswag'], out['hellaswag_acc'], out['hellaswag_n']) == (got[-1]['hellaswag'], got[-1]['hellaswag_acc'], 5)
+    from test_notebooks import papermill_run
+    monkeypatch.setenv('LMBOOK_WORKSPACE', str(ws))  # the analysis notebook reads runs from the workspace
+    pm = papermill_run('analysis.ipynb', tmp_path/'a.ipynb', ('experiments', 'hs'))
+    assert pm.returncode == 0, pm.stderr[-3000:]
+    for f in ('val_bpb.png', 'hellaswag.png'): assert (Path(res['run_dir'])/'plots'/f).stat().st_size > 1000
+    assert '| val_bpb | hellaswag |' in (tmp_path/'a.ipynb').read_text()
+
+def test_missing_hellaswag_file_stops_at_startup(ws, tmp_path):
+    sets = [f'--set={k}={v}' for k, v in {**OVF, 'hellaswag_every': 5}.items()]
+    for extra, msg in (([], 'downloads are off (HF_HUB_OFFLINE=1)'), ([f'--set=hellaswag_file={tmp_path}/nope.jsonl'], 'does not exist')):
+        r = lmbook_cmd('train', '-p', 'smoke', '-e', 'hs-missing', '--root', ws, *sets, *extra)
+        err = [l for l in r.stderr.splitlines() if l.strip()]
+        assert r.returncode == 2 and len(err) == 1 and err[0].startswith('error:') and msg in err[0], r.stderr
+        assert not (Path(ws)/'runs'/'hs-missing'/'metrics.jsonl').exists()
+
+def test_end_of_run_samples_use_the_config_prompts(ws):
+    res = train(cfg(max_steps=2, eval_every=2, sample_prompts='Hello there|Goodbye'), 'prompts', root=ws, log=quiet())
+    got = [json.loads(l)['prompt'] for l in (Path(res['run_dir'])/'samples.jsonl').read_text().splitlines()]
+    assert got == ['Hello there', 'Goodbye']
+
+def test_hellaswag_shared_by_two_fsdp_ranks(ws, hs):
+    "Under torchrun each rank scores its share of the examples; the numbers are those of all of them."
+    sets = [f'--set={k}={v}' for k, v in {**OVF, 'max_steps': 4, 'eval_every': 2, 'ckpt_every': 4, 'hellaswag_every': 2,
+                                           'hellaswag_file': hs, 'parallel': 'fsdp'}.items()]
+    r = lmbook_cmd('train', '-p', 'smoke', '-e', 'hs-two', '--nproc', 2, '--root', ws, *sets)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [x for x in rows(Path(ws)/'runs'/'hs-two') if 'hellaswag' in x]
+    assert [x['step'] for x in got] == [0, 2, 4] and all('val_bpb' in x for x in got)
+    e = lmbook_cmd('eval', 'hs-two', '--root', ws, '--device', 'cpu', '--json', '--hellaswag-file', hs)
+    assert e.returncode == 0, e.stderr
+    assert json.loads(e.stdout)['hellaswag'] == got[-1]['hellaswag']
