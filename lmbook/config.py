@@ -158,7 +158,7 @@ class TrainConfig:
     sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
     ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
     allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
-    init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, at step 0 with a fresh optimizer
+    init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, or from published GPT-2 weights in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer
     lora_rank: int = 0           # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
     lora_alpha: float = 16.0     # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
     hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)

@@ -16,10 +16,11 @@ from .config import Config, apply_overrides, config_from_dict
 from .tokenizer import EOT, SPECIAL_TOKENS
 
 # %% auto #0
-__all__ = ['ROLES', 'END', 'FINETUNE', 'FINETUNE_PARAMS', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft', 'pack',
-           'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of', 'check_init_shape', 'init_model',
-           'adopt_init_tokenizer', 'SFTData', 'split_examples', 'prepare_run', 'run_loaders', 'resolve_init',
-           'builtin_chat', 'write_jsonl', 'finetune_overrides', 'finetune_config', 'finetune', 'add_cli']
+__all__ = ['ROLES', 'END', 'HUB_INIT', 'FINETUNE', 'FINETUNE_PARAMS', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft',
+           'pack', 'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init',
+           'hub_init_state', 'init_model', 'adopt_init_tokenizer', 'SFTData', 'split_examples', 'prepare_run',
+           'run_loaders', 'resolve_init', 'builtin_chat', 'write_jsonl', 'finetune_overrides', 'finetune_config',
+           'finetune', 'add_cli']
 
 # %% ../nbs/06e_sft.ipynb #e17b6ee7
 ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}  # role -> its reserved token
@@ -186,13 +187,39 @@ def check_init_shape(cfg:Config, state:dict, ck:Path):
         raise ValueError(f"init_from {ck} is a model of shape {shape_of(old)}, but this config has {shape_of(cfg.model)}: "
                          "use the init run's model settings (lmbook finetune does)")
 
+# %% ../nbs/06e_sft.ipynb #b1e0c7a2
+HUB_INIT = 'hf:'  # prefix of an init_from that names published weights in the Hugging Face cache
+
+def hub_init(init_from:str) -> str:
+    "The Hub id in an `init_from` such as 'hf:gpt2', else ''."
+    return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
+
+def hub_init_state(cfg:Config) -> dict:
+    "The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape and tokenizer."
+    from lmbook.export import gpt2_from_hf
+    from lmbook.tokenizer import hub_names
+    name = hub_init(cfg.train.init_from)
+    if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights ({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
+    if cfg.data.sft_data:
+        raise ValueError(f"fine-tuning data needs an lmbook run to start from: train from init_from={cfg.train.init_from} first, "
+                         "then fine-tune that run (lmbook finetune --init-from EXP)")
+    if cfg.data.tokenizer not in hub_names(name):
+        raise ValueError(f"init_from={cfg.train.init_from} needs that model's tokenizer: set tokenizer={name} (now {cfg.data.tokenizer!r})")
+    m, sd = gpt2_from_hf(name, vocab_size=cfg.model.vocab_size)
+    if shape_of(m) != shape_of(cfg.model):
+        raise ValueError(f"init_from={cfg.train.init_from} is a model of shape {shape_of(m)}, but this config has {shape_of(cfg.model)}: "
+                         "set those values (GPT-2 small is gpt2_124m with bias=true)")
+    return sd
+
 # %% ../nbs/06e_sft.ipynb #6609495e
 def init_model(cfg:Config) -> torch.nn.Module:
     "The GPT of `cfg`, with the weights of `cfg.train.init_from` (a checkpoint folder or experiment) and LoRA adapters when asked."
     from lmbook.model import GPT
     from lmbook.lora import add_lora
     model = GPT(cfg.model)
-    if cfg.train.init_from:
+    if hub_init(cfg.train.init_from):
+        with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
+    elif cfg.train.init_from:
         from lmbook.sample import load_model
         from lmbook.checkpoint import SHAPE_KEYS
         ck, state = init_checkpoint(cfg.train.init_from)
@@ -253,6 +280,9 @@ def prepare_run(cfg:Config, paths, log:Callable|None=None):
     if cfg.data.sft_data and not cfg.train.init_from:
         raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to fine-tune (lmbook finetune --init-from EXP)")
     if not cfg.train.init_from: return prepare_data(cfg, paths)
+    if hub_init(cfg.train.init_from):
+        hub_init_state(cfg)  # shape, tokenizer and weights checked before any data is written
+        return prepare_data(cfg, paths)
     ck, state = init_checkpoint(cfg.train.init_from, paths.root)
     check_init_shape(cfg, state, ck)
     if not cfg.data.sft_data:
@@ -278,7 +308,7 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
 
 def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
     "`cfg` with `init_from` as the checkpoint folder it names in this workspace ('' when resuming a run whose init run is gone)."
-    if not cfg.train.init_from: return cfg
+    if not cfg.train.init_from or hub_init(cfg.train.init_from): return cfg
     from lmbook.checkpoint import list_checkpoints
     try: ck, _ = init_checkpoint(cfg.train.init_from, paths.root)
     except FileNotFoundError:

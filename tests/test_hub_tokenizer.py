@@ -116,3 +116,30 @@ def test_nanogpt_bins_with_the_hub_tokenizer(workspace, hub, tmp_path):
     p = paths_for('nano', root=workspace)
     assert np.array_equal(np.asarray(open_tokens(token_dir(p, 'train')/'shard_00000.bin')), ids)
     assert json.loads((p.tokenizer/'meta.json').read_text())['hub_id'] == 'gpt2'
+
+
+def test_training_starts_from_published_gpt2(workspace, hub, capsys):
+    "init_from=hf:gpt2 loads the cached published weights exactly (step-0 model == the import); shape and tokenizer are checked before any data is written."
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from lmbook.sft import init_model
+    from lmbook.export import gpt2_from_hf
+    tok, path = hub('models--gpt2')
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() == 1: p.add_(0.1*torch.randn_like(p))
+    hf.save_pretrained(path.parent)
+    shape = dict(arch='gpt2', bias=True, vocab_size=320, block_size=64, n_layer=2, n_head=2, n_embd=32, tokenizer='gpt2', init_from='hf:gpt2')
+    cfg = get_config('smoke', shape)
+    ours, (_, sd) = init_model(cfg), gpt2_from_hf('gpt2', vocab_size=320)
+    assert all(torch.equal(ours.state_dict()[k], v) for k, v in sd.items())
+    sets = [f'{k}={v}' for k, v in {**shape, 'take': 200, 'max_steps': 2, 'eval_every': 2, 'eval_steps': 1, 'batch_size': 2,
+                                     'tensorboard': False, 'device': 'cpu'}.items()]
+    assert main(['train', '-p', 'smoke', '-e', 'from-gpt2', '-s', *sets]) == 0
+    for bad, says in (('n_layer=3', 'is a model of shape'), ('tokenizer=', 'needs that model\'s tokenizer: set tokenizer=gpt2')):
+        assert main(['train', '-p', 'smoke', '-e', 'bad-gpt2', '-s', *sets, bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith('error:') and says in err[-1], err
+        assert not (workspace/'datasets'/'train'/'bad-gpt2').exists()
