@@ -228,6 +228,7 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
 # %% ../nbs/08_eval.ipynb #1136a1df
 def add_cli(sub):
     "Register `lmbook eval`."
+    from lmbook.core import cli_options
     p = sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint')
     p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0, help="validation batches (default: the run's eval_steps)")
@@ -237,7 +238,7 @@ def add_cli(sub):
     p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use (default: all)')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--nproc', type=int, default=1, help='processes to share the work (starts torchrun)')
-    p.add_argument('--root', default=None, help='workspace root (default: from settings)')
+    cli_options(p, 'root')
     p.add_argument('--json', action='store_true', help='print one JSON object')
     def run(args) -> int:
         if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1: raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")

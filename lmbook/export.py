@@ -189,6 +189,7 @@ def gpt2_from_hf(folder:Path|str, # a transformers GPT-2 folder (config.json, mo
 # %% ../nbs/10a_export.ipynb #1fe0a75a
 def add_cli(sub):
     "Register `lmbook export`."
+    from lmbook.core import cli_options
     p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload it)')
     p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('out_dir', type=Path, help='the folder to write')
@@ -197,7 +198,7 @@ def add_cli(sub):
     p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision (bfloat16 halves the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true', help='create the Hub repository public (default: private)')
-    p.add_argument('--root', default=None, help='workspace root (default: from settings)')
+    cli_options(p, 'root')
     def run(args) -> int:
         import sys
         if args.push_to_hub:  # refuse before writing anything when the upload cannot happen
