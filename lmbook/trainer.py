@@ -21,6 +21,7 @@ from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
 from . import checkpoint as ckpt
 from .checkpoint import Checkpointer
+from .validation import TrainEvals
 
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'cuda_allocator_defaults', 'resolve_dtype',
