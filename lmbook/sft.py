@@ -342,16 +342,16 @@ def write_jsonl(records:list[dict], path:Path) -> Path:
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1, schedule='cosine', weight_decay=0.0,
                 eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)  # fine-tuning's changes to the init run's config
 
-FINETUNE_PARAMS = dict(  # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run
+FINETUNE_PARAMS = dict(  # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
     init_from='',            # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a scratch workspace)
     data='',                 # the .jsonl of records; '' writes `builtin_chat` to datasets/sft/builtin_chat.jsonl in the workspace
     experiment=None,         # the fine-tuned run: runs/<experiment>; None: '<init_from>-sft'
     root='',                 # workspace root ('': the settings' one; a scratch folder when init_from is '')
     lora_rank=0,             # >0: train LoRA adapters of this rank on a frozen model
-    max_steps=40,            # optimizer steps (None keeps FINETUNE's)
+    max_steps=None,          # optimizer steps (None: FINETUNE's, or 40 for the tiny run made when init_from is '')
     lr=None,                 # None: a tenth of the init run's
     batch_size=None,         # None: the init run's
-    device='cpu',            # 'auto', 'cpu' or 'cuda'
+    device='auto',           # 'auto' (CUDA, else MPS, else CPU), 'cpu' or 'cuda'
     overrides='',            # any other config fields: 'warmup_steps=5,eval_every=20'
 )
 

@@ -1,5 +1,5 @@
 "Fine-tuning: packing and masks, bad records, init_from (weights, tokenizer, shape), LoRA (frozen base, merged export), exact resume, and the CI path pretrain -> finetune -> sample -> export -> transformers."
-import json, shutil, subprocess, sys
+import json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -155,3 +155,15 @@ def test_finetune_notebook(pre, tmp_path):
     assert find_checkpoint(paths_for('ft-nb', root=root).run).name == 'step_00000003'
     r = run(('init_frm', 'pre'), ('root', str(root)))
     assert r.returncode != 0 and 'unknown parameter(s) init_frm' in r.stderr + r.stdout
+
+
+def test_finetune_notebook_defaults(tmp_path):
+    "Left as they are, the parameters pretrain a tiny model in a scratch workspace and fine-tune it on the CPU, end to end."
+    nb = Path(__file__).resolve().parent.parent/'nbs'/'finetune.ipynb'
+    pm = str(Path(sys.executable).parent/'papermill')
+    r = subprocess.run([pm, str(nb), str(tmp_path/'out.ipynb'), '-k', 'python3'], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=600, env={**os.environ, 'CUDA_VISIBLE_DEVICES': ''})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads((tmp_path/'out.ipynb').read_text())
+    text = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', '')) for c in out['cells'] for o in c.get('outputs', []))
+    assert "'step': 40" in text, text[-2000:]
