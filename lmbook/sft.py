@@ -175,15 +175,14 @@ def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint f
 
 def shape_of(m) -> str:
     "The shape fields of a model config (object or dict) as 'arch=llama n_layer=2 ...'."
-    from lmbook.checkpoint import SHAPE_KEYS
-    get = (lambda k: m.get(k)) if isinstance(m, dict) else (lambda k: getattr(m, k))
+    from lmbook.checkpoint import SHAPE_KEYS, SHAPE_DEFAULTS
+    get = (lambda k: m.get(k, SHAPE_DEFAULTS.get(k))) if isinstance(m, dict) else (lambda k: getattr(m, k))  # older checkpoints lack some keys
     return ' '.join(f"{k}={get(k)}" for k in SHAPE_KEYS)
 
 def check_init_shape(cfg:Config, state:dict, ck:Path):
     "Refuse a config whose model shape differs from the init checkpoint's, naming both shapes."
-    from lmbook.checkpoint import SHAPE_KEYS
     old = state.get('config', {}).get('model', {})
-    if any(old.get(k) != getattr(cfg.model, k) for k in SHAPE_KEYS):
+    if shape_of(old) != shape_of(cfg.model):
         raise ValueError(f"init_from {ck} is a model of shape {shape_of(old)}, but this config has {shape_of(cfg.model)}: "
                          "use the init run's model settings (lmbook finetune does)")
 

@@ -91,6 +91,22 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
         train(get_config('smoke', dict(TINY, sft_data=str(data))), 'ft-noinit', root=root, log=quiet)
 
 
+def test_init_from_a_checkpoint_older_than_the_bias_option(pre):
+    "A pretrained checkpoint written before ModelConfig had `bias` (no such key in its state.json) still starts a fine-tuning run."
+    import hashlib
+    root, data = pre
+    ck = find_checkpoint(paths_for('pre', root=root).run)
+    old = root/'old-ckpt'; shutil.copytree(ck, old)
+    st = json.loads((old/'state.json').read_text()); del st['config']['model']['bias']
+    (old/'state.json').write_text(json.dumps(st))
+    man = json.loads((old/'COMPLETE').read_text())
+    man['files']['state.json'] = dict(size=(old/'state.json').stat().st_size, sha256=hashlib.sha256((old/'state.json').read_bytes()).hexdigest())
+    (old/'COMPLETE').write_text(json.dumps(man))
+    cfg = finetune_config(str(old), data, FT, root)
+    assert cfg.model.bias is False
+    init_model(cfg)  # before: "is a model of shape ... bias=None, but this config has ... bias=False"
+
+
 def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
     root, data = pre
     lora = dict(FT, lora_rank=2, lora_alpha=4.0, lr=1e-2)
