@@ -366,6 +366,9 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
                     root:Path|None=None, # workspace root
                    ) -> Config:
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
+    if hub_init(init_from):
+        raise ValueError(f"fine-tuning starts from an lmbook run, not {init_from}: first train from it "
+                         f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then --init-from NAME")
     ck, state = init_checkpoint(init_from, root)
     base = config_from_dict(state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
