@@ -60,9 +60,9 @@ def train_process(cfg, # the resolved `Config`
     from lmbook.trainer import train, NonFiniteError, exit_code
     from lmbook.metrics import RunLog
     if prepare_only:
-        from lmbook.loader import prepare_data
+        from lmbook.sft import prepare_run  # pretraining shards, or a fine-tuning set with the init run's tokenizer
         from lmbook.core import paths_for
-        pd = prepare_data(cfg, paths_for(experiment, root=root))
+        pd = prepare_run(cfg, paths_for(experiment, root=root))
         RunLog()(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))

@@ -183,3 +183,15 @@ def test_finetune_notebook_defaults(tmp_path):
     out = json.loads((tmp_path/'out.ipynb').read_text())
     text = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', '')) for c in out['cells'] for o in c.get('outputs', []))
     assert "'step': 40" in text, text[-2000:]
+
+
+def test_prepare_only_prepares_the_fine_tuning_set(pre):
+    "--prepare-only (what several processes run first) prepares the fine-tuning set and the init run's tokenizer, not pretraining shards and a new tokenizer."
+    from lmbook.cli import main
+    root, data = pre
+    run = paths_for('pre', root=root).run
+    assert main(['train', '-p', str(run/'training.toml'), '-e', 'ft-prep', '--root', str(root), '--prepare-only',
+                 '--set', 'init_from=pre', f'sft_data={data}']) == 0
+    p = paths_for('ft-prep', root=root)
+    assert not (root/'datasets'/'train'/'ft-prep').exists()
+    assert load_tokenizer(p.tokenizer).sha256 == load_tokenizer(paths_for('pre', root=root).tokenizer).sha256
