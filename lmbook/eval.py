@@ -212,7 +212,12 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
     info = init_distributed(inference_device(device))
     lm = load_model(source, root, info.device, warn=warn if info.is_main else (lambda m: None))
     cfg, res = lm.config, dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment)
-    if lm.experiment:
+    if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
+        from lmbook.sft import sft_val_rows, sft_val_batches
+        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer), batch_size or cfg.train.batch_size, batches or cfg.train.eval_steps,
+                             info.rank, info.world_size)
+        res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device))
+    elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')
         if not (vdir/'manifest.json').is_file():
             raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e {lm.experiment}` with the run's profile")

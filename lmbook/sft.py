@@ -18,9 +18,9 @@ from .tokenizer import EOT, SPECIAL_TOKENS
 # %% auto #0
 __all__ = ['ROLES', 'END', 'HUB_INIT', 'FINETUNE', 'FINETUNE_PARAMS', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft',
            'pack', 'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init',
-           'hub_init_state', 'init_model', 'adopt_init_tokenizer', 'SFTData', 'split_examples', 'prepare_run',
-           'run_loaders', 'resolve_init', 'builtin_chat', 'write_jsonl', 'finetune_overrides', 'finetune_config',
-           'finetune', 'add_cli']
+           'hub_init_state', 'init_model', 'adopt_init_tokenizer', 'SFTData', 'split_examples', 'sft_val_rows',
+           'prepare_run', 'run_loaders', 'resolve_init', 'builtin_chat', 'write_jsonl', 'finetune_overrides',
+           'finetune_config', 'finetune', 'add_cli']
 
 # %% ../nbs/06e_sft.ipynb #e17b6ee7
 ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}  # role -> its reserved token
@@ -272,6 +272,11 @@ def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list
     if n_val == 0: return examples, examples
     val = set(np.random.default_rng(seed).permutation(n)[:n_val].tolist())
     return [e for i, e in enumerate(examples) if i not in val], [e for i, e in enumerate(examples) if i in val]
+
+def sft_val_rows(cfg:Config, tokenizer) -> tuple:
+    "The packed validation rows of the fine-tuning run `cfg`, as its trainer made them (for `lmbook eval`)."
+    _, va = split_examples(read_sft(cfg.data.sft_data, tokenizer, cfg.model.block_size), cfg.data.val_ratio, cfg.data.data_seed)
+    return pack(va, cfg.model.block_size, tokenizer.eot_id)
 
 def prepare_run(cfg:Config, paths, log:Callable|None=None):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with `init_from`, the init run's tokenizer first."

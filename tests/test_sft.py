@@ -195,3 +195,12 @@ def test_prepare_only_prepares_the_fine_tuning_set(pre):
     p = paths_for('ft-prep', root=root)
     assert not (root/'datasets'/'train'/'ft-prep').exists()
     assert load_tokenizer(p.tokenizer).sha256 == load_tokenizer(paths_for('pre', root=root).tokenizer).sha256
+
+
+def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
+    "`lmbook eval` of a fine-tuning run gives the validation loss its trainer logged (responses only), not a pretraining set's."
+    root, data = pre
+    res = finetune('pre', data, 'ft-eval', FT, root=root, log=quiet)
+    r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
+    assert r.returncode == 0, r.stderr
+    assert abs(json.loads(r.stdout)['val_loss'] - res['val_loss']) < 1e-5, (r.stdout, res['val_loss'])
