@@ -220,7 +220,6 @@ def init_model(cfg:Config) -> torch.nn.Module:
         with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
     elif cfg.train.init_from:
         from lmbook.sample import load_model
-        from lmbook.checkpoint import SHAPE_KEYS
         ck, state = init_checkpoint(cfg.train.init_from)
         check_init_shape(cfg, state, ck)
         with torch.random.fork_rng(devices=[]):  # building the source model draws no numbers from this run's streams
