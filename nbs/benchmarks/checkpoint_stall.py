@@ -75,6 +75,7 @@ def main():
         line = [l for l in p.stdout.splitlines() if l.startswith('RESULT ')]
         if p.returncode or not line: sys.exit(f"mode {mode} failed with exit code {p.returncode}")
         res['modes'][mode] = json.loads(line[0][7:])
+        if a.out: Path(a.out).write_text(json.dumps(res, indent=1))  # a run cut off later keeps the finished modes
     base = res['modes'].get('none', {}).get('wall_tok_per_s')
     for m in res['modes'].values():
         if base: m['wall_vs_none'] = m['wall_tok_per_s']/base
