@@ -55,7 +55,8 @@ def input_of(query, op):
     m = re.search(op + r'\s*\(\s*input:\s*', query)
     v, i = parse_value(query, m.end())
     if not query[i:].lstrip().startswith(')'): raise GqlSyntaxError(f"expected ')' after the input of {op}")
-    if query.count('{') != query.count('}'): raise GqlSyntaxError("unbalanced braces")
+    bare = re.sub(r'"[^"]*"', '""', query)  # braces inside string values are content, not syntax
+    if bare.count('{') != bare.count('}'): raise GqlSyntaxError("unbalanced braces")
     return v
 
 

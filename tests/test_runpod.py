@@ -1,5 +1,5 @@
 "`lmbook pod` with the real `runpod` SDK against a fake RunPod GraphQL server on 127.0.0.1."
-import json, os, stat, sys
+import json, os, re, stat, sys
 from pathlib import Path
 import pytest
 from fake_runpod import FakeRunPod, serve, CAPACITY
@@ -192,3 +192,49 @@ def test_fetch_copies_the_run_folder_without_checkpoints(fake, capsys, tmp_path,
     assert run(capsys, 'pod', 'fetch', next(iter(fake.pods)))[0] == 0
     args = (tmp_path/'rsync-args').read_text()
     assert '--exclude checkpoints/' in args and f'root@203.0.113.7:/workspace/runs/fw-2b/ {tmp_path}/ws/runs/fw-2b/' in args and '-p 40022' in args
+
+
+@pytest.mark.parametrize('env', ['HF_TOKEN=hf_abcdefghijklmnopqrstuvwx', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22',
+                                 'NOTE=hf_abcdefghijklmnopqrstuvwxyz123456'])
+def test_a_secret_passed_as_plain_env_is_refused_before_anything_is_written(fake, capsys, env):
+    value = env.split('=', 1)[1]
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', env, '--save', 'p.yaml', '--dry-run')
+    one_line_error(rc, out, err, 'secret', '--hf-token')
+    assert value not in out + err and not Path('p.yaml').exists() and fake.requests == []
+    assert run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', 'PUBLIC_KEY=ssh-ed25519 AAAAC3', '--dry-run')[0] == 0
+
+
+def test_a_manifest_is_refused_when_its_env_carries_a_secret_or_disagrees_with_it(fake, capsys):
+    assert run(capsys, *CREATE, '--dry-run')[0] == 0
+    txt = Path('pod.yaml').read_text()
+    Path('leak.yaml').write_text(txt.replace("  PYTHONUNBUFFERED: '1'", "  PYTHONUNBUFFERED: '1'\n  HF_TOKEN: hf_abcdefghijklmnopqrstuvwx"))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'leak.yaml', '--dry-run'), 'HF_TOKEN', 'secret')
+    Path('moved.yaml').write_text(txt.replace('experiment: fw-2b', 'experiment: fw-2b-again'))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'moved.yaml', '--dry-run'), 'RUN_EXPERIMENT', 'fw-2b-again')
+    assert fake.requests == []
+
+
+def test_printed_request_shows_no_character_of_a_secret(fake, capsys):
+    rc, out, err = run(capsys, *CREATE, '--dry-run')
+    masks = re.findall(r'key: "(\w+)", value: "([^"]*chars hidden\))"', out)
+    assert [k for k, v in masks] == ['JUPYTER_PASSWORD', 'HF_TOKEN'] and all(v.startswith('…(') for k, v in masks), masks
+
+
+def test_a_create_whose_last_answer_is_lost_is_found_by_name(fake, capsys):
+    fake.lose_next_answer = True
+    rc, out, err = run(capsys, *CREATE, '--tries', '1')
+    assert rc == 0, err
+    assert len(fake.pods) == 1 and next(iter(fake.pods)) in out
+
+
+def test_a_card_runpod_does_not_offer_gets_a_clear_error(fake, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H200')
+    one_line_error(rc, out, err, "'NVIDIA H200'", 'gpu_prices.yaml')
+    assert 'runpod.get_gpus' not in err and not fake.pods
+
+
+def test_braces_and_dollars_are_plain_string_content(fake, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', 'FOO=a{b', 'BAR=${HOME}')
+    assert rc == 0, err
+    env = {e['key']: e['value'] for e in next(iter(fake.pods.values()))['input']['env']}
+    assert (env['FOO'], env['BAR']) == ('a{b', '${HOME}')
