@@ -238,3 +238,31 @@ def test_braces_and_dollars_are_plain_string_content(fake, capsys):
     assert rc == 0, err
     env = {e['key']: e['value'] for e in next(iter(fake.pods.values()))['input']['env']}
     assert (env['FOO'], env['BAR']) == ('a{b', '${HOME}')
+
+
+def test_every_lmbook_command_the_pod_docs_name_exists():
+    "The README's pod section and the pods page name only commands and flags that exist; whole command lines parse."
+    import argparse, shlex
+    from lmbook.cli import build_parser
+    root = Path(__file__).resolve().parents[1]
+    readme = (root/'README.md').read_text().split('## On a RunPod pod', 1)[1].split('\n## ', 1)[0]
+    page = '\n'.join(''.join(c['source']) for c in json.loads((root/'nbs'/'pods.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
+    text = (readme + '\n' + page).replace('\\\n', ' ')
+    lines = [m.split('  #')[0].strip() for m in re.findall(r'(?m)^(lmbook [^\n`]+)', text)]
+    named = [c for c in re.findall(r'`(lmbook [^`]+)`', text)]
+    assert len(lines) > 15 and len(named) > 10, (lines, named)
+    ap = build_parser()
+    for c in lines + named:
+        args = shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1').replace('...', '').replace('…', ''))[1:]
+        p = ap
+        while args and not args[0].startswith('-'):
+            sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is None: break
+            assert args[0] in sub.choices, f"the docs name `{c}`: no command {args[0]!r}"
+            p, args = sub.choices[args.pop(0)], args
+        flags = {o for a in p._actions for o in a.option_strings}
+        for a in args:
+            if a.startswith('-') and ' ' not in a: assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
+    for c in lines:
+        try: ap.parse_args(shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1'))[1:])
+        except SystemExit: pytest.fail(f"the docs show `{c}`, which lmbook does not accept")
