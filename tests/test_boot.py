@@ -253,3 +253,23 @@ def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_tr
     assert 'export LMBOOK_WORKSPACE="/scratch/$USER/lmbook"' in txt and 'source "$HOME/venvs/lmbook/bin/activate"' in txt
     # `B:` would signal only the batch shell, which dies without passing it on: the trainers must get it to checkpoint
     assert '#SBATCH --signal=TERM@120' in txt and 'B:TERM' not in txt
+
+
+def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):
+    "TensorBoard serves the workspace's runs on its port (all interfaces, for RunPod's proxy); a second boot leaves it be."
+    import signal, socket, time, urllib.request
+    from lmbook.boot import start_tensorboard
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    lines = []
+    p = start_tensorboard(tmp_path, port, lines.append)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f'http://127.0.0.1:{port}/data/logdir', timeout=1) as r: logdir = json.loads(r.read())['logdir']; break
+            except OSError: assert p.poll() is None, 'tensorboard exited'; time.sleep(0.1)
+        else: raise AssertionError('tensorboard never answered')
+        assert logdir == str(tmp_path) and f'on port {port}' in lines[0] and '--bind_all' in p.args
+        assert start_tensorboard(tmp_path, port, lines.append) is None and 'already serves' in lines[-1]
+        assert start_tensorboard(tmp_path, 0, lines.append) is None
+    finally:
+        os.killpg(p.pid, signal.SIGTERM); p.wait(10)
