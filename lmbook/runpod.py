@@ -87,7 +87,7 @@ class PodSpec:
         for k, v in self.secrets.items():
             check_safe(k, 'env_key', 'secret variable name')
             if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:])) or _SECRET_REF.match(v)):
-                raise ValueError(f"secret {k}={v!r}: use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
+                raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
         check_env_value('start', self.start)
         return self
 

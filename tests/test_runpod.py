@@ -130,7 +130,9 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
 ])
 def test_malicious_or_bad_values_are_refused_before_any_request(fake, capsys, args, words):
     base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100']
-    one_line_error(*run(capsys, *base, *args), *words)
+    rc, out, err = run(capsys, *base, *args)
+    one_line_error(rc, out, err, *words)
+    assert 'hf_plainvalue' not in err  # a token given where its source belongs is not echoed back
     assert fake.requests == []
     one_line_error(*run(capsys, 'pod', 'stop', 'abc"}) { id }'), 'pod id')
 
@@ -266,3 +268,12 @@ def test_every_lmbook_command_the_pod_docs_name_exists():
     for c in lines:
         try: ap.parse_args(shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1'))[1:])
         except SystemExit: pytest.fail(f"the docs show `{c}`, which lmbook does not accept")
+
+
+def test_an_api_error_that_echoes_the_request_shows_no_secret(fake, capsys):
+    fake.echo_errors = True
+    rc, out, err = run(capsys, *CREATE)
+    one_line_error(rc, out, err, 'RunPod API error', 'chars hidden')
+    (q,) = fake.ops('podFindAndDeployOnDemand')
+    pw = re.search(r'key: "JUPYTER_PASSWORD", value: "([^"]+)"', q).group(1)
+    for s in (HF, KEY, pw): assert s not in out + err
