@@ -265,6 +265,8 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     s = load_settings()
     check_name(experiment)
     if not Path(profile).suffix: get_config(profile, overrides)  # a profile name must resolve here; a config file lives on the volume
+    elif not profile.startswith('/workspace/'):
+        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. /workspace/configs/{Path(profile).name} (copy it onto the volume first)")
     if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
     ov = ','.join(f'{k}={v}' for k, v in (overrides or {}).items())
     env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=ov,

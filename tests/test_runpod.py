@@ -277,3 +277,10 @@ def test_an_api_error_that_echoes_the_request_shows_no_secret(fake, capsys):
     (q,) = fake.ops('podFindAndDeployOnDemand')
     pw = re.search(r'key: "JUPYTER_PASSWORD", value: "([^"]+)"', q).group(1)
     for s in (HF, KEY, pw): assert s not in out + err
+
+
+def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
+    base = ['pod', 'create', '--experiment', 'ok', '--gpu', 'H100', '--dry-run']
+    one_line_error(*run(capsys, *base, '--profile', 'configs/my.yaml'), '/workspace/')
+    rc, out, err = run(capsys, *base, '--profile', '/workspace/configs/my.yaml')
+    assert rc == 0 and 'RUN_CONFIG: /workspace/configs/my.yaml' in out, err
