@@ -268,6 +268,8 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     elif not profile.startswith('/workspace/'):
         raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. /workspace/configs/{Path(profile).name} (copy it onto the volume first)")
     if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
+    for k, v in (overrides or {}).items():
+        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES (k=v,k=v) cannot carry: rename the path or use a config file")
     ov = ','.join(f'{k}={v}' for k, v in (overrides or {}).items())
     env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=ov,
                LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=repo or REPO, PYTHONUNBUFFERED='1')

@@ -125,6 +125,7 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     (['--env', 'BAD-KEY=1'], ['not allowed']),
     (['--volume', 'v") { id }'], ['volume id', 'not allowed']),
     (['--set', 'dataset=/workspace/x"y'], ['RUN_OVERRIDES', 'unescaped']),
+    (['--set', 'dataset=/workspace/a,b'], ['dataset', 'comma']),
     (['--hf-token', 'hf_plainvalue'], ['never the value itself']),
     (['--gpu', 'H1000'], ['unknown GPU']),
 ])
