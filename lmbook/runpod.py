@@ -15,9 +15,9 @@ from .config import get_config, parse_assignments
 from .podplan import find_gpu, plan, format_plan
 
 # %% auto #0
-__all__ = ['PORTS', 'REPO', 'check_safe', 'check_env_value', 'PodSpec', 'resolve_env', 'masked', 'RunPodError', 'CapacityError',
-           'TransientError', 'RunPodAPI', 'create_pod_retrying', 'wait_running', 'start_command', 'pod_spec',
-           'proxy_urls', 'request_text', 'format_status', 'pod_env', 'add_cli']
+__all__ = ['PORTS', 'REPO', 'check_safe', 'check_env_value', 'check_not_secret', 'PodSpec', 'resolve_env', 'masked',
+           'RunPodError', 'CapacityError', 'TransientError', 'RunPodAPI', 'create_pod_retrying', 'wait_running',
+           'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'format_status', 'pod_env', 'add_cli']
 
 # %% ../nbs/11_runpod.ipynb #b4f3d991
 _SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}', image=r'[A-Za-z0-9][A-Za-z0-9._/:@-]{0,199}',
@@ -35,6 +35,16 @@ def check_env_value(key:str, value:str) -> str:
     if not isinstance(value, str) or any(c in value for c in '"\\') or any(ord(c) < 32 or ord(c) == 127 for c in value) or len(value) > 4096:
         raise ValueError(f"environment variable {key} has a value with a quote, backslash or control character (or over 4096 characters): "
                          "RunPod's GraphQL request would carry it unescaped; remove them")
+    return value
+
+_SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|CREDENTIAL', re.I)
+_SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}')
+
+def check_not_secret(key:str, value:str) -> str:
+    "Refuse a plain environment variable that holds (or is named like) a secret: it would be saved and printed."
+    if _SECRET_KEY.search(key) or _SECRET_VALUE.search(value):
+        raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put in the manifest and the printed spec: "
+                         "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a manifest, under secrets:)")
     return value
 
 # %% ../nbs/11_runpod.ipynb #493874d3
@@ -70,11 +80,14 @@ class PodSpec:
         if self.cloud_type not in ('SECURE', 'COMMUNITY', 'ALL'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose SECURE, COMMUNITY or ALL")
         if not 1 <= self.gpu_count <= 8: raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
         if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: lmbook's pods mount the volume at /workspace")
-        for k, v in self.env.items(): check_env_value(k, str(v))
+        for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
+        for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
+            if k in self.env and str(self.env[k]) != want:
+                raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them the same (the pod trains what env says)")
         for k, v in self.secrets.items():
             check_safe(k, 'env_key', 'secret variable name')
             if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:])) or _SECRET_REF.match(v)):
-                raise ValueError(f"secret {k}={v!r}: use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
+                raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
         check_env_value('start', self.start)
         return self
 
@@ -110,8 +123,8 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
     return env, hidden
 
 def masked(text:str, hidden:set) -> str:
-    "`text` with every secret value replaced by its first two characters and a length."
-    for v in sorted(hidden, key=len, reverse=True): text = text.replace(v, f"{v[:2]}…({len(v)} chars hidden)")
+    "`text` with every secret value replaced by its length."
+    for v in sorted(hidden, key=len, reverse=True): text = text.replace(v, f"…({len(v)} chars hidden)")
     return text
 
 # %% ../nbs/11_runpod.ipynb #2eb0dfbc
@@ -160,11 +173,15 @@ class RunPodAPI:
         "Send `spec` with the resolved `env` (one `podFindAndDeployOnDemand`)."
         spec.validate()
         for k, v in env.items(): check_env_value(k, v)
-        return self._call(self.rp.create_pod, name=spec.name, image_name=spec.image, gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
+        try: return self._call(self.rp.create_pod, name=spec.name, image_name=spec.image, gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
                           gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
                           container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start, ports=spec.ports,
                           volume_mount_path=spec.volume_mount, env=env, network_volume_id=spec.volume_id or None,
                           data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True)
+        except RunPodError: raise
+        except ValueError as e:  # the SDK's own check of the GPU type
+            if 'GPU' not in str(e): raise
+            raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)") from None
     def stop(self, pod_id:str): return self._call(self.rp.stop_pod, check_safe(pod_id, 'id', 'pod id'))
     def resume(self, pod_id:str, gpu_count:int): return self._call(self.rp.resume_pod, check_safe(pod_id, 'id', 'pod id'), int(gpu_count))
     def terminate(self, pod_id:str): return self._call(self.rp.terminate_pod, check_safe(pod_id, 'id', 'pod id'))
@@ -187,6 +204,11 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
         try: return api.create_pod(spec, env)
         except (CapacityError, TransientError) as e:
             if i == tries - 1:
+                if isinstance(e, TransientError):  # the last request may have made the pod: look once more
+                    try: found = api.find_pod(spec.name)
+                    except TransientError: found = None
+                    if found: log(f"pod {spec.name} exists ({found['id']}): the last request went through"); return found
+                    raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether pod {spec.name} exists before you try again") from None
                 raise RunPodError(f"{e} (gave up after {tries} tries): try --cloud-type ALL, another --gpu, fewer --gpus, or later") from None
             pause = wait_s*2**i
             log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
@@ -243,7 +265,11 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     s = load_settings()
     check_name(experiment)
     if not Path(profile).suffix: get_config(profile, overrides)  # a profile name must resolve here; a config file lives on the volume
+    elif not profile.startswith('/workspace/'):
+        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. /workspace/configs/{Path(profile).name} (copy it onto the volume first)")
     if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
+    for k, v in (overrides or {}).items():
+        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES (k=v,k=v) cannot carry: rename the path or use a config file")
     ov = ','.join(f'{k}={v}' for k, v in (overrides or {}).items())
     env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=ov,
                LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=repo or REPO, PYTHONUNBUFFERED='1')

@@ -55,7 +55,8 @@ def input_of(query, op):
     m = re.search(op + r'\s*\(\s*input:\s*', query)
     v, i = parse_value(query, m.end())
     if not query[i:].lstrip().startswith(')'): raise GqlSyntaxError(f"expected ')' after the input of {op}")
-    if query.count('{') != query.count('}'): raise GqlSyntaxError("unbalanced braces")
+    bare = re.sub(r'"[^"]*"', '""', query)  # braces inside string values are content, not syntax
+    if bare.count('{') != bare.count('}'): raise GqlSyntaxError("unbalanced braces")
     return v
 
 
@@ -66,6 +67,7 @@ class FakeRunPod:
         self.capacity_failures = 0      # creates answered "no instances" before one succeeds
         self.lose_next_answer = False   # next create makes the pod, then answers 500 with HTML
         self.polls_until_running = 0    # pod queries answered CREATED before RUNNING
+        self.echo_errors = False        # creates fail with an error quoting the whole request, as some servers' syntax errors do
         self.n = 0
 
     def ops(self, name): return [q for h, q in self.requests if name in q]
@@ -74,6 +76,7 @@ class FakeRunPod:
         if headers.get('Authorization') != f'Bearer {self.key}': return 401, {'error': 'unauthorized'}
         q = json.loads(body)['query']
         self.requests.append((dict(headers), q))
+        if self.echo_errors and 'podFindAndDeployOnDemand' in q: return 200, {'errors': [{'message': f'Syntax Error: Unexpected <EOF> in {q!r}'}]}
         try: return 200, {'data': self.answer(q)}
         except GqlSyntaxError as e: return 200, {'errors': [{'message': f'Syntax Error: {e}'}]}
         except LookupError as e: return 200, {'errors': [{'message': str(e)}]}

@@ -81,6 +81,11 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert json.loads((ws/'runs'/exp/'autokill.json').read_text())['action'] == 'stop'
     no_secret_in(ws, r.stdout, r.stderr)
 
+    # the stopped pod resumed by hand (to fetch the results): the same pod, the same final checkpoint, it stays up
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(calls(ws)) == 2 and 'autokill: not firing again' in (ws/'logs'/f'boot-{exp}.log').read_text()
+
 
 def test_a_failed_run_does_not_autokill(pod, tmp_path):
     ws, env = pod
@@ -215,3 +220,56 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
     assert (venv/'lmbook-commit').read_text().strip() == commit
     monkeypatch.setattr(sys, 'prefix', sys.base_prefix)
     with pytest.raises(ValueError, match='virtualenv'): boot.stage_install(boot.BootOptions(), log)
+
+
+def test_autokill_through_the_api_when_runpodctl_is_missing(tmp_path, monkeypatch):
+    "Without `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY; an API failure is logged on the volume, never raised."
+    import runpod
+    from fake_runpod import FakeRunPod, serve
+    from lmbook.boot import BootOptions, autokill
+    from lmbook.core import paths_for
+    f = FakeRunPod('rpa_PODSCOPEDkey42')
+    f.pods['pod1234abc'] = dict(id='pod1234abc', name='ak-1', desiredStatus='RUNNING')
+    srv, url = serve(f)
+    monkeypatch.setenv('RUNPOD_API_BASE_URL', url)
+    monkeypatch.setattr(runpod, 'api_key', None)
+    paths = paths_for('ak', root=tmp_path); paths.run.mkdir(parents=True)
+    lines = []
+    log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m), sync=lambda self: None))()
+    env = dict(PATH=str(tmp_path/'nothing'), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
+    o = BootOptions(experiment='ak', autokill='terminate', autokill_on_failure=True)
+    assert not autokill(o, paths, 3, log, env)
+    assert 'pod1234abc' in f.pods and 'stop the pod by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
+    assert autokill(o, paths, 3, log, dict(env, RUNPOD_API_KEY='rpa_PODSCOPEDkey42'))
+    assert 'pod1234abc' not in f.pods and len(f.ops('podTerminate')) == 1
+    srv.shutdown()
+
+
+def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_trainers(capsys):
+    from lmbook.boot import slurm_script
+    for kw in (dict(partition='gpu; rm -rf ~'), dict(workspace='/scratch/my runs'), dict(venv='/opt/$(id)/venv')):
+        with pytest.raises(ValueError, match='SLURM|path'): slurm_script('runpod_2b', 'fw-2b', **kw)
+    txt = slurm_script('runpod_2b', 'fw-2b', workspace='/scratch/$USER/lmbook', venv='$HOME/venvs/lmbook', partition='gpu-h100')
+    assert 'export LMBOOK_WORKSPACE="/scratch/$USER/lmbook"' in txt and 'source "$HOME/venvs/lmbook/bin/activate"' in txt
+    # `B:` would signal only the batch shell, which dies without passing it on: the trainers must get it to checkpoint
+    assert '#SBATCH --signal=TERM@120' in txt and 'B:TERM' not in txt
+
+
+def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):
+    "TensorBoard serves the workspace's runs on its port (all interfaces, for RunPod's proxy); a second boot leaves it be."
+    import signal, socket, time, urllib.request
+    from lmbook.boot import start_tensorboard
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    lines = []
+    p = start_tensorboard(tmp_path, port, lines.append)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(f'http://127.0.0.1:{port}/data/logdir', timeout=1) as r: logdir = json.loads(r.read())['logdir']; break
+            except OSError: assert p.poll() is None, 'tensorboard exited'; time.sleep(0.1)
+        else: raise AssertionError('tensorboard never answered')
+        assert logdir == str(tmp_path) and f'on port {port}' in lines[0] and '--bind_all' in p.args
+        assert start_tensorboard(tmp_path, port, lines.append) is None and 'already serves' in lines[-1]
+        assert start_tensorboard(tmp_path, 0, lines.append) is None
+    finally:
+        os.killpg(p.pid, signal.SIGTERM); p.wait(10)

@@ -1,5 +1,5 @@
 "`lmbook pod` with the real `runpod` SDK against a fake RunPod GraphQL server on 127.0.0.1."
-import json, os, stat, sys
+import json, os, re, stat, sys
 from pathlib import Path
 import pytest
 from fake_runpod import FakeRunPod, serve, CAPACITY
@@ -125,12 +125,15 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     (['--env', 'BAD-KEY=1'], ['not allowed']),
     (['--volume', 'v") { id }'], ['volume id', 'not allowed']),
     (['--set', 'dataset=/workspace/x"y'], ['RUN_OVERRIDES', 'unescaped']),
+    (['--set', 'dataset=/workspace/a,b'], ['dataset', 'comma']),
     (['--hf-token', 'hf_plainvalue'], ['never the value itself']),
     (['--gpu', 'H1000'], ['unknown GPU']),
 ])
 def test_malicious_or_bad_values_are_refused_before_any_request(fake, capsys, args, words):
     base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100']
-    one_line_error(*run(capsys, *base, *args), *words)
+    rc, out, err = run(capsys, *base, *args)
+    one_line_error(rc, out, err, *words)
+    assert 'hf_plainvalue' not in err  # a token given where its source belongs is not echoed back
     assert fake.requests == []
     one_line_error(*run(capsys, 'pod', 'stop', 'abc"}) { id }'), 'pod id')
 
@@ -192,3 +195,93 @@ def test_fetch_copies_the_run_folder_without_checkpoints(fake, capsys, tmp_path,
     assert run(capsys, 'pod', 'fetch', next(iter(fake.pods)))[0] == 0
     args = (tmp_path/'rsync-args').read_text()
     assert '--exclude checkpoints/' in args and f'root@203.0.113.7:/workspace/runs/fw-2b/ {tmp_path}/ws/runs/fw-2b/' in args and '-p 40022' in args
+
+
+@pytest.mark.parametrize('env', ['HF_TOKEN=hf_abcdefghijklmnopqrstuvwx', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22',
+                                 'NOTE=hf_abcdefghijklmnopqrstuvwxyz123456'])
+def test_a_secret_passed_as_plain_env_is_refused_before_anything_is_written(fake, capsys, env):
+    value = env.split('=', 1)[1]
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', env, '--save', 'p.yaml', '--dry-run')
+    one_line_error(rc, out, err, 'secret', '--hf-token')
+    assert value not in out + err and not Path('p.yaml').exists() and fake.requests == []
+    assert run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', 'PUBLIC_KEY=ssh-ed25519 AAAAC3', '--dry-run')[0] == 0
+
+
+def test_a_manifest_is_refused_when_its_env_carries_a_secret_or_disagrees_with_it(fake, capsys):
+    assert run(capsys, *CREATE, '--dry-run')[0] == 0
+    txt = Path('pod.yaml').read_text()
+    Path('leak.yaml').write_text(txt.replace("  PYTHONUNBUFFERED: '1'", "  PYTHONUNBUFFERED: '1'\n  HF_TOKEN: hf_abcdefghijklmnopqrstuvwx"))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'leak.yaml', '--dry-run'), 'HF_TOKEN', 'secret')
+    Path('moved.yaml').write_text(txt.replace('experiment: fw-2b', 'experiment: fw-2b-again'))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'moved.yaml', '--dry-run'), 'RUN_EXPERIMENT', 'fw-2b-again')
+    assert fake.requests == []
+
+
+def test_printed_request_shows_no_character_of_a_secret(fake, capsys):
+    rc, out, err = run(capsys, *CREATE, '--dry-run')
+    masks = re.findall(r'key: "(\w+)", value: "([^"]*chars hidden\))"', out)
+    assert [k for k, v in masks] == ['JUPYTER_PASSWORD', 'HF_TOKEN'] and all(v.startswith('…(') for k, v in masks), masks
+
+
+def test_a_create_whose_last_answer_is_lost_is_found_by_name(fake, capsys):
+    fake.lose_next_answer = True
+    rc, out, err = run(capsys, *CREATE, '--tries', '1')
+    assert rc == 0, err
+    assert len(fake.pods) == 1 and next(iter(fake.pods)) in out
+
+
+def test_a_card_runpod_does_not_offer_gets_a_clear_error(fake, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H200')
+    one_line_error(rc, out, err, "'NVIDIA H200'", 'gpu_prices.yaml')
+    assert 'runpod.get_gpus' not in err and not fake.pods
+
+
+def test_braces_and_dollars_are_plain_string_content(fake, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--env', 'FOO=a{b', 'BAR=${HOME}')
+    assert rc == 0, err
+    env = {e['key']: e['value'] for e in next(iter(fake.pods.values()))['input']['env']}
+    assert (env['FOO'], env['BAR']) == ('a{b', '${HOME}')
+
+
+def test_every_lmbook_command_the_pod_docs_name_exists():
+    "The README's pod section and the pods page name only commands and flags that exist; whole command lines parse."
+    import argparse, shlex
+    from lmbook.cli import build_parser
+    root = Path(__file__).resolve().parents[1]
+    readme = (root/'README.md').read_text().split('## On a RunPod pod', 1)[1].split('\n## ', 1)[0]
+    page = '\n'.join(''.join(c['source']) for c in json.loads((root/'nbs'/'pods.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
+    text = (readme + '\n' + page).replace('\\\n', ' ')
+    lines = [m.split('  #')[0].strip() for m in re.findall(r'(?m)^(lmbook [^\n`]+)', text)]
+    named = [c for c in re.findall(r'`(lmbook [^`]+)`', text)]
+    assert len(lines) > 15 and len(named) > 10, (lines, named)
+    ap = build_parser()
+    for c in lines + named:
+        args = shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1').replace('...', '').replace('…', ''))[1:]
+        p = ap
+        while args and not args[0].startswith('-'):
+            sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if sub is None: break
+            assert args[0] in sub.choices, f"the docs name `{c}`: no command {args[0]!r}"
+            p, args = sub.choices[args.pop(0)], args
+        flags = {o for a in p._actions for o in a.option_strings}
+        for a in args:
+            if a.startswith('-') and ' ' not in a: assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
+    for c in lines:
+        try: ap.parse_args(shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1'))[1:])
+        except SystemExit: pytest.fail(f"the docs show `{c}`, which lmbook does not accept")
+
+
+def test_an_api_error_that_echoes_the_request_shows_no_secret(fake, capsys):
+    fake.echo_errors = True
+    rc, out, err = run(capsys, *CREATE)
+    one_line_error(rc, out, err, 'RunPod API error', 'chars hidden')
+    (q,) = fake.ops('podFindAndDeployOnDemand')
+    pw = re.search(r'key: "JUPYTER_PASSWORD", value: "([^"]+)"', q).group(1)
+    for s in (HF, KEY, pw): assert s not in out + err
+
+
+def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
+    base = ['pod', 'create', '--experiment', 'ok', '--gpu', 'H100', '--dry-run']
+    one_line_error(*run(capsys, *base, '--profile', 'configs/my.yaml'), '/workspace/')
+    rc, out, err = run(capsys, *base, '--profile', '/workspace/configs/my.yaml')
+    assert rc == 0 and 'RUN_CONFIG: /workspace/configs/my.yaml' in out, err
