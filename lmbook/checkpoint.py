@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 
 # %% ../nbs/07_checkpoint.ipynb #29a5bd7b
 from __future__ import annotations
-import errno, json, math, os, random, shutil, threading, time, warnings
+import errno, json, math, os, random, shutil, threading, time, warnings, weakref
 from pathlib import Path
 from typing import Callable
 from .core import sha256_file
@@ -18,10 +18,10 @@ from safetensors.torch import save_file, load_file, safe_open
 # %% auto #0
 __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'BEST', 'CheckpointError', 'CheckpointSpaceError',
            'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'full_state', 'load_full_state', 'dedupe',
-           'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint',
-           'save_checkpoint', 'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint',
-           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'config_changes',
-           'check_config_change', 'Checkpointer']
+           'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes', 'check_space',
+           'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged', 'prune_checkpoints',
+           'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible',
+           'config_changes', 'check_config_change', 'Checkpointer']
 
 # %% ../nbs/07_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -80,7 +80,17 @@ def dedupe(sd:dict) -> tuple[dict, dict]:
     return out, aliases
 
 # %% ../nbs/07_checkpoint.ipynb #d8cb5c61
-def cpu_copy(obj, buffers:dict, key:str='', _memo:dict|None=None):
+def host_buffer(shape, dtype:torch.dtype, pin:bool=False) -> torch.Tensor:
+    "A zeroed CPU tensor; `pin`: page-locked for fast copies from the GPU (left pageable where CUDA refuses)."
+    buf = torch.zeros(shape, dtype=dtype)  # touches every page now, holding no CUDA lock
+    if pin and buf.numel():
+        rt = torch.cuda.cudart()
+        if int(rt.cudaHostRegister(buf.data_ptr(), buf.untyped_storage().nbytes(), 0)) == 0:
+            weakref.finalize(buf, rt.cudaHostUnregister, buf.data_ptr())  # before the memory goes back
+    return buf
+
+def cpu_copy(obj, buffers:dict, key:str='', _memo:dict|None=None,
+             copy:bool=True): # False: only make the buffers (ahead of the first snapshot)
     "A copy of the tensors in nested dicts/lists `obj` in reusable CPU `buffers` (pinned when CUDA)."
     memo = {} if _memo is None else _memo
     if isinstance(obj, torch.Tensor):
@@ -88,13 +98,13 @@ def cpu_copy(obj, buffers:dict, key:str='', _memo:dict|None=None):
         if alias in memo: return memo[alias]
         buf = buffers.get(key)
         if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-            buf = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=obj.is_cuda)
+            buf = host_buffer(obj.shape, obj.dtype, pin=obj.is_cuda)
             buffers[key] = buf
-        buf.copy_(obj, non_blocking=obj.is_cuda)
+        if copy: buf.copy_(obj, non_blocking=obj.is_cuda)
         memo[alias] = buf
         return buf
-    if isinstance(obj, dict): return {k: cpu_copy(v, buffers, f'{key}/{k}', memo) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return type(obj)(cpu_copy(v, buffers, f'{key}/{i}', memo) for i, v in enumerate(obj))
+    if isinstance(obj, dict): return {k: cpu_copy(v, buffers, f'{key}/{k}', memo, copy) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return type(obj)(cpu_copy(v, buffers, f'{key}/{i}', memo, copy) for i, v in enumerate(obj))
     return obj
 
 def _gather(obj, info:DistInfo) -> list|None:
@@ -355,7 +365,7 @@ class Checkpointer:
         self.dir, self.every, self.keep, self.background = Path(ckpt_dir), every, keep, background
         self.info, self.log = info or DistInfo(), log
         self.last, self.good, self.buffers, self.timings = -1, set(), {}, []
-        self.thread, self.error = None, None
+        self.thread, self.error, self.prep = None, None, None  # the write in flight, its error, the buffers being made
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
@@ -392,6 +402,7 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
     t0 = time.perf_counter()
     self.wait()
+    if self.prep is not None: self.prep.join(); self.prep = None  # the buffers `prepare` is still making
     t1 = time.perf_counter()
     snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers if self.background else None)
     if periodic: self.last = step
@@ -424,10 +435,22 @@ def _wait(self:Checkpointer):
 
 def _close(self:Checkpointer):
     "Finish the write in flight when leaving early (an error, an interrupt): log its error instead of raising it."
+    if self.prep is not None: self.prep.join(); self.prep = None
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
 Checkpointer.save, Checkpointer.wait, Checkpointer.close = _save, _wait, _close
+
+# %% ../nbs/07_checkpoint.ipynb #863764b8
+def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, sharded:bool=False):
+    "Make the background snapshot's CPU buffers in a thread (call once the optimizer has its state)."
+    if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None: return
+    state = full_state(model, optimizer, cpu_offload=False)  # references to the live tensors: no copy
+    self.prep = threading.Thread(target=cpu_copy, args=(state, self.buffers), kwargs=dict(copy=False),
+                                 name='checkpoint-buffers', daemon=True)
+    self.prep.start()
+
+Checkpointer.prepare = _prepare
 
 # %% ../nbs/07_checkpoint.ipynb #e2e36f5d
 BEST = 'best'  # the folder of the checkpoint with the lowest val_loss, beside the step checkpoints

@@ -363,6 +363,7 @@ def _train(r:Run, experiment:str) -> dict:
                 res = train_step(t, r.loader.next_batch, lr)
                 slog.timed(time.perf_counter() - t0)
                 step += 1; tokens += r.tokens_per_step
+                if step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)  # the snapshot buffers, while training goes on
                 consec = consec + 1 if res.skipped else 0
                 skipped += res.skipped
                 row = slog.train_row(step, tokens, res, lr, skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
