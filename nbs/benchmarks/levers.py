@@ -5,7 +5,8 @@ and T=1024, so each ratio compares two rows of the same call at the same shape a
 
 1. the 2B shape (GPT-2 arch, 24 x 2560, 40 heads), micro-batch 16, synthetic tokens: tok/s, MFU, peak memory;
 2. GPT-2 124M, micro-batch 64, real tokens with the config's warmup and cosine decay over PARITY_STEPS steps:
-   tok/s, peak memory and the validation loss at the end (loss parity against the recipe row).
+   tok/s, peak memory and the validation loss at the end (loss parity against the recipe row);
+3. on request (`--shapes 2bp`), the 2B shape at micro-batch 16 on the same real tokens and schedule: loss parity at 2B.
 
 Rows: `recipe` (arch=gpt2, whole-logits loss, attn_backend=sdpa, default compile, fused AdamW: nanoGPT's
 train.py), then each lever alone (`fp8` tensorwise, `fused_ce`, `attn` = attn_backend=auto: cuDNN on Hopper),
@@ -31,7 +32,7 @@ G2B = dict(n_layer=24, n_embd=2560, n_head=40)
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
-    ap.add_argument('--shapes', default='2b,124m', help="which tables: '2b' (throughput), '124m' (throughput and loss parity)")
+    ap.add_argument('--shapes', default='2b,124m', help="which tables: '2b' (throughput), '124m' (throughput and loss parity), '2bp' (2B loss parity on real tokens)")
     ap.add_argument('--parity-steps', type=int, default=120, help='timed optimizer steps of each 124M row (loss parity)')
     ap.add_argument('--steps-2b', type=int, default=4, help='timed optimizer steps of each 2B row')
     ap.add_argument('--levers', default=','.join(LEVERS), help='comma-separated subset of ' + ','.join(LEVERS))
@@ -53,7 +54,8 @@ def main():
     tiny = dict(n_layer=2, n_embd=64, n_head=2, block_size=64, device='cpu', compile='false', warmup_steps=3)
     shapes = [  # (label, overrides, steps, warmup, real tokens)
         ('2b-b16', {**G2B, 'batch_size': 16}, a.steps_2b, 2, False),
-        ('124m-b64', {'batch_size': 64, 'warmup_steps': max(1, a.parity_steps//10)}, a.parity_steps, 2, True)]
+        ('124m-b64', {'batch_size': 64, 'warmup_steps': max(1, a.parity_steps//10)}, a.parity_steps, 2, True),
+        ('2bp-b16', {**G2B, 'batch_size': 16, 'warmup_steps': max(1, a.parity_steps//10)}, a.parity_steps, 2, True)]
     shapes = [s for s in shapes if s[0].split('-')[0] in a.shapes.split(',')]
     rows = []
     for label, shape, steps, warmup, real in shapes:
