@@ -367,6 +367,7 @@ class Checkpointer:
         self.last, self.good, self.buffers, self.timings = -1, set(), {}, []
         self.thread, self.error, self.prep = None, None, None  # the write in flight, its error, the buffers being made
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
+        self.slow_wait, self.warned_slow = 5.0, False  # seconds a save may wait for the previous write before a warning
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps, at the end, and when stopping."
@@ -410,6 +411,10 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     if not self.info.is_main: return
     rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True} if best is not None else {}))
     self.timings.append(rec)
+    if rec['wait_s'] > self.slow_wait and not self.warned_slow:
+        self.warned_slow = True
+        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous one to be written: "
+                 f"checkpoints come faster than the disk writes them; raise ckpt_every")
     def write():
         t1 = time.perf_counter()
         try:
