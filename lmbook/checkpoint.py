@@ -403,7 +403,6 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
     t0 = time.perf_counter()
     self.wait()
-    if self.prep is not None: self.prep.join(); self.prep = None  # the buffers `prepare` is still making
     t1 = time.perf_counter()
     snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers if self.background else None)
     if periodic: self.last = step
@@ -432,7 +431,8 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     if self.error: self.wait()
 
 def _wait(self:Checkpointer):
-    "Finish the write in flight; raise its error, if any."
+    "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."
+    if self.prep is not None: self.prep.join(); self.prep = None
     if self.thread is not None: self.thread.join(); self.thread = None
     if self.error is not None:
         e, self.error = self.error, None
@@ -440,7 +440,6 @@ def _wait(self:Checkpointer):
 
 def _close(self:Checkpointer):
     "Finish the write in flight when leaving early (an error, an interrupt): log its error instead of raising it."
-    if self.prep is not None: self.prep.join(); self.prep = None
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
