@@ -1,0 +1,71 @@
+"""fp8 against bf16 over a long run: loss parity at a profile's own shape on real tokens.
+
+Table "fp8 loss parity" of nbs/benchmarks.md. One arm per process (`--arm bf16` or `--arm fp8`), so two GPUs
+of one host run both arms at once; each arm trains the profile's model (`runpod_2b` by default) for STEPS
+optimizer steps at micro-batch B x 1024, accumulation 1, with the profile's lr, warmup of STEPS/10 and a
+cosine decay to 10% over STEPS. The arms differ only in `fp8` (off / tensorwise): same seed, same batches in
+the same order, same validation batches. Every EVAL_EVERY steps a row gives the validation loss
+(see time_to_loss.py for the row format); the last row per arm gives its final validation loss.
+
+Verdict: `python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --verdict` prints the final validation losses,
+their relative difference (bound: 0.5%) and the largest training loss of each arm after warmup
+(a divergence shows there first).
+
+Usage (repo root): python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --arm bf16|fp8 [--steps 1500] [--batch-size 8]
+                   [--profile runpod_2b] [--tiny]
+"""
+import argparse, json, sys, time
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ARMS = {'bf16': dict(fp8='off'), 'fp8': dict(fp8='tensorwise')}
+
+def verdict(out:Path) -> str:
+    rows = [json.loads(l) for l in open(out)]
+    ends = {r['run']: r for r in rows if r.get('summary')}
+    lines = []
+    for arm, e in ends.items():
+        losses = [r['loss'] for r in rows if r.get('run') == arm and not r.get('summary') and r.get('loss') is not None
+                  and r['step'] > e['max_steps']//10]
+        lines.append(f"{arm}: {e['max_steps']} steps, {e['train_s']:.0f}s, final val_loss {e['final_val_loss']}, "
+                     f"max train loss after warmup {max(losses) if losses else '-'}, {e['card']}")
+    if {'bf16', 'fp8'} <= set(ends):
+        b, f = ends['bf16']['final_val_loss'], ends['fp8']['final_val_loss']
+        d = 100*(f - b)/b
+        lines.append(f"fp8 vs bf16 final val_loss: {d:+.2f}% ({'within' if abs(d) <= 0.5 else 'OUTSIDE'} the 0.5% bound)")
+    return '\n'.join(lines)
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
+    ap.add_argument('--arm', choices=list(ARMS), help='which arm this process trains')
+    ap.add_argument('--verdict', action='store_true', help='print the comparison of the arms in OUT and stop')
+    ap.add_argument('--prepare', action='store_true', help='prepare the tokens and stop (run once before the arms)')
+    ap.add_argument('--profile', default='runpod_2b', help='the profile whose model is trained')
+    ap.add_argument('--steps', type=int, default=1500, help='optimizer steps of each arm')
+    ap.add_argument('--batch-size', type=int, default=8, help='micro-batch (accumulation 1)')
+    ap.add_argument('--eval-every', type=int, default=100, help='steps between validation rows')
+    ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
+    ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
+    ap.add_argument('--mb', type=float, default=80, help='megabytes of source text to tokenize')
+    ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
+    ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
+    a = ap.parse_args()
+    if a.verdict: return print(verdict(a.out))
+    import tokens
+    t0 = time.time()
+    train, val = tokens.prepare(a.workspace, 'fp8p', a.dataset, 1 if a.tiny else a.mb)
+    print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
+    if a.prepare: return
+    if not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
+    from lmbook.trainer import cuda_allocator_defaults
+    cuda_allocator_defaults()
+    from lmbook.config import get_config
+    from time_to_loss import run
+    tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}
+    cfg = get_config(a.profile, dict(batch_size=a.batch_size, grad_accum=1, max_steps=a.steps, warmup_steps=max(1, a.steps//10),
+                                     schedule='cosine', min_lr_ratio=0.1, **ARMS[a.arm], **tiny))
+    _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)
+    print(f"{a.arm}: {a.steps} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']}", flush=True)
+
+if __name__ == '__main__': main()
