@@ -211,6 +211,7 @@ def format_rows(rows:list[dict]) -> str:
 def _run(args) -> int:
     from lmbook.trainer import cuda_allocator_defaults
     cuda_allocator_defaults()  # the trainer's allocator settings, so the numbers are the training run's
+    if args.fit: return _fit(args)
     sizes = [int(s) for s in args.batch_sizes.split(',')] if args.batch_sizes else None
     rows = bench(args.profile, parse_assignments(args.set), sizes, args.steps, args.warmup, args.data, args.out, args.label,
                  args.compile_mode, parse_assignments(args.inductor), args.schedule, args.val_data, args.eval_batches)
@@ -218,6 +219,15 @@ def _run(args) -> int:
     if dist_env()[0] == 0:
         for r in rows: print(json.dumps(r))
         print(format_rows(rows))
+    return 0
+
+def _fit(args) -> int:
+    from lmbook.trainer import fit_batch
+    from lmbook.distributed import init_distributed
+    cfg = get_config(args.profile, parse_assignments(args.set))
+    info = init_distributed(pick_device(cfg.train.device))
+    f = fit_batch(cfg, info, print if info.is_main else (lambda *a: None))
+    if info.is_main: print(f"--set batch_size={f.train.batch_size} grad_accum={f.train.grad_accum}")
     return 0
 
 def add_cli(sub):
@@ -236,6 +246,8 @@ def add_cli(sub):
     p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the steps (for loss comparisons)")
     p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report val_loss at the end')
     p.add_argument('--eval-batches', type=int, default=20, help='validation batches for val_loss')
+    p.add_argument('--fit', action='store_true',
+                   help='find the largest micro-batch that fits this GPU, tokens per step kept (as batch_fit does)')
     p.set_defaults(func=_run)
 
 def main(argv:list[str]|None=None) -> int:

@@ -152,6 +152,8 @@ class TrainConfig:
     tensorboard: bool = True     # also log to runs/<exp>/tensorboard
     wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
     fp8: str = 'off'             # float8 matmuls through torchao on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)
+    act_ckpt: str = 'none'       # activation checkpointing per block: 'none', 'selective' (matmul and attention outputs kept, the rest recomputed) or 'full' (only each block's input kept)
+    batch_fit: bool = False      # on CUDA, a new run first raises batch_size to the largest that fits the card (trial steps), lowering grad_accum so tokens per step stay; the choice goes in the run's config
     optimizer: str = 'adamw'     # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
     muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
@@ -175,7 +177,8 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     token_budget=at_least(0), decay_frac=between(0, 1), parallel=one_of('ddp', 'fsdp'), nproc=at_least(1),
                     auto_resume=FLAG, deterministic=FLAG, max_nonfinite=at_least(0), tensorboard=FLAG,
                     wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name of letters, digits, '.', '_', '-'"),
-                    fp8=one_of('off', 'tensorwise', 'rowwise'), optimizer=one_of('adamw', 'muon'),
+                    fp8=one_of('off', 'tensorwise', 'rowwise'), act_ckpt=one_of('none', 'selective', 'full'), batch_fit=FLAG,
+                    optimizer=one_of('adamw', 'muon'),
                     muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
                     sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
                     ckpt_async=FLAG, allow_config_change=FLAG,

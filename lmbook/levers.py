@@ -1,4 +1,4 @@
-"""Throughput levers behind config flags: float8 matmuls through torchao, and a report of which loss and attention kernels a run gets.
+"""Throughput levers behind config flags: float8 matmuls through torchao, activation checkpointing, and a report of which loss and attention kernels a run gets.
 
 Docs: https://lmbook.github.io/lmbook/levers.html.md"""
 
@@ -6,13 +6,16 @@ Docs: https://lmbook.github.io/lmbook/levers.html.md"""
 
 # %% ../nbs/06d_levers.ipynb #5086dfc5
 from __future__ import annotations
-import warnings
+import functools, warnings
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
+from typing import Callable
 from .config import Config
 
 # %% auto #0
-__all__ = ['fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'loss_kernel', 'attention_kernel', 'lever_report']
+__all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'keep_matmuls', 'checkpointed',
+           'apply_act_ckpt', 'loss_kernel', 'attention_kernel', 'lever_report']
 
 # %% ../nbs/06d_levers.ipynb #fe6c9e32
 def fp8_support(device:str) -> str:
@@ -48,6 +51,35 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
     convert_fp8(model, recipe)
     return recipe
 
+# %% ../nbs/06d_levers.ipynb #ae68e129
+_aten = torch.ops.aten
+SAVED_OPS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten._scaled_mm.default,
+             _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
+             _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+def keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    "Selective checkpointing's rule: save the outputs of matmuls and attention, recompute everything else."
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+def checkpointed(forward:Callable, # a block's own forward
+                 mode:str, # 'selective' or 'full'
+                ) -> Callable:
+    "`forward` under activation checkpointing while gradients are recorded (sampling and eval run it as is)."
+    ctx = dict(context_fn=functools.partial(create_selective_checkpoint_contexts, keep_matmuls)) if mode == 'selective' else {}
+    def run(*args, **kwargs):
+        if not torch.is_grad_enabled(): return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **ctx, **kwargs)
+    return run
+
+def apply_act_ckpt(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wrapping
+                   mode:str, # the config's `act_ckpt`: 'none', 'selective' or 'full'
+                  ) -> str:
+    "Activation checkpointing on each of `model`'s blocks; returns the mode applied."
+    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose none, selective or full")
+    if mode != 'none':
+        for b in model.h: b.forward = checkpointed(b.forward, mode)
+    return mode
+
 # %% ../nbs/06d_levers.ipynb #b4892c8a
 def loss_kernel(cfg:Config, device:str) -> str:
     "The loss implementation `cfg` gets on `device`: 'liger', 'chunked' or 'logits' (whole logits)."
@@ -68,4 +100,4 @@ def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
 def lever_report(cfg:Config, device:str, fp8_applied:str='off') -> dict:
     "The levers a run of `cfg` really uses on `device`, for a metrics or benchmark row."
     return dict(fp8=fp8_applied, loss_kernel=loss_kernel(cfg, device), attention=attention_kernel(cfg, device),
-                optimizer=cfg.train.optimizer, mfu_basis='bf16 peak' if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')
+                optimizer=cfg.train.optimizer, act_ckpt=cfg.train.act_ckpt, mfu_basis='bf16 peak' if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')

@@ -7,10 +7,12 @@ Docs: https://lmbook.github.io/lmbook/memory.html.md"""
 # %% ../nbs/01a_memory.ipynb #7ff9de0d
 from __future__ import annotations
 import math
+from typing import Callable
 from .config import Config, ModelConfig, count_params, get_config
 
 # %% auto #0
-__all__ = ['state_bytes', 'act_bytes_per_token_layer', 'block_matrix_params', 'logits_bytes', 'estimate_memory', 'max_batch_size']
+__all__ = ['state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'block_matrix_params', 'logits_bytes',
+           'estimate_memory', 'max_batch_size', 'batch_choices', 'search_batch']
 
 # %% ../nbs/01a_memory.ipynb #ecc6715a
 def state_bytes(n_params:int, # parameters
@@ -29,6 +31,16 @@ def act_bytes_per_token_layer(m:ModelConfig, fp8:bool=False) -> int:
     attn = 4*d + 4*d + 2*d + 2*d + qkv + 2*d
     mlp = 4*h if m.arch == 'gpt2' else 8*h
     return attn + mlp
+
+def act_bytes_per_token(m:ModelConfig, fp8:bool=False, act_ckpt:str='none') -> int:
+    "Bytes all blocks save for backward per token, under activation checkpointing `act_ckpt`."
+    one = act_bytes_per_token_layer(m, fp8)
+    if act_ckpt == 'none': return m.n_layer*one
+    d, h = m.n_embd, m.hidden
+    kept = 4*d  # the block's input (fp32)
+    if act_ckpt == 'selective':  # and the outputs of its matmuls and attention (bf16)
+        kept += 2*(m.n_head + 2*m.kv_heads)*m.head_dim + 2*d + 2*d + (2*h if m.arch == 'gpt2' else 4*h) + 2*d
+    return m.n_layer*kept + one  # one block's activations again while backward recomputes it
 
 def block_matrix_params(m:ModelConfig) -> int:
     "Parameters of the linear layers inside the blocks (the ones float8 training converts)."
@@ -68,7 +80,7 @@ def estimate_memory(cfg:Config, # the run's config
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
     fp8 = tc.fp8 != 'off'
-    act = tokens*m.n_layer*act_bytes_per_token_layer(m, fp8)
+    act = tokens*act_bytes_per_token(m, fp8, tc.act_ckpt)
     logits = logits_bytes(m, tokens)
     fp32 = tc.dtype == 'float32'
     if fp32: act, logits = 2*act, 2*logits
@@ -98,3 +110,23 @@ def max_batch_size(cfg:Config, # the run's config
         if estimate_memory(cfg, mid, world_size)['total_gb'] <= budget: lo = mid
         else: hi = mid - 1
     return lo
+
+# %% ../nbs/01a_memory.ipynb #0d3a73b1
+def batch_choices(cfg:Config) -> list[tuple[int, int]]:
+    "(batch_size, grad_accum) pairs with `cfg`'s tokens per step and at least its micro-batch, smallest first."
+    per = cfg.train.batch_size*cfg.train.grad_accum
+    return [(b, per//b) for b in range(cfg.train.batch_size, per + 1) if per % b == 0]
+
+def search_batch(choices:list[tuple[int, int]], # `batch_choices`, smallest micro-batch first
+                 fits:Callable[[int], bool], # does this micro-batch fit? (a trial on the card)
+                 start:int=0, # index to try first (the estimate's pick)
+                ) -> int:
+    "Index of the largest choice that `fits`: up from `start` while they fit, else down until one does; -1 if none."
+    i = min(max(start, 0), len(choices) - 1)
+    if fits(choices[i][0]):
+        while i + 1 < len(choices) and fits(choices[i + 1][0]): i += 1
+        return i
+    while i > 0:
+        i -= 1
+        if fits(choices[i][0]): return i
+    return -1

@@ -6,17 +6,18 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../nbs/06_trainer.ipynb #a19fd682
 from __future__ import annotations
-import contextlib, json, math, os, resource, signal, threading, time
+import contextlib, gc, json, math, os, resource, signal, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import torch
-from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
+from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params, apply_overrides, load_config_file
+from .memory import batch_choices, search_batch, max_batch_size
 from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops
 from .metrics import MetricsLogger, RunLog, format_row, _console
 from .runlock import RunLock, RunLocked
 from .model import GPT
-from .levers import apply_fp8
+from .levers import apply_fp8, apply_act_ckpt
 from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
 from . import checkpoint as ckpt
@@ -25,9 +26,9 @@ from .validation import TrainEvals
 
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'cuda_allocator_defaults', 'resolve_dtype',
-           'resolve_compile', 'Trainable', 'build_trainable', 'StepResult', 'train_step', 'evaluate', 'StopFlag',
-           'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog', 'NonFiniteError',
-           'exit_code', 'diverged', 'finish', 'train']
+           'resolve_compile', 'Trainable', 'build_trainable', 'StepResult', 'train_step', 'evaluate', 'is_oom',
+           'fits_card', 'fit_batch', 'fitted_config', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run',
+           'setup_run', 'record_start', 'StepLog', 'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train']
 
 # %% ../nbs/06_trainer.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -78,6 +79,7 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
     from lmbook.sft import init_model
     model = init_model(cfg).to(dev)  # GPT(cfg.model), with init_from's weights and LoRA adapters when configured
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
+    apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(tc.compile, dev):
         if info.distributed and parallel == 'fsdp':
             for b in model.h: b.compile()
@@ -128,6 +130,66 @@ def evaluate(t:Trainable, batches:list) -> float:
         with t.autocast(): tot += t.model(x.to(t.device), y.to(t.device)).float()
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
+
+# %% ../nbs/06_trainer.ipynb #54961bfe
+def is_oom(e:BaseException) -> bool:
+    "Whether `e` is the GPU running out of memory (also when compilation wrapped the error)."
+    return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
+
+def fits_card(cfg:Config, # the config to try, at its batch_size
+              info:DistInfo, # this process's place (a CUDA device)
+              headroom:float=0.05, # fraction of the card's memory the trial must leave unused
+             ) -> bool:
+    "Whether two optimizer steps of `cfg` run on every rank's GPU within `1 - headroom` of its memory."
+    dev, t, x = info.device, None, None
+    try:
+        t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info)
+        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1), device=dev)
+        for _ in range(2): train_step(t, lambda: (x[:, :-1], x[:, 1:]), 0.0)
+        ok = torch.cuda.max_memory_reserved(dev) <= (1 - headroom)*torch.cuda.mem_get_info(dev)[1]
+    except Exception as e:
+        if not is_oom(e): raise
+        ok = False
+    finally:
+        t = x = None
+        gc.collect(); torch._dynamo.reset(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(dev)
+    return all_reduce(float(ok), 'min', dev) > 0
+
+# %% ../nbs/06_trainer.ipynb #df4d2572
+def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest micro-batch tried
+              info:DistInfo, # this process's place
+              log:Callable=print, # where the one line about the choice goes
+              fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
+             ) -> Config:
+    "`cfg` with the largest micro-batch that fits the card, accumulation lowered to keep its tokens per step."
+    tc, est = cfg.train, cfg.train.batch_size
+    if fits is None:
+        if not info.device.startswith('cuda'):
+            log(f"batch_fit: trials need a CUDA GPU; keeping batch_size {tc.batch_size}")
+            return cfg
+        fits = lambda c: fits_card(c, info)
+        est = max_batch_size(cfg, torch.cuda.mem_get_info(info.device)[1]/1e9, world_size=info.world_size)
+    choices, tried = batch_choices(cfg), {}
+    def trial(b):
+        tried[b] = fits(apply_overrides(cfg, dict(batch_size=b, grad_accum=tc.batch_size*tc.grad_accum//b)))
+        return tried[b]
+    i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
+    seen = ', '.join(f"{b} {'fits' if ok else 'does not'}" for b, ok in sorted(tried.items()))
+    if i < 0:
+        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits the card ({seen}); keeping batch_size {tc.batch_size}")
+        return cfg
+    b, acc = choices[i]
+    log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
+    return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc))
+
+def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Config:
+    "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
+    saved = run_dir/'training.toml'
+    if cfg.train.auto_resume and saved.exists():
+        old, tc = load_config_file(saved).train, cfg.train
+        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg  # the resume check explains
+        return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
+    return fit_batch(cfg, info, log)
 
 # %% ../nbs/06_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -208,6 +270,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)  # once per node, the others then find it done
         barrier()
         if info.local_rank != 0: prepared = prepare_run(cfg, paths)
+        if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
         tps = cfg.tokens_per_step*info.world_size
