@@ -211,11 +211,11 @@ def hub_init_state(cfg:Config) -> dict:
     return sd
 
 # %% ../nbs/06e_sft.ipynb #6609495e
-def init_model(cfg:Config) -> torch.nn.Module:
-    "The GPT of `cfg`, with the weights of `cfg.train.init_from` (a checkpoint folder or experiment) and LoRA adapters when asked."
+def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
+    "The GPT of `cfg` on `device`, with the weights of `cfg.train.init_from` and LoRA adapters when asked."
     from lmbook.model import GPT
     from lmbook.lora import add_lora
-    model = GPT(cfg.model)
+    with torch.device(device): model = GPT(cfg.model)  # made where it trains: a 4B model's init takes a minute on a CPU
     if hub_init(cfg.train.init_from):
         with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
     elif cfg.train.init_from:

@@ -77,7 +77,7 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None)
     parallel = parallel or tc.parallel
     torch.manual_seed(tc.seed)  # identical initial weights on every rank
     from lmbook.sft import init_model
-    model = init_model(cfg).to(dev)  # GPT(cfg.model), with init_from's weights and LoRA adapters when configured
+    model = init_model(cfg, dev)  # GPT(cfg.model), with init_from's weights and LoRA adapters when configured
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(tc.compile, dev):
