@@ -68,6 +68,7 @@ class FakeRunPodV2:
         self.busy = 0                   # the next calls answered 429 (Retry-After: 0)
         self.broken = 0                 # the next calls answered 503
         self.echo_errors = False        # creates fail with a problem that quotes the whole body
+        self.ssh = ('203.0.113.7', 40022)  # the public address of a running pod's sshd
         self.n = 0
         self.lock = threading.Lock()
 
@@ -76,8 +77,8 @@ class FakeRunPodV2:
         return [(m, p, b) for m, p, h, b in self.requests if (method is None or m == method) and (path is None or re.fullmatch(path, p))]
 
     def add_pod(self, pod_id, name='pod', status='RUNNING', **kw):
-        self.pods[pod_id] = self._pod(pod_id, dict(name=name, image='runpod/pytorch:x', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1),
-                                                   cloud='SECURE', env={}, mounts={}, **kw), status)
+        body = dict(name=name, image='runpod/pytorch:x', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1), cloud='SECURE', env={}, mounts={}) | kw
+        self.pods[pod_id] = self._pod(pod_id, body, status)
         return self.pods[pod_id]
 
     def handle(self, method, raw_path, headers, raw):
@@ -133,8 +134,9 @@ class FakeRunPodV2:
         p = dict(p)
         p['actions'] = CONTRACT['actions_by_status'].get(p['status'], [])
         if p['status'] == 'RUNNING':
-            p['ssh'] = dict(proxy=None, direct=dict(host='203.0.113.7', port=40022, username='root', command='ssh root@203.0.113.7 -p 40022'))
-            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)], ports=[dict(private=22, public=40022, type='tcp', ip='203.0.113.7')])
+            host, port = self.ssh
+            p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root', command=f'ssh root@{host} -p {port}'))
+            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)], ports=[dict(private=22, public=port, type='tcp', ip=host)])
         else: p['cost'] = 0.0 if p['status'] in ('EXITED', 'TERMINATED') else p['cost']
         return {k: v for k, v in p.items() if k not in ('body', 'polls')}
 
