@@ -182,13 +182,21 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size} in {pd.tokenizer_dir}")
 
 # %% ../nbs/11a_boot.ipynb #7c2e88da
+_VERIFIED = {}  # checkpoint folder -> its COMPLETE file's mtime when its hashes last verified (a 1B checkpoint hashes in ~20 s)
+
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
     "The run's final checkpoint (step >= `total`, default: the total the trainer recorded), complete and verified, or None."
     from lmbook.checkpoint import latest_checkpoint, ckpt_step
     meta = paths.run/'meta.json'
     if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
+    last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
+    if last is None or not total or ckpt_step(last) < total: return None
+    stamp = lambda c: (c/'COMPLETE').stat().st_mtime_ns if (c/'COMPLETE').is_file() else None
+    if _VERIFIED.get(last) == stamp(last): return last  # verified moments ago: not hashed again before autokill
     last = latest_checkpoint(paths.checkpoints, hashes=True, warn=lambda m: None)
-    return last if last is not None and total and ckpt_step(last) >= total else None
+    if last is None or ckpt_step(last) < total: return None
+    _VERIFIED[last] = stamp(last)
+    return last
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
     "The run's total steps from its config (None for an epoch-based run: known once the data is tokenized)."
@@ -259,18 +267,19 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
         log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
     if guard and (spent := guard.over()): log(spent); return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
+    # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed package
     env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''
     if targs:
         from lmbook.launch import launch_cmd
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
         for cmd in (launch_cmd(*args, prepare_only=True), launch_cmd(*args)):
-            rc, spent = _follow(cmd, paths, log, stop, guard, env=env)
+            rc, spent = _follow(cmd, paths, log, stop, guard, env=env, cwd=paths.run)
             if rc: break
     else:
         out = paths.run/f"train-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.ipynb"
         log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
-        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env, cwd=ws)
+        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env, cwd=paths.run)
         rc = trainer_exit_code(out, rc)
     if rc and stop and stop.signum: rc = 128 + stop.signum
     log.sync()

@@ -23,6 +23,7 @@ def corpus(path, n, start=0):
 def pod(tmp_path, monkeypatch):
     "A workspace, a fake `runpodctl` on PATH, and the environment a pod would have."
     ws = tmp_path/'ws'; ws.mkdir()
+    (ws/'lmbook'/'nbs').mkdir(parents=True)  # the volume's checkout, as the start command leaves it: not a package to import from the cwd
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
     env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID='pod1234abc',
