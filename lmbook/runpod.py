@@ -40,7 +40,7 @@ def check_not_secret(key:str, value:str) -> str:
                          "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a manifest, under secrets:)")
     return value
 
-# %% ../nbs/11_runpod.ipynb #3b2ed06f
+# %% ../nbs/11_runpod.ipynb #dfd3801f
 _PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.invalid\b|\bYOUR[_-]|\bUSER/REPO\b', re.I)
 
 def check_repo(url:str) -> str:
@@ -133,7 +133,7 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
         env[k] = check_env_value(k, v); hidden.add(v)
     return env, hidden
 
-# %% ../nbs/11_runpod.ipynb #d4c9785f
+# %% ../nbs/11_runpod.ipynb #8c97510b
 def _git(*args, cwd:Path|None=None, timeout:float=60) -> subprocess.CompletedProcess:
     return subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, GIT_TERMINAL_PROMPT='0'))
