@@ -6,11 +6,12 @@ Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
 # %% ../nbs/11a_boot.ipynb #d33ba9a3
 from __future__ import annotations
-import argparse, json, os, re, shlex, shutil, socket, subprocess, sys, time
+import argparse, json, os, re, shlex, shutil, signal, socket, subprocess, sys, time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from .core import load_settings, paths_for, check_name, git_commit, package_dir, workspace_root, Settings, Paths
 from .config import get_config, parse_assignments
+from .podguard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_guard
 
 # %% auto #0
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
@@ -36,7 +37,7 @@ class BootOptions:
     install: bool = True          # stage 1 (False: use this interpreter as it is)
     tensorboard_port: int = 6006  # TENSORBOARD_PORT (0 : no TensorBoard)
     autokill: str = ''            # AUTOKILL: '' , 'stop' or 'terminate' after the final checkpoint
-    autokill_on_failure: bool = False  # AUTOKILL_ON_FAILURE=1: also after a failed run
+    on_failure: str = 'stop'      # ON_FAILURE: after a failed run, 'stop' the pod (the volume keeps everything) or 'keep' it up
 
     @classmethod
     def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
@@ -50,7 +51,7 @@ class BootOptions:
                 shard=env.get('RUN_SHARD') == '1', input=env.get('RUN_INPUT', ''), validation=env.get('RUN_VALIDATION', ''),
                 shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()}, nproc=num('RUN_NPROC'),
                 tensorboard_port=num('TENSORBOARD_PORT') if env.get('TENSORBOARD_PORT') else 6006,
-                autokill=env.get('AUTOKILL', ''), autokill_on_failure=env.get('AUTOKILL_ON_FAILURE') == '1')
+                autokill=env.get('AUTOKILL', ''), on_failure=env.get('ON_FAILURE') or 'stop')
         return replace(o, **kw).checked()
 
     def checked(self) -> 'BootOptions':
@@ -58,6 +59,7 @@ class BootOptions:
         exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
         check_name(exp)
         if self.autokill not in ('', 'stop', 'terminate'): raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
+        if self.on_failure not in ('stop', 'keep'): raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
         if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
         for k, v in self.overrides.items():
             if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES cannot carry")
@@ -97,7 +99,7 @@ def stage_install(o:BootOptions, log) -> str|None:
     return 'lmbook'
 
 # %% ../nbs/11a_boot.ipynb #16921f82
-_RUNPOD_KEYS = ('gpu_type', 'gpu_count', 'cloud_type', 'image', 'volume_gb', 'container_disk_gb', 'volume_mount')
+_RUNPOD_KEYS = ('gpu_type', 'gpu_count', 'cloud_type', 'image', 'volume_gb', 'container_disk_gb', 'volume_mount', 'api')
 
 def write_settings(ws:Path, s:Settings) -> Path:
     "A `settings.ini` for the workspace `ws` (kept when it exists: it is yours to edit)."
@@ -180,13 +182,21 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size} in {pd.tokenizer_dir}")
 
 # %% ../nbs/11a_boot.ipynb #7c2e88da
+_VERIFIED = {}  # checkpoint folder -> its COMPLETE file's mtime when its hashes last verified (a 1B checkpoint hashes in ~20 s)
+
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
     "The run's final checkpoint (step >= `total`, default: the total the trainer recorded), complete and verified, or None."
     from lmbook.checkpoint import latest_checkpoint, ckpt_step
     meta = paths.run/'meta.json'
     if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
+    last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
+    if last is None or not total or ckpt_step(last) < total: return None
+    stamp = lambda c: (c/'COMPLETE').stat().st_mtime_ns if (c/'COMPLETE').is_file() else None
+    if _VERIFIED.get(last) == stamp(last): return last  # verified moments ago: not hashed again before autokill
     last = latest_checkpoint(paths.checkpoints, hashes=True, warn=lambda m: None)
-    return last if last is not None and total and ckpt_step(last) >= total else None
+    if last is None or ckpt_step(last) < total: return None
+    _VERIFIED[last] = stamp(last)
+    return last
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
     "The run's total steps from its config (None for an epoch-based run: known once the data is tokenized)."
@@ -232,62 +242,76 @@ def trainer_exit_code(out:Path, rc:int) -> int:
     return int(m[-1]) if m else rc
 
 # %% ../nbs/11a_boot.ipynb #1f713b6b
-def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log) -> int:
-    "Train (or resume) the run; its exit code (0: finished with its final checkpoint on the volume)."
+def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw) -> tuple[int, str]:
+    "Run the training command in a session of its own; pass a stop, or the spend guard's, on to the trainer. (exit code, spend reason)"
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+    spent, passed, beat = '', False, 0.0
+    if stop: stop.training = True
+    try:
+        while p.poll() is None:
+            if not passed and stop and stop.signum:
+                stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got"); passed = True
+            if not passed and guard and time.monotonic() - beat > 2:
+                beat = time.monotonic()
+                if (spent := guard.over() or ''): log(spent); stop_run(p, paths.run, log, 'the spend limit'); passed = True
+            time.sleep(0.2)
+        return wait_run(p, paths.run), spent
+    finally:
+        if stop: stop.training = False
+
+def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None, guard=None) -> tuple[int, str]:
+    "Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the final checkpoint on the volume."
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(os.environ.get('NUM_NODES') or os.environ.get('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
-        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0
+        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
+    if guard and (spent := guard.over()): log(spent); return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed package
+    env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''
     if targs:
         from lmbook.launch import launch_cmd
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
         for cmd in (launch_cmd(*args, prepare_only=True), launch_cmd(*args)):
-            rc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT, env=env).returncode
+            rc, spent = _follow(cmd, paths, log, stop, guard, env=env, cwd=paths.run)
             if rc: break
     else:
         out = paths.run/f"train-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.ipynb"
         log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
-        p = subprocess.run(papermill_cmd(o, out, nproc, kernel), stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT, env=env, cwd=ws)
-        rc = trainer_exit_code(out, p.returncode)
+        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env, cwd=paths.run)
+        rc = trainer_exit_code(out, rc)
+    if rc and stop and stop.signum: rc = 128 + stop.signum
     log.sync()
     if rc == 0 and not finished_checkpoint(paths):
         log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): treating the run as unfinished"); rc = 1
-    log(f"stage 4/4 train: {'finished' if rc == 0 else f'failed with exit code {rc}'}")
-    return rc
+    log(f"stage 4/4 train: {'finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent else f'failed with exit code {rc}'}")
+    return rc, spent
 
 # %% ../nbs/11a_boot.ipynb #24cecd1d
-def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None) -> bool:
-    "Stop or terminate this pod when the run finished (or failed, if asked); True when the call was made."
+def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
+    "Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when RunPod took the call."
     env = os.environ if env is None else env
-    if not o.autokill: return False
-    if rc != 0 and not o.autokill_on_failure:
-        log(f"autokill: not firing, the run failed (exit code {rc}); the pod stays up for a look (AUTOKILL_ON_FAILURE=1 stops it anyway)"); return False
-    if rc == 0 and not (ck := finished_checkpoint(paths)):
-        log("autokill: not firing, no verified final checkpoint on the volume"); return False
+    if spent: action, why, last = 'stop', spent, 'spend-limit'
+    elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is being stopped"); return False
+    elif rc:
+        if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod stays up (ON_FAILURE=keep)"); return False
+        action, why, last = 'stop', f"the run failed (exit code {rc}); the volume keeps the run and this log", 'failed'
+    elif not o.autokill: return False
+    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no verified final checkpoint on the volume"); return False
+    else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env.get('RUNPOD_POD_ID')
-    if not pod: log("autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to stop"); return False
-    from lmbook.runpod import check_safe, RunPodAPI
-    check_safe(pod, 'id', 'RUNPOD_POD_ID')
-    done, last = paths.run/'autokill.json', (ck.name if rc == 0 else 'failed')
+    if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
+    done = paths.run/'autokill.json'
     prev = json.loads(done.read_text()) if done.is_file() else {}
     if (prev.get('pod'), prev.get('after')) == (pod, last):  # this pod was started again by hand after its autokill
         log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself when done"); return False
-    log(f"autokill: {o.autokill} pod {pod}" + (f" after {ck.name}" if rc == 0 else f" after a failed run (exit code {rc})"))
-    done.write_text(json.dumps(dict(pod=pod, action=o.autokill, rc=rc, after=last, time=time.time())))
+    log(f"autokill: {action} pod {pod}: {why}")
+    done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
     log.sync(); os.sync()
-    if shutil.which('runpodctl', path=env.get('PATH')):
-        r = subprocess.run(['runpodctl', 'stop' if o.autokill == 'stop' else 'remove', 'pod', pod], stdin=subprocess.DEVNULL,
-                           stdout=log.f, stderr=subprocess.STDOUT, env=dict(env))
-        if r.returncode: log(f"autokill: runpodctl failed (exit code {r.returncode}): stop the pod by hand"); done.unlink(); return False
-    else:
-        try:
-            api = RunPodAPI(env.get('RUNPOD_API_KEY'))
-            (api.stop if o.autokill == 'stop' else api.terminate)(pod)
-        except ValueError as e: log(f"autokill: {e}: stop the pod by hand"); done.unlink(); return False
-    return True
+    if stop_pod(pod, action, log, env): return True
+    log(f"autokill: could not {action} pod {pod}: it is billing, stop it by hand"); done.unlink()
+    return False
 
 # %% ../nbs/11a_boot.ipynb #109713fa
 def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
@@ -296,18 +320,22 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
     node = int(os.environ.get('NODE_RANK') or 0) if cluster_torchrun_args() else 0
     log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node else f'boot-{o.experiment}-node{node}.log'))
     log(f"boot: {o.profile} as {o.experiment} in {ws} (stages {', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''})")
-    paths, rc = None, 1
-    try:
-        kernel = stage_install(o, log) if 1 in stages else None
-        paths = stage_layout(o, ws, log)
-        stage_data(o, paths, log)
-        rc = stage_train(o, paths, ws, kernel, log)
-    except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
-        log(f"error: {e}"); rc = 2
-    except Exception:  # unattended: whatever went wrong must be in the log on the volume
-        import traceback
-        log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}"); rc = 1
-    if paths is not None: autokill(o, paths, rc, log)
+    paths, rc, spent = None, 1, ''
+    with StopSignals() as stop:
+        try:
+            kernel = stage_install(o, log) if 1 in stages else None
+            paths = stage_layout(o, ws, log)
+            stage_data(o, paths, log)
+            guard = spend_guard(os.environ, ws, log)
+            rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
+        except Stopped as e: log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+        except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
+            log(f"error: {e}"); rc = 2
+        except Exception:  # unattended: whatever went wrong must be in the log on the volume
+            import traceback
+            log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}"); rc = 1
+        stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
+        if paths is not None: autokill(o, paths, rc, log, spent=spent)
     log(f"boot: done, exit code {rc}")
     return rc
 
@@ -317,7 +345,7 @@ def _boot_cmd(a) -> int:
     if a.no_install: kw['install'] = False
     if a.no_tensorboard: kw['tensorboard_port'] = 0
     if a.autokill: kw['autokill'] = a.autokill
-    if a.autokill_on_failure: kw['autokill_on_failure'] = True
+    if a.on_failure: kw['on_failure'] = a.on_failure
     o = BootOptions.from_env(**kw)
     return run_pipeline(o, Path(a.workspace) if a.workspace else workspace_root())
 
@@ -373,7 +401,7 @@ def add_cli(sub):
     p.add_argument('--workspace', help='artifact root (default: the configured one, /workspace on a pod)')
     p.add_argument('--no-install', action='store_true', help='skip stage 1: use this interpreter as it is')
     p.add_argument('--no-tensorboard', action='store_true'); p.add_argument('--autokill', choices=('stop', 'terminate'), help='default: $AUTOKILL')
-    p.add_argument('--autokill-on-failure', action='store_true', help='also stop the pod after a failed run')
+    p.add_argument('--on-failure', choices=('stop', 'keep'), help='after a failed run: stop the pod or keep it up (default: $ON_FAILURE, else stop)')
     p.set_defaults(func=_boot_cmd)
     p = sub.add_parser('orchestrate', help='stages 2-4 of the boot pipeline (layout, shards and tokenizer, training) from a local file')
     p.add_argument('--mode', choices=('cloud', 'local'), required=True, help='cloud: /workspace; local: the configured workspace')

@@ -23,7 +23,7 @@ SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides 
     hf_cache='LMBOOK_HF_CACHE', profile='RUN_CONFIG', experiment='RUN_EXPERIMENT', shard_lines='SHARD_LINES',
     gpu_type='RUNPOD_GPU_TYPE', gpu_count='RUNPOD_GPU_COUNT', cloud_type='RUNPOD_CLOUD_TYPE',
     image='RUNPOD_IMAGE', volume_gb='RUNPOD_VOLUME_GB', container_disk_gb='RUNPOD_CONTAINER_DISK_GB',
-    volume_mount='RUNPOD_VOLUME_MOUNT')
+    volume_mount='RUNPOD_VOLUME_MOUNT', api='LMBOOK_RUNPOD_API')
 
 # %% ../nbs/00_core.ipynb #541320c5
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class Settings:
     volume_gb: int = 200                              # network volume size
     container_disk_gb: int = 50                       # container disk size
     volume_mount: str = '/workspace'                  # where the volume is mounted on a pod
+    api: str = 'rest'                                 # RunPod API: rest (REST API v2) or graphql (the runpod SDK)
 
 # %% ../nbs/00_core.ipynb #f04c76a2
 def package_dir() -> Path:

@@ -14,7 +14,7 @@ from .core import cli_options
 
 # %% auto #0
 __all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
-           'TrainingExit', 'run_training', 'add_cli']
+           'TrainingExit', 'run_training', 'detach', 'add_cli']
 
 # %% ../nbs/06b_launch.ipynb #01c458d7
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -45,7 +45,7 @@ def resolve_args(a:argparse.Namespace) -> tuple:
 # %% ../nbs/06b_launch.ipynb #24de827c
 EXIT_CODES = {0: 'finished, or already finished', 2: 'user error: bad config or input, run folder locked, no space for a checkpoint',
               3: 'diverged: the loss or grad norm stayed non-finite', 130: 'stopped by SIGINT after writing its checkpoint',
-              143: 'stopped by SIGTERM after writing its checkpoint'}
+              129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint', 143: 'stopped by SIGTERM after writing its checkpoint'}
 
 def describe_exit(code:int) -> str:
     "What exit code `code` of a training process means."
@@ -153,7 +153,8 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
     old = {}
     if forward_signals and threading.current_thread() is threading.main_thread():
-        old = {s: signal.signal(s, lambda signum, frame: proc.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+        pass_on = lambda signum, frame: proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)  # torchrun: TERM
+        old = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         for line in proc.stdout: yield line
         rc = proc.wait()
@@ -176,12 +177,37 @@ def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:in
         gen.close(); raise
     return 0
 
+# %% ../nbs/06b_launch.ipynb #e138cd59
+def detach(profile:str, # profile name or config file
+           experiment:str, # experiment name
+           overrides:dict, # flat config overrides (nproc, parallel, ... included)
+           root:Path|None=None, # workspace root
+           torchrun_args:str='', # rendezvous flags of a multi-node job
+          ) -> tuple[int, Path]:
+    "Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that file)."
+    from lmbook.core import paths_for
+    out = paths_for(experiment, root=Path(root) if root else None).run/'train.out'
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train', '--profile', str(profile),
+            '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root', str(root)] if root else [])
+           + (['--torchrun-args', torchrun_args] if torchrun_args else []))
+    with open(out, 'ab') as f:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    return p.pid, out
+
 # %% ../nbs/06b_launch.ipynb #66c1699e
 def add_cli(sub):
     "Register `lmbook train`."
     p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)'))
+    p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: closing the terminal does not stop it')
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)
+        if a.detach:
+            pid, out = detach(profile, experiment, ov, a.root, a.torchrun_args)
+            print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing this terminal does not stop it)\n"
+                  f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
+                  f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
+            return 0
         if cfg.train.nproc == 1 and not a.torchrun_args: return train_process(cfg, experiment, a.root, a.prepare_only)
         try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args, prepare_only=a.prepare_only,
                           forward_signals=True)

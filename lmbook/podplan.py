@@ -6,15 +6,15 @@ Docs: https://lmbook.github.io/lmbook/podplan.html.md"""
 
 # %% ../nbs/10a_podplan.ipynb #dbf75537
 from __future__ import annotations
-import json, math, os
+import json, math, os, re
 from pathlib import Path
 import yaml
-from .core import package_dir
+from .core import package_dir, load_settings
 from .config import get_config, flops_per_token, count_params, Config
 
 # %% auto #0
 __all__ = ['HEADROOM', 'gpu_table', 'find_gpu', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'fit_advice',
-           'plan', 'format_plan']
+           'pod_overrides', 'image_cuda', 'card_image', 'plan', 'format_plan']
 
 # %% ../nbs/10a_podplan.ipynb #74d3f4d6
 def gpu_table(path:Path|None=None) -> dict[str, dict]:
@@ -46,37 +46,41 @@ def throughput_rows(path:Path|None=None) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 def _shape(r) -> tuple: return (r['arch'], r['n_layer'], r['n_embd'], r['n_head'])
+def _fp8(r) -> str: return str((r.get('overrides') or {}).get('fp8', 'off'))
 
-def scaling_efficiency(rows:list[dict], parallel:str) -> float:
-    "Measured multi-GPU tok/s over (GPUs x one-GPU tok/s) for `parallel`, from rows measured together; else 0.9."
+def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
+    "(lowest measured multi-GPU tok/s per GPU over one-GPU tok/s at the same micro-batch, rows of one call; where), else (0.9, 'assumed')."
     effs = []
     for r in rows:
         if r['world_size'] > 1 and r['parallel'] == parallel:
             base = [b for b in rows if b['world_size'] == 1 and _shape(b) == _shape(r) and b['source'] == r['source'] and b['batch_size'] == r['batch_size']]
-            if base: effs.append(r['tok_per_s']/(r['world_size']*base[-1]['tok_per_s']))
-    return min(effs) if effs else 0.9
+            if base: effs.append((r['tok_per_s']/(r['world_size']*base[-1]['tok_per_s']), f"{r['label']} on {r['world_size']} x {r['card']}"))
+    return min(effs) if effs else (0.9, 'assumed, never measured')
 
 def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None, rows:list[dict]|None=None) -> dict:
     "Expected training tok/s of `cfg` on `gpus` cards of type `gpu`, with where the figure comes from."
     table, rows = table or gpu_table(), rows or throughput_rows()
-    m = cfg.model
-    shape = (m.arch, m.n_layer, m.n_embd, m.n_head)
-    multi = [r for r in rows if gpus > 1 and r['world_size'] == gpus and r['parallel'] == cfg.train.parallel and _shape(r) == shape]
+    m, tc = cfg.model, cfg.train
+    shape, n = (m.arch, m.n_layer, m.n_embd, m.n_head), count_params(m)
+    multi = [r for r in rows if gpus > 1 and r['world_size'] > 1 and r['parallel'] == tc.parallel and _shape(r) == shape and _fp8(r) == tc.fp8]
+    if multi: multi = [r for r in multi if r['world_size'] == min({r['world_size'] for r in multi}, key=lambda w: (abs(w - gpus), -w))]
     ones = multi or [r for r in rows if r['world_size'] == 1]
     same = [r for r in ones if _shape(r) == shape]
-    n = count_params(m)
     pool = same or sorted(ones, key=lambda r: abs(math.log(r['params']/n)))[:1]
+    pool = [r for r in pool if _fp8(r) == tc.fp8] or pool
     on_card = [r for r in pool if r['card'] == gpu]
     cands = on_card or [r for r in pool if r['card'] == 'NVIDIA H100 80GB HBM3'] or pool
-    row = min(cands, key=lambda r: (abs(r['batch_size'] - cfg.train.batch_size), -r['mfu']))
+    row = min(cands, key=lambda r: (abs(r['batch_size'] - tc.batch_size), -r['mfu']))
     peak = table[gpu]['peak_tflops']*1e12
-    eff = scaling_efficiency(rows, cfg.train.parallel) if gpus > 1 and not multi else 1.0
+    eff, where = scaling_efficiency(rows, tc.parallel) if gpus > 1 and not multi else (1.0, '')
     tok_s = row['mfu']*peak*gpus*eff/flops_per_token(m)
-    how = f"MFU {row['mfu']:.1%} measured on {row['card']} ({row['label']}, micro-batch {row['batch_size']}, {row['date']})"
+    how = f"MFU {row['mfu']:.1%} per GPU measured on {row['card']} ({row['label']}, micro-batch {row['batch_size']}, {row['date']})"
     if not same: how += f"; no row at this shape: nearest measured model ({row['params']/1e6:.0f}M params)"
     if row['card'] != gpu: how += f"; never measured on {gpu}: scaled by peak bf16 FLOP/s ({table[row['card']]['peak_tflops']:.0f} -> {peak/1e12:.0f} TFLOP/s)"
-    if gpus > 1: how += f" with {gpus} GPUs ({cfg.train.parallel})" if multi else f"; x{gpus} GPUs at {eff:.1%} scaling ({cfg.train.parallel}, measured on 2 GPUs)"
-    return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=row['card'] == gpu and bool(same) and (gpus == 1 or bool(multi)), source=how)
+    if multi: how += f" with {row['world_size']} GPUs ({tc.parallel})" + (f"; the same per GPU assumed on {gpus}" if row['world_size'] != gpus else '')
+    elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
+    exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
+    return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
 
 # %% ../nbs/10a_podplan.ipynb #88e04459
 HEADROOM = 0.06  # fraction of a card kept back for the CUDA context and fragmentation
@@ -98,18 +102,48 @@ def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
     if b: tips.append(f"or --set batch_size={b} grad_accum={max(1, cfg.train.batch_size*cfg.train.grad_accum//b)}")
     return '; '.join(tips) or 'no card in the price table fits it'
 
+def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
+    "`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs (unless a budget, epochs or steps are set)."
+    ov = dict(overrides or {})
+    if gpus <= 1 or {'token_budget', 'epochs', 'max_steps'} & set(ov): return ov
+    cfg = get_config(profile, ov)
+    if cfg.train.token_budget or cfg.train.epochs: return ov
+    return dict(ov, token_budget=cfg.train.max_steps*cfg.tokens_per_step)
+
+def image_cuda(image:str) -> str|None:
+    "The CUDA version `major.minor` an image tag names (`cuda12.8.1`, `cu1281`), or None."
+    if m := re.search(r'cuda(\d+)\.(\d+)', image): return f"{m[1]}.{m[2]}"
+    if m := re.search(r'cu(\d\d)(\d)\d?\b', image): return f"{m[1]}.{m[2]}"
+    return None
+
+def _cuda(v:str|None) -> tuple: return tuple(int(x) for x in v.split('.')) if v else (0,)
+
+def card_image(gpu:str, image:str, table:dict|None=None) -> str:
+    "`image` when it can drive the card `gpu`, else the card's own image from the price table."
+    g = (table or gpu_table())[gpu]
+    cuda = image_cuda(image)
+    return g.get('image') or image if cuda and _cuda(cuda) < _cuda(str(g.get('min_cuda') or '0')) else image
+
 def plan(profile:str, # profile name or config file
          gpu:str, # RunPod GPU id or alias
          gpus:int=1, # GPUs in the pod
          overrides:dict|None=None, # config overrides
          cloud:str='secure', # 'secure' or 'community' price
+         volume:bool=False, # the pod uses a network volume (Secure Cloud only)
+         image:str|None=None, # the image the pod runs (None: the card's default)
         ) -> dict:
-    "Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does not fit."
+    "Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does not fit or cannot run."
     from lmbook.optim import total_steps
     if cloud not in ('secure', 'community'): raise ValueError(f"cloud={cloud!r}: choose secure or community")
+    if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud secure, or without --volume")
     if not 1 <= gpus <= 8: raise ValueError(f"--gpus {gpus}: a RunPod pod has 1 to 8 GPUs")
     table = gpu_table(); gpu = find_gpu(gpu, table)
-    cfg = get_config(profile, dict(overrides or {}, nproc=gpus))
+    need_cuda = str(table[gpu].get('min_cuda') or '')
+    if image and image_cuda(image) and _cuda(image_cuda(image)) < _cuda(need_cuda):
+        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has {image_cuda(image)}: "
+                         f"drop --image (lmbook picks {table[gpu].get('image')}) or give a CUDA {need_cuda} image")
+    if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud (lmbook/gpu_prices.yaml): choose the other cloud")
+    cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
     ok, need = _fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
         raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} ({gpus} x {gpu}, "
@@ -120,6 +154,7 @@ def plan(profile:str, # profile name or config file
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
     return dict(profile=profile, gpu=gpu, gpus=gpus, params=count_params(cfg.model), batch_size=cfg.train.batch_size,
+                image=image or card_image(gpu, load_settings().image, table),
                 mem_need_gb=need, mem_card_gb=table[gpu]['mem_gb'], tok_per_s=tp['tok_per_s'], measured=tp['measured'],
                 source=tp['source'], steps=steps, tokens=steps*tps if steps else None, hours=hours, cloud=cloud,
                 price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price) else None)

@@ -1,4 +1,4 @@
-"""Renting a RunPod pod for a run: a checked pod spec with no secret in it, every RunPod API call behind one small class, and `lmbook pod` (plan, create, watch, stop).
+"""Renting a RunPod pod for a run: a checked pod spec with no secret in it, the code the pod runs pinned to a commit, a start command that stops the pod when it cannot boot, and `lmbook pod` (plan, create, watch, stop).
 
 Docs: https://lmbook.github.io/lmbook/runpod.html.md"""
 
@@ -6,34 +6,27 @@ Docs: https://lmbook.github.io/lmbook/runpod.html.md"""
 
 # %% ../nbs/11_runpod.ipynb #8ae11586
 from __future__ import annotations
-import json, os, re, secrets, shlex, subprocess, time
+import base64, gzip, json, os, re, secrets, subprocess, sys, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
-from .core import load_settings, check_name
+from .core import load_settings, check_name, package_dir
 from .config import get_config, parse_assignments
-from .podplan import find_gpu, plan, format_plan
+from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card_image
+from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, NotFound, check_safe, masked, rest_body, _SAFE)
+from . import podsync
 
 # %% auto #0
-__all__ = ['PORTS', 'REPO', 'check_safe', 'check_env_value', 'check_not_secret', 'PodSpec', 'resolve_env', 'masked',
-           'RunPodError', 'CapacityError', 'TransientError', 'RunPodAPI', 'create_pod_retrying', 'wait_running',
-           'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'format_status', 'pod_env', 'add_cli']
+__all__ = ['PORTS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source', 'start_script',
+           'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'create_pod_retrying', 'wait_running',
+           'format_status', 'add_cli']
 
 # %% ../nbs/11_runpod.ipynb #b4f3d991
-_SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}', image=r'[A-Za-z0-9][A-Za-z0-9._/:@-]{0,199}',
-             id=r'[A-Za-z0-9][A-Za-z0-9_-]{0,63}', env_key=r'[A-Za-z_][A-Za-z0-9_]{0,63}', data_center=r'[A-Z]{2}-[A-Z]{2,4}-[0-9]{1,2}')
-
-def check_safe(value:str, kind:str, what:str|None=None) -> str:
-    "Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a one-line error."
-    if not isinstance(value, str) or not re.fullmatch(_SAFE[kind], value):
-        raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {_SAFE[kind]}")
-    return value
-
-def check_env_value(key:str, value:str) -> str:
+def check_env_value(key:str, value:str, limit:int=4096) -> str:
     "Refuse env values the GraphQL request cannot carry verbatim: quotes, backslashes, control characters."
     check_safe(key, 'env_key', 'environment variable name')
-    if not isinstance(value, str) or any(c in value for c in '"\\') or any(ord(c) < 32 or ord(c) == 127 for c in value) or len(value) > 4096:
-        raise ValueError(f"environment variable {key} has a value with a quote, backslash or control character (or over 4096 characters): "
+    if not isinstance(value, str) or any(c in value for c in '"\\') or any(ord(c) < 32 or ord(c) == 127 for c in value) or len(value) > limit:
+        raise ValueError(f"environment variable {key} has a value with a quote, backslash or control character (or over {limit} characters): "
                          "RunPod's GraphQL request would carry it unescaped; remove them")
     return value
 
@@ -46,6 +39,16 @@ def check_not_secret(key:str, value:str) -> str:
         raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put in the manifest and the printed spec: "
                          "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a manifest, under secrets:)")
     return value
+
+# %% ../nbs/11_runpod.ipynb #dfd3801f
+_PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.invalid\b|\bYOUR[_-]|\bUSER/REPO\b', re.I)
+
+def check_repo(url:str) -> str:
+    "A git URL a pod can clone (https, ssh, git@host:path, file or an absolute path), not a placeholder; else a one-line error."
+    if not isinstance(url, str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+', url):
+        raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook repository (--repo), "
+                         "e.g. https://github.com/NAME/lmbook.git")
+    return url
 
 # %% ../nbs/11_runpod.ipynb #493874d3
 PORTS = '8888/http,6006/http,22/tcp'  # JupyterLab, TensorBoard, SSH
@@ -60,7 +63,7 @@ class PodSpec:
     gpu_type: str                 # RunPod GPU type id
     gpu_count: int = 1            # GPUs in the pod (training uses every one)
     image: str = 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'  # image with torch, /start.sh, JupyterLab, sshd
-    cloud_type: str = 'SECURE'    # SECURE, COMMUNITY or ALL
+    cloud_type: str = 'SECURE'    # SECURE or COMMUNITY (network volumes are Secure Cloud only)
     volume_id: str = ''           # network volume id ('' : a pod volume of volume_gb, lost on terminate)
     volume_gb: int = 200          # pod volume size when there is no network volume
     container_disk_gb: int = 50   # container disk
@@ -72,15 +75,23 @@ class PodSpec:
     start: str = ''               # container start command (the boot pipeline)
 
     def validate(self) -> 'PodSpec':
-        "Check every field that reaches the GraphQL request."
+        "Check every field that reaches the request, and the combinations RunPod or the run would regret."
         check_safe(self.name, 'name', 'pod name'); check_name(self.experiment)
         check_safe(self.gpu_type, 'gpu', 'GPU type'); check_safe(self.image, 'image', 'image')
         if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
         if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
-        if self.cloud_type not in ('SECURE', 'COMMUNITY', 'ALL'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose SECURE, COMMUNITY or ALL")
+        if self.cloud_type not in ('SECURE', 'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose SECURE or COMMUNITY")
+        if self.volume_id and self.cloud_type != 'SECURE':
+            raise ValueError("network volumes are Secure Cloud only: drop --cloud-type COMMUNITY, or train without --volume")
         if not 1 <= self.gpu_count <= 8: raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
         if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: lmbook's pods mount the volume at /workspace")
+        if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
+            raise ValueError("autokill terminate without a network volume would delete the pod volume, and the final checkpoint with it, "
+                             "seconds after it is written: use --autokill stop, or give --volume")
         for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
+        if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
+        if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
+            raise ValueError("env LMBOOK_COMMIT must be the full 40-character commit the pod checks out (pod create sets it)")
         for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
             if k in self.env and str(self.env[k]) != want:
                 raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them the same (the pod trains what env says)")
@@ -88,7 +99,7 @@ class PodSpec:
             check_safe(k, 'env_key', 'secret variable name')
             if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:])) or _SECRET_REF.match(v)):
                 raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
-        check_env_value('start', self.start)
+        check_env_value('start', self.start, limit=8192)
         return self
 
     def to_yaml(self, path:Path|None=None) -> str:
@@ -122,127 +133,47 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
         env[k] = check_env_value(k, v); hidden.add(v)
     return env, hidden
 
-def masked(text:str, hidden:set) -> str:
-    "`text` with every secret value replaced by its length."
-    for v in sorted(hidden, key=len, reverse=True): text = text.replace(v, f"…({len(v)} chars hidden)")
-    return text
+# %% ../nbs/11_runpod.ipynb #8c97510b
+def _git(*args, cwd:Path|None=None, timeout:float=60) -> subprocess.CompletedProcess:
+    return subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, GIT_TERMINAL_PROMPT='0'))
 
-# %% ../nbs/11_runpod.ipynb #2eb0dfbc
-class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
-class CapacityError(RunPodError): "No instance with the requested GPUs is free right now."
-class TransientError(RunPodError): "The API could not be reached or answered garbage: safe to retry after a lookup."
-
-_POD_FIELDS = 'id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { gpuDisplayName } '
-_RUNTIME = 'runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id gpuUtilPercent memoryUtilPercent } }'
-
-class RunPodAPI:
-    "Every RunPod call lmbook makes (GraphQL through the `runpod` SDK)."
-    def __init__(self, api_key:str|None=None, hidden:set|None=None):
-        import runpod
-        key = api_key or os.environ.get('RUNPOD_API_KEY') or runpod.api_key
-        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... (runpod.io > Settings > API Keys) or run `runpod config`")
-        runpod.api_key, self.rp, self.hidden = key, runpod, set(hidden or ()) | {key}
-
-    def _call(self, fn, *args, **kw):
-        import requests
-        from runpod import error
-        try: return fn(*args, **kw)
-        except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (or `runpod config`)") from None
-        except error.QueryError as e:
-            msg = masked(str(e.message or e).splitlines()[0], self.hidden)
-            low = msg.lower()
-            if 'no longer any instances' in low or 'no instances' in low or 'not enough' in low: raise CapacityError(f"RunPod: {msg}") from None
-            raise RunPodError(f"RunPod API error: {msg}") from None
-        except (requests.RequestException, json.JSONDecodeError) as e:
-            base = os.environ.get('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
-            raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): check the network and retry") from None
-        except (KeyError, TypeError) as e: raise RunPodError(f"unexpected answer from the RunPod API (missing {e})") from None
-
-    def _gql(self, query:str) -> dict:
-        from runpod.api.graphql import run_graphql_query
-        return self._call(run_graphql_query, query)['data']
-
-    def gpu_types(self) -> list[dict]: return self._call(self.rp.get_gpus)
-    def pods(self) -> list[dict]: return self._gql(f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}')['myself']['pods']
-    def pod(self, pod_id:str) -> dict|None:
-        return self._gql(f'query {{ pod(input: {{podId: "{check_safe(pod_id, "id", "pod id")}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
-    def find_pod(self, name:str) -> dict|None:
-        "The pod called `name`, if one exists (pod names lmbook makes are unique)."
-        return next((p for p in self.pods() if p['name'] == name), None)
-    def create_pod(self, spec:PodSpec, env:dict) -> dict:
-        "Send `spec` with the resolved `env` (one `podFindAndDeployOnDemand`)."
-        spec.validate()
-        for k, v in env.items(): check_env_value(k, v)
-        try: return self._call(self.rp.create_pod, name=spec.name, image_name=spec.image, gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
-                          gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
-                          container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start, ports=spec.ports,
-                          volume_mount_path=spec.volume_mount, env=env, network_volume_id=spec.volume_id or None,
-                          data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True)
-        except RunPodError: raise
-        except ValueError as e:  # the SDK's own check of the GPU type
-            if 'GPU' not in str(e): raise
-            raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)") from None
-    def stop(self, pod_id:str): return self._call(self.rp.stop_pod, check_safe(pod_id, 'id', 'pod id'))
-    def resume(self, pod_id:str, gpu_count:int): return self._call(self.rp.resume_pod, check_safe(pod_id, 'id', 'pod id'), int(gpu_count))
-    def terminate(self, pod_id:str): return self._call(self.rp.terminate_pod, check_safe(pod_id, 'id', 'pod id'))
-    def restart(self, pod_id:str):
-        return self._gql(f'mutation {{ podRestart(input: {{podId: "{check_safe(pod_id, "id", "pod id")}"}}) {{ id desiredStatus }} }}')
-    def volumes(self) -> list[dict]: return self._call(self.rp.get_user)['networkVolumes']
-    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        check_safe(name, 'name', 'volume name'); check_safe(data_center, 'data_center', 'data center id')
-        if not 1 <= int(size_gb) <= 4000: raise ValueError(f"volume size {size_gb} GB: choose 1 to 4000")
-        q = f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}'
-        return self._gql(q)['createNetworkVolume']
-
-# %% ../nbs/11_runpod.ipynb #2525ca45
-def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print, sleep=time.sleep) -> dict:
-    "Create the pod of `spec` unless one of its name exists; on capacity or transient errors wait and try again."
-    for i in range(tries):
-        if (found := api.find_pod(spec.name)):
-            log(f"pod {spec.name} exists ({found['id']}): {'the earlier request went through; ' if i else ''}not creating another")
-            return found
-        try: return api.create_pod(spec, env)
-        except (CapacityError, TransientError) as e:
-            if i == tries - 1:
-                if isinstance(e, TransientError):  # the last request may have made the pod: look once more
-                    try: found = api.find_pod(spec.name)
-                    except TransientError: found = None
-                    if found: log(f"pod {spec.name} exists ({found['id']}): the last request went through"); return found
-                    raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether pod {spec.name} exists before you try again") from None
-                raise RunPodError(f"{e} (gave up after {tries} tries): try --cloud-type ALL, another --gpu, fewer --gpus, or later") from None
-            pause = wait_s*2**i
-            log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
-            sleep(pause)
-
-def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print, sleep=time.sleep, clock=time.monotonic) -> dict:
-    "Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`."
-    t0, last = clock(), None
-    while True:
-        p = api.pod(pod_id)
-        if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
-        status = p.get('desiredStatus')
-        if status == 'RUNNING' and p.get('runtime'): return p
-        if status in ('EXITED', 'TERMINATED'): raise RunPodError(f"pod {pod_id} is {status}, not starting: `lmbook pod resume {pod_id}` or create a new one")
-        if status != last: log(f"pod {pod_id}: {status}, waiting for the container"); last = status
-        if clock() - t0 > timeout_s:
-            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {status}): check `lmbook pod status {pod_id}` or the RunPod console")
-        sleep(poll_s)
+def code_source(repo:str|None=None, # git URL the pod clones (default: the checkout's `origin`)
+                commit:str|None=None, # commit, branch or tag (default: the checkout's HEAD)
+                checkout:Path|None=None, # the local checkout (default: the one lmbook runs from)
+               ) -> tuple[str, str, str]:
+    "(repository URL, full commit, a warning or '') the pod should run; refuses a commit the remote does not have."
+    checkout = Path(checkout or package_dir().parent)
+    if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a git checkout: give --repo URL and --commit SHA")
+    if not repo:
+        r = _git('remote', 'get-url', 'origin', cwd=checkout)
+        if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where the pod can clone it and give --repo URL")
+        repo = r.stdout.strip()
+    check_repo(repo)
+    r = _git('rev-parse', '--verify', '--quiet', f"{commit or 'HEAD'}^{{commit}}", cwd=checkout)
+    sha = r.stdout.strip() if not r.returncode else (commit if commit and re.fullmatch(r'[0-9a-f]{40}', commit) else '')
+    if not sha: raise ValueError(f"commit {commit!r} is not known in {checkout}: give a commit, branch or tag of it (git log shows them)")
+    r = _git('ls-remote', repo, timeout=120)
+    if r.returncode: raise ValueError(f"cannot read {repo} ({(r.stderr.strip().splitlines() or ['git ls-remote failed'])[-1]}): the pod must clone it, so fix the URL or its access")
+    tips = {l.split()[0] for l in r.stdout.splitlines() if l.strip()}
+    has = lambda t: t == sha or not _git('merge-base', '--is-ancestor', sha, t, cwd=checkout).returncode
+    if not any(has(t) for t in tips):
+        raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains it): push it first (git push), "
+                         "or give --commit with one that is")
+    dirty = _git('status', '--porcelain', '--untracked-files=no', cwd=checkout).stdout.strip()
+    return repo, sha, (f"warning: {checkout} has uncommitted changes; the pod runs commit {sha[:12]} without them" if dirty else '')
 
 # %% ../nbs/11_runpod.ipynb #bbadd9f9
-REPO = 'https://github.com/lmbook/lmbook'
+def start_script(script:Path|None=None) -> str:
+    "The pod start script without its comment lines (what the pod runs)."
+    src = Path(script or package_dir()/'pod_start.sh').read_text()
+    return '\n'.join(l for l in src.splitlines() if l.strip() and not l.lstrip().startswith('#')) + '\n'
 
-def start_command() -> str:
-    "The container start command: stage 1 (checkout and venv on the volume), `lmbook boot` in the background, then `/start.sh`."
-    boot = ('S=${LMBOOK_SRC:-$W/lmbook}; V=${LMBOOK_VENV:-$W/venvs/lmbook}; '
-            'echo boot $(date -u +%T) stage 1/4 install: lmbook from $S into $V; '
-            '{ [ -d $S/.git ] || git clone -q ${LMBOOK_REF:+-b $LMBOOK_REF} ${LMBOOK_REPO:-' + REPO + '} $S; } && '
-            '{ [ -x $V/bin/python ] || python3 -m venv --system-site-packages $V || '
-            '{ python3 -m pip install -q virtualenv && python3 -m virtualenv -q --system-site-packages $V; }; } && '
-            '{ [ -x $V/bin/lmbook ] || { $V/bin/pip install -q -e $S && git -C $S rev-parse HEAD > $V/lmbook-commit; }; } && '
-            'exec $V/bin/lmbook boot')
-    cmd = (f"bash -c 'W=${{LMBOOK_WORKSPACE:-/workspace}}; mkdir -p $W/logs; ({boot}) >> $W/logs/boot-$RUN_EXPERIMENT.log 2>&1 & "
-           "exec ${LMBOOK_START:-/start.sh}'")
-    return check_env_value('start', cmd)
+def start_command(script:Path|None=None) -> str:
+    "The container start command: the start script, gzipped and base64-encoded, run by bash as PID 1."
+    b64 = base64.b64encode(gzip.compress(start_script(script).encode(), mtime=0)).decode()
+    cmd = f"bash -c 'echo {b64} | base64 -d | gunzip > /tmp/lmbook-start.sh && exec bash /tmp/lmbook-start.sh'"
+    return check_env_value('start', cmd, limit=8192)
 
 # %% ../nbs/11_runpod.ipynb #41ea1803
 def pod_spec(profile:str, # profile name, or a config file path on the volume
@@ -250,36 +181,45 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              gpu:str, # RunPod GPU id or alias
              gpus:int=1, # GPUs in the pod
              volume_id:str='', # network volume id
-             image:str|None=None, # image (default: settings.ini [runpod] image)
+             image:str|None=None, # image (default: settings.ini [runpod] image, or the card's own)
              overrides:dict|None=None, # config overrides for the run
              autokill:str='', # '' (off), 'stop' or 'terminate' when the run has finished
              shard:bool=False, # stream shards and build the tokenizer before training (RUN_SHARD=1)
              hf_token:str='', # HF_TOKEN source: '', 'env:HF_TOKEN' or '{{ RUNPOD_SECRET_name }}'
              extra_env:dict|None=None, # more environment variables
-             cloud_type:str|None=None, # SECURE, COMMUNITY or ALL (default: settings.ini)
+             cloud_type:str|None=None, # SECURE or COMMUNITY (default: settings.ini)
              data_center:str='', # data center id ('' : the volume's)
-             repo:str|None=None, # git URL of lmbook to clone onto the volume
-             ref:str='', # branch or tag of `repo`
+             repo:str='', # git URL of lmbook the pod clones (see `code_source`)
+             commit:str='', # the full commit the pod checks out
+             on_failure:str='stop', # after a failed run: 'stop' the pod (the volume keeps everything) or 'keep' it up
+             max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
+             max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
             ) -> PodSpec:
     "A checked `PodSpec` that trains `profile` as `experiment` on `gpus` x `gpu`, JupyterLab and TensorBoard on."
     s = load_settings()
     check_name(experiment)
+    gpu_type = find_gpu(gpu)
     if not Path(profile).suffix: get_config(profile, overrides)  # a profile name must resolve here; a config file lives on the volume
     elif not profile.startswith('/workspace/'):
         raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. /workspace/configs/{Path(profile).name} (copy it onto the volume first)")
     if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
-    for k, v in (overrides or {}).items():
+    if on_failure not in ('stop', 'keep'): raise ValueError(f"on_failure={on_failure!r}: choose stop or keep")
+    if max_hours < 0 or max_dollars < 0: raise ValueError("--max-hours and --max-dollars must be positive (0: no limit)")
+    ov = pod_overrides(profile, gpus, overrides) if not Path(profile).suffix else dict(overrides or {})
+    for k, v in ov.items():
         if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES (k=v,k=v) cannot carry: rename the path or use a config file")
-    ov = ','.join(f'{k}={v}' for k, v in (overrides or {}).items())
-    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=ov,
-               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=repo or REPO, PYTHONUNBUFFERED='1')
-    if ref: env['LMBOOK_REF'] = ref
+    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=','.join(f'{k}={v}' for k, v in ov.items()),
+               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit, ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
     if autokill: env['AUTOKILL'] = autokill
+    if max_hours: env['MAX_HOURS'] = f'{max_hours:g}'
+    if max_dollars:
+        price = (gpu_table()[gpu_type].get('community' if cloud_type == 'COMMUNITY' else 'secure') or 0)*gpus
+        env |= dict(MAX_DOLLARS=f'{max_dollars:g}', PRICE_PER_HOUR=f'{price:g}')
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if os.environ.get('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
-    spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment, gpu_type=find_gpu(gpu),
-                   gpu_count=gpus, image=image or s.image, cloud_type=cloud_type or s.cloud_type, volume_id=volume_id,
+    spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment, gpu_type=gpu_type,
+                   gpu_count=gpus, image=image or card_image(gpu_type, s.image), cloud_type=cloud_type or s.cloud_type, volume_id=volume_id,
                    volume_gb=s.volume_gb, container_disk_gb=s.container_disk_gb, data_center=data_center, env=env, secrets=sec)
     spec.start = start_command()
     return spec.validate()
@@ -289,56 +229,111 @@ def proxy_urls(pod_id:str) -> dict:
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab", tensorboard=f"https://{pod_id}-6006.proxy.runpod.net/")
 
 # %% ../nbs/11_runpod.ipynb #d73c58c6
-def request_text(spec:PodSpec, env:dict, hidden:set) -> str:
-    "The `podFindAndDeployOnDemand` mutation the SDK would send for `spec`, secrets masked."
-    from runpod.api.mutations.pods import generate_pod_deployment_mutation
-    q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True, True, spec.data_center or None, None,
-                                         spec.gpu_count, 0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb, 1, 1, spec.start,
-                                         spec.ports, spec.volume_mount, env, None, spec.volume_id or None)
-    return masked(q, hidden)
+def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> str:
+    "The create request for `spec` as the backend would send it, secrets masked."
+    if (backend or load_settings().api) == 'graphql':
+        from runpod.api.mutations.pods import generate_pod_deployment_mutation
+        q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True, True, spec.data_center or None, None,
+                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb, 1, 1, spec.start,
+                                             spec.ports, spec.volume_mount, env, None, spec.volume_id or None)
+        return masked(q, hidden)
+    return masked('POST /v2/pods\n' + json.dumps(rest_body(spec, env), indent=1), hidden)
+
+# %% ../nbs/11_runpod.ipynb #2525ca45
+def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print, sleep=time.sleep) -> tuple[dict, bool]:
+    "(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient errors are retried."
+    for i in range(tries):
+        if (found := api.find_pod(spec.name)): return found, False
+        try: return api.create_pod(spec, env), True
+        except (CapacityError, TransientError) as e:
+            if i == tries - 1:
+                if isinstance(e, TransientError):  # the last request may have made the pod: look once more
+                    try: found = api.find_pod(spec.name)
+                    except TransientError: found = None
+                    if found: return found, False
+                    raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether pod {spec.name} exists before you try again") from None
+                raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, --cloud-type COMMUNITY (without --volume), or later") from None
+            pause = wait_s*2**i
+            log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
+            sleep(pause)
+
+def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print, sleep=time.sleep, clock=time.monotonic) -> dict:
+    "Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`, saying that it bills."
+    t0, last = clock(), None
+    while True:
+        p = api.pod(pod_id)
+        if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
+        if p['status'] == 'RUNNING': return p
+        if p['status'] in ('EXITED', 'ERROR', 'TERMINATED'):
+            raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, or `lmbook pod terminate {pod_id}` and create a new one")
+        if p['status'] != last: log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
+        if clock() - t0 > timeout_s:
+            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), and it is billing "
+                              f"(${p['cost']:.2f}/h): `lmbook pod stop {pod_id}` stops the bill, `lmbook pod status {pod_id}` looks again")
+        sleep(poll_s)
 
 # %% ../nbs/11_runpod.ipynb #41824b0f
 def format_status(p:dict) -> str:
     "A pod's state, cost per hour, GPU use, addresses; never its env values."
-    rt = p.get('runtime') or {}
-    gpu = (p.get('machine') or {}).get('gpuDisplayName') or '?'
-    up = rt.get('uptimeInSeconds') or p.get('uptimeSeconds') or 0
-    lines = [f"{p['id']}  {p.get('name')}  {p.get('desiredStatus')}  {p.get('gpuCount')} x {gpu}  ${p.get('costPerHr') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
-    for g in rt.get('gpus') or []: lines.append(f"  gpu {g.get('id')}: {g.get('gpuUtilPercent')}% busy, {g.get('memoryUtilPercent')}% memory")
-    if p.get('desiredStatus') == 'RUNNING':
+    up = p.get('uptime') or 0
+    lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {p.get('gpu_count')} x {p.get('gpu') or '?'}  ${p.get('cost') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
+    for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% busy, {g.get('mem')}% memory")
+    if p.get('volume_id'): lines.append(f"  volume       {p['volume_id']} ({p.get('data_center') or '?'})")
+    if p.get('status') == 'RUNNING':
         u = proxy_urls(p['id'])
         lines += [f"  jupyter      {u['jupyter']}", f"  tensorboard  {u['tensorboard']}"]
-        ssh = next((x for x in rt.get('ports') or [] if x.get('privatePort') == 22 and x.get('isIpPublic')), None)
-        if ssh: lines.append(f"  ssh          ssh root@{ssh['ip']} -p {ssh['publicPort']}")
+        if p.get('ssh'): lines.append(f"  ssh          ssh root@{p['ssh']['host']} -p {p['ssh']['port']}")
     return '\n'.join(lines)
-
-def pod_env(p:dict) -> dict:
-    "A pod's environment as a dict (the API gives `KEY=VALUE` strings)."
-    env = p.get('env') or []
-    return dict(e.split('=', 1) for e in env if '=' in e) if isinstance(env, list) else dict(env)
 
 # %% ../nbs/11_runpod.ipynb #30b1d909
 def _plan_cmd(a) -> int:
-    p = plan(a.profile, a.gpu, a.gpus, parse_assignments(a.set), a.cloud)
+    p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count, parse_assignments(a.set), a.cloud,
+             volume=bool(a.volume), image=a.image)
     print(json.dumps(p, indent=1) if a.json else format_plan(p))
     return 0
 
+def _spec_from_args(a) -> PodSpec:
+    s = load_settings()
+    gpu, gpus = a.gpu or s.gpu_type, a.gpus or s.gpu_count
+    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or --manifest FILE)")
+    ov = parse_assignments(a.set)
+    cloud = a.cloud_type or s.cloud_type
+    if not Path(a.profile).suffix:  # refuses what does not fit, or a card the image cannot drive, before anything is rented
+        plan(a.profile, gpu, gpus, ov, cloud.lower(), volume=bool(a.volume), image=a.image)
+    autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
+    repo, commit, warn = code_source(a.repo, a.commit)
+    if warn: print(warn, file=sys.stderr)
+    return pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard, a.hf_token or '',
+                    parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars)
+
+def _checked_with_api(api:RunPodAPI, spec:PodSpec):
+    "Check the volume and GPU type against the API; the pod goes to the volume's data center."
+    if spec.volume_id:
+        v = api.volume(spec.volume_id)
+        if v is None: raise RunPodError(f"network volume {spec.volume_id} does not exist: `lmbook pod volume list` shows yours")
+        if spec.data_center and v['data_center'] and spec.data_center != v['data_center']:
+            raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not {spec.data_center}: drop --data-center (the pod goes to the volume's)")
+        spec.data_center = v['data_center'] or spec.data_center
+    g = api.gpu(spec.gpu_type)
+    if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
+    most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
+    if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
+    spec.validate()
+
 def _create_cmd(a) -> int:
-    if a.manifest: spec = PodSpec.from_yaml(a.manifest)
-    else:
-        if not (a.profile and a.experiment and a.gpu): raise ValueError("pod create needs --profile, --experiment and --gpu (or --manifest FILE)")
-        ov = parse_assignments(a.set)
-        if not Path(a.profile).suffix: plan(a.profile, a.gpu, a.gpus, ov)  # refuses what does not fit before anything is rented
-        autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
-        spec = pod_spec(a.profile, a.experiment, a.gpu, a.gpus, a.volume or '', a.image, ov, autokill, a.shard, a.hf_token or '',
-                        parse_assignments(a.env), a.cloud_type, a.data_center or '', a.repo, a.ref or '')
+    spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
     if a.save: spec.to_yaml(a.save); print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     if a.dry_run:
-        print(spec.to_yaml()); print('# the request (secrets masked), not sent:'); print(request_text(spec, env, hidden))
-        return 0
+        print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are checked against the API when sent:')
+        print(request_text(spec, env, hidden)); return 0
     api = RunPodAPI(hidden=hidden)
-    pod = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
+    _checked_with_api(api, spec)
+    pod, created = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
+    if not created:
+        print(f"pod {pod['id']} ({spec.name}) already exists, status {pod['status']}: nothing created"
+              + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR') else ''))
+        return 0
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
           f"{'your $JUPYTER_PASSWORD' if spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:') else 'generated, in the pod settings on runpod.io'}")
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
@@ -346,75 +341,69 @@ def _create_cmd(a) -> int:
     if a.wait: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
     return 0
 
-def _ssh(api:RunPodAPI, pod_id:str) -> tuple[dict, list[str], str]:
-    "(pod, ssh options, user@host) of a running pod's public SSH port."
+def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
     p = api.pod(pod_id)
     if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
-    ssh = next((x for x in (p.get('runtime') or {}).get('ports') or [] if x.get('privatePort') == 22 and x.get('isIpPublic')), None)
-    if not ssh: raise RunPodError(f"pod {pod_id} has no public SSH port yet (status {p.get('desiredStatus')}): wait, or use JupyterLab")
-    return p, ['-o', 'StrictHostKeyChecking=accept-new', '-p', str(int(ssh['publicPort']))], f"root@{ssh['ip']}"
-
-def _logs_cmd(a) -> int:
-    p, opts, host = _ssh(RunPodAPI(), a.pod_id)
-    exp = check_name(pod_env(p).get('RUN_EXPERIMENT', ''))
-    return subprocess.call(['ssh', *opts, host, f"tail -n {int(a.lines)} {'-F ' if a.follow else ''}/workspace/logs/boot-{exp}.log"])
-
-def _fetch_cmd(a) -> int:
-    p, opts, host = _ssh(RunPodAPI(), a.pod_id)
-    exp = check_name(a.experiment or pod_env(p).get('RUN_EXPERIMENT', ''))
-    from lmbook.core import paths_for
-    dest = Path(a.dest) if a.dest else paths_for(exp).run
-    dest.mkdir(parents=True, exist_ok=True)
-    skip = [] if a.checkpoints else ['--exclude', 'checkpoints/']
-    return subprocess.call(['rsync', '-az', '--partial', *skip, '-e', shlex.join(['ssh', *opts]), f"{host}:/workspace/runs/{exp}/", f"{dest}/"])
+    keeps = (f"its network volume {p['volume_id']} keeps the run" if p['volume_id'] else
+             "it has no network volume: its pod volume (/workspace, the run and its checkpoints) is deleted with it")
+    if not yes:
+        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes it ({keeps}): add --yes to confirm")
+        if input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ").strip().lower() not in ('y', 'yes'):
+            print('not terminated'); return 1
+    api.terminate(pod_id)
+    print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run" if p['volume_id'] else ''))
+    return 0
 
 def _pods_cmd(a) -> int:
     api = RunPodAPI()
     if a.pod_cmd == 'list':
         for p in api.pods(): print(format_status(p).splitlines()[0])
-    elif a.pod_cmd == 'status':
-        p = api.pod(a.pod_id)
-        if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-        print(format_status(p))
-    elif a.pod_cmd == 'wait': print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll)))
-    elif a.pod_cmd == 'resume':
-        p = api.pod(a.pod_id)
-        if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-        api.resume(a.pod_id, p.get('gpuCount') or 1); print(f"pod {a.pod_id} resuming; the boot pipeline resumes the run")
-    else:
-        getattr(api, a.pod_cmd)(a.pod_id)
-        print(f"pod {a.pod_id}: {a.pod_cmd} sent" + (" (the volume keeps the run)" if a.pod_cmd == 'terminate' else ''))
+        return 0
+    if a.pod_cmd == 'terminate': return _terminate(api, a.pod_id, a.yes)
+    if a.pod_cmd == 'wait': print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll))); return 0
+    p = api.pod(a.pod_id)
+    if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
+    if a.pod_cmd == 'status': print(format_status(p)); return 0
+    api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
+    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + dict(resume='; the boot pipeline resumes the run', restart='; the container restarts and boots again',
+                                                     stop='; the GPU is released, the disks stay (and bill)').get(a.pod_cmd, ''))
     return 0
 
 def _volume_cmd(a) -> int:
+    if a.volume_cmd == 'upload': return podsync.upload_cmd(a)
     api = RunPodAPI()
     if a.volume_cmd == 'create':
         v = api.create_volume(a.name, a.size, a.data_center)
-        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) in {v['dataCenterId']}: lmbook pod create ... --volume {v['id']}")
+        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) in {v['data_center']}: lmbook pod create ... --volume {v['id']}")
     else:
-        for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['dataCenterId']}")
+        for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['data_center']}")
     return 0
 
 # %% ../nbs/11_runpod.ipynb #db838dbe
 def add_cli(sub):
-    "Register `lmbook pod ...` (plan, create, list, status, wait, logs, fetch, stop, resume, restart, terminate, volume)."
+    "Register `lmbook pod ...` (plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, terminate, volume)."
     pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
-    p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', required=True, help='RunPod GPU id or alias, e.g. H100')
-    p.add_argument('--gpus', type=int, default=1); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')
-    p.add_argument('--cloud', choices=('secure', 'community'), default='secure'); p.add_argument('--json', action='store_true')
+    p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', help='RunPod GPU id or alias, e.g. H100 (default: settings gpu_type)')
+    p.add_argument('--gpus', type=int, help='GPUs in the pod (default: settings gpu_count)'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')
+    p.add_argument('--cloud', choices=('secure', 'community'), default='secure'); p.add_argument('--volume', help='the network volume the pod would use')
+    p.add_argument('--image', help='the image the pod would run'); p.add_argument('--json', action='store_true')
     p.set_defaults(func=_plan_cmd)
     p = pod.add_parser('create', help='create a training pod (prints the request instead with --dry-run)')
-    p.add_argument('--profile', '-p'); p.add_argument('--experiment', '-e'); p.add_argument('--gpu', '-g')
-    p.add_argument('--gpus', type=int, default=1); p.add_argument('--volume', help='network volume id, mounted at /workspace')
-    p.add_argument('--image', help='image (default: settings.ini)'); p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY', 'ALL'))
-    p.add_argument('--data-center', help='data center id, e.g. EU-RO-1'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
+    p.add_argument('--profile', '-p'); p.add_argument('--experiment', '-e'); p.add_argument('--gpu', '-g', help='default: settings gpu_type')
+    p.add_argument('--gpus', type=int, help='default: settings gpu_count'); p.add_argument('--volume', help='network volume id, mounted at /workspace')
+    p.add_argument('--image', help="image (default: settings.ini, or the card's own)"); p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
+    p.add_argument('--data-center', help="data center id (default: the volume's)"); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true', help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
     p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
     p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop', 'terminate'),
                    help='stop (or terminate) the pod once the final checkpoint is on the volume; bare: terminate with --volume, else stop')
-    p.add_argument('--repo', help='git URL of lmbook to install on the volume'); p.add_argument('--ref', help='branch or tag of --repo')
+    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop', help='after a failed run: stop the pod (default; the volume keeps everything) or keep it up')
+    p.add_argument('--max-hours', type=float, default=0, metavar='H', help='stop the pod after a checkpoint once it has run H hours')
+    p.add_argument('--max-dollars', type=float, default=0, metavar='D', help='stop the pod after a checkpoint once it has cost about D dollars')
+    p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
+    p.add_argument('--commit', help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
     p.add_argument('--manifest', help='create from this YAML manifest'); p.add_argument('--save', help='write the manifest here')
     p.add_argument('--dry-run', action='store_true', help='print the spec and the exact request, send nothing')
     p.add_argument('--tries', type=int, default=6); p.add_argument('--retry-wait', type=float, default=20, help='first pause (s) after "no instances available"')
@@ -424,16 +413,14 @@ def add_cli(sub):
     pod.add_parser('list', help='your pods').set_defaults(func=_pods_cmd)
     for c, h in [('status', 'state, cost per hour, GPU use, URLs'), ('stop', 'stop (the volume and container disk stay)'),
                  ('resume', 'start a stopped pod again'), ('restart', 'restart the container (reruns the boot pipeline)'),
-                 ('terminate', 'delete the pod (a network volume stays)'), ('wait', 'wait until RUNNING'), ('logs', 'tail the boot log over SSH'),
-                 ('fetch', 'copy the run folder (without checkpoints unless asked) into your workspace over SSH')]:
+                 ('terminate', 'delete the pod (asks first; a network volume stays)'), ('wait', 'wait until RUNNING')]:
         p = pod.add_parser(c, help=h); p.add_argument('pod_id')
         if c == 'wait': p.add_argument('--timeout', type=float, default=900); p.add_argument('--poll', type=float, default=10)
-        if c == 'logs': p.add_argument('-n', '--lines', type=int, default=50); p.add_argument('-f', '--follow', action='store_true')
-        if c == 'fetch':
-            p.add_argument('--experiment', '-e', help="default: the pod's RUN_EXPERIMENT"); p.add_argument('--dest', help='default: runs/<experiment> in your workspace')
-            p.add_argument('--checkpoints', action='store_true', help='also copy the checkpoints (large)')
-        p.set_defaults(func=dict(logs=_logs_cmd, fetch=_fetch_cmd).get(c, _pods_cmd))
+        if c == 'terminate': p.add_argument('--yes', '-y', action='store_true', help='do not ask')
+        p.set_defaults(func=_pods_cmd)
+    podsync.add_pod_cli(pod)
     v = pod.add_parser('volume', help='network volumes').add_subparsers(dest='volume_cmd', required=True)
     v.add_parser('list').set_defaults(func=_volume_cmd)
-    p = v.add_parser('create'); p.add_argument('--name', required=True); p.add_argument('--size', type=int, required=True, help='GB')
+    p = v.add_parser('create'); p.add_argument('--name', required=True); p.add_argument('--size', type=int, required=True, help='GB (10 to 4096)')
     p.add_argument('--data-center', required=True, help='e.g. EU-RO-1'); p.set_defaults(func=_volume_cmd)
+    podsync.add_volume_cli(v, _volume_cmd)

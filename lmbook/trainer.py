@@ -193,8 +193,8 @@ def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Conf
 
 # %% ../nbs/06_trainer.ipynb #b66e4aea
 class StopFlag:
-    "Turns SIGTERM/SIGINT into a flag while active (main thread only); restores the old handlers."
-    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT)): self.sigs, self.signum, self.old = sigs, 0, {}
+    "Turns SIGTERM/SIGINT/SIGHUP (a closed SSH session) into a flag while active (main thread only); restores the old handlers."
+    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
     def _handler(self, signum, frame): self.signum = signum
     @property
     def signal(self) -> str|None: return signal.Signals(self.signum).name if self.signum else None

@@ -23,6 +23,7 @@ def corpus(path, n, start=0):
 def pod(tmp_path, monkeypatch):
     "A workspace, a fake `runpodctl` on PATH, and the environment a pod would have."
     ws = tmp_path/'ws'; ws.mkdir()
+    (ws/'lmbook'/'nbs').mkdir(parents=True)  # the volume's checkout, as the start command leaves it: not a package to import from the cwd
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
     env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID='pod1234abc',
@@ -87,15 +88,20 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert len(calls(ws)) == 2 and 'autokill: not firing again' in (ws/'logs'/f'boot-{exp}.log').read_text()
 
 
-def test_a_failed_run_does_not_autokill(pod, tmp_path):
+def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
     ws, env = pod
     one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: data preparation refuses it (exit code 2)
-    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='stop', EXP='bad')
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP='bad')
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', '--on-failure', 'keep', env=benv, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert 'autokill: not firing, the run failed (exit code 2); the pod stays up (ON_FAILURE=keep)' in (ws/'logs'/'boot-bad.log').read_text()
+    assert calls(ws) == []
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)  # the default: stop, never terminate, after a failure
     assert r.returncode == 2, r.stdout + r.stderr
     log = (ws/'logs'/'boot-bad.log').read_text()
-    assert 'exit code 2' in log and 'autokill: not firing, the run failed (exit code 2)' in log
-    assert calls(ws) == []
+    assert 'autokill: stop pod pod1234abc: the run failed (exit code 2); the volume keeps the run and this log' in log
+    (c,) = calls(ws)
+    assert c.splitlines()[0] == 'stop pod pod1234abc' 
 
 
 def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
@@ -111,14 +117,15 @@ def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n'); (bin_/'runpodctl').chmod(0o755)
     env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
-    o = BootOptions(experiment='ak', autokill='stop')
-    assert not autokill(o, paths, 3, Log(), env)                  # diverged: the pod stays
+    o = BootOptions(experiment='ak', autokill='stop', on_failure='keep')
+    assert not autokill(o, paths, 3, Log(), env)                  # diverged, and asked to keep the pod: it stays
     assert not autokill(o, paths, 0, Log(), env)                  # "finished" but no final checkpoint
-    assert not autokill(o, paths, 143, Log(), dict(env, RUNPOD_POD_ID=''))
+    assert not autokill(BootOptions(experiment='ak'), paths, 143, Log(), env)  # stopped by a signal: the pod is being stopped
+    assert not autokill(BootOptions(experiment='ak'), paths, 3, Log(), dict(env, RUNPOD_POD_ID=''))
     assert not (tmp_path/'calls').exists()
-    assert autokill(BootOptions(experiment='ak', autokill='terminate', autokill_on_failure=True), paths, 3, Log(), env)
-    assert (tmp_path/'calls').read_text() == 'remove pod pod1234abc\n'
-    assert any('failed run' in l for l in lines)
+    assert autokill(BootOptions(experiment='ak', autokill='terminate'), paths, 3, Log(), env)  # a failure stops; it never terminates
+    assert (tmp_path/'calls').read_text() == 'stop pod pod1234abc\n'
+    assert any('the run failed (exit code 3)' in l for l in lines)
 
 
 def test_boot_options_come_from_the_pod_environment():
@@ -126,6 +133,8 @@ def test_boot_options_come_from_the_pod_environment():
     o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8', AUTOKILL='terminate'))
     assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8, 'terminate')
     with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
+    assert BootOptions.from_env({}).on_failure == 'stop' and BootOptions.from_env(dict(ON_FAILURE='keep')).on_failure == 'keep'
+    with pytest.raises(ValueError, match='ON_FAILURE'): BootOptions.from_env(dict(ON_FAILURE='terminate'))
     with pytest.raises(ValueError, match='name=value'): BootOptions.from_env(dict(RUN_OVERRIDES='lr'))
 
 
@@ -153,7 +162,7 @@ FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose 
 
 def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     "Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a later pod only boots."
-    import shlex, time
+    import shlex, signal, time
     from lmbook.runpod import start_command
     ws, bin_, rec = tmp_path/'ws', tmp_path/'bin', tmp_path/'rec'
     bin_.mkdir()
@@ -161,22 +170,25 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     for name, body in FAKES.items(): (fakes/name).write_text(body); (fakes/name).chmod(0o755)
     for name in ('git', 'python3'): (bin_/name).symlink_to(fakes/name)
     env = dict(PATH=f"{bin_}:/usr/bin:/bin", REC=str(rec), FAKES=str(fakes), LMBOOK_WORKSPACE=str(ws), RUN_EXPERIMENT='fw', LMBOOK_START='true',
-               LMBOOK_REPO='https://example.invalid/lmbook.git', LMBOOK_REF='v1')
+               LMBOOK_REPO='https://example.org/lmbook.git', LMBOOK_COMMIT='0123456789abcdef')
     def boot():
-        n = rec.read_text().count('lmbook boot') if rec.exists() else 0
-        assert subprocess.run(shlex.split(start_command()), env=env, timeout=30).returncode == 0
-        for _ in range(100):
-            if rec.exists() and rec.read_text().count('lmbook boot') > n: return
-            time.sleep(0.05)
-        raise AssertionError((ws/'logs'/'boot-fw.log').read_text())
+        n = rec.read_text().count('lmbook boot\n') if rec.exists() else 0
+        p = subprocess.Popen(shlex.split(start_command()), env=env, start_new_session=True)
+        try:
+            for _ in range(300):
+                if rec.exists() and rec.read_text().count('lmbook boot\n') > n: return
+                time.sleep(0.05)
+            raise AssertionError((ws/'logs'/'boot-fw.log').read_text())
+        finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
     boot()
     s, v = ws/'lmbook', ws/'venvs'/'lmbook'
-    assert rec.read_text().splitlines() == [f'git clone -q -b v1 https://example.invalid/lmbook.git {s}', f'python3 -m venv --system-site-packages {v}',
-                                            f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD', 'lmbook boot']
+    assert rec.read_text().splitlines() == [f'git clone -q https://example.org/lmbook.git {s}', f'git -C {s} rev-parse HEAD',
+                                            f'python3 -m venv --system-site-packages {v}', f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD',
+                                            'lmbook boot --help', 'lmbook boot']
     assert (v/'lmbook-commit').read_text().strip() == '0123456789abcdef'
-    assert 'stage 1/4 install: lmbook from' in (ws/'logs'/'boot-fw.log').read_text()
+    assert 'stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git' in (ws/'logs'/'boot-fw.log').read_text()
     boot()
-    assert rec.read_text().splitlines()[5:] == ['lmbook boot']
+    assert rec.read_text().splitlines()[7:] == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help', 'lmbook boot']
 
 
 def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
@@ -222,27 +234,55 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
     with pytest.raises(ValueError, match='virtualenv'): boot.stage_install(boot.BootOptions(), log)
 
 
-def test_autokill_through_the_api_when_runpodctl_is_missing(tmp_path, monkeypatch):
-    "Without `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY; an API failure is logged on the volume, never raised."
-    import runpod
-    from fake_runpod import FakeRunPod, serve
+@pytest.mark.parametrize('runpodctl', ['missing', 'failing'])
+def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, monkeypatch, runpodctl):
+    "Without a working `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY (REST v2); an API failure is logged on the volume, never raised."
+    from fake_runpod_v2 import FakeRunPodV2, serve
     from lmbook.boot import BootOptions, autokill
     from lmbook.core import paths_for
-    f = FakeRunPod('rpa_PODSCOPEDkey42')
-    f.pods['pod1234abc'] = dict(id='pod1234abc', name='ak-1', desiredStatus='RUNNING')
+    f = FakeRunPodV2('rpa_PODSCOPEDkey42')
+    f.add_pod('pod1234abc', name='ak-1')
     srv, url = serve(f)
     monkeypatch.setenv('RUNPOD_API_BASE_URL', url)
-    monkeypatch.setattr(runpod, 'api_key', None)
+    monkeypatch.setattr('lmbook.podapi.time.sleep', lambda s: None)
     paths = paths_for('ak', root=tmp_path); paths.run.mkdir(parents=True)
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    if runpodctl == 'failing': (bin_/'runpodctl').write_text('#!/bin/sh\necho "runpodctl: unauthorized"; exit 1\n'); (bin_/'runpodctl').chmod(0o755)
     lines = []
     log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m), sync=lambda self: None))()
-    env = dict(PATH=str(tmp_path/'nothing'), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
-    o = BootOptions(experiment='ak', autokill='terminate', autokill_on_failure=True)
+    env = dict(PATH=str(bin_), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
+    o = BootOptions(experiment='ak')
     assert not autokill(o, paths, 3, log, env)
-    assert 'pod1234abc' in f.pods and 'stop the pod by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
+    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop it by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
     assert autokill(o, paths, 3, log, dict(env, RUNPOD_API_KEY='rpa_PODSCOPEDkey42'))
-    assert 'pod1234abc' not in f.pods and len(f.ops('podTerminate')) == 1
+    assert f.pods['pod1234abc']['status'] == 'EXITED' and f.calls('POST', '/v2/pods/pod1234abc/action')[-1][2] == dict(action='stop')
+    assert ('runpodctl failed' in ' '.join(lines)) == (runpodctl == 'failing')
     srv.shutdown()
+
+
+def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_path, monkeypatch):
+    "--max-dollars on the pod: priced from the API, the run stops mid-way with a checkpoint, then the pod stops (its volume kept)."
+    import time
+    from fake_runpod_v2 import FakeRunPodV2, serve
+    from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+    ws, env = pod
+    f = FakeRunPodV2('rpa_PODSCOPEDkey42')
+    f.add_pod('pod1234abc', name='sg-1')  # an H100 at $2.69/h
+    srv, url = serve(f)
+    train = corpus(tmp_path/'train.txt', 400)
+    env = dict(env, PATH=os.environ['PATH'], RUNPOD_API_BASE_URL=url, RUN_CONFIG='smoke', RUN_EXPERIMENT='sg', RUN_SHARD='1', RUN_INPUT=str(train),
+               RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=100000').replace('ckpt_every=2', 'ckpt_every=100000'),
+               MAX_DOLLARS=f'{2.69*30/3600:.6f}', PRICE_PER_HOUR='9.99', LMBOOK_T0=str(time.time()))  # 30 s at the API's price
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=env, timeout=300)
+    srv.shutdown()
+    log = (ws/'logs'/'boot-sg.log').read_text()
+    assert r.returncode == 143, log
+    assert 'over --max-dollars' in log and 'at $2.69/h' in log and 'passing the spend limit on to the trainer' in log
+    (ck,) = list_checkpoints(ws/'runs'/'sg'/'checkpoints')
+    assert verify_checkpoint(ck) and 0 < ckpt_step(ck) < 100000
+    assert f.pods['pod1234abc']['status'] == 'EXITED' and 'autokill: stop pod pod1234abc: spend guard' in log
+    ledger = json.loads((ws/'logs'/'spend-pod1234abc.json').read_text())
+    assert 29 < ledger['seconds'] < 120 and ledger['price'] == 2.69
 
 
 def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_trainers(capsys):

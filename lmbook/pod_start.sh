@@ -1,0 +1,74 @@
+# lmbook's pod start script. `lmbook.runpod.start_command` sends it gzipped and base64-encoded as the container's
+# start command, so it runs as the container's PID 1. It installs lmbook on the volume (the exact commit of
+# $LMBOOK_COMMIT from $LMBOOK_REPO), starts `lmbook boot` in the background, runs the image's own start script
+# (sshd, JupyterLab) beside it, and passes a container stop's SIGTERM on to boot, which checkpoints the run.
+# A stage that fails before boot runs stops the pod through RunPod's API (the guard), logging why on the volume.
+W=${LMBOOK_WORKSPACE:-/workspace}
+S=${LMBOOK_SRC:-$W/lmbook}
+V=${LMBOOK_VENV:-$W/venvs/lmbook}
+mkdir -p "$W/logs"
+L=$W/logs/boot-${RUN_EXPERIMENT:-run}.log
+say() { echo "[boot $(date -u +%T)] $*" >> "$L"; }
+
+stop_pod() {  # the guard: stop this pod through the API (runpodctl first, else REST v2 with the pod's own key)
+  say "guard: $1: stopping pod ${RUNPOD_POD_ID:-?} (the volume keeps this log)"
+  [ -n "$RUNPOD_POD_ID" ] || { say "guard: RUNPOD_POD_ID is not set: not a RunPod pod, nothing to stop"; return 1; }
+  if command -v runpodctl >/dev/null 2>&1 && runpodctl stop pod "$RUNPOD_POD_ID" >> "$L" 2>&1; then
+    say "guard: pod stopped (runpodctl)"; return 0
+  fi
+  for i in 1 2 3 4 5; do
+    code=$(python3 -c 'import json, os, sys, urllib.request as u
+url = os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io").rstrip("/") + "/v2/pods/" + os.environ["RUNPOD_POD_ID"] + "/action"
+req = u.Request(url, json.dumps({"action": "stop"}).encode(), {"Authorization": "Bearer " + os.environ.get("RUNPOD_API_KEY", ""),
+                "Content-Type": "application/json"})
+try: print(u.urlopen(req, timeout=30).status)
+except Exception as e: print(getattr(e, "code", 0))' 2>> "$L")
+    case $code in
+      2*) say "guard: pod stopped (REST API)"; return 0 ;;
+      429|5*|0) sleep $((i * i)) ;;
+      *) break ;;
+    esac
+  done
+  say "guard: could not stop pod $RUNPOD_POD_ID (last answer: ${code:-none}): it is billing, stop it by hand"
+  return 1
+}
+
+install() {  # stage 1: the checkout and its virtualenv on the volume, at the commit the pod was created with
+  say "stage 1/4 install: lmbook ${LMBOOK_COMMIT:-(newest)} from ${LMBOOK_REPO:-(no repository)} into $V"
+  [ -n "$LMBOOK_REPO" ] || { stop_pod "LMBOOK_REPO is not set (create pods with lmbook pod create)"; return 1; }
+  if [ ! -e "$S/.git" ]; then
+    git clone -q "$LMBOOK_REPO" "$S" || { stop_pod "git clone $LMBOOK_REPO failed"; return 1; }
+  fi
+  if [ -n "$LMBOOK_COMMIT" ] && [ "$(git -C "$S" rev-parse HEAD 2>/dev/null)" != "$LMBOOK_COMMIT" ]; then
+    git -C "$S" cat-file -e "$LMBOOK_COMMIT^{commit}" 2>/dev/null || git -C "$S" fetch -q "$LMBOOK_REPO" "$LMBOOK_COMMIT" 2>/dev/null ||
+      git -C "$S" fetch -q --tags "$LMBOOK_REPO" '+refs/heads/*:refs/remotes/lmbook/*' || { stop_pod "git fetch $LMBOOK_REPO failed"; return 1; }
+    git -C "$S" checkout -q "$LMBOOK_COMMIT" || { stop_pod "commit $LMBOOK_COMMIT cannot be checked out in $S"; return 1; }
+  fi
+  [ -x "$V/bin/python" ] || python3 -m venv --system-site-packages "$V" ||
+    { python3 -m pip install -q virtualenv && python3 -m virtualenv -q --system-site-packages "$V"; } || { stop_pod "no virtualenv in $V"; return 1; }
+  if [ ! -x "$V/bin/lmbook" ]; then
+    "$V/bin/pip" install -q -e "$S" && git -C "$S" rev-parse HEAD > "$V/lmbook-commit" || { stop_pod "pip install -e $S failed"; return 1; }
+  fi
+  "$V/bin/lmbook" boot --help > /dev/null || { stop_pod "lmbook does not start from $V"; return 1; }
+}
+
+( install >> "$L" 2>&1 && exec "$V/bin/lmbook" boot >> "$L" 2>&1 ) &
+B=$!
+"${LMBOOK_START:-/start.sh}" &  # the image's own start script: sshd, JupyterLab, RunPod's proxy
+I=$!
+
+pass() {  # a container stop signals PID 1 only: pass it on to boot, wait until boot has checkpointed the run
+  say "start: got SIG$1: passing SIGTERM on to lmbook boot (pid $B) and waiting for it"
+  kill -TERM "$B" 2>/dev/null
+  rc=$2
+  while kill -0 "$B" 2>/dev/null; do wait "$B"; rc=$?; done
+  say "start: boot has stopped (exit code $rc)"
+  exit "$rc"
+}
+trap 'pass TERM 143' TERM
+trap 'pass HUP 129' HUP
+trap 'pass INT 130' INT
+
+wait "$B"
+while kill -0 "$I" 2>/dev/null; do wait "$I"; done  # the start script keeps SSH and JupyterLab up until the pod stops
+while :; do sleep 3600 & wait $!; done  # an image without one: stay up rather than exit into a restart

@@ -1,0 +1,187 @@
+"""The pod rehearsal: the nearest thing to a real RunPod pod without RunPod. It runs the pod's exact start command
+(`lmbook.runpod.start_command`) under bash as a container's PID 1 (a process group of its own), with a stand-in for
+the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (tests/fake_runpod_v2.py) on 127.0.0.1 as
+RunPod. The start command clones a snapshot of this checkout at its commit, installs it into the volume's virtualenv
+and runs `lmbook boot`: volume layout, data (the built-in corpus: no download), training through papermill. Mid-run
+the container's process group gets SIGTERM, as a stop sends it; the start command runs again and must resume from
+the stop checkpoint; autokill must call the API only after the final checkpoint. It writes a JSON with: seconds from
+start command to first step, steps lost on the stop, idle seconds between the final checkpoint and the stop call.
+
+Standard library only: lmbook's dependencies come from a folder of wheels (--wheels), installed with --no-index into
+the volume's virtualenv, which sees the machine's torch. Fill that folder where a package index is reachable:
+    bash nbs/benchmarks/pod_wheels.sh 3.11        # the GPU machine's Python version
+usage (repository root; one GPU):
+    python3 nbs/benchmarks/pod_rehearsal.py --wheels nbs/benchmarks/pod-wheels --out pod_rehearsal.json
+    python3 nbs/benchmarks/pod_rehearsal.py --tiny --wheels DIR        # the smoke profile on the CPU, ~2 minutes
+"""
+import argparse, json, os, shlex, shutil, signal, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
+IMPORTS = dict(pyyaml='yaml')
+KEY, POD, EXP = 'rpa_REHEARSALkey0000', 'podrehearsal01', 'rehearsal'
+
+
+def say(*a): print(f"[rehearsal {time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def sh(cmd, **kw): return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout.strip()
+
+
+def snapshot(dest:Path) -> tuple[str, str]:
+    "A git repository holding this checkout's files as one commit (uncommitted changes included): (URL, commit)."
+    try: files = sh(['git', 'ls-files', '-z', '-co', '--exclude-standard'], cwd=ROOT).split('\0')
+    except (subprocess.CalledProcessError, FileNotFoundError): files = [str(p.relative_to(ROOT)) for p in ROOT.rglob('*') if p.is_file()
+                                                                       and not {'.venv', 'runs', '.git', '_docs', '_proc', 'pod-wheels'} & set(p.relative_to(ROOT).parts)]
+    for f in filter(None, files):
+        if (ROOT/f).is_file(): (dest/f).parent.mkdir(parents=True, exist_ok=True); shutil.copy2(ROOT/f, dest/f)
+    g = ['git', '-C', str(dest), '-c', 'user.email=rehearsal@lmbook.invalid', '-c', 'user.name=rehearsal']
+    sh(['git', 'init', '-q', str(dest)]); sh(g + ['add', '-A']); sh(g + ['commit', '-qm', 'rehearsal snapshot'])
+    return f'file://{dest}', sh(['git', '-C', str(dest), 'rev-parse', 'HEAD'])
+
+
+def volume_venv(v:Path, wheels:Path) -> float:
+    "The volume's virtualenv (sees the machine's torch) with lmbook's dependencies from `wheels`, offline; seconds taken."
+    t0 = time.time()
+    sh([sys.executable, '-m', 'venv', '--system-site-packages', str(v)])
+    if sys.prefix != sys.base_prefix:  # this Python is itself a virtualenv: the volume's sees its packages (torch) as a pod's sees the image's
+        outer = sh([sys.executable, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'])
+        next((v/'lib').glob('python*/site-packages')).joinpath('machine-packages.pth').write_text(outer + '\n')
+    missing = [n for n in NEEDS if subprocess.run([str(v/'bin'/'python'), '-c', f'import {IMPORTS.get(n, n)}'], capture_output=True).returncode]
+    if missing:
+        if not wheels.is_dir(): raise SystemExit(f"missing {', '.join(missing)} and no wheels folder {wheels}: fill it with nbs/benchmarks/pod_wheels.sh")
+        say('installing from', wheels, ':', ' '.join(missing))
+        subprocess.run([str(v/'bin'/'python'), '-m', 'pip', 'install', '-q', '--no-index', '--find-links', str(wheels), *missing], check=True)
+    return time.time() - t0
+
+
+def metrics_steps(run:Path) -> list[int]:
+    f = run/'metrics.jsonl'
+    if not f.is_file(): return []
+    out = []
+    for l in f.read_text().splitlines():
+        try: r = json.loads(l)
+        except ValueError: continue
+        if 'loss' in r and 'step' in r: out.append(int(r['step']))
+    return out
+
+
+def wait(cond, timeout, what, proc=None, calls=None, log=None):
+    "Poll `cond` until it holds; fail at once when PID 1 exits or the pod stops itself through the API (the guard, autokill)."
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (v := cond()): return v
+        tail = lambda: '\n'.join(log.read_text().splitlines()[-15:]) if log and log.is_file() else ''
+        if proc is not None and proc.poll() is not None: raise RuntimeError(f"PID 1 exited ({proc.returncode}) while waiting for {what}:\n{tail()}")
+        if calls is not None and any(c['method'] == 'POST' for c in api_calls(calls)):
+            raise RuntimeError(f"the pod stopped itself through the API while waiting for {what}:\n{tail()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def api_calls(path:Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.is_file() else []
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--tiny', action='store_true', help='the smoke profile on the CPU (checks the rehearsal itself)')
+    ap.add_argument('--profile', default=None); ap.add_argument('--steps', type=int, default=None)
+    ap.add_argument('--stop-at', type=int, default=None, help='step at which the container is stopped (default: steps/2 + a few)')
+    ap.add_argument('--set', default='', help='more config overrides, k=v,k=v')
+    ap.add_argument('--wheels', default=str(ROOT/'nbs'/'benchmarks'/'pod-wheels'))
+    ap.add_argument('--work', default='/tmp/lmbook-pod-rehearsal'); ap.add_argument('--out', default=None)
+    ap.add_argument('--timeout', type=float, default=900, help='seconds each phase may take')
+    a = ap.parse_args()
+    profile = a.profile or ('smoke' if a.tiny else 'runpod_1b')
+    steps = a.steps or (40 if a.tiny else 300)
+    every = max(2, steps//4)
+    stop_at = a.stop_at or steps//2 + max(1, every//3)  # between two checkpoints: a stop without its own checkpoint would lose steps
+    ov = (f'dataset=builtin,max_steps={steps},ckpt_every={every},keep_ckpts=1,log_every=1,eval_every={every},eval_steps=2,warmup_steps={min(20, steps//4)},'
+          'tensorboard=false') + ('' if a.tiny else ',vocab_size=8192,batch_size=8,grad_accum=1') + (',' + a.set if a.set else '')
+    work = Path(a.work)
+    if work.exists(): shutil.rmtree(work)
+    ws, src = work/'workspace', work/'src'
+    for d in (ws, src, work/'home'): d.mkdir(parents=True)
+    card = subprocess.run([sys.executable, '-c', 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"); print(torch.__version__)'],
+                          capture_output=True, text=True).stdout.split('\n')
+    say(f"{profile}, {steps} steps, stop at step {stop_at}, on {card[0] or '?'} (torch {card[1] if len(card) > 1 else '?'}); work folder {work}")
+    if not a.tiny and card[0] in ('cpu', ''): raise SystemExit("no CUDA GPU: run with --tiny on a CPU")
+    repo, commit = snapshot(src)
+    deps_s = volume_venv(ws/'venvs'/'lmbook', Path(a.wheels))
+    start = shlex.split(sh([str(ws/'venvs'/'lmbook'/'bin'/'python'), '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
+                            'from lmbook.runpod import start_command; print(start_command())', str(src)]))
+    standin = work/'start.sh'
+    standin.write_text('#!/bin/bash\n# stands in for the image\'s /start.sh (sshd, JupyterLab), which then sleeps\nexec sleep infinity\n'); standin.chmod(0o755)
+    calls = work/'api-calls.jsonl'
+    fake = subprocess.Popen([sys.executable, str(ROOT/'tests'/'fake_runpod_v2.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    url = fake.stdout.readline().strip()
+    env = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'LC_ALL', 'TMPDIR', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')}
+    env |= dict(HOME=str(work/'home'), LMBOOK_WORKSPACE=str(ws), RUN_CONFIG=profile, RUN_EXPERIMENT=EXP, RUN_SHARD='1', RUN_OVERRIDES=ov,
+                AUTOKILL='stop', ON_FAILURE='stop', TENSORBOARD_PORT='0', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url,
+                LMBOOK_REPO=repo, LMBOOK_COMMIT=commit, LMBOOK_START=str(standin), PIP_NO_INDEX='1', PIP_NO_DEPS='1',
+                PIP_FIND_LINKS=str(Path(a.wheels).resolve()), HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1')
+    env['PATH'] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"  # `python3` in the start command: this interpreter
+    run, log, pids = ws/'runs'/EXP, ws/'logs'/f'boot-{EXP}.log', []
+    res = dict(date=time.strftime('%Y-%m-%d'), card=card[0], torch=card[1] if len(card) > 1 else '', profile=profile, overrides=ov, steps=steps,
+               stop_at=stop_at, deps_install_s=round(deps_s, 1))
+    try:
+        # 1. the first pod: start command -> first step, then a container stop mid-run
+        t0 = time.time()
+        p1 = subprocess.Popen(start, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pids.append(p1.pid)
+        wait(lambda: metrics_steps(run), a.timeout, 'the first step', p1, calls, log)
+        res['first_step_s'] = round(time.time() - t0, 1)
+        say(f"first step {res['first_step_s']} s after the start command")
+        wait(lambda: max(metrics_steps(run), default=0) >= stop_at, a.timeout, f'step {stop_at}', p1, calls, log)
+        at_signal, t_sig = max(metrics_steps(run)), time.time()
+        os.killpg(p1.pid, signal.SIGTERM)  # a container stop
+        rc1 = p1.wait(a.timeout)
+        reached = max(metrics_steps(run))  # every step completed before the container went
+        res |= dict(stop_exit_code=rc1, stop_s=round(time.time() - t_sig, 1), step_at_signal=at_signal, step_reached_before_stop=reached)
+        tl = (run/'train.log').read_text()
+        stopped = [l for l in tl.splitlines() if 'stopped by SIGTERM at step' in l]
+        res['stop_checkpoint_step'] = int(stopped[-1].split('at step ')[1].split('/')[0]) if stopped else None
+        say(f"stopped at step {res['stop_checkpoint_step']} (reached {reached}), exit code {rc1}, in {res['stop_s']} s")
+        assert not [c for c in api_calls(calls) if c['method'] == 'POST'], 'the stopped run called the API'
+        # 2. the next pod over the same volume: resume, finish, autokill
+        t0 = time.time()
+        p2 = subprocess.Popen(start, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pids.append(p2.pid)
+        wait(lambda: 'resumed at step' in (run/'train.log').read_text().split(stopped[-1] if stopped else '\0')[-1], a.timeout, 'the resume', p2, calls, log)
+        resumed = int((run/'train.log').read_text().split('resumed at step ')[-1].split()[0].rstrip(')|,'))
+        res |= dict(resumed_at_step=resumed, steps_lost_on_stop=reached - resumed)
+        wait(lambda: max(metrics_steps(run), default=0) > resumed, a.timeout, 'the first step after the resume', p2, calls, log)
+        res['first_step_after_resume_s'] = round(time.time() - t0, 1)
+        stop_call = wait(lambda: next((c for c in api_calls(calls) if c['method'] == 'POST' and c['path'].endswith('/action')), None),
+                         a.timeout, 'the autokill call', p2)
+        final = run/'checkpoints'/f'step_{steps:08d}'/'COMPLETE'
+        res |= dict(final_checkpoint=final.is_file(), autokill_call=stop_call['body'], autokill_status=stop_call['status'])
+        res['autokill_after_final_checkpoint'] = final.is_file() and stop_call['t'] >= final.stat().st_mtime
+        res['idle_s_final_checkpoint_to_stop_call'] = round(stop_call['t'] - final.stat().st_mtime, 1) if final.is_file() else None
+        say(f"resumed at step {resumed} ({res['steps_lost_on_stop']} steps lost); autokill {stop_call['body']} "
+            f"{res['idle_s_final_checkpoint_to_stop_call']} s after the final checkpoint")
+        res['api_calls'] = [dict(method=c['method'], path=c['path'], status=c['status'], body=c['body']) for c in api_calls(calls)]
+        res['ok'] = bool(rc1 == 143 and res['stop_checkpoint_step'] == reached == resumed and res['autokill_after_final_checkpoint']
+                         and stop_call['body'] == dict(action='stop') and len([c for c in res['api_calls'] if c['method'] == 'POST']) == 1)
+    except Exception as e:
+        res |= dict(ok=False, error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        for pid in pids:
+            try: os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError: pass
+        os.killpg(fake.pid, signal.SIGTERM)
+        if log.is_file(): shutil.copy(log, work/'boot.log')
+        out = Path(a.out or (Path(os.environ['OUT'])/'pod_rehearsal.json' if os.environ.get('OUT') else work/'pod_rehearsal.json'))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + '\n')
+        if os.environ.get('OUT') and log.is_file(): shutil.copy(log, Path(os.environ['OUT'])/'boot.log')
+        say('wrote', out)
+    print(json.dumps({k: v for k, v in res.items() if k != 'api_calls'}, indent=1))
+    if not res['ok']: raise SystemExit('the rehearsal found a problem: see the JSON and the boot log')
+
+
+if __name__ == '__main__': main()

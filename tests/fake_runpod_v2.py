@@ -1,0 +1,257 @@
+"""A fake of RunPod's REST API v2 on 127.0.0.1 for tests. Every request is checked against `runpod_v2_contract.json`
+(written from RunPod's published OpenAPI v2 description) and rejected as the real API would: unknown fields or
+values of the wrong type (422), a network volume on Community Cloud or in another data center (400), an action
+the pod's status does not allow (409). Errors are RFC 9457 problem bodies; every pod it answers has a status
+the contract knows."""
+import json, re, threading, time, urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+CONTRACT = json.loads((Path(__file__).parent/'runpod_v2_contract.json').read_text())
+ENUMS, SCHEMAS = CONTRACT['enums'], CONTRACT['schemas']
+CAPACITY = "There are no longer any instances available with the requested specifications (no capacity)."
+GPUS = {'NVIDIA H100 80GB HBM3': (80, 2.69, 8), 'NVIDIA GeForce RTX 4090': (24, 0.69, 8), 'NVIDIA A100 80GB PCIe': (80, 1.64, 8),
+        'NVIDIA B200': (180, 5.99, 8)}
+DATA_CENTERS = {'EU-RO-1': True, 'US-KS-2': True, 'US-TX-3': True, 'CA-MTL-1': False}  # id -> has network volumes
+_TYPES = dict(string=str, integer=int, boolean=bool, object=dict, array=list, null=type(None))
+
+
+def violations(schema, v, path='$'):
+    "What in `v` breaks `schema` (the contract's JSON-schema subset), as messages like the real API's `errors`."
+    if '$ref' in schema: return violations(SCHEMAS[schema['$ref']], v, path)
+    out = []
+    if 'enum' in schema:
+        allowed = ENUMS[schema['enum']] if isinstance(schema['enum'], str) else schema['enum']
+        return [] if v in allowed else [f"{path}: value must be one of {allowed}"]
+    types = schema.get('type')
+    if types:
+        ts = types if isinstance(types, list) else [types]
+        ok = any(isinstance(v, _TYPES[t]) and not (t == 'integer' and isinstance(v, bool)) for t in ts)
+        if not ok: return [f"{path}: expected {' or '.join(ts)}, got {type(v).__name__}"]
+    if isinstance(v, str):
+        if len(v) < schema.get('minLength', 0): out.append(f"{path}: length must be >= {schema['minLength']}")
+        if 'pattern' in schema and not re.search(schema['pattern'], v): out.append(f"{path}: does not match {schema['pattern']}")
+    if isinstance(v, int) and not isinstance(v, bool):
+        if 'minimum' in schema and v < schema['minimum']: out.append(f"{path}: must be >= {schema['minimum']}")
+        if 'maximum' in schema and v > schema['maximum']: out.append(f"{path}: must be <= {schema['maximum']}")
+    if isinstance(v, dict):
+        props = schema.get('properties', {})
+        for k in schema.get('required', []):
+            if k not in v: out.append(f"{path}: missing property '{k}'")
+        for k, x in v.items():
+            if k in props: out += violations(props[k], x, f"{path}.{k}")
+            elif 'values' in schema: out += violations(schema['values'], x, f"{path}.{k}")
+            elif schema.get('additional') is False: out.append(f"{path}: additional properties '{k}' not allowed")
+    if isinstance(v, list):
+        if len(v) > schema.get('maxItems', 10**9): out.append(f"{path}: at most {schema['maxItems']} items")
+        for i, x in enumerate(v): out += violations(schema.get('items', {}), x, f"{path}[{i}]")
+    return out
+
+
+class Problem(Exception):
+    def __init__(self, status, detail, errors=None, headers=None):
+        self.status, self.detail, self.errors, self.headers = status, detail, errors, headers or {}
+
+
+TITLES = {400: 'Bad Request', 401: 'Unauthorized', 402: 'Payment Required', 404: 'Not Found', 405: 'Method Not Allowed',
+          409: 'Conflict', 422: 'Unprocessable Entity', 429: 'Too Many Requests', 503: 'Service Unavailable'}
+
+
+class FakeRunPodV2:
+    "State and behaviour of the fake; `requests` records (method, path, headers, body) of every call."
+    def __init__(self, key='rpa_TESTKEY123'):
+        self.key, self.requests, self.pods = key, [], {}
+        self.volumes = {'vol123abc': dict(id='vol123abc', name='data', size=200, dataCenter='EU-RO-1', type='STANDARD')}
+        self.capacity_failures = 0      # creates answered 400 "no capacity" before one succeeds
+        self.lose_next_answer = False   # the next create makes the pod, then answers 502 with HTML
+        self.polls_until_running = 0    # GETs of a pod answered PROVISIONING/STARTING before RUNNING
+        self.busy = 0                   # the next calls answered 429 (Retry-After: 0)
+        self.broken = 0                 # the next calls answered 503
+        self.echo_errors = False        # creates fail with a problem that quotes the whole body
+        self.ssh = ('203.0.113.7', 40022)  # the public address of a running pod's sshd
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def calls(self, method=None, path=None):
+        "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
+        return [(m, p, b) for m, p, h, b in self.requests if (method is None or m == method) and (path is None or re.fullmatch(path, p))]
+
+    def add_pod(self, pod_id, name='pod', status='RUNNING', **kw):
+        body = dict(name=name, image='runpod/pytorch:x', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1), cloud='SECURE', env={}, mounts={}) | kw
+        self.pods[pod_id] = self._pod(pod_id, body, status)
+        return self.pods[pod_id]
+
+    def handle(self, method, raw_path, headers, raw):
+        path, _, query = raw_path.partition('?')
+        body = None
+        if raw:
+            try: body = json.loads(raw)
+            except ValueError: return self.problem(Problem(400, 'request body is not JSON'))
+        with self.lock:
+            self.requests.append((method, path, dict(headers), body))
+            try:
+                if headers.get('Authorization') != f'Bearer {self.key}': raise Problem(401, 'missing or invalid bearer token')
+                if self.busy: self.busy -= 1; raise Problem(429, 'rate limit exceeded', headers={'Retry-After': '0'})
+                if self.broken: self.broken -= 1; raise Problem(503, 'upstream unavailable')
+                op, args = self.route(method, path)
+                spec = CONTRACT['operations'][op]
+                unknown = set(urllib.parse.parse_qs(query)) - set(spec.get('query', []))
+                if unknown: raise Problem(422, 'Request validation failed.', [f"query: unknown parameter '{k}'" for k in sorted(unknown)])
+                if 'body' in spec:
+                    errs = violations({'$ref': spec['body']}, body) if body is not None else ['$: request body is required']
+                    if errs: raise Problem(422, 'Request validation failed.', errs)
+                elif body is not None: raise Problem(422, 'Request validation failed.', ['$: this operation takes no body'])
+                status, out = getattr(self, op.split()[0].lower() + '_' + re.sub(r'\W+', '_', op.split()[1][4:]).strip('_'))(*args, body=body)
+                if out is not None and 'status' in out: assert out['status'] in ENUMS['PodStatus'], out['status']
+                return status, out, {}
+            except Problem as p: return self.problem(p)
+            except _Lost: return 502, None, {}
+
+    def problem(self, p):
+        body = dict(title=TITLES.get(p.status, 'Error'), status=p.status, detail=p.detail)
+        if p.errors: body['errors'] = p.errors
+        return p.status, body, dict(p.headers, **{'Content-Type': 'application/problem+json'})
+
+    def route(self, method, path):
+        for op in CONTRACT['operations']:
+            m, tmpl = op.split()
+            rx = '^' + re.sub(r'\\\{id\\\}', '([^/]+)', re.escape(tmpl)) + '$'
+            if (mt := re.match(rx, path)) and m == method: return op, [urllib.parse.unquote(g) for g in mt.groups()]
+        if any(re.match('^' + re.sub(r'\\\{id\\\}', '([^/]+)', re.escape(o.split()[1])) + '$', path) for o in CONTRACT['operations']):
+            raise Problem(405, 'The requested method is not allowed for this path.')
+        raise Problem(404, f'no route {path}')
+
+    # --- operations ---
+    def _pod(self, pod_id, body, status, dc='EU-RO-1'):
+        gid, count = body['gpu']['id'], body['gpu'].get('count', 1)
+        return dict(id=pod_id, name=body['name'], image=body.get('image', ''), args=body.get('args', ''), disk=body.get('disk', 50),
+                    ports=body.get('ports', []), env=body.get('env', {}), registry=None, status=status, actions=[], mounts=body.get('mounts', {}),
+                    gpu=dict(id=gid, count=count), cloud=body.get('cloud', 'SECURE'), dataCenterId=dc, cudaVersion='12.8',
+                    ssh=dict(proxy=None, direct=None), template=None, cost=round(GPUS.get(gid, (0, 1.0))[1]*count, 2), locked=False,
+                    globalNetworking=dict(enabled=False), runtime=None, createdAt='2026-11-26T12:00:00Z', startedAt=None, body=body, polls=0)
+
+    def view(self, p):
+        p = dict(p)
+        p['actions'] = CONTRACT['actions_by_status'].get(p['status'], [])
+        if p['status'] == 'RUNNING':
+            host, port = self.ssh
+            p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root', command=f'ssh root@{host} -p {port}'))
+            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)], ports=[dict(private=22, public=port, type='tcp', ip=host)])
+        else: p['cost'] = 0.0 if p['status'] in ('EXITED', 'TERMINATED') else p['cost']
+        return {k: v for k, v in p.items() if k not in ('body', 'polls')}
+
+    def get_pods(self, body=None): return 200, dict(pods=[self.view(p) for p in self.pods.values()])
+
+    def post_pods(self, body):
+        if self.echo_errors: raise Problem(400, f'cannot place pod: {json.dumps(body)}')
+        if ('gpu' in body) == ('cpu' in body): raise Problem(400, 'exactly one of gpu or cpu must be set')
+        if 'image' not in body and 'templateId' not in body: raise Problem(422, 'Request validation failed.', ["$: missing property 'image'"])
+        mounts = body.get('mounts', {})
+        if 'persistent' in mounts and 'network' in mounts: raise Problem(400, 'at most one of mounts.persistent and mounts.network')
+        gid = body['gpu']['id']
+        if gid not in GPUS: raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
+        dc = (body.get('dataCenterIds') or ['EU-RO-1'])[0]
+        for nm in mounts.get('network', []):
+            vol = self.volumes.get(nm['volumeId'])
+            if vol is None: raise Problem(400, f"network volume {nm['volumeId']} not found")
+            if body.get('cloud', 'SECURE') != 'SECURE': raise Problem(400, 'network volumes are available on Secure Cloud only')
+            if body.get('dataCenterIds') and vol['dataCenter'] not in body['dataCenterIds']:
+                raise Problem(400, f"network volume {vol['id']} is in {vol['dataCenter']}, not in {', '.join(body['dataCenterIds'])}")
+            dc = vol['dataCenter']
+        if self.capacity_failures: self.capacity_failures -= 1; raise Problem(400, CAPACITY)
+        self.n += 1
+        pod = self.pods[f'pod{self.n:04d}xyz'] = self._pod(f'pod{self.n:04d}xyz', body, 'PROVISIONING', dc)
+        if self.lose_next_answer: self.lose_next_answer = False; raise _Lost()
+        return 201, self.view(pod)
+
+    def get_pods_id(self, pod_id, body=None):
+        p = self.pods.get(pod_id)
+        if p is None: raise Problem(404, 'pod not found')
+        if p['status'] in ('PROVISIONING', 'STARTING'):
+            p['polls'] += 1
+            p['status'] = 'RUNNING' if p['polls'] > self.polls_until_running else 'STARTING'
+        return 200, self.view(p)
+
+    def delete_pods_id(self, pod_id, body=None):
+        if self.pods.pop(pod_id, None) is None: raise Problem(404, 'pod not found')
+        return 204, None
+
+    def post_pods_id_action(self, pod_id, body):
+        p = self.pods.get(pod_id)
+        if p is None: raise Problem(404, 'pod not found')
+        a = body['action']
+        if a not in CONTRACT['actions_by_status'].get(p['status'], []): raise Problem(409, f"cannot {a} a pod that is {p['status']}")
+        if a == 'terminate': del self.pods[pod_id]; return 204, None
+        p['status'] = dict(stop='EXITED', start='RUNNING', restart='RUNNING')[a]
+        return 200, self.view(p)
+
+    def get_network_volumes(self, body=None): return 200, dict(networkVolumes=list(self.volumes.values()))
+
+    def get_network_volumes_id(self, vol_id, body=None):
+        if vol_id not in self.volumes: raise Problem(404, 'network volume not found')
+        return 200, self.volumes[vol_id]
+
+    def post_network_volumes(self, body):
+        if not DATA_CENTERS.get(body['dataCenter']): raise Problem(400, f"data center {body['dataCenter']} does not offer network volumes")
+        v = dict(id=f'vol{len(self.volumes):03d}new', name=body['name'], size=body['size'], dataCenter=body['dataCenter'], type=body.get('type', 'STANDARD'))
+        self.volumes[v['id']] = v
+        return 201, v
+
+    def get_catalog_gpus(self, body=None): return 200, dict(gpus=[self.gpu(k) for k in GPUS])
+    def get_catalog_gpus_id(self, gid, body=None):
+        if gid not in GPUS: raise Problem(404, 'gpu type not found')
+        return 200, self.gpu(gid)
+    def gpu(self, gid):
+        mem, price, most = GPUS[gid]
+        return dict(id=gid, name=gid.split()[-1], pool=None, manufacturer='NVIDIA', memory=mem, secure=True, community=True,
+                    price=dict(secure=price, community=round(price*0.7, 2)), maxCount=dict(secure=most, community=most))
+
+    def get_catalog_datacenters(self, body=None):
+        return 200, dict(dataCenters=[dict(id=k, name=k, region='EUROPE', globalNetwork=False, compliance=[],
+                                           networkVolumeTypes=['STANDARD'] if v else []) for k, v in DATA_CENTERS.items()])
+
+
+class _Lost(Exception): pass
+
+
+def serve(fake, port=0):
+    "Start `fake` on `port` (0: a free one) of 127.0.0.1 in a thread; (server, base URL)."
+    class H(BaseHTTPRequestHandler):
+        def _any(self):
+            n = int(self.headers.get('Content-Length') or 0)
+            code, out, hdrs = fake.handle(self.command, self.path, self.headers, self.rfile.read(n) if n else b'')
+            data = b'' if code == 204 else json.dumps(out).encode() if out is not None else b'<html>502 Bad Gateway</html>'
+            self.send_response(code)
+            hdrs = dict({'Content-Type': 'application/json' if out is not None else 'text/html'}, **hdrs)
+            for k, v in hdrs.items(): self.send_header(k, v)
+            self.send_header('Content-Length', str(len(data))); self.end_headers(); self.wfile.write(data)
+        do_GET = do_POST = do_DELETE = do_PATCH = _any
+        def log_message(self, *a): pass
+    srv = ThreadingHTTPServer(('127.0.0.1', port), H)
+    threading.Thread(target=srv.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True).start()
+    return srv, f'http://127.0.0.1:{srv.server_port}'
+
+
+def main():
+    "Run the fake on 127.0.0.1 until killed (the pod rehearsal uses it as RunPod); every call is appended to CALLS as a JSON line."
+    import argparse, signal, sys
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--port', type=int, default=0); ap.add_argument('--key', required=True); ap.add_argument('--pod', required=True)
+    ap.add_argument('--calls', required=True, help='append every request here, one JSON object a line, with its time')
+    a = ap.parse_args()
+    fake = FakeRunPodV2(a.key)
+    fake.add_pod(a.pod, name='rehearsal')
+    real = fake.handle
+    def logged(method, path, headers, raw):
+        out = real(method, path, headers, raw)
+        rec = dict(t=time.time(), method=method, path=path.split('?')[0], status=out[0], body=json.loads(raw) if raw else None)
+        with open(a.calls, 'a') as f: f.write(json.dumps(rec) + '\n')
+        return out
+    fake.handle = logged
+    srv, url = serve(fake, a.port)
+    print(url, flush=True)
+    signal.signal(signal.SIGTERM, lambda *x: sys.exit(0))
+    threading.Event().wait()
+
+
+if __name__ == '__main__': main()

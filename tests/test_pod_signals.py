@@ -1,0 +1,47 @@
+"A closed SSH session (SIGHUP) stops `lmbook train` with a checkpoint, and `lmbook train --detach` outlives the terminal."
+import os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+
+EXE = str(Path(sys.executable).parent/'lmbook')
+TINY = ['take=2000', 'batch_size=4', 'block_size=64', 'n_embd=64', 'n_head=2', 'eval_every=50', 'eval_steps=1', 'log_every=1',
+        'warmup_steps=2', 'ckpt_every=100', 'tensorboard=false']
+
+
+def train(ws, exp, *extra, steps=500, **kw):
+    return subprocess.Popen([EXE, 'train', '--profile', 'smoke', '--experiment', exp, '--root', str(ws), '--set', f'max_steps={steps}', *TINY, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, stdin=subprocess.DEVNULL, **kw)
+
+
+def test_sighup_stops_training_with_a_checkpoint(ws):
+    p = train(ws, 'hup')
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    else: raise AssertionError(''.join(out))
+    p.send_signal(signal.SIGHUP)
+    rest = p.stdout.read(); rc = p.wait(30)
+    assert rc == 129, (rc, rest)  # 128 + SIGHUP, like 143 for SIGTERM: a checkpoint was written first
+    (msg,) = [l for l in rest.splitlines() if l.startswith('stopped by SIGHUP')]
+    step = int(msg.split('at step ')[1].split('/')[0])
+    newest = list_checkpoints(Path(ws)/'runs'/'hup'/'checkpoints')[0]
+    assert ckpt_step(newest) == step and verify_checkpoint(newest)
+
+
+def test_detach_starts_a_run_that_outlives_the_terminal(ws):
+    t0 = time.time()
+    p = train(ws, 'det', '--detach', steps=6, start_new_session=True)  # the "terminal": a session of its own, hung up below
+    out = p.stdout.read(); rc = p.wait(60)
+    assert rc == 0 and time.time() - t0 < 30, out
+    pid = int(out.split('pid ')[1].split()[0].rstrip(',);'))
+    assert os.getsid(pid) not in (os.getsid(0), p.pid) and 'tail -f' in out and 'train.log' in out
+    try: os.killpg(p.pid, signal.SIGHUP)  # the terminal closes: its session's processes get SIGHUP
+    except ProcessLookupError: pass
+    run = Path(ws)/'runs'/'det'
+    for _ in range(600):
+        if not Path(f'/proc/{pid}').exists() or Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z': break
+        time.sleep(0.2)
+    else: raise AssertionError('the detached run did not finish')
+    assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), (run/'train.log').read_text() if (run/'train.log').exists() else out

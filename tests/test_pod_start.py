@@ -1,0 +1,112 @@
+"""The pod's exact start command, run by bash as a container's PID 1 would be: a stop signal reaches the trainer, which
+checkpoints; a stage that fails before boot stops the pod through the (fake REST v2) API and says why in the volume's log."""
+import json, os, shlex, signal, subprocess, sys, sysconfig, time
+from pathlib import Path
+import pytest
+from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.runpod import start_command
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = 'rpa_PODSCOPEDkey42'
+HEAD = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+TINY = ('max_steps=500,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=1000,eval_steps=1,'
+        'ckpt_every=1000,log_every=1,warmup_steps=1,tensorboard=false')
+
+
+def volume_venv(path):
+    "A virtualenv standing in for the volume's (/workspace/venvs/lmbook): it sees this environment's packages, and lmbook is at HEAD."
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
+    site = next(path.glob('lib/python*/site-packages'))
+    (site/'lmbook-dev.pth').write_text(sysconfig.get_paths()['purelib'] + '\n' + str(ROOT) + '\n')
+    (path/'bin'/'lmbook').write_text(f"#!{path}/bin/python\nimport sys\nfrom lmbook.cli import main\nsys.exit(main())\n")
+    (path/'bin'/'lmbook').chmod(0o755)
+    (path/'lmbook-commit').write_text(HEAD + '\n')
+    return path
+
+
+def container(tmp_path, url, **env):
+    "The environment a pod's container has, with a stand-in for the image's /start.sh."
+    start = tmp_path/'start.sh'
+    start.write_text('#!/bin/bash\nexec sleep 600\n'); start.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'TMPDIR')}
+    return base | dict(HOME=str(tmp_path/'home'), LMBOOK_WORKSPACE=str(tmp_path/'workspace'), RUN_EXPERIMENT='pod', RUN_CONFIG='smoke',
+                       RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT=HEAD,
+                       HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1') | env
+
+
+@pytest.fixture
+def api():
+    f = FakeRunPodV2(KEY)
+    f.add_pod('pod1234abc', name='pod-1')
+    srv, url = serve(f)
+    f.url = url
+    yield f
+    srv.shutdown()
+
+
+def pid1(env):
+    "The start command as a container runs it: PID 1 of its own session and process group."
+    return subprocess.Popen(shlex.split(start_command()), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for(cond, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if (v := cond()): return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def stops(api): return [b for m, p, b in api.calls('POST', '/v2/pods/pod1234abc/action')]
+
+
+@pytest.mark.parametrize('how', ['clone', 'pip'])
+def test_a_failed_stage_before_boot_stops_the_pod_and_says_why(api, tmp_path, how):
+    if how == 'clone': repo = f'file://{tmp_path}/no-such-repo.git'
+    else:  # a repository that clones, but is no Python project: pip install fails
+        src = tmp_path/'src'; src.mkdir()
+        subprocess.run(f'git init -q {src} && git -C {src} -c user.email=a@b.c -c user.name=a commit -q --allow-empty -m x', shell=True, check=True)
+        repo = f'file://{src}'
+    env = container(tmp_path, api.url, LMBOOK_REPO=repo, LMBOOK_COMMIT='')
+    p = pid1(env)
+    try:
+        wait_for(lambda: stops(api), 120, 'the guard to stop the pod')
+        log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
+        want = 'git clone' if how == 'clone' else 'pip install -e'
+        assert f'guard: {want}' in log and 'stopping pod pod1234abc' in log and 'guard: pod stopped (REST API)' in log, log
+        assert stops(api) == [dict(action='stop')] and api.pods['pod1234abc']['status'] == 'EXITED'
+        assert p.poll() is None  # PID 1 stays (the image's start script keeps SSH up); the pod is stopped through the API
+        assert KEY not in log
+    finally:
+        os.killpg(p.pid, signal.SIGKILL); p.wait()
+
+
+@pytest.mark.parametrize('how', ['group', 'pid1'])
+def test_a_container_stop_reaches_the_trainer_which_checkpoints(api, tmp_path, how):
+    "SIGTERM to PID 1's process group (or to PID 1 alone, as `docker stop` sends it): the stop checkpoint is written."
+    corpus = tmp_path/'corpus.txt'
+    corpus.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(300)))
+    env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT), LMBOOK_VENV=str(volume_venv(tmp_path/'venv')),
+                    RUN_SHARD='1', RUN_INPUT=str(corpus), RUN_OVERRIDES=TINY, AUTOKILL='stop')
+    run = tmp_path/'workspace'/'runs'/'pod'
+    p = pid1(env)
+    try:
+        wait_for(lambda: (run/'metrics.jsonl').is_file() and '"step": 3,' in (run/'metrics.jsonl').read_text(), 240, 'step 3')
+        if how == 'group': os.killpg(p.pid, signal.SIGTERM)
+        else: os.kill(p.pid, signal.SIGTERM)
+        rc = p.wait(120)
+    finally:  # the container goes: whatever is left of its process group (the start script's stand-in) goes with it
+        try: os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+        p.wait()
+    log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
+    assert rc == 143, log
+    cks = list_checkpoints(run/'checkpoints')
+    assert cks and verify_checkpoint(cks[0]), log  # ckpt_every=1000: only the stop wrote one
+    step = ckpt_step(cks[0])
+    assert f'stopped by SIGTERM at step {step}/500' in (run/'train.log').read_text()
+    assert 'passing SIGTERM on to lmbook boot' in log and 'passing the SIGTERM boot got on to the trainer' in log
+    assert 'not firing, the run was stopped by a signal' in log and stops(api) == []  # a stopped run is no reason to stop the pod again
+    assert not subprocess.run(['pgrep', '-f', str(run)], capture_output=True).stdout.strip()  # nothing of the run is left behind
