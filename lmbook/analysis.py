@@ -8,7 +8,7 @@ Docs: https://lmbook.github.io/lmbook/analysis.html.md"""
 from __future__ import annotations
 import json, math
 from pathlib import Path
-from .core import paths_for, check_name
+from .core import paths_for, check_name, check_writable
 from .metrics import read_metrics, format_row
 
 # %% auto #0
@@ -41,6 +41,8 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
     exps = [experiments] if isinstance(experiments, str) else list(experiments)
     if not exps: raise ValueError("give at least one experiment name to plot")
     runs = {e: read_metrics(run_dir(e, root)) for e in exps}
+    check_writable(*(paths_for(e, root=root).plots for e in exps),
+                   fix='plots go into the run folder: make it writable, or plot a copy')
     written = {e: [] for e in exps}
     figs = []
     for fname, names in PLOTS.items():

@@ -162,6 +162,7 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
     from lmbook.data import shard_corpus, read_manifest
     from lmbook.loader import prepare_data
+    from lmbook.runlock import data_lock
     env = os.environ if env is None else env
     if cluster_torchrun_args(env):  # nodes share the volume: node 0 prepares everything once, the others wait for it
         if int(env['NODE_RANK']): return wait_for_data(paths, log, float(env.get('LMBOOK_DATA_WAIT') or 6*3600))
@@ -171,14 +172,15 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
         if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file on the volume")
     cfg = run_config(o)
     done = lambda d: (read_manifest(d) or {}).get('complete')
-    if o.reuse_shards:
-        if not (done(paths.train) and done(paths.val)): raise FileNotFoundError(f"--reuse-shards but {paths.train} or {paths.val} holds no complete shards: drop --reuse-shards")
-        log(f"stage 3/4 data: reusing the shards in {paths.train} and {paths.val}")
-    elif o.validation:
-        lines = load_settings().shard_lines
-        shard_corpus(paths.train, dataset=cfg.data.dataset, mode='prod', split='train', lines_per_shard=lines, hf_cache=paths.hf_cache)
-        shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val', lines_per_shard=lines, hf_cache=paths.hf_cache)
-    pd = prepare_data(cfg, paths, tokenizer_json=Path(o.tokenizer_json) if o.tokenizer_json else None)
+    with data_lock(paths.cache, log):  # one data preparation of an experiment at a time, whoever starts it
+        if o.reuse_shards:
+            if not (done(paths.train) and done(paths.val)): raise FileNotFoundError(f"--reuse-shards but {paths.train} or {paths.val} holds no complete shards: drop --reuse-shards")
+            log(f"stage 3/4 data: reusing the shards in {paths.train} and {paths.val}")
+        elif o.validation:
+            lines = load_settings().shard_lines
+            shard_corpus(paths.train, dataset=cfg.data.dataset, mode='prod', split='train', lines_per_shard=lines, hf_cache=paths.hf_cache)
+            shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val', lines_per_shard=lines, hf_cache=paths.hf_cache)
+        pd = prepare_data(cfg, paths, tokenizer_json=Path(o.tokenizer_json) if o.tokenizer_json else None)
     log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size} in {pd.tokenizer_dir}")
 
 # %% ../nbs/11a_boot.ipynb #7c2e88da

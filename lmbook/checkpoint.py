@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import save_file, load_file, safe_open
 
 # %% auto #0
-__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'BEST', 'CheckpointError', 'CheckpointSpaceError',
-           'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'full_state', 'load_full_state', 'dedupe',
-           'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes', 'check_space',
-           'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged', 'prune_checkpoints',
-           'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible',
-           'config_changes', 'check_config_change', 'Checkpointer']
+__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'BEST', 'CheckpointError',
+           'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'full_state',
+           'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes',
+           'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
+           'prune_checkpoints', 'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint',
+           'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'Checkpointer']
 
 # %% ../nbs/07_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -152,16 +152,26 @@ def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
         if (p/'COMPLETE').is_file(): return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
     return int(_nbytes(snap)*1.02) + (1 << 20) if snap else 0
 
-def _space_error(ckpt_dir:Path, step:int, need:int, free:int, keep:int) -> CheckpointSpaceError:
+def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
     gb = lambda b: f"{b/1e9:.2f} GB"
-    return CheckpointSpaceError(f"no space for checkpoint {ckpt_name(step)} in {ckpt_dir}: it needs about {gb(need)}, {gb(free)} "
+    return CheckpointSpaceError(f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, {gb(free)} "
                                 f"are free; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the peak (one checkpoint "
-                                f"more while the newest is written): free space, lower keep_ckpts, or use a bigger volume")
+                                f"more while the newest is written): free space, lower keep_ckpts (a resume prunes down to it "
+                                f"first) or use a bigger volume, then rerun the same command to resume")
 
-def check_space(ckpt_dir:Path, step:int, need:int, keep:int):
-    "Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free."
+def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
+    "Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint `name`."
     free = shutil.disk_usage(ckpt_dir).free
-    if free < need: raise _space_error(ckpt_dir, step, need, free, keep)
+    if free < need: raise _space_error(ckpt_dir, name or ckpt_name(step), need, free, keep)
+
+def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
+    "Whether a failed write ran out of disk: `ENOSPC`, or any error (torch's is a `RuntimeError`) with no room left for the rest."
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
+    if not isinstance(e, Exception): return False  # an interrupt is not a full disk
+    try:
+        written = sum(f.stat().st_size for f in tmp.iterdir() if f.is_file()) if tmp.is_dir() else 0
+        return shutil.disk_usage(ckpt_dir).free < need - written
+    except OSError: return False
 
 # %% ../nbs/07_checkpoint.ipynb #24db2bfc
 def _torch_save(obj, path:Path):
@@ -181,7 +191,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
     final, tmp, old = ckpt_dir/name, ckpt_dir/f'.tmp-{name}', ckpt_dir/f'.old-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
-    check_space(ckpt_dir, step, need, keep)
+    check_space(ckpt_dir, step, need, keep, name)
     try:
         if tmp.exists(): shutil.rmtree(tmp)
         tmp.mkdir()
@@ -199,9 +209,10 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         if final.exists(): os.replace(final, old)  # replaced by two renames: a complete folder is always there but for an instant
         os.replace(tmp, final); _fsync(ckpt_dir)
         shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
+    except BaseException as e:
+        full = _out_of_space(e, ckpt_dir, tmp, need)  # asked while the temporary folder still holds what was written
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC: raise _space_error(ckpt_dir, step, need, shutil.disk_usage(ckpt_dir).free, keep) from None
+        if full: raise _space_error(ckpt_dir, name, need, shutil.disk_usage(ckpt_dir).free, keep) from None
         raise
     if name != ckpt_name(step): return final
     if good is not None: good.add(final.name)
@@ -331,17 +342,23 @@ FIXED_KEYS = {'batch_size': "the loader's exact position counts batches of the o
               'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's position is in the old data",
               'take': "the loader's position is in the old data", 'val_ratio': "the loader's position is in the old data",
               'data_seed': "the loader's position is in the old data", 'sft_data': "the loader's position is in the old data",
-              'lora_rank': "the checkpoint's adapters have the old rank"}
+              'lora_rank': "the checkpoint's adapters have the old rank",
+              'tokenizer': "the checkpoint's embeddings belong to the old tokenizer's vocabulary"}
+RESET_KEYS = {'optimizer': "a fresh optimizer state: the old optimizer's moments do not fit the new one"}
+
+def changed_keys(old:dict, new:dict) -> list[tuple]:
+    "(key, old value, new value) of every field of config dict `new` that differs from `old`."
+    return [(k, old[sec][k], v) for sec, fields in new.items() for k, v in fields.items()
+            if k in old.get(sec, {}) and old[sec][k] != v]
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
     "Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' refused)."
     asked, refused = [], []
-    for sec, fields in new.items():
-        for k, v in fields.items():
-            if k in FREE_KEYS or k in SHAPE_KEYS or k not in old.get(sec, {}) or old[sec][k] == v: continue
-            line = f"{k} {old[sec][k]!r} -> {v!r}"
-            if k in FIXED_KEYS: refused.append(f"{line}: {FIXED_KEYS[k]}")
-            else: asked.append(line)
+    for k, a, b in changed_keys(old, new):
+        if k in FREE_KEYS or k in SHAPE_KEYS: continue
+        line = f"{k} {a!r} -> {b!r}"
+        if k in FIXED_KEYS: refused.append(f"{line}: {FIXED_KEYS[k]}")
+        else: asked.append(line + (f" ({RESET_KEYS[k]})" if k in RESET_KEYS else ''))
     return asked, refused
 
 def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> list[str]:
@@ -390,8 +407,13 @@ def _resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opti
         self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), this run has {info.world_size}: "
                  f"model and optimizer load in full, and the data order continues from the same global position")
         data['rank_state'] = read_rank_state(path, 0)
-    load_full_state(model, optimizer, data['model'], data['optim'])
+    fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
+    hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
+    load_full_state(model, None if fresh else optimizer, data['model'], data['optim'])
+    for g, h in zip(optimizer.param_groups, hyper): g.update(h)  # the config's betas, weight decay, ..., not the checkpoint's
+    data['fresh_optimizer'] = bool(fresh)
     self.last = step; self.good.add(path.name)
+    if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)  # a lowered keep_ckpts frees its space now
     return data
 Checkpointer.resume = _resume
 
@@ -423,7 +445,7 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
         self.dir.mkdir(parents=True, exist_ok=True)
-        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep)  # fail now, in this thread
+        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep, None if periodic else BEST)  # fail now, here
         self.thread = threading.Thread(target=write, name=f'checkpoint-{step}', daemon=True)
         self.thread.start()
     else: write()
@@ -450,8 +472,10 @@ def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opt
     "Make the background snapshot's CPU buffers in a thread (call once the optimizer has its state)."
     if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None: return
     state = full_state(model, optimizer, cpu_offload=False)  # references to the live tensors: no copy
-    self.prep = threading.Thread(target=cpu_copy, args=(state, self.buffers), kwargs=dict(copy=False),
-                                 name='checkpoint-buffers', daemon=True)
+    def make():
+        try: cpu_copy(state, self.buffers, copy=False)
+        except BaseException as e: self.error = e  # raised by the next save or wait, never lost with the thread
+    self.prep = threading.Thread(target=make, name='checkpoint-buffers', daemon=True)
     self.prep.start()
 
 Checkpointer.prepare = _prepare
@@ -459,8 +483,11 @@ Checkpointer.prepare = _prepare
 # %% ../nbs/07_checkpoint.ipynb #e2e36f5d
 BEST = 'best'  # the folder of the checkpoint with the lowest val_loss, beside the step checkpoints
 
-def _load_best(self:Checkpointer) -> float:
-    "The val_loss of `best/` (inf when there is none; a damaged one is moved aside), the same on every rank."
+def _load_best(self:Checkpointer,
+               at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
+               lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
+              ) -> float:
+    "The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is moved aside)."
     best, old, val, step = self.dir/BEST, self.dir/f'.old-{BEST}', math.inf, -1
     if self.info.is_main:
         shutil.rmtree(self.dir/f'.tmp-{BEST}', ignore_errors=True)
@@ -474,6 +501,9 @@ def _load_best(self:Checkpointer) -> float:
             except (CheckpointError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 self.log(f"warning: checkpoint {BEST} does not verify: {e}")
                 move_damaged(best, self.log)
+            else:
+                if at is not None and (step > at or st.get('lineage') not in (None, lineage)):
+                    self._discard_best(st, at); val, step = math.inf, -1
     self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
     return self.best_val
@@ -482,4 +512,13 @@ def _improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
     "Whether a validation at `step` (after the first optimizer step) beats the best so far."
     return val_loss is not None and math.isfinite(val_loss) and step > 0 and val_loss < self.best_val
 
-Checkpointer.load_best, Checkpointer.improves = _load_best, _improves
+def _discard_best(self:Checkpointer, st:dict, at:int):
+    "Move a `best/` that the run does not descend from to `discarded/`, saying so."
+    dest, i = self.dir/'discarded'/f"{BEST}-{ckpt_name(int(st['step']))}", 1
+    while dest.exists(): i += 1; dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
+    dest.parent.mkdir(exist_ok=True); os.replace(self.dir/BEST, dest)
+    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the run that goes on "
+             f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to {dest.relative_to(self.dir.parent)}; "
+             f"the next validation writes a new {BEST}/")
+
+Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = _load_best, _improves, _discard_best

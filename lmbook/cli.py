@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # %% ../nbs/12_cli.ipynb #de5be98e
 def main(argv:list[str]|None=None) -> int:
-    "Run the `lmbook` command; user mistakes print one `error:` line and exit 2."
+    "Run the `lmbook` command; user mistakes print one `error:` line and exit 2, Ctrl-C one line and exit 130."
     ap = build_parser()
     args = ap.parse_args(argv)
     if not getattr(args, 'func', None): ap.print_help(); return 2
@@ -107,3 +107,6 @@ def main(argv:list[str]|None=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what was written is kept; commands that resume say where they stopped themselves
+        print("\ninterrupted", file=sys.stderr)
+        return 130

@@ -6,15 +6,15 @@ Docs: https://lmbook.github.io/lmbook/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e7c86c04
 from __future__ import annotations
-import configparser, os, random, re, subprocess, sys
+import configparser, os, random, re, subprocess, sys, tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings',
            'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment',
-           'cli_options', 'Paths', 'paths_for', 'seed_everything', 'pick_device', 'git_commit', 'sha256_file',
-           'environment_info', 'peak_flops']
+           'cli_options', 'Paths', 'paths_for', 'check_writable', 'seed_everything', 'pick_device', 'git_commit',
+           'sha256_file', 'environment_info', 'peak_flops']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -194,6 +194,21 @@ def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) 
     sub = lambda tmpl: root/tmpl.format(experiment=experiment)
     return Paths(root, experiment, sub(s.train_dir), sub(s.val_dir), sub(s.tokenizer_dir), sub(s.run_dir),
                  sub(s.cache_dir), root/s.hf_cache)
+
+# %% ../nbs/00_core.ipynb #e231d1e3
+def check_writable(*paths:Path, # folders (existing or to be made) and existing files that will be written
+                   fix:str='make it writable, or use another workspace (--root)', # what to do about it
+                  ) -> None:
+    "Raise a one-line `ValueError` unless each of `paths` can be written (a file made in each folder, each file writable)."
+    for path in map(Path, paths):
+        p = path
+        while not p.exists() and p != p.parent: p = p.parent  # a folder to be made: its nearest existing parent
+        if p != path and not p.is_dir():
+            raise ValueError(f"{path} cannot be made: {p} is a file, not a folder; choose another path")
+        try:
+            if p.is_dir(): tempfile.TemporaryFile(dir=p).close()
+            elif not os.access(p, os.W_OK): raise PermissionError(13, 'Permission denied')
+        except OSError as e: raise ValueError(f"{p} is read-only ({e.strerror}): {fix}") from None
 
 # %% ../nbs/00_core.ipynb #2c51225b
 def seed_everything(seed:int):

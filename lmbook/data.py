@@ -10,6 +10,7 @@ import gzip, hashlib, itertools, json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from .core import sha256_file
+from .runlock import data_lock
 from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local_docs, MAX_DOC_BYTES
 from typing import Iterable, Iterator
 
@@ -184,7 +185,18 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
                 return m
             if k != 'input':
                 raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
+    if not m.get('complete'): return _keep_whole(folder, m)
     check_shards(folder, m, checksums=False)
+    return m
+
+def _keep_whole(folder:Path, m:dict) -> dict:
+    "An unfinished manifest cut back to its shards that are all there: a half-written stage is redone, not refused."
+    ok = lambda s: (folder/s['name']).is_file() and (folder/s['name']).stat().st_size == s['bytes']
+    i = next((i for i, s in enumerate(m['shards']) if not ok(s)), None)
+    if i is None: return m
+    _truncate(folder, m, m['shards'][i-1]['source_end'] if i else 0)
+    m['source_state'] = None  # a stream's saved position is past the cut: read up to it again
+    write_manifest(folder, m)
     return m
 
 def _fingerprint(dataset:str, kind:str) -> str|None:
@@ -309,10 +321,11 @@ def _shard_cmd(args) -> int:
     if args.input: input_files(Path(dataset))
     config = args.dataset_config if args.dataset_config is not None else (FINEWEB[1] if dataset == FINEWEB[0] else '')
     take = args.take if args.take is not None else (10_000 if args.mode == 'smoke' else 0)
-    ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split, take=take,
-                      val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard or s.shard_lines,
-                      gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split, hf_cache=p.hf_cache,
-                      progress=not args.quiet, kind='local' if args.input else dataset if dataset in ('builtin', 'pysource') else 'hf')
+    with data_lock(p.cache, print):  # one data preparation of an experiment at a time
+        ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split, take=take,
+                          val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard or s.shard_lines,
+                          gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split, hf_cache=p.hf_cache,
+                          progress=not args.quiet, kind='local' if args.input else dataset if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
         print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
     sk = next(iter(ms.values())).get('skipped') or {}

@@ -227,7 +227,10 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
         exs = load_hellaswag(root, hellaswag_path, limit)
         res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size))
     if info.is_main and lm.run is not None:
-        with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
+        try:
+            with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
+        except OSError as e:  # a read-only run folder: the numbers are still the answer
+            (warn or print)(f"{lm.run} is read-only ({e.strerror}): the result is not added to its eval.jsonl")
     return res
 
 # %% ../nbs/08_eval.ipynb #1136a1df

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file, load_file
 from .config import ModelConfig
+from .core import check_writable
 
 # %% auto #0
 __all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json',
@@ -78,14 +79,20 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
               overwrite:bool=False, # replace an existing non-empty `out_dir`
               dtype:str='float32', # weights as 'float32' or 'bfloat16' (half the size)
               warn=None, # called with a message for each damaged checkpoint skipped
+              reuse:bool=False, # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
     from lmbook.sample import load_model
     out = Path(out_dir)
     if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    check_writable(out.parent if out.exists() else out, fix='choose another folder')  # a file in the way, a read-only folder
+    taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if taken and not (overwrite or reuse):
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn)
+    if taken and reuse and _holds_export(out, lm, dtype): return out
+    if taken and not overwrite:
+        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or pass --overwrite")
     m = lm.config.model
     cfg = dict(hf_config(m, lm.tokenizer.eot_id), torch_dtype=dtype)
     sd = {k: v.to(getattr(torch, dtype)) for k, v in hf_state_dict(lm.model.state_dict(), m).items()}
@@ -104,6 +111,14 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
         else: os.replace(tmp, out)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+def _holds_export(out:Path, lm, dtype:str) -> bool:
+    "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."
+    try:
+        meta, cfg = json.loads((out/'lmbook.json').read_text()), json.loads((out/'config.json').read_text())
+        return (meta.get('checkpoint'), meta.get('step'), cfg.get('torch_dtype')) == (str(lm.path), lm.step, dtype) and \
+               (out/'model.safetensors').is_file()
+    except (OSError, ValueError): return False
 
 # %% ../nbs/10a_export.ipynb #0bceca5b
 def push_to_hub(folder:Path, # an exported folder
@@ -205,8 +220,17 @@ def add_cli(sub):
             import huggingface_hub as hh
             if not (os.environ.get('HF_TOKEN') or hh.get_token()):
                 raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or run `huggingface-cli login`")
-        out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+        out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype,
+                        warn=lambda m: print(f"warning: {m}", file=sys.stderr), reuse=bool(args.push_to_hub))
         print(f"exported to {out}")
-        if args.push_to_hub: print(f"uploaded to {push_to_hub(out, args.push_to_hub, private=not args.public)}")
+        if args.push_to_hub:
+            try: url = push_to_hub(out, args.push_to_hub, private=not args.public)
+            except (ValueError, FileNotFoundError): raise
+            except Exception as e:  # offline, refused, a network error: the export itself is done
+                why = (str(e).strip().splitlines() or [''])[0][:200]
+                raise ValueError(f"the export is on disk in {out}, but the upload to {args.push_to_hub} failed "
+                                 f"({type(e).__name__}: {why}): to retry only the upload, run the same command again "
+                                 f"(the export in {out} is kept)") from None
+            print(f"uploaded to {url}")
         return 0
     p.set_defaults(func=run)

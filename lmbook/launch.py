@@ -62,8 +62,9 @@ def train_process(cfg, # the resolved `Config`
     if prepare_only:
         from lmbook.sft import prepare_run  # pretraining shards, or a fine-tuning set with the init run's tokenizer
         from lmbook.core import paths_for
-        pd = prepare_run(cfg, paths_for(experiment, root=root))
-        RunLog()(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}")
+        say = RunLog()
+        pd = prepare_run(cfg, paths_for(experiment, root=root), say)  # says so when it waits for another preparation
+        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))
     except NonFiniteError: return 3

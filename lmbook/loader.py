@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from .data import shard_corpus, read_manifest
+from .runlock import data_lock
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir
 
 # %% auto #0
 __all__ = ['BIN_FILES', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'bin_dir', 'import_bin', 'PreparedData',
-           'prepare_data', 'add_cli']
+           'prepare_data', 'data_status', 'add_cli']
 
 # %% ../nbs/03a_loader.ipynb #3d45bbe2
 def token_files(token_dir:Path) -> list[tuple[Path, int]]:
@@ -202,8 +203,12 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
     return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
 
-def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None) -> PreparedData:
+def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
+                 log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
     "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` (nanoGPT .bin folders are copied in)."
+    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)  # one preparation at a time
+
+def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
     from lmbook.core import load_settings
     from lmbook.tokenizer import SPECIAL_TOKENS, hub_tokenizer_json
     d = cfg.data
@@ -229,15 +234,40 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None)
     return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
 
+# %% ../nbs/03a_loader.ipynb #5ad79ff8
+def data_status(cfg, paths) -> str:
+    "How far the data preparation of `cfg` in `paths` got, read from the manifests on disk."
+    read = lambda d: (read_manifest(d) or {}) if Path(d, 'manifest.json').is_file() else {}
+    try:
+        toks = {k: read(token_dir(paths, k)) for k in ('train', 'val')}
+        if bin_dir(cfg.data.dataset) is not None and not all(m.get('complete') for m in toks.values()):
+            return 'while copying the nanoGPT token files in'
+        tm, vm = read(paths.train), read(paths.val)
+    except ValueError: return 'with a damaged manifest'
+    if not (tm.get('complete') and vm.get('complete')):
+        n = sum(len(m.get('shards', [])) for m in (tm, vm))
+        return f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)"
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return 'while making the tokenizer (the shards are complete)'
+    for k, m in toks.items():
+        if not m.get('complete'):
+            n = len((tm if k == 'train' else vm)['shards'])
+            return f"while tokenizing the {k} split ({len(m.get('files', []))} of {n} shards done)"
+    return 'after its last stage (the data is complete)'
+
+
 # %% ../nbs/03a_loader.ipynb #873821a5
 def _prepare_cmd(args) -> int:
+    import sys
     from lmbook.config import get_config, parse_assignments
     from lmbook.core import load_settings, paths_for, nonblank, resolve_experiment
     s = load_settings()
     profile = nonblank(args.profile, 'profile') or s.profile
     cfg = get_config(profile, parse_assignments(args.set))
-    pd = prepare_data(cfg, paths_for(resolve_experiment(args.experiment, profile), s, root=args.root), progress=not args.quiet,
-                      tokenizer_json=nonblank(args.tokenizer_json, 'tokenizer-json'))
+    paths = paths_for(resolve_experiment(args.experiment, profile), s, root=args.root)
+    try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'), log=print)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
+        print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there", file=sys.stderr)
+        return 130
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in {pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0

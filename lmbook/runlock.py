@@ -1,4 +1,4 @@
-"""One trainer per run folder: a lock file that works on a network volume, taken over only when its owner is gone.
+"""One trainer per run folder and one data preparation per experiment: a lock file that works on a network volume, taken over only when its owner is gone.
 
 Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 
@@ -6,11 +6,11 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 
 # %% ../nbs/06d_runlock.ipynb #236cfbdd
 from __future__ import annotations
-import json, os, socket, threading, time, uuid
+import contextlib, json, os, socket, threading, time, uuid
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOCK', 'HEARTBEAT_S', 'stale_after', 'lock_state', 'RunLocked', 'RunLock']
+__all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
 
 # %% ../nbs/06d_runlock.ipynb #9d3fe902
 LOCK = '.lock'
@@ -36,6 +36,7 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     try: d = json.loads(Path(path).read_text())
     except FileNotFoundError: return None, None
     except (json.JSONDecodeError, UnicodeDecodeError, OSError): return {}, 'unreadable lock file'
+    if not isinstance(d, dict): return {}, 'unreadable lock file'
     now = time.time() if now is None else now
     age = now - float(d.get('heartbeat', 0))
     if d.get('host') == socket.gethostname():
@@ -47,13 +48,17 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
 
 # %% ../nbs/06d_runlock.ipynb #de8fe3a7
 class RunLocked(ValueError):
-    "The run folder is in use by another trainer."
+    "The folder is in use by another process (a trainer, or a data preparation)."
 
 class RunLock:
     "The lock on a run folder: `acquire` (or refuse with `RunLocked`), a heartbeat thread, `release`."
-    def __init__(self, run_dir:Path, log=print, heartbeat_s:float=HEARTBEAT_S):
-        self.path, self.log, self.heartbeat_s = Path(run_dir)/LOCK, log, heartbeat_s
-        self.token, self.thread, self.stop = uuid.uuid4().hex, None, threading.Event()
+    def __init__(self, run_dir:Path, log=print, heartbeat_s:float=HEARTBEAT_S,
+                 name:str=LOCK, # the lock file's name in `run_dir`
+                 user:str='trainer', # who holds such a lock, for messages
+                 fix:str='stop that run, or train another experiment'): # what a refused user can do
+        stale_after()  # a bad LMBOOK_LOCK_STALE_S stops here, before any work, not later in the heartbeat thread
+        self.path, self.log, self.heartbeat_s, self.user, self.fix = Path(run_dir)/name, log, heartbeat_s, user, fix
+        self.token, self.thread, self.stop, self.failed = uuid.uuid4().hex, None, threading.Event(), None
         self.info = dict(host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=self.token)
 
     def _write(self, exclusive:bool):
@@ -63,38 +68,52 @@ class RunLock:
             try: os.write(fd, data); os.fsync(fd)
             finally: os.close(fd)
         else:
-            tmp = self.path.with_name(f'{LOCK}.{self.token}.tmp')
+            tmp = self.path.with_name(f'{self.path.name}.tmp-{self.token}')
             tmp.write_bytes(data); os.replace(tmp, self.path)
 
     def owned(self) -> bool:
         "Whether the lock file is this lock's."
-        d, _ = lock_state(self.path)
-        return bool(d) and d.get('token') == self.token
+        try: d = json.loads(self.path.read_text())
+        except (OSError, ValueError): return False
+        return isinstance(d, dict) and d.get('token') == self.token
 
 # %% ../nbs/06d_runlock.ipynb #098004ea
-def _refusal(path:Path, d:dict) -> RunLocked:
+def _refusal(lock:RunLock, d:dict) -> RunLocked:
     ago = time.time() - float(d.get('heartbeat', 0))
     started = time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(float(d.get('started', 0))))
-    return RunLocked(f"{path.parent} is in use by another trainer: host {d.get('host')} pid {d.get('pid')}, started {started}, "
-                     f"last heartbeat {ago:.0f} s ago; the lock counts as stale after {stale_after():.0f} s without one "
-                     f"(LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that trainer is gone: stop that run, "
-                     f"or train another experiment")
+    return RunLocked(f"{lock.path.parent} is in use by another {lock.user}: host {d.get('host')} pid {d.get('pid')}, "
+                     f"started {started}, last heartbeat {ago:.0f} s ago; the lock counts as stale after {stale_after():.0f} s "
+                     f"without one (LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that {lock.user} is gone"
+                     + (f": {lock.fix}" if lock.fix else ''))
 
-def _acquire(self:RunLock) -> RunLock:
-    "Take the lock, taking over a stale one; raise `RunLocked` when another trainer holds it."
+def _take(self:RunLock):
+    "One attempt to take the lock, taking over a stale one; `RunLocked` when another holds it."
+    if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: remove it (rmdir {self.path}) and rerun")
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):
         try: self._write(exclusive=True); break
         except FileExistsError: pass
         d, why = lock_state(self.path)
         if d is None: continue  # released meanwhile: try again
-        if why is None: raise _refusal(self.path, d)
+        if why is None: raise _refusal(self, d)
         self.log(f"warning: taking over the stale lock of {self.path.parent} (host {d.get('host')}, pid {d.get('pid')}): {why}")
         self._write(exclusive=False)
         time.sleep(0.05)
         if self.owned(): break
-    else: raise RunLocked(f"could not lock {self.path}: other trainers keep taking it")
-    if not self.owned(): raise _refusal(self.path, lock_state(self.path)[0] or {})
+    else: raise RunLocked(f"could not lock {self.path}: other {self.user}s keep taking it")
+    if not self.owned(): raise _refusal(self, lock_state(self.path)[0] or {})
+
+def _acquire(self:RunLock,
+             wait:bool=False, # wait while another holds it (saying so once) instead of raising `RunLocked`
+             poll_s:float=1.0) -> RunLock:
+    "Take the lock, taking over a stale one; raise `RunLocked` when another holds it (or wait for it)."
+    said = False
+    while True:
+        try: self._take(); break
+        except RunLocked as e:
+            if not wait or self.path.is_dir(): raise
+            if not said: self.log(f"{e}; waiting for it to finish"); said = True
+            time.sleep(poll_s)
     _TOKENS.add(self.token)
     self.thread = threading.Thread(target=self._beat, name='runlock-heartbeat', daemon=True)
     self.thread.start()
@@ -105,6 +124,10 @@ def _beat(self:RunLock):
         try:
             if self.owned(): self._write(exclusive=False)
         except OSError: pass  # a network volume's hiccup: the next beat tries again
+        except Exception as e:  # never die silently: say it once, and go on beating
+            if self.failed is None:
+                self.log(f"warning: the heartbeat of {self.path} failed ({type(e).__name__}: {e}); it keeps trying")
+            self.failed = e
 
 def _release(self:RunLock):
     "Stop the heartbeat and remove the lock file if it is still this lock's."
@@ -115,5 +138,23 @@ def _release(self:RunLock):
     except OSError: pass
     _TOKENS.discard(self.token)
 
-RunLock.acquire, RunLock._beat, RunLock.release = _acquire, _beat, _release
+RunLock._take, RunLock.acquire, RunLock._beat, RunLock.release = _take, _acquire, _beat, _release
 RunLock.__enter__, RunLock.__exit__ = _acquire, lambda self, *exc: self.release()
+
+# %% ../nbs/06d_runlock.ipynb #7d733188
+DATA_LOCK = '.prepare.lock'
+_HELD = {}  # data lock file -> [RunLock, depth] of the data locks this process holds
+
+@contextlib.contextmanager
+def data_lock(folder:Path, # the experiment's cache folder (`Paths.cache`)
+              log=None): # where the one 'waiting' line goes (None: nowhere)
+    "Hold the data-preparation lock of `folder` for the block, waiting while another process holds it."
+    key = str(Path(folder).resolve()/DATA_LOCK)
+    if key in _HELD: _HELD[key][1] += 1
+    else:
+        lock = RunLock(folder, log or (lambda *a, **k: None), name=DATA_LOCK, user='data preparation', fix='')
+        _HELD[key] = [lock.acquire(wait=True), 1]
+    try: yield _HELD[key][0]
+    finally:
+        _HELD[key][1] -= 1
+        if not _HELD[key][1]: _HELD.pop(key)[0].release()

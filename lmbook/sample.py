@@ -6,16 +6,18 @@ Docs: https://lmbook.github.io/lmbook/sample.html.md"""
 
 # %% ../nbs/09_sample.ipynb #2806239a
 from __future__ import annotations
-import json, time, warnings
+import json, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SHAPE_KEYS
+from .config import at_least, between
 
 # %% auto #0
-__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference',
-           'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model', 'next_token', 'generate',
-           'prompts_for', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
+__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'SAMPLE_RANGES',
+           'verify_for_inference', 'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model',
+           'next_token', 'generate', 'prompts_for', 'TextStream', 'check_sampling', 'sample_texts', 'write_samples',
+           'sample_run', 'add_cli']
 
 # %% ../nbs/09_sample.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -194,6 +196,7 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
              top_p:float=1.0, # nucleus: keep tokens up to this total probability
              stop_id:int|None=None, # a row is finished once it produces this token
              cache:bool=True, # keep keys/values (linear cost) instead of rerunning the context
+             on_step=None, # called with each step's new (B, 1) token ids, as they come
             ) -> torch.Tensor:
     "`idx` extended by up to `max_new_tokens` tokens."
     from lmbook.model import KVCache
@@ -210,6 +213,7 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
             logits = model(new, cache=kv)
         new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         idx = torch.cat([idx, new], dim=1)
+        if on_step is not None: on_step(new)
         if stop_id is not None:
             done |= (new[:, 0] == stop_id).cpu()
             if bool(done.all()): break
@@ -231,15 +235,44 @@ def prompts_for(cfg) -> list[str]:
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
 
+# %% ../nbs/09_sample.ipynb #c3397e72
+class TextStream:
+    "Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to `stop_id`."
+    def __init__(self, tokenizer, stop_id:int|None=None):
+        self.tk, self.stop, self.ids, self.ended = tokenizer, stop_id, [], False
+
+    def push(self, i:int) -> str:
+        "The text token `i` completes: '' while a character is still partial, and after `stop_id`."
+        if self.ended or i == self.stop: self.ended = True; return ''
+        self.ids.append(int(i))
+        text = self.tk.decode(self.ids)
+        if text.endswith('\ufffd'): return ''  # the next token finishes the character
+        self.ids = []
+        return text
+
+    def flush(self) -> str:
+        "What is left: a character that never completed, as the replacement character."
+        text, self.ids = (self.tk.decode(self.ids) if self.ids else ''), []
+        return text
+
+# %% ../nbs/09_sample.ipynb #8f6b648e
+SAMPLE_RANGES = dict(temperature=at_least(0), top_k=at_least(0), top_p=between(0, 1, lo_open=True),
+                     max_new_tokens=at_least(0), num_samples=between(1, 4096))
+
+def check_sampling(**opts):
+    "Raise a one-line `ValueError` for a sampling option (`SAMPLE_RANGES`) out of its range; `top_k=None` keeps all tokens."
+    for k, v in opts.items():
+        if k == 'top_k' and v is None: continue
+        if err := SAMPLE_RANGES[k].error(k, v): raise ValueError(err)
+
 # %% ../nbs/09_sample.ipynb #d18263b5
 def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens:int=48,
                  block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
-                 top_p:float=1.0, num_samples:int=1) -> list[dict]:
+                 top_p:float=1.0, num_samples:int=1,
+                 out=None, # called with the text as it is made: prompt, pieces of the first sample, '\n---\n', then the others
+                ) -> list[dict]:
     "`num_samples` continuations per prompt: `[{'prompt', 'text'}]`, each text ending before end-of-text."
-    if temperature < 0: raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-    if not 0 < top_p <= 1: raise ValueError(f"top_p={top_p} must be in (0, 1]")
-    if top_k is not None and top_k < 0: raise ValueError(f"top_k={top_k} must be >= 0 (0 keeps all tokens)")
-    if num_samples < 1 or max_new_tokens < 0: raise ValueError(f"num_samples={num_samples} must be >= 1 and max_new_tokens={max_new_tokens} >= 0")
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
     bs, eot = block_size or model.cfg.block_size, tokenizer.eot_id
     g = torch.Generator().manual_seed(seed)
     was_training = model.training; model.eval()
@@ -248,9 +281,14 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
         for p in prompts:
             ids = [eot] + tokenizer.encode(p)
             if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
-            out = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g, top_p, eot)
-            for row in out[:, len(ids):].tolist():
+            ts = TextStream(tokenizer, eot) if out else None
+            if out: out(p)
+            step = (lambda new: out(ts.push(new[0, 0].item()))) if out else None
+            gen = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g,
+                           top_p, eot, on_step=step)
+            for j, row in enumerate(gen[:, len(ids):].tolist()):
                 res.append(dict(prompt=p, text=tokenizer.decode(row[:row.index(eot)] if eot in row else row)))
+                if out: out((ts.flush() if j == 0 else p + res[-1]['text']) + '\n---\n')
     finally: model.train(was_training)
     return res
 
@@ -271,12 +309,18 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
                root:Path|None=None, # workspace root (default: from settings)
                device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
                top_p:float=1.0, num_samples:int=1,
-               warn=None, # called with a message for each damaged checkpoint skipped
+               warn=None, # called with a message for each damaged checkpoint skipped, and a note on a capped max_new_tokens
+               out=None, # called with the text as it is made (see `sample_texts`)
               ) -> list[dict]:
     "Continue `prompts` with the checkpoint `source` names."
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
     lm = load_model(source, root, device, warn=warn)
+    if max_new_tokens > (bs := lm.config.model.block_size):
+        (warn or (lambda m: print(f"note: {m}", file=sys.stderr)))(
+            f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, block_size={bs}")
+        max_new_tokens = bs
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
-                        top_k, seed, lm.device, top_p, num_samples)
+                        top_k, seed, lm.device, top_p, num_samples, out)
 
 # %% ../nbs/09_sample.ipynb #e27c583c
 def add_cli(sub):
@@ -298,9 +342,10 @@ def add_cli(sub):
     def run(args) -> int:
         source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
         source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
-        for s in sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                            args.root, args.device, args.top_p, args.num_samples,
-                            warn=lambda m: print(f"warning: {m}", file=sys.stderr)):
-            print(json.dumps(s) if args.json else f"{s['prompt']}{s['text']}\n---", flush=True)
+        show = lambda s: (sys.stdout.write(s), sys.stdout.flush())  # text as it is made, whole characters only
+        res = sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
+                         args.root, args.device, args.top_p, args.num_samples,
+                         warn=lambda m: print(f"warning: {m}", file=sys.stderr), out=None if args.json else show)
+        for s in res if args.json else []: print(json.dumps(s), flush=True)
         return 0
     p.set_defaults(func=run)

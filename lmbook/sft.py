@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 from .config import Config, apply_overrides, config_from_dict
+from .runlock import data_lock
 from .tokenizer import EOT, SPECIAL_TOKENS
 
 # %% auto #0
@@ -279,6 +280,9 @@ def sft_val_rows(cfg:Config, tokenizer) -> tuple:
 
 def prepare_run(cfg:Config, paths, log:Callable|None=None):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with `init_from`, the init run's tokenizer first."
+    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, log)  # one data preparation of an experiment at a time
+
+def _prepare_run(cfg:Config, paths, log:Callable|None):
     from lmbook.loader import prepare_data
     if cfg.data.sft_data and not cfg.train.init_from:
         raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to fine-tune (lmbook finetune --init-from EXP)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable
 import numpy as np
 from .core import sha256_file
+from .runlock import data_lock
 from .data import shard_docs, read_manifest, write_manifest, check_shards, unescape_doc, MANIFEST
 
 # %% auto #0
@@ -71,14 +72,14 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
 
 # %% ../nbs/03_tokenizer.ipynb #0a103653
 def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
-    "Write `tokenizer.json` and `meta.json` into `out_dir`."
+    "Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into `out_dir`."
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir/'.tokenizer.json.tmp'
-    tk.tok.save(str(tmp))
-    os.replace(tmp, out_dir/'tokenizer.json')
     meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t) for t in SPECIAL_TOKENS},
                 sha256=tk.sha256, **meta)
-    (out_dir/'meta.json').write_text(json.dumps(meta, indent=1))
+    (out_dir/'.meta.json.tmp').write_text(json.dumps(meta, indent=1))
+    os.replace(out_dir/'.meta.json.tmp', out_dir/'meta.json')
+    tk.tok.save(str(out_dir/'.tokenizer.json.tmp'))
+    os.replace(out_dir/'.tokenizer.json.tmp', out_dir/'tokenizer.json')
     return out_dir
 
 def load_tokenizer(path:Path) -> Tokenizer:
@@ -324,16 +325,18 @@ def _paths(args):
 
 def _tokenizer_cmd(args) -> int:
     p = _paths(args)
-    tk = ensure_tokenizer(p.tokenizer, p.train, args.vocab_size, args.tokenizer_json, args.max_bytes)
+    with data_lock(p.cache, print):  # one data preparation of an experiment at a time
+        tk = ensure_tokenizer(p.tokenizer, p.train, args.vocab_size, args.tokenizer_json, args.max_bytes)
     print(f"tokenizer: vocab_size {tk.vocab_size}, eot_id {tk.eot_id} -> {p.tokenizer}")
     return 0
 
 def _tokenize_cmd(args) -> int:
     p = _paths(args)
     tk = load_tokenizer(p.tokenizer)
-    for split in (('train', 'val') if args.split == 'both' else (args.split,)):
-        m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype, progress=not args.quiet)
-        print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> {token_dir(p, split)}")
+    with data_lock(p.cache, print):  # one data preparation of an experiment at a time
+        for split in (('train', 'val') if args.split == 'both' else (args.split,)):
+            m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype, progress=not args.quiet)
+            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> {token_dir(p, split)}")
     return 0
 
 def add_cli(sub):

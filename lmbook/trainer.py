@@ -6,14 +6,14 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../nbs/06_trainer.ipynb #a19fd682
 from __future__ import annotations
-import contextlib, gc, json, math, os, resource, signal, threading, time
+import contextlib, gc, json, math, os, resource, signal, threading, time, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import torch
 from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params, apply_overrides, load_config_file
 from .memory import batch_choices, search_batch, max_batch_size
-from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops
+from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable
 from .metrics import MetricsLogger, RunLog, format_row, _console
 from .runlock import RunLock, RunLocked
 from .model import GPT
@@ -220,11 +220,15 @@ def choose_run_dir(run:Path, auto_resume:bool) -> Path:
 
 # %% ../nbs/06_trainer.ipynb #39fe8c78
 def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
-    "Rank 0 locks `run_dir`; raise `RunLocked` on every rank when it could not."
+    "Rank 0 checks that `run_dir` can be written and locks it; raise on every rank when it could not."
     lock, err = None, None
     if info.is_main:
-        try: lock = RunLock(run_dir, log).acquire()
-        except RunLocked as e: err = e
+        try:
+            inside = sorted(p for p in run_dir.iterdir() if not p.name.startswith('.')) if run_dir.is_dir() else []
+            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs there: make it writable, "
+                                                 "or train in another workspace (--root)")
+            lock = RunLock(run_dir, log).acquire()
+        except ValueError as e: err = e  # a read-only folder, a bad LMBOOK_LOCK_STALE_S, or another trainer's lock (`RunLocked`)
     if all_reduce(1.0 if err else 0.0, 'max') > 0:
         raise err or RunLocked(f"rank 0 could not lock {run_dir}")
     return lock
@@ -294,7 +298,9 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
         (r.dir/'configs').mkdir(exist_ok=True)
         path, i = r.dir/'configs'/f'start-step-{step}.toml', 1
         while path.exists(): i += 1; path = r.dir/'configs'/f'start-step-{step}-{i}.toml'
-        path.write_text(to_toml(config_dict(r.cfg)))
+        changes = (resumed or {}).get('changes')
+        head = f"# resumed at step {step} with allow_config_change: {'; '.join(changes)}\n" if changes else ''
+        path.write_text(head + to_toml(config_dict(r.cfg)))
     tc = r.cfg.train
     meta = dict(environment_info(), experiment=experiment, run_dir=str(r.dir), world_size=r.info.world_size,
                 parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total, tokens_per_step=r.tokens_per_step,
@@ -375,10 +381,10 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int, la
     return last_val
 
 # %% ../nbs/06_trainer.ipynb #87f638b5
-def _run_state(r:Run, step:int, tokens:int, skipped:int) -> dict:
+def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
     tc = r.cfg.train
     return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
-                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref)
+                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage)
 
 def train(cfg:Config, # the resolved config
           experiment:str, # names the run folder runs/<experiment> and the data folders
@@ -398,8 +404,9 @@ def _train(r:Run, experiment:str) -> dict:
     tc, info, t = r.cfg.train, r.info, r.t
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
-    ck.load_best()  # the best val_loss so far survives a resume: a worse validation never replaces best/
     step = resumed['state']['step'] if resumed else 0
+    lineage = (resumed['state'].get('lineage') if resumed else None) or uuid.uuid4().hex[:12]  # one id from step 0 on
+    ck.load_best(step, lineage)  # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
     tokens, skipped = (resumed['state']['tokens'], resumed['state'].get('skipped', 0)) if resumed else (0, 0)
     metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name, r.log)
     if info.is_main:
@@ -439,7 +446,7 @@ def _train(r:Run, experiment:str) -> dict:
                 signum = agree_stop(flag.signum, info)
                 due, best = ck.due(step, r.total, bool(signum)), ev.get('val_loss') if ck.improves(ev.get('val_loss'), step) else None
                 if due or best is not None:
-                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped), dict(loader=r.loader.state_dict()), t.sharded, best, due)
+                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped, lineage), dict(loader=r.loader.state_dict()), t.sharded, best, due)
                 if signum: break
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
             last_val = finish(r, step, start, tokens, signum, ck.last, last_val)

@@ -150,3 +150,32 @@ def test_bfloat16_export(workspace):
     hf = AutoModelForCausalLM.from_pretrained(workspace/'hf'/'bf16', local_files_only=True)
     assert next(hf.parameters()).dtype == torch.bfloat16
     assert (workspace/'hf'/'bf16'/'model.safetensors').stat().st_size < 0.6*sum(p.numel()*4 for p in load_model(exp).model.parameters())
+
+def test_export_under_a_file(workspace):
+    exp = tiny_run(workspace, 'e-file')
+    (workspace/'a_file').write_text('not a folder')
+    r = lmbook_cmd('export', exp, workspace/'a_file'/'sub')
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and 'a_file is a file, not a folder' in err[0], r.stderr
+
+FAKE_HF = 'hf' + '_' + 'abcdefghijklmnopqrstuvwx'  # token-shaped, made here so no token-like literal sits in the repository
+
+def test_push_fails_after_the_export(workspace, monkeypatch, capsys):
+    "Offline, the upload fails after the export is written: one line says so and how to retry; the retry keeps the export."
+    exp, out = tiny_run(workspace, 'e-offline'), workspace/'hf'/'offline'
+    argv = ['export', exp, str(out), '--push-to-hub', 'me/tiny']
+    r = lmbook_cmd(*argv, env=dict(HF_TOKEN=FAKE_HF, HF_HUB_OFFLINE='1'))
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert f'the export is on disk in {out}' in err[0] and 'upload to me/tiny failed' in err[0] and 'run the same command again' in err[0]
+    assert (out/'config.json').is_file()
+    written = (out/'model.safetensors').stat().st_mtime_ns
+    import huggingface_hub as hh
+    from lmbook.cli import main
+    calls = []
+    monkeypatch.setenv('HF_TOKEN', FAKE_HF)
+    monkeypatch.setattr(hh.HfApi, 'create_repo', lambda self, *a, **kw: calls.append('create'))
+    monkeypatch.setattr(hh.HfApi, 'upload_folder', lambda self, **kw: calls.append(kw['folder_path']))
+    assert main(argv) == 0 and calls == ['create', str(out)]
+    assert 'uploaded to https://huggingface.co/me/tiny' in capsys.readouterr().out
+    assert (out/'model.safetensors').stat().st_mtime_ns == written  # only the upload ran again

@@ -88,3 +88,32 @@ def test_sample_notebook_refuses_unknown_parameters(tmp_path):
     from test_notebooks import papermill_run
     r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('max_new_token', 5))
     assert r.returncode != 0 and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text()
+
+@pytest.mark.parametrize('opt,bad,msg', [('--temperature', 'nan', 'temperature=nan must be >= 0'), ('--temperature', '-1', 'temperature=-1.0'),
+                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'), ('--top-k', '-3', 'top_k=-3 must be >= 0'),
+                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'), ('--num-samples', '0', 'num_samples=0')])
+def test_sampling_options_checked(ws, run, opt, bad, msg):
+    "Every sampling option is range-checked like a config field: one line, exit 2, before the model loads."
+    r = lmbook_cmd('sample', 'tiny', 'Return the', opt, bad, '--device', 'cpu', '--root', ws)
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and msg in err[0], r.stderr
+
+def test_huge_max_new_tokens_capped_and_streamed(ws, run):
+    "--max-new-tokens 1000000000 is capped at the context with a note; the streamed text is the samples' text, clean UTF-8."
+    args = ('sample', 'tiny', 'Return the', 'The function', '--max-new-tokens', 10**9, '--num-samples', 2, '--device', 'cpu', '--root', ws)
+    r = lmbook_cmd(*args, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 'max_new_tokens=1000000000 is more than the model can use: capped at its context, block_size=64' in r.stderr
+    j = lmbook_cmd(*args, '--json', timeout=120)
+    want = ''.join(f"{s['prompt']}{s['text']}\n---\n" for s in map(json.loads, j.stdout.splitlines()))
+    assert r.stdout == want and r.stdout.encode('utf-8').decode('utf-8', 'strict') == want
+
+def test_stream_ends_on_whole_characters():
+    "Tokens that split a character (here one token a byte) are held until it is whole: no broken character mid-stream."
+    from lmbook.sample import TextStream
+    class ByteTok:
+        eot_id = 0
+        def decode(self, ids): return bytes(ids).decode('utf-8', 'replace')
+    ts, text = TextStream(ByteTok(), 0), 'naïve — 日本語 🙂'
+    pieces = [ts.push(b) for b in text.encode()]
+    assert ''.join(pieces) + ts.flush() == text and all('\ufffd' not in p for p in pieces)

@@ -1,0 +1,198 @@
+"""Resuming under faults: what each allowed config change does to the saved state, a disk that fills during a background
+write, read-only run folders, bad settings and lock files, and a `best/` that outlives its run."""
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+import torch
+from conftest import rows, lmbook_cmd
+from lmbook.cli import main
+from lmbook.config import get_config, field_index
+from lmbook.trainer import train
+from lmbook.checkpoint import (FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, list_checkpoints, verify_checkpoint, read_checkpoint,
+                               ckpt_step)
+import lmbook.checkpoint as ckpt_mod
+
+TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
+            max_steps=4, warmup_steps=2, ckpt_every=4, keep_ckpts=2, tensorboard=False)
+def cfg(**kw): return get_config('smoke', {**TINY, **kw})
+def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
+def sets(**kw): return [f'--set={k}={v}' for k, v in {**TINY, **kw}.items()]
+def copy_run(ws, src, dst):
+    shutil.copytree(Path(ws)/'runs'/src, Path(ws)/'runs'/dst)
+    return Path(ws)/'runs'/dst
+
+# The fields --allow-config-change lets change on resume, each with a new value. A field added to the config later
+# must be sorted into FREE_KEYS, FIXED_KEYS, SHAPE_KEYS or here (test_every_allowed_field_is_listed says so).
+NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, fused_ce=True, grad_accum=2, lr=1e-3, min_lr_ratio=0.2, warmup_steps=1,
+           schedule='wsd', weight_decay=0.05, beta1=0.8, beta2=0.99, grad_clip=0.5, dtype='bfloat16', decay_frac=0.3, fp8='tensorwise',
+           optimizer='muon', muon_lr=0.03, muon_momentum=0.9, sample_prompts='The|A', init_from='chg-base', lora_alpha=8.0)
+HYPER = dict(beta1=lambda g: g['betas'][0], beta2=lambda g: g['betas'][1], weight_decay=lambda g: g['weight_decay'],
+             muon_momentum=lambda g: g['momentum'], muon_lr=lambda g: g['lr_scale']*1e-3 if g.get('muon') else None)
+
+def test_every_allowed_field_is_listed():
+    allowed = {k for k in field_index() if k not in FREE_KEYS | set(FIXED_KEYS) | set(SHAPE_KEYS)}
+    assert allowed == set(NEW), (allowed - set(NEW), set(NEW) - allowed)
+
+@pytest.fixture(scope='module')
+def base(ws):
+    train(cfg(), 'chg-base', root=ws, log=quiet([]))
+    return 'chg-base'
+
+@pytest.mark.parametrize('key', sorted(NEW))
+def test_allowed_change_on_resume(ws, base, key):
+    "Each allowed change resumes (no crash), says what it means in one line and in configs/, and the saved state follows it."
+    exp = f'chg-{key}'
+    run = copy_run(ws, base, exp)
+    extra = dict(muon_lr=dict(optimizer='muon', lr=1e-3), muon_momentum=dict(optimizer='muon')).get(key, {})
+    if extra:  # Muon's own fields matter under Muon: change them in a Muon run
+        train(cfg(max_steps=5, allow_config_change=True, **extra), exp, root=ws, log=quiet([]))
+    log = []
+    res = train(cfg(max_steps=6 if extra else 5, allow_config_change=True, **extra, **{key: NEW[key]}), exp, root=ws, log=quiet(log))
+    at = 5 if extra else 4
+    assert res['step'] == res['total_steps'] and res['exit_code'] == 0, log
+    said = [l for l in log if l.startswith(f'config changed at step {at}:')]
+    assert len(said) == 1 and f'{key} ' in said[0], log
+    head = (run/'configs'/f'start-step-{at}.toml').read_text().splitlines()[0]
+    assert head.startswith(f'# resumed at step {at} with allow_config_change:') and f'{key} ' in head, head
+    osd = read_checkpoint(list_checkpoints(run/'checkpoints')[0])['optim']
+    if key in RESET_KEYS:  # a fresh optimizer state: the AdamW part of Muon counts its steps from the resume
+        assert 'a fresh optimizer state' in said[0]
+        assert {float(s['step']) for s in osd['state'].values() if 'step' in s} == {float(res['step'] - at)}
+    if key in HYPER:  # the optimizer uses the new value, not the checkpoint's
+        vals = {HYPER[key](g) for g in osd['param_groups']} - {None, 0.0}
+        assert len(vals) == 1 and vals.pop() == pytest.approx(NEW[key]), (key, vals)
+
+def test_disk_fills_during_background_write(ws, monkeypatch, capsys):
+    "A background write that fills the disk (torch says RuntimeError): one line naming the write, exit 2, no temporary folder left."
+    for which in ('step_', 'best'):
+        exp = f'bgfull-{which}'
+        train(cfg(eval_every=2), exp, root=ws, log=quiet([]))
+        ck = Path(ws)/'runs'/exp/'checkpoints'
+        real_save, real_du, full = ckpt_mod._torch_save, ckpt_mod.shutil.disk_usage, []
+        def filling(obj, path):  # another process fills the disk while this write runs
+            if f'.tmp-{which}' in str(path):
+                full.append(path); Path(path).write_bytes(b'\0'*4096)
+                raise RuntimeError('[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file data/0: file write failed')
+            real_save(obj, path)
+        monkeypatch.setattr(ckpt_mod, '_torch_save', filling)
+        monkeypatch.setattr(ckpt_mod.shutil, 'disk_usage', lambda p: real_du(p)._replace(free=4096) if full else real_du(p))
+        assert main(['train', '-p', 'smoke', '-e', exp, '--root', str(ws), *sets(max_steps=12, eval_every=2)]) == 2
+        err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+        name = 'best' if which == 'best' else 'step_0000000'
+        assert len(err) == 1 and err[0].startswith(f'error: no space for checkpoint {name}') and 'rerun the same command' in err[0], err
+        assert not list(ck.glob('.tmp-*')) and full
+        for p in list_checkpoints(ck): verify_checkpoint(p)
+        monkeypatch.undo()
+        assert train(cfg(max_steps=12, eval_every=2), exp, root=ws, log=quiet([]))['step'] == 12  # space again: the rerun resumes
+
+def test_lowered_keep_ckpts_frees_space_on_resume(ws):
+    "The advice of a full disk works on a rerun: a resume with a lower keep_ckpts prunes down to it before its first save."
+    train(cfg(max_steps=8, keep_ckpts=3), 'keep3', root=ws, log=quiet([]))
+    ck = Path(ws)/'runs'/'keep3'/'checkpoints'
+    assert len(list_checkpoints(ck)) == 2
+    log = []
+    train(cfg(max_steps=8, keep_ckpts=1), 'keep3', root=ws, log=quiet(log))  # already finished: no save at all
+    assert [p.name for p in list_checkpoints(ck)] == ['step_00000008'], log
+
+
+def readonly_cmd(*args):
+    "An `lmbook` command run without root's power to write where the permissions forbid it."
+    cmd = [str(Path(sys.executable).parent/'lmbook'), *map(str, args)]
+    if os.geteuid() == 0:
+        if not shutil.which('setpriv'): pytest.skip('root needs setpriv to drop its override of file permissions')
+        cmd = ['setpriv', '--bounding-set=-dac_override,-dac_read_search,-fowner', *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+
+@pytest.fixture
+def ro_run(ws):
+    "A trained run whose folder (or a part of it) is made read-only, and writable again afterwards."
+    train(cfg(), 'ro', root=ws, log=quiet([])) if not (Path(ws)/'runs'/'ro').exists() else None
+    run, made = Path(ws)/'runs'/'ro', []
+    def readonly(p): p.chmod(0o555); made.append(p)
+    yield run, readonly
+    for p in made: p.chmod(0o755)
+
+@pytest.mark.parametrize('part', ['.', 'checkpoints'])
+def test_readonly_run_folder_train(ws, ro_run, part):
+    run, readonly = ro_run
+    readonly(run/part)
+    before = sorted(str(p) for p in run.rglob('*'))
+    r = readonly_cmd('train', '-p', 'smoke', '-e', 'ro', '--root', ws, *sets(max_steps=8))
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and f"{(run/part).resolve()} is read-only" in err[0] and 'Traceback' not in r.stderr, r.stderr
+    assert sorted(str(p) for p in run.rglob('*')) == before
+
+def test_readonly_run_folder_eval_and_plot(ws, ro_run):
+    run, readonly = ro_run
+    readonly(run)
+    r = readonly_cmd('eval', 'ro', '--no-hellaswag', '--device', 'cpu', '--root', ws, '--json')
+    assert r.returncode == 0 and json.loads(r.stdout)['step'] == 4, r.stderr
+    assert 'is read-only' in r.stderr and 'not added to its eval.jsonl' in r.stderr and 'Traceback' not in r.stderr, r.stderr
+    r = readonly_cmd('plot', 'ro', '--root', ws)
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and 'is read-only' in err[0] and 'plot a copy' in err[0], r.stderr
+
+
+def test_bad_lock_setting_stops_before_step_0(ws, monkeypatch):
+    "LMBOOK_LOCK_STALE_S=abc: one line before any work, no lock or metrics left (not a dying heartbeat thread mid-run)."
+    monkeypatch.setenv('LMBOOK_LOCK_STALE_S', 'abc')
+    r = lmbook_cmd('train', '-p', 'smoke', '-e', 'badenv', '--root', ws, *sets())
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "LMBOOK_LOCK_STALE_S='abc' must be a number" in err[0], r.stderr + r.stdout
+    run = Path(ws)/'runs'/'badenv'
+    assert not (run/'.lock').exists() and not (run/'metrics.jsonl').exists()
+
+def test_heartbeat_failure_is_said(tmp_path):
+    "A heartbeat that fails in an unforeseen way says so once and keeps beating, instead of dying silently."
+    import time
+    from lmbook.runlock import RunLock
+    said = []
+    lock = RunLock(tmp_path, said.append, heartbeat_s=0.05).acquire()
+    real = lock._write
+    lock._write = lambda exclusive: (_ for _ in ()).throw(RuntimeError('clock went backwards'))
+    time.sleep(0.3)
+    assert lock.thread.is_alive() and len(said) == 1 and 'heartbeat' in said[0] and 'clock went backwards' in said[0], said
+    lock._write = real; lock.release()
+
+def test_lock_that_is_a_folder(ws):
+    (Path(ws)/'runs'/'lockdir'/'.lock').mkdir(parents=True)
+    r = lmbook_cmd('train', '-p', 'smoke', '-e', 'lockdir', '--root', ws, *sets())
+    err = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(err) == 1 and 'is a folder, not a lock file' in err[0], r.stderr
+
+
+def test_best_after_restart_from_step_0(ws):
+    "Every step checkpoint gone: the run starts over at step 0, and the old run's best/ is moved aside, not kept as this run's."
+    train(cfg(max_steps=8, eval_every=2), 'lineage0', root=ws, log=quiet([]))
+    ck = Path(ws)/'runs'/'lineage0'/'checkpoints'
+    old = json.loads((ck/'best'/'state.json').read_text())
+    for p in list_checkpoints(ck): shutil.rmtree(p)
+    log = []
+    res = train(cfg(max_steps=2, eval_every=2), 'lineage0', root=ws, log=quiet(log))
+    assert any('is not from the run that goes on afresh from step 0' in l for l in log), log
+    assert (ck/'discarded'/f"best-step_{old['step']:08d}").is_dir()
+    new = json.loads((ck/'best'/'state.json').read_text())
+    assert new['step'] == 2 and new['lineage'] != old['lineage'] and res['best_step'] == 2
+
+def test_best_after_config_change_on_an_older_checkpoint(ws):
+    "best/ from steps a resume discards (the process died after best/ at 6, before the checkpoint at 8): not kept."
+    train(cfg(max_steps=8, eval_every=2), 'lineage1', root=ws, log=quiet([]))
+    ck = Path(ws)/'runs'/'lineage1'/'checkpoints'
+    shutil.rmtree(ck/'step_00000008')  # as if killed between the best/ write at step 8 and the step checkpoint
+    assert json.loads((ck/'best'/'state.json').read_text())['step'] == 8
+    log = []
+    res = train(cfg(max_steps=8, eval_every=2, lr=1e-3, allow_config_change=True), 'lineage1', root=ws, log=quiet(log))
+    assert any('is not from the run that goes on at step 4' in l for l in log), log
+    best = json.loads((ck/'best'/'state.json').read_text())
+    assert best['config']['train']['lr'] == 1e-3 and best['step'] > 4 and res['best_step'] == best['step']
+    r = lmbook_cmd('sample', 'lineage1:best', 'Return the', '--max-new-tokens', 2, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0, r.stderr
+
+def test_best_kept_when_the_run_goes_on_from_it(ws):
+    train(cfg(max_steps=8, eval_every=4), 'lineage2', root=ws, log=quiet([]))
+    ck = Path(ws)/'runs'/'lineage2'/'checkpoints'
+    before = json.loads((ck/'best'/'state.json').read_text())
+    log = []
+    train(cfg(max_steps=10, eval_every=4), 'lineage2', root=ws, log=quiet(log))
+    assert not (ck/'discarded').exists() and not any('not from the run' in l for l in log), log
+    assert json.loads((ck/'best'/'state.json').read_text())['lineage'] == before['lineage']
