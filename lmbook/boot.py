@@ -184,21 +184,16 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size} in {pd.tokenizer_dir}")
 
 # %% ../nbs/11a_boot.ipynb #7c2e88da
-_VERIFIED = {}  # checkpoint folder -> its COMPLETE file's mtime when its hashes last verified (a 1B checkpoint hashes in ~20 s)
-
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
-    "The run's final checkpoint (step >= `total`, default: the total the trainer recorded), complete and verified, or None."
+    "The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or None."
     from lmbook.checkpoint import latest_checkpoint, ckpt_step
     meta = paths.run/'meta.json'
     if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
+    # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it wrote:
+    # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety (autokill
+    # stops a pod with a volume; a damaged checkpoint is found and moved aside on the next resume)
     last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
-    if last is None or not total or ckpt_step(last) < total: return None
-    stamp = lambda c: (c/'COMPLETE').stat().st_mtime_ns if (c/'COMPLETE').is_file() else None
-    if _VERIFIED.get(last) == stamp(last): return last  # verified moments ago: not hashed again before autokill
-    last = latest_checkpoint(paths.checkpoints, hashes=True, warn=lambda m: None)
-    if last is None or ckpt_step(last) < total: return None
-    _VERIFIED[last] = stamp(last)
-    return last
+    return last if last is not None and total and ckpt_step(last) >= total else None
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
     "The run's total steps from its config (None for an epoch-based run: known once the data is tokenized)."
@@ -300,7 +295,7 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
         if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod stays up (ON_FAILURE=keep)"); return False
         action, why, last = 'stop', f"the run failed (exit code {rc}); the volume keeps the run and this log", 'failed'
     elif not o.autokill: return False
-    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no verified final checkpoint on the volume"); return False
+    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on the volume"); return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env.get('RUNPOD_POD_ID')
     if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
