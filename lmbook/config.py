@@ -17,9 +17,9 @@ except ImportError: import tomli as tomllib
 # %% auto #0
 __all__ = ['FLAG', 'MAX_SEED', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES', 'Range',
            'at_least', 'above', 'between', 'one_of', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config',
-           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'count_params', 'flops_per_token',
-           'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
-           'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'parse_overrides', 'count_params',
+           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
+           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -271,6 +271,10 @@ def parse_assignments(items:list[str]) -> dict[str, str]:
         k, v = it.split('=', 1)
         out[k.strip()] = v.strip()
     return out
+
+def parse_overrides(s:str) -> dict:
+    "`'a=1,b=x'` -> `{'a': '1', 'b': 'x'}` (values typed later by the config)."
+    return parse_assignments([p.strip() for p in (s or '').split(',') if p.strip()])
 
 # %% ../nbs/01_config.ipynb #19407375
 def count_params(m:ModelConfig, embeddings:bool=True) -> int:

@@ -6,9 +6,11 @@ Docs: https://lmbook.github.io/lmbook/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e7c86c04
 from __future__ import annotations
-import configparser, os, random, re, subprocess, sys, tempfile
+import configparser, hashlib, os, random, re, subprocess, tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
+import lmbook
+from . import __version__
 
 # %% auto #0
 __all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings',
@@ -51,7 +53,6 @@ class Settings:
 # %% ../nbs/00_core.ipynb #f04c76a2
 def package_dir() -> Path:
     "The folder of the installed `lmbook` package."
-    import lmbook
     return Path(lmbook.__file__).resolve().parent
 
 def find_settings_file() -> Path|None:
@@ -213,13 +214,13 @@ def check_writable(*paths:Path, # folders (existing or to be made) and existing 
 # %% ../nbs/00_core.ipynb #2c51225b
 def seed_everything(seed:int):
     "Seed python, numpy and torch (all devices)."
-    import numpy as np, torch
+    import numpy as np, torch  # core stays light: torch loads where a device is chosen
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
 
 # %% ../nbs/00_core.ipynb #cd19a966
 def pick_device(device:str='auto') -> str:
     "`cuda` when a GPU is visible and `device` is `auto`, else what was asked (checked)."
-    import torch
+    import torch  # core stays light: torch loads where a device is chosen
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda') and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but no CUDA GPU is visible: use device='auto' or 'cpu'")
@@ -236,7 +237,6 @@ def git_commit(path:Path|None=None) -> str|None:
 
 def sha256_file(path:Path, chunk:int=1<<24) -> str:
     "Hex SHA-256 of a file, read in chunks (shards, token files, checkpoints)."
-    import hashlib
     h = hashlib.sha256()
     with open(path, 'rb') as f:
         while b := f.read(chunk): h.update(b)
@@ -244,8 +244,7 @@ def sha256_file(path:Path, chunk:int=1<<24) -> str:
 
 def environment_info() -> dict:
     "Versions and hardware that a run's results depend on."
-    import platform, torch
-    from lmbook import __version__
+    import platform, torch  # core stays light: torch loads where a device is chosen
     info = dict(lmbook=__version__, python=platform.python_version(), torch=torch.__version__,
                 git_commit=git_commit(), host=platform.node(), cuda=torch.version.cuda)
     if torch.cuda.is_available():

@@ -6,7 +6,8 @@ import pytest
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, shard_docs, local_docs, MAX_DOC_BYTES
+from lmbook.data import shard_corpus, shard_docs
+from lmbook.corpus import local_docs, MAX_DOC_BYTES
 
 WORDS = 'the of and to in a is that for it as was with be by on not café naïve 東京 données'.split()
 

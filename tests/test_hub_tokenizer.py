@@ -122,7 +122,7 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
     "init_from=hf:gpt2 loads the cached published weights exactly (step-0 model == the import); shape and tokenizer are checked before any data is written."
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from lmbook.sft import init_model
+    from lmbook.runstart import init_model
     from lmbook.export import gpt2_from_hf
     tok, path = hub('models--gpt2')
     torch.manual_seed(0)

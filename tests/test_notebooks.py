@@ -5,7 +5,8 @@ import papermill
 import pytest
 from conftest import ROOT
 from lmbook.runnb import TRAIN_PARAMS, ANALYSIS_PARAMS
-from lmbook.analysis import read_metrics, summarize
+from lmbook.metrics import read_metrics
+from lmbook.analysis import summarize
 
 PM = str(Path(sys.executable).parent/'papermill')
 

@@ -246,7 +246,8 @@ def test_the_fake_rejects_what_runpod_would(fake):
 def test_wait_times_out_saying_the_pod_bills_and_how_to_stop_it(fake, capsys):
     fake.polls_until_running = 10**6
     assert run(capsys, *create(fake))[0] == 0
-    from lmbook.runpod import RunPodAPI, wait_running, RunPodError
+    from lmbook.podapi import RunPodAPI, RunPodError
+    from lmbook.runpod import wait_running
     t = iter(range(0, 10**6, 100))
     with pytest.raises(RunPodError, match=r'not running after 300 s \(status STARTING\), and it is billing \(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
         wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None, clock=lambda: next(t), log=lambda m: None)

@@ -9,10 +9,12 @@ from lmbook.core import paths_for
 from lmbook.trainer import train
 from lmbook.model import GPT
 from lmbook.lora import add_lora
-from lmbook.sample import load_model, find_checkpoint
+from lmbook.sample import load_model
+from lmbook.runs import find_checkpoint
 from lmbook.tokenizer import load_tokenizer, train_bpe
-from lmbook.sft import (finetune, finetune_config, init_model, resolve_init, read_sft, pack, render_chat, record_messages,
-                        builtin_chat, write_jsonl, chat_prompt, FINETUNE_PARAMS)
+from lmbook.finetune import finetune, finetune_config, FINETUNE_PARAMS
+from lmbook.runstart import init_model, resolve_init
+from lmbook.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
 from conftest import lmbook_cmd, rows
 
 quiet = lambda *a, **k: None

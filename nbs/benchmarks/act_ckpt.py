@@ -33,7 +33,8 @@ def main():
     ap.add_argument('--steps', type=int, default=3, help='timed optimizer steps of each row')
     ap.add_argument('--tiny', action='store_true', help='toy shapes on the CPU, to check the script end to end')
     a = ap.parse_args()
-    from lmbook.trainer import cuda_allocator_defaults, fit_batch
+    from lmbook.step import cuda_allocator_defaults
+    from lmbook.runstart import fit_batch
     cuda_allocator_defaults()
     import torch
     from lmbook.bench import measure, format_rows

@@ -77,7 +77,7 @@ def main():
     ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
-    from lmbook.trainer import cuda_allocator_defaults
+    from lmbook.step import cuda_allocator_defaults
     cuda_allocator_defaults()
     from lmbook.config import get_config
     import tokens

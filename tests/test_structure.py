@@ -1,0 +1,89 @@
+"""The package's shape: imports only go down the notebooks' order, notebooks are numbered once each, lines and
+functions stay readable. Walks the source with `ast`, so it runs in well under a second."""
+import ast, re
+from pathlib import Path
+import pytest
+from conftest import ROOT
+
+PKG, NBS = ROOT/'lmbook', ROOT/'nbs'
+GENERATED = {'__init__', '_modidx'}  # nbdev writes these: the version, and the index of every symbol's page
+MAX_LINE, MAX_FUNCTION = 110, 50
+
+
+def modules() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PKG.glob('*.py')) if p.stem not in GENERATED}
+
+
+def notebooks() -> dict[str, str]:
+    "module -> its notebook's file name, for every notebook with `default_exp`."
+    out = {}
+    for nb in sorted(NBS.glob('*.ipynb')):
+        m = re.search(r'#\|\s*default_exp\s+(\w+)', nb.read_text())
+        if m: out[m.group(1)] = nb.name
+    return out
+
+
+def imports(path:Path) -> list[tuple[str, int, bool]]:
+    "(lmbook module, line, inside a function) of every import of the package's own modules in `path`."
+    tree, out = ast.parse(path.read_text()), []
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom):
+            if n.level == 1: names = [n.module.split('.')[0]] if n.module else [a.name for a in n.names]
+            elif n.module and n.module.startswith('lmbook.'): names = [n.module.split('.')[1]]
+            elif n.module == 'lmbook': names = [a.name for a in n.names]
+            else: names = []
+        elif isinstance(n, ast.Import): names = [a.name.split('.')[1] for a in n.names if a.name.startswith('lmbook.')]
+        else: continue
+        out += [(m, n.lineno, id(n) in inner) for m in names if m in modules()]
+    return out
+
+
+def test_every_module_has_one_notebook():
+    nbs = notebooks()
+    assert sorted(nbs) == sorted(modules())
+    prefixes = [n.split('_')[0] for n in nbs.values()]
+    assert len(set(prefixes)) == len(prefixes), f"a number is used twice: {sorted(prefixes)}"
+
+
+def test_imports_only_go_down():
+    "No cycle, and no module imports one whose notebook comes later (that would be a cycle waiting to happen)."
+    nbs = notebooks()
+    up = [f"{m} ({nbs[m]}) imports {t} ({nbs[t]}) at line {line}" for m, p in modules().items()
+          for t, line, _ in imports(p) if t != m and nbs[t] > nbs[m]]
+    assert not up, '\n'.join(up)
+
+
+def test_package_imports_at_top():
+    "lmbook's own modules are imported at the top of a module; a lazy import of another package says why."
+    inner = [f"{m}:{line} imports lmbook.{t} inside a function" for m, p in modules().items()
+             for t, line, lazy in imports(p) if lazy]
+    assert not inner, '\n'.join(inner)
+    silent = []
+    for m, p in modules().items():
+        lines, tree = p.read_text().splitlines(), ast.parse(p.read_text())
+        for f in ast.walk(tree):
+            if not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)): continue
+            for n in ast.walk(f):
+                said = '#' in lines[n.end_lineno - 1] or lines[n.lineno - 2].strip().startswith('try:  #')
+                if isinstance(n, (ast.Import, ast.ImportFrom)) and not said:
+                    silent.append(f"{m}:{n.lineno} {lines[n.lineno - 1].strip()}")
+    assert not silent, "lazy imports without their reason:\n" + '\n'.join(silent)
+
+
+def test_readable_width_and_length():
+    wide = [f"{m}:{i} has {len(l)} characters" for m, p in modules().items()
+            for i, l in enumerate(p.read_text().splitlines(), 1) if len(l) > MAX_LINE]
+    assert not wide, '\n'.join(wide[:20]) + f"\n... {len(wide)} lines over {MAX_LINE}"
+    long = [f"{m}.{f.name} has {f.end_lineno - f.lineno + 1} lines" for m, p in modules().items()
+            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and f.end_lineno - f.lineno + 1 > MAX_FUNCTION]
+    assert not long, '\n'.join(long)
+
+
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
+    "The import walk finds an import hidden in a function body, so an upward one cannot slip through."
+    p = tmp_path/'x.py'
+    p.write_text("from .core import paths_for\ndef f():\n    from lmbook.cli import main  # late\n")
+    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'x': p})
+    assert imports(p) == [('core', 1, False), ('cli', 3, True)]
