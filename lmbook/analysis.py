@@ -17,7 +17,8 @@ __all__ = ['PLOTS', 'OPTIONAL', 'series', 'run_dir', 'plot_runs', 'summarize']
 # %% ../nbs/09_analysis.ipynb #34abc9b1
 def series(recs:list[dict], name:str) -> tuple[list, list]:
     "Steps and values of metric `name` (records without it, or with a non-finite value, skipped)."
-    pts = [(r['step'], r[name]) for r in recs if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
+    pts = [(r['step'], r[name]) for r in recs if isinstance(r.get(name), (int, float))
+           and math.isfinite(r[name])]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 # %% ../nbs/09_analysis.ipynb #08a450d8
@@ -25,16 +26,20 @@ def run_dir(experiment:str, root:Path|None=None) -> Path:
     "The run folder of `experiment`, which must exist."
     d = paths_for(check_name(experiment), root=root).run
     if not d.is_dir():
-        runs = sorted(p.name for p in d.parent.glob('*') if (p/'metrics.jsonl').is_file()) if d.parent.is_dir() else []
-        raise FileNotFoundError(f"no run {experiment!r} in {d.parent}; runs there: {', '.join(runs) or 'none'}")
+        runs = sorted(p.name for p in d.parent.glob('*')
+                      if (p/'metrics.jsonl').is_file()) if d.parent.is_dir() else []
+        raise FileNotFoundError(f"no run {experiment!r} in {d.parent}; runs there: "
+                                f"{', '.join(runs) or 'none'}")
     return d
 
 # %% ../nbs/09_analysis.ipynb #814f4ee9
-PLOTS = dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',), val_bpb=('val_bpb',), hellaswag=('hellaswag',))
+PLOTS = dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',), val_bpb=('val_bpb',),
+             hellaswag=('hellaswag',))
 OPTIONAL = ('val_bpb', 'hellaswag')  # drawn only when a run logged them
 
 def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -> dict[str, list[Path]]:
-    "Plot loss/val_loss, grad_norm, lr (and val_bpb, hellaswag when logged) against step for `experiments`; return the PNGs written per experiment."
+    ("Plot loss/val_loss, grad_norm, lr (and val_bpb, hellaswag when logged) against step for `experiments`; "
+     "return the PNGs written per experiment.")
     import matplotlib  # slow to import: plots only
     if not show: matplotlib.use('Agg', force=False)
     import matplotlib.pyplot as plt  # slow to import: plots only
@@ -46,7 +51,8 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
     written = {e: [] for e in exps}
     figs = []
     for fname, names in PLOTS.items():
-        if fname in OPTIONAL and not any(series(recs, n)[0] for recs in runs.values() for n in names): continue
+        if fname in OPTIONAL and not any(series(recs, n)[0] for recs in runs.values()
+                                         for n in names): continue
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for e, recs in runs.items():
             for n in names:
@@ -70,10 +76,12 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
 
 # %% ../nbs/09_analysis.ipynb #ab48981a
 def summarize(recs:list[dict]) -> dict:
-    "First and last step, train loss and val loss of a run's records (and the last val_bpb and hellaswag, when logged)."
+    ("First and last step, train loss and val loss of a run's records (and the last val_bpb and hellaswag, "
+     "when logged).")
     steps, loss = series(recs, 'loss')
     vsteps, vloss = series(recs, 'val_loss')
-    out = dict(steps=steps[-1] if steps else None, first_loss=loss[0] if loss else None, last_loss=loss[-1] if loss else None,
+    out = dict(steps=steps[-1] if steps else None, first_loss=loss[0] if loss else None, last_loss=loss[-1]
+               if loss else None,
                first_val_loss=vloss[0] if vloss else None, last_val_loss=vloss[-1] if vloss else None)
     for n in OPTIONAL:
         _, v = series(recs, n)

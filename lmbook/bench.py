@@ -38,7 +38,8 @@ def synthetic_batches(vocab_size:int, # token ids are drawn from [0, vocab_size)
     for i in range(10**12): yield batches[i % n]
 
 # %% ../nbs/07d_bench.ipynb #6429eda7
-def file_batches(token_dir:Path, batch_size:int, block_size:int, device:str='cpu', rank:int=0, world_size:int=1):
+def file_batches(token_dir:Path, batch_size:int, block_size:int, device:str='cpu', rank:int=0,
+                 world_size:int=1):
     "Endless (x, y) batches from the token files in `token_dir`, moved to `device`."
     ld = TokenLoader(token_dir, batch_size, block_size, rank, world_size)
     cuda = device.startswith('cuda')
@@ -54,7 +55,8 @@ def make_step(cfg:Config, # the config to train
               compile_mode:str='default', # torch.compile mode, or 'regional' (each block compiled on its own)
               inductor:dict|None=None, # torch._inductor.config settings
              ):
-    "The trainer's `Trainable`, a `step(batches, lr) -> loss` doing one `trainer.train_step`, and the fp8 recipe applied."
+    ("The trainer's `Trainable`, a `step(batches, lr) -> loss` doing one `trainer.train_step`, and the fp8 "
+     "recipe applied.")
     info = info or DistInfo(device=device)
     compiled = resolve_compile(cfg.train.compile, device)
     if compiled and inductor:
@@ -76,13 +78,15 @@ def _sync(device:str):
     if device.startswith('cuda'): torch.cuda.synchronize(device)
 
 def _card(device:str) -> str:
-    return torch.cuda.get_device_name(device) if device.startswith('cuda') else (platform.processor() or platform.machine())
+    return torch.cuda.get_device_name(device) if device.startswith('cuda') else (platform.processor()
+                                                                                 or platform.machine())
 
 @torch.no_grad()
 def eager_val_loss(t, # a `trainer.Trainable`
                    batches:list, # (x, y) validation batches
                   ) -> float:
-    "Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), averaged across ranks."
+    ("Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), "
+     "averaged across ranks.")
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
         with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
@@ -98,7 +102,8 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
             device:str|None=None, # default: the config's device
             compile_mode:str='default', # torch.compile mode
             info=None, # `distributed.DistInfo` when under torchrun
-            inductor:dict|None=None, # torch._inductor.config settings, e.g. {'coordinate_descent_tuning': True}
+            # torch._inductor.config settings, e.g. {'coordinate_descent_tuning': True}
+            inductor:dict|None=None,
             schedule:bool=False, # follow the config's warmup and decay over warmup + steps (else constant lr)
             val_data:Path|None=None, # validation token files: add `val_loss` at the end
             eval_batches:int=20, # validation batches for `val_loss`
@@ -108,11 +113,14 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
     info = info or DistInfo(device=device)
     m, tc = cfg.model, cfg.train
     world = info.world_size
-    row = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d'), arch=m.arch, n_layer=m.n_layer,
-               n_embd=m.n_embd, n_head=m.n_head, n_kv_head=m.kv_heads, vocab_size=m.vocab_size, params=count_params(m),
+    row = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d'), arch=m.arch,
+               n_layer=m.n_layer,
+               n_embd=m.n_embd, n_head=m.n_head, n_kv_head=m.kv_heads, vocab_size=m.vocab_size,
+                   params=count_params(m),
                batch_size=tc.batch_size, block_size=m.block_size, grad_accum=tc.grad_accum, world_size=world,
                parallel=tc.parallel if world > 1 else 'none', tokens_per_step=cfg.tokens_per_step*world,
-               ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile, compile_mode=compile_mode,
+               ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile,
+                   compile_mode=compile_mode,
                inductor=inductor or {}, alloc_conf=os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''),
                dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
                torch=torch.__version__, cuda=torch.version.cuda)
@@ -123,7 +131,8 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         row.update(lever_report(cfg, device, fp8), schedule=schedule)
         lr = schedule_for(tc, warmup + steps) if schedule else (lambda s: tc.lr)
         batches = (file_batches(data, tc.batch_size, m.block_size, device, info.rank, world) if data else
-                   synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device, seed=tc.seed + info.rank))
+                   synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device,
+                                     seed=tc.seed + info.rank))
         t0 = time.perf_counter()
         losses = [step(batches, lr(i)).item() for i in range(warmup)]
         _sync(device); row['warmup_s'] = round(time.perf_counter() - t0, 2)
@@ -142,9 +151,11 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
                    mem_gb=round(torch.cuda.max_memory_allocated(device)/1e9, 3) if cuda else None,
                    mem_reserved_gb=round(torch.cuda.max_memory_reserved(device)/1e9, 3) if cuda else None,
                    loss_first=round(losses[0], 4), loss=round(losses[-1], 4),
-                   loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses], oom=False)
+                   loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses],
+                       oom=False)
         if val_data is not None:
-            row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size, eval_batches, info.rank, world)), 4)
+            row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size,
+                                                                      eval_batches, info.rank, world)), 4)
         del model, step
     except Exception as e:
         if not _is_oom(e): raise
@@ -174,14 +185,17 @@ def bench(profile:str, # profile name or config file
           eval_batches:int=20, # validation batches
          ) -> list[dict]:
     "Benchmark `profile` at each micro-batch size; one row per size, appended to `out`."
-    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does not exist: run `lmbook tokenize` or leave out --data")
+    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does not "
+                                                                             "exist: run `lmbook tokenize` "
+                                                                                 "or leave out --data")
     base = get_config(profile, overrides or {})
     info = init_distributed(pick_device(base.train.device))
     rows = []
     for bs in batch_sizes or [base.train.batch_size]:
         cfg = get_config(profile, {**(overrides or {}), 'batch_size': bs})
         r = dict(profile=profile, label=label, overrides=overrides or {},
-                 **measure(cfg, steps, warmup, data, info.device, compile_mode, info, inductor, schedule, val_data, eval_batches))
+                 **measure(cfg, steps, warmup, data, info.device, compile_mode, info, inductor, schedule,
+                           val_data, eval_batches))
         rows.append(r)
         if out is not None and info.is_main:
             Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +205,8 @@ def bench(profile:str, # profile name or config file
 # %% ../nbs/07d_bench.ipynb #c36a0e16
 def format_rows(rows:list[dict]) -> str:
     "Aligned text table of benchmark rows."
-    head = f"{'label':<18} {'profile':<10} {'bs':>3}x{'T':<5} {'acc':>3} {'tok/s':>10} {'MFU':>6} {'mem GB':>7} {'est GB':>7} {'loss':>6}"
+    head = (f"{'label':<18} {'profile':<10} {'bs':>3}x{'T':<5} {'acc':>3} {'tok/s':>10} {'MFU':>6} "
+            f"{'mem GB':>7} {'est GB':>7} {'loss':>6}")
     lines = [head]
     for r in rows:
         mfu = f"{100*r['mfu']:.1f}%" if r.get('mfu') else '-'
@@ -199,7 +214,8 @@ def format_rows(rows:list[dict]) -> str:
         mem = f"{r['mem_gb']:.1f}" if r.get('mem_gb') else '-'
         est = f"{r['mem_est_gb']:.1f}" if r.get('mem_est_gb') else '-'
         loss = f"{r['loss']:.3f}" if r.get('loss') is not None else '-'
-        lines.append(f"{r.get('label', '')[:18]:<18} {r['profile'][:10]:<10} {r['batch_size']:>3}x{r['block_size']:<5} {r['grad_accum']:>3} "
+        lines.append(f"{r.get('label', '')[:18]:<18} {r['profile'][:10]:<10} "
+                     f"{r['batch_size']:>3}x{r['block_size']:<5} {r['grad_accum']:>3} "
                      f"{tok:>10} {mfu:>6} {mem:>7} {est:>7} {loss:>6}")
     return '\n'.join(lines)
 
@@ -208,8 +224,10 @@ def _run(args) -> int:
     cuda_allocator_defaults()  # the trainer's allocator settings, so the numbers are the training run's
     if args.fit: return _fit(args)
     sizes = [int(s) for s in args.batch_sizes.split(',')] if args.batch_sizes else None
-    rows = bench(args.profile, parse_assignments(args.set), sizes, args.steps, args.warmup, args.data, args.out, args.label,
-                 args.compile_mode, parse_assignments(args.inductor), args.schedule, args.val_data, args.eval_batches)
+    rows = bench(args.profile, parse_assignments(args.set), sizes, args.steps, args.warmup, args.data,
+                 args.out, args.label,
+                 args.compile_mode, parse_assignments(args.inductor), args.schedule, args.val_data,
+                     args.eval_batches)
     if dist_env()[0] == 0:
         for r in rows: print(json.dumps(r))
         print(format_rows(rows))
@@ -226,23 +244,31 @@ def add_cli(sub):
     "Add the `bench` command to the `lmbook` CLI."
     p = sub.add_parser('bench', help='measure training tokens/s, MFU and peak memory of a profile')
     cli_options(p, 'profile', 'set', profile='smoke')
-    p.add_argument('--batch-sizes', default='', help='comma-separated micro-batch sizes (default: the profile\'s)')
+    p.add_argument('--batch-sizes', default='', help='comma-separated micro-batch sizes (default: the '
+                   'profile\'s)')
     p.add_argument('--steps', type=int, default=10, help='timed optimizer steps')
     p.add_argument('--warmup', type=int, default=2, help='untimed optimizer steps first')
-    p.add_argument('--data', type=Path, default=None, help='folder of token files (default: synthetic tokens)')
+    p.add_argument('--data', type=Path, default=None,
+                   help='folder of token files (default: synthetic tokens)')
     p.add_argument('--out', type=Path, default=None, help='JSON-lines file to append results to')
     p.add_argument('--label', default='', help='name of this configuration in tables')
-    p.add_argument('--compile-mode', default='default', help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
-    p.add_argument('--inductor', nargs='*', default=[], metavar='NAME=VALUE', help='torch._inductor.config settings, e.g. coordinate_descent_tuning=1')
-    p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the steps (for loss comparisons)")
-    p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report val_loss at the end')
+    p.add_argument('--compile-mode', default='default', help="torch.compile mode, e.g. "
+                   "max-autotune-no-cudagraphs")
+    p.add_argument('--inductor', nargs='*', default=[], metavar='NAME=VALUE', help='torch._inductor.config '
+                   'settings, e.g. coordinate_descent_tuning=1')
+    p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the "
+                   "steps (for loss comparisons)")
+    p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report '
+                   'val_loss at the end')
     p.add_argument('--eval-batches', type=int, default=20, help='validation batches for val_loss')
     p.add_argument('--fit', action='store_true',
-                   help='find the largest micro-batch that fits this GPU, tokens per step kept (as batch_fit does)')
+                   help='find the largest micro-batch that fits this GPU, tokens per step kept (as '
+                       'batch_fit does)')
     p.set_defaults(func=_run)
 
 def main(argv:list[str]|None=None) -> int:
-    "`lmbook bench` on its own: `python -c 'from lmbook.bench import main; main()' --profile ...` (also under torchrun)."
+    ("`lmbook bench` on its own: `python -c 'from lmbook.bench import main; main()' --profile ...` (also "
+     "under torchrun).")
     ap = argparse.ArgumentParser(prog='lmbook-bench')
     sub = ap.add_subparsers(dest='command')
     add_cli(sub)

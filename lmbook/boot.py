@@ -36,7 +36,8 @@ class BootOptions:
     experiment: str = ''          # RUN_EXPERIMENT ('' : derived from the profile)
     workspace: str = ''           # artifact root ('' : the configured workspace, /workspace on a pod)
     shard: bool = False           # RUN_SHARD=1: stream shards and build the tokenizer before training
-    input: str = ''               # RUN_INPUT: local text/jsonl/parquet file or folder to train on ('' : the profile's dataset)
+    # RUN_INPUT: local text/jsonl/parquet file or folder to train on ('' : the profile's dataset)
+    input: str = ''
     validation: str = ''          # RUN_VALIDATION: a separate validation file ('' : split off the input)
     shard_lines: int = 0          # SHARD_LINES: lines per shard (0 : settings)
     reuse_shards: bool = False    # require and reuse shards already on the volume
@@ -46,7 +47,8 @@ class BootOptions:
     install: bool = True          # stage 1 (False: use this interpreter as it is)
     tensorboard_port: int = 6006  # TENSORBOARD_PORT (0 : no TensorBoard)
     autokill: str = ''            # AUTOKILL: '' , 'stop' or 'terminate' after the final checkpoint
-    on_failure: str = 'stop'      # ON_FAILURE: after a failed run, 'stop' the pod (the volume keeps everything) or 'keep' it up
+    # ON_FAILURE: after a failed run, 'stop' the pod (the volume keeps everything) or 'keep' it up
+    on_failure: str = 'stop'
 
     @classmethod
     def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
@@ -56,9 +58,12 @@ class BootOptions:
         bad = [p for p in env.get('RUN_OVERRIDES', '').split(',') if p.strip() and '=' not in p]
         if bad: raise ValueError(f"RUN_OVERRIDES item {bad[0]!r} must look like name=value")
         num = lambda k: int(env[k]) if env.get(k, '').strip() else 0
-        o = cls(profile=env.get('RUN_CONFIG') or load_settings().profile, experiment=env.get('RUN_EXPERIMENT', ''),
-                shard=env.get('RUN_SHARD') == '1', input=env.get('RUN_INPUT', ''), validation=env.get('RUN_VALIDATION', ''),
-                shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()}, nproc=num('RUN_NPROC'),
+        o = cls(profile=env.get('RUN_CONFIG') or load_settings().profile,
+                experiment=env.get('RUN_EXPERIMENT', ''),
+                shard=env.get('RUN_SHARD') == '1', input=env.get('RUN_INPUT', ''),
+                    validation=env.get('RUN_VALIDATION', ''),
+                shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()},
+                    nproc=num('RUN_NPROC'),
                 tensorboard_port=num('TENSORBOARD_PORT') if env.get('TENSORBOARD_PORT') else 6006,
                 autokill=env.get('AUTOKILL', ''), on_failure=env.get('ON_FAILURE') or 'stop')
         return replace(o, **kw).checked()
@@ -67,11 +72,15 @@ class BootOptions:
         "Fill the experiment name and refuse bad values in one line."
         exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
         check_name(exp)
-        if self.autokill not in ('', 'stop', 'terminate'): raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
-        if self.on_failure not in ('stop', 'keep'): raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
+        if self.autokill not in ('', 'stop', 'terminate'): raise ValueError(f"AUTOKILL={self.autokill!r}: "
+                                                                            "choose stop or terminate (or "
+                                                                                "leave it empty)")
+        if self.on_failure not in ('stop', 'keep'): raise ValueError(f"ON_FAILURE={self.on_failure!r}: "
+                                                                     "choose stop or keep")
         if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
         for k, v in self.overrides.items():
-            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES cannot carry")
+            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
+                                               "cannot carry")
         return replace(self, experiment=exp)
 
 # %% ../nbs/08f_boot.ipynb #a5286fcb
@@ -91,23 +100,30 @@ class BootLog:
 
 # %% ../nbs/08f_boot.ipynb #f34a611f
 def stage_install(o:BootOptions, log) -> str|None:
-    "Refresh the volume's install if its checkout changed; the Jupyter kernel name to use (None: the default)."
+    ("Refresh the volume's install if its checkout changed; the Jupyter kernel name to use (None: the "
+     "default).")
     if not o.install: log(f"stage 1/4 install: skipped, using {sys.executable} as it is"); return None
-    if sys.prefix == sys.base_prefix: raise ValueError(f"lmbook boot runs from a virtualenv (this is {sys.executable}): use the pod start command, or --no-install")
+    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv (this is "
+                                                       f"{sys.executable}): use the pod start command, or "
+                                                           "--no-install")
     src, marker = package_dir().parent, Path(sys.prefix)/'lmbook-commit'
     commit = git_commit(src)
     if commit is None or not marker.is_file() or marker.read_text().strip() != commit:
         log(f"stage 1/4 install: pip install -e {src} (commit {str(commit)[:10]})")
-        subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', str(src)], check=True, stdin=subprocess.DEVNULL, stdout=log.f, stderr=log.f)
+        subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', str(src)], check=True,
+                       stdin=subprocess.DEVNULL, stdout=log.f, stderr=log.f)
         if commit: marker.write_text(commit + '\n')
-    subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--user', '--name', 'lmbook', '--display-name', 'lmbook (volume venv)'],
+    subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--user', '--name', 'lmbook',
+                    '--display-name', 'lmbook (volume venv)'],
                    check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.f)
     where = 'the image' if not Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()) else 'the venv'
-    log(f"stage 1/4 install: lmbook {commit and commit[:10]} in {sys.prefix}; torch {torch.__version__} from {where}; kernel 'lmbook'")
+    log(f"stage 1/4 install: lmbook {commit and commit[:10]} in {sys.prefix}; torch {torch.__version__} "
+        f"from {where}; kernel 'lmbook'")
     return 'lmbook'
 
 # %% ../nbs/08f_boot.ipynb #16921f82
-_RUNPOD_KEYS = ('gpu_type', 'gpu_count', 'cloud_type', 'image', 'volume_gb', 'container_disk_gb', 'volume_mount', 'api')
+_RUNPOD_KEYS = ('gpu_type', 'gpu_count', 'cloud_type', 'image', 'volume_gb', 'container_disk_gb',
+                'volume_mount', 'api')
 
 def write_settings(ws:Path, s:Settings) -> Path:
     "A `settings.ini` for the workspace `ws` (kept when it exists: it is yours to edit)."
@@ -116,7 +132,8 @@ def write_settings(ws:Path, s:Settings) -> Path:
     d = dict(asdict(s), workspace=str(ws))
     rows = lambda keys: [f"{k} = {d[k]}" for k in keys]
     lm = [k for k in d if k not in _RUNPOD_KEYS]
-    p.write_text('\n'.join(['# written by `lmbook boot`; edit freely', '[lmbook]', *rows(lm), '', '[runpod]', *rows(_RUNPOD_KEYS), '']))
+    p.write_text('\n'.join(['# written by `lmbook boot`; edit freely', '[lmbook]', *rows(lm), '', '[runpod]',
+                            *rows(_RUNPOD_KEYS), '']))
     return p
 
 def stage_layout(o:BootOptions, ws:Path, log) -> Paths:
@@ -126,7 +143,8 @@ def stage_layout(o:BootOptions, ws:Path, log) -> Paths:
     ini = write_settings(ws, load_settings())
     os.environ['LMBOOK_SETTINGS'] = str(ini)
     paths = paths_for(o.experiment, root=ws)
-    for d in (paths.train, paths.val, paths.tokenizer, paths.run, paths.cache, paths.hf_cache, ws/'logs'): d.mkdir(parents=True, exist_ok=True)
+    for d in (paths.train, paths.val, paths.tokenizer, paths.run, paths.cache, paths.hf_cache,
+              ws/'logs'): d.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault('HF_HOME', str(paths.hf_cache))
     log(f"stage 2/4 layout: workspace {ws}, run folder {paths.run}, settings {ini}")
     return paths
@@ -138,7 +156,8 @@ def cluster_torchrun_args(env:dict|None=None) -> str:
     nodes = int(env.get('NUM_NODES') or env.get('NNODES') or 1)
     if nodes <= 1: return ''
     missing = [k for k in ('MASTER_ADDR', 'NODE_RANK') if not env.get(k)]
-    if missing: raise ValueError(f"{nodes} nodes but {', '.join(missing)} not set: a multi-node run needs MASTER_ADDR and NODE_RANK on every node")
+    if missing: raise ValueError(f"{nodes} nodes but {', '.join(missing)} not set: a multi-node run needs "
+                                 "MASTER_ADDR and NODE_RANK on every node")
     return (f"--nnodes={nodes} --node_rank={int(env['NODE_RANK'])} --master_addr={env['MASTER_ADDR']} "
             f"--master_port={int(env.get('MASTER_PORT') or 29500)}")
 
@@ -159,39 +178,51 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
     log(f"stage 3/4 data: waiting for node 0 to prepare the data in {paths.cache}")
     t0 = time.monotonic()
     while not ready():
-        if time.monotonic() - t0 > timeout_s: raise ValueError(f"node 0 did not prepare the data in {timeout_s:.0f} s: check its log, or give each node its own data")
+        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data in "
+                                                               f"{timeout_s:.0f} s: check its log, or give "
+                                                                   "each node its own data")
         time.sleep(poll_s)
     log("stage 3/4 data: ready")
 
 def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
     env = os.environ if env is None else env
-    if cluster_torchrun_args(env):  # nodes share the volume: node 0 prepares everything once, the others wait for it
-        if int(env['NODE_RANK']): return wait_for_data(paths, log, float(env.get('LMBOOK_DATA_WAIT') or 6*3600))
+    # nodes share the volume: node 0 prepares everything once, the others wait for it
+    if cluster_torchrun_args(env):
+        if int(env['NODE_RANK']): return wait_for_data(paths, log, float(env.get('LMBOOK_DATA_WAIT')
+                                                                         or 6*3600))
         o = replace(o, shard=True)
     if not o.shard: log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
     for f in (o.input, o.validation, o.tokenizer_json):
-        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file on the volume")
+        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file "
+                                                               "on the volume")
     cfg = run_config(o)
     done = lambda d: (read_manifest(d) or {}).get('complete')
     with data_lock(paths.cache, log):  # one data preparation of an experiment at a time, whoever starts it
         if o.reuse_shards:
-            if not (done(paths.train) and done(paths.val)): raise FileNotFoundError(f"--reuse-shards but {paths.train} or {paths.val} holds no complete shards: drop --reuse-shards")
+            if not (done(paths.train) and done(paths.val)): raise FileNotFoundError("--reuse-shards but "
+                f"{paths.train} or {paths.val} holds no complete shards: drop --reuse-shards")
             log(f"stage 3/4 data: reusing the shards in {paths.train} and {paths.val}")
         elif o.validation:
             lines = load_settings().shard_lines
-            shard_corpus(paths.train, dataset=cfg.data.dataset, mode='prod', split='train', lines_per_shard=lines, hf_cache=paths.hf_cache)
-            shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val', lines_per_shard=lines, hf_cache=paths.hf_cache)
+            shard_corpus(paths.train, dataset=cfg.data.dataset, mode='prod', split='train',
+                         lines_per_shard=lines, hf_cache=paths.hf_cache)
+            shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val',
+                         lines_per_shard=lines, hf_cache=paths.hf_cache)
         pd = prepare_data(cfg, paths, tokenizer_json=Path(o.tokenizer_json) if o.tokenizer_json else None)
-    log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size} in {pd.tokenizer_dir}")
+    log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
+        f"{pd.vocab_size} in {pd.tokenizer_dir}")
 
 # %% ../nbs/08f_boot.ipynb #7c2e88da
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
-    "The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or None."
+    ("The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or "
+     "None.")
     meta = paths.run/'meta.json'
     if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
-    # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it wrote:
-    # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety (autokill
+    # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
+    # wrote:
+    # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety
+    # (autokill
     # stops a pod with a volume; a damaged checkpoint is found and moved aside on the next resume)
     last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
     return last if last is not None and total and ckpt_step(last) >= total else None
@@ -208,25 +239,31 @@ def gpu_count() -> int:
 
 # %% ../nbs/08f_boot.ipynb #66a526d4
 def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
-    "TensorBoard on `port` (all interfaces, for RunPod's proxy), detached; None when the port is taken or it is off."
+    ("TensorBoard on `port` (all interfaces, for RunPod's proxy), detached; None when the port is taken or "
+     "it is off.")
     if not port: return None
     with socket.socket() as s:
-        if s.connect_ex(('127.0.0.1', port)) == 0: log(f"tensorboard: port {port} already serves something, not starting another"); return None
-    p = subprocess.Popen([sys.executable, '-m', 'tensorboard.main', '--logdir', str(logdir), '--port', str(port), '--bind_all'],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        if s.connect_ex(('127.0.0.1', port)) == 0: log(f"tensorboard: port {port} already serves something, "
+                                                       "not starting another"); return None
+    p = subprocess.Popen([sys.executable, '-m', 'tensorboard.main', '--logdir', str(logdir), '--port',
+                          str(port), '--bind_all'],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
     log(f"tensorboard: {logdir} on port {port} (pid {p.pid})")
     return p
 
 def train_notebook() -> Path:
     "`nbs/train.ipynb` of the installed checkout, or `$LMBOOK_TRAIN_NB`."
     p = Path(os.environ.get('LMBOOK_TRAIN_NB') or package_dir().parent/'nbs'/'train.ipynb')
-    if not p.is_file(): raise FileNotFoundError(f"{p} does not exist: install lmbook from a checkout (pip install -e) or set LMBOOK_TRAIN_NB")
+    if not p.is_file(): raise FileNotFoundError(f"{p} does not exist: install lmbook from a checkout (pip "
+                                                "install -e) or set LMBOOK_TRAIN_NB")
     return p
 
 def papermill_cmd(o:BootOptions, out:Path, nproc:int, kernel:str|None) -> list[str]:
     "The papermill call that trains `o` into `out`."
     ov = ','.join(f'{k}={v}' for k, v in train_overrides(o).items())
-    cmd = [sys.executable, '-m', 'papermill', str(train_notebook()), str(out), '-p', 'profile', o.profile, '-p', 'experiment', o.experiment,
+    cmd = [sys.executable, '-m', 'papermill', str(train_notebook()), str(out), '-p', 'profile', o.profile,
+           '-p', 'experiment', o.experiment,
            '-p', 'nproc', str(nproc), '-p', 'overrides', ov, '--log-output', '--no-progress-bar']
     return cmd + (['-k', kernel] if kernel else [])
 
@@ -239,8 +276,10 @@ def trainer_exit_code(out:Path, rc:int) -> int:
 
 # %% ../nbs/08f_boot.ipynb #1f713b6b
 def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw) -> tuple[int, str]:
-    "Run the training command in a session of its own; pass a stop, or the spend guard's, on to the trainer. (exit code, spend reason)"
-    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+    ("Run the training command in a session of its own; pass a stop, or the spend guard's, on to the "
+     "trainer. (exit code, spend reason)")
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
+                         start_new_session=True, **kw)
     spent, passed, beat = '', False, 0.0
     if stop: stop.training = True
     try:
@@ -249,21 +288,25 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
                 stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got"); passed = True
             if not passed and guard and time.monotonic() - beat > 2:
                 beat = time.monotonic()
-                if (spent := guard.over() or ''): log(spent); stop_run(p, paths.run, log, 'the spend limit'); passed = True
+                if (spent := guard.over() or ''): log(spent); stop_run(p, paths.run, log,
+                                                                       'the spend limit'); passed = True
             time.sleep(0.2)
         return wait_run(p, paths.run), spent
     finally:
         if stop: stop.training = False
 
-def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None, guard=None) -> tuple[int, str]:
-    "Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the final checkpoint on the volume."
+def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None,
+                guard=None) -> tuple[int, str]:
+    ("Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the "
+     "final checkpoint on the volume.")
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(os.environ.get('NUM_NODES') or os.environ.get('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
         log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
     if guard and (spent := guard.over()): log(spent); return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
-    # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed package
+    # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
+    # package
     env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
@@ -274,33 +317,42 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     else:
         out = paths.run/f"train-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.ipynb"
         log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
-        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env, cwd=paths.run)
+        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env,
+                            cwd=paths.run)
         rc = trainer_exit_code(out, rc)
     if rc and stop and stop.signum: rc = 128 + stop.signum
     log.sync()
     if rc == 0 and not finished_checkpoint(paths):
-        log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): treating the run as unfinished"); rc = 1
-    log(f"stage 4/4 train: {'finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent else f'failed with exit code {rc}'}")
+        log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): "
+            "treating the run as unfinished"); rc = 1
+    log("stage 4/4 train: "
+        f"{'finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent else f'failed with exit code {rc}'}")
     return rc, spent
 
 # %% ../nbs/08f_boot.ipynb #24cecd1d
 def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
-    "Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when RunPod took the call."
+    ("Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when "
+     "RunPod took the call.")
     env = os.environ if env is None else env
     if spent: action, why, last = 'stop', spent, 'spend-limit'
-    elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is being stopped"); return False
+    elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
+                       "being stopped"); return False
     elif rc:
-        if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod stays up (ON_FAILURE=keep)"); return False
+        if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
+                                       "stays up (ON_FAILURE=keep)"); return False
         action, why, last = 'stop', f"the run failed (exit code {rc}); the volume keeps the run and this log", 'failed'
     elif not o.autokill: return False
-    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on the volume"); return False
+    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on "
+                                                     "the volume"); return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env.get('RUNPOD_POD_ID')
     if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
     done = paths.run/'autokill.json'
     prev = json.loads(done.read_text()) if done.is_file() else {}
-    if (prev.get('pod'), prev.get('after')) == (pod, last):  # this pod was started again by hand after its autokill
-        log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself when done"); return False
+    # this pod was started again by hand after its autokill
+    if (prev.get('pod'), prev.get('after')) == (pod, last):
+        log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself "
+            "when done"); return False
     log(f"autokill: {action} pod {pod}: {why}")
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
     log.sync(); os.sync()
@@ -313,8 +365,10 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
     "Run the boot stages against workspace `ws`, then autokill; the exit code (0: finished)."
     o, ws = o.checked(), Path(ws).resolve()
     node = int(os.environ.get('NODE_RANK') or 0) if cluster_torchrun_args() else 0
-    log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node else f'boot-{o.experiment}-node{node}.log'))
-    log(f"boot: {o.profile} as {o.experiment} in {ws} (stages {', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''})")
+    log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node
+                             else f'boot-{o.experiment}-node{node}.log'))
+    log(f"boot: {o.profile} as {o.experiment} in {ws} (stages "
+        f"{', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''})")
     paths, rc, spent = None, 1, ''
     with StopSignals() as stop:
         try:
@@ -346,11 +400,15 @@ def _boot_cmd(a) -> int:
 def _orchestrate_cmd(a) -> int:
     if a.mode == 'cloud':
         ws = Path('/workspace')
-        if not ws.is_dir(): raise FileNotFoundError("cloud mode trains in /workspace (a RunPod volume), which does not exist here: use --mode local")
+        if not ws.is_dir(): raise FileNotFoundError("cloud mode trains in /workspace (a RunPod volume), "
+                                                    "which does not exist here: use --mode local")
     else: ws = workspace_root()
-    o = BootOptions(profile=a.profile or load_settings().profile, experiment=a.experiment, shard=True, input=a.input, validation=a.validation or '',
-                    shard_lines=a.train_shard_lines, reuse_shards=a.reuse_shards, tokenizer_json=a.tokenizer_json or '',
-                    overrides=parse_assignments(a.set), nproc=a.nproc or 0, install=False, tensorboard_port=a.tensorboard_port,
+    o = BootOptions(profile=a.profile or load_settings().profile, experiment=a.experiment, shard=True,
+                    input=a.input, validation=a.validation or '',
+                    shard_lines=a.train_shard_lines, reuse_shards=a.reuse_shards,
+                        tokenizer_json=a.tokenizer_json or '',
+                    overrides=parse_assignments(a.set), nproc=a.nproc or 0, install=False,
+                        tensorboard_port=a.tensorboard_port,
                     autokill=a.autokill or '')
     return run_pipeline(o, ws, stages=(2, 3, 4))
 
@@ -367,51 +425,77 @@ def slurm_script(profile:str, # profile name or config file
     "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
     check_name(experiment); get_config(profile)
     if nodes < 1 or gpus_per_node < 1: raise ValueError("nodes and gpus_per_node must be >= 1")
-    if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit): raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
-    if partition and not re.fullmatch(r'[A-Za-z0-9_.,-]+', partition): raise ValueError(f"SLURM partition {partition!r}: letters, digits, . _ - and commas only")
-    for what, path in (('workspace', workspace), ('venv', venv)):  # pasted into double quotes: $VAR expands, nothing else is special
+    if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+',
+                        time_limit): raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
+    if partition and not re.fullmatch(r'[A-Za-z0-9_.,-]+', partition): raise ValueError("SLURM partition "
+        f"{partition!r}: letters, digits, . _ - and commas only")
+    # pasted into double quotes: $VAR expands, nothing else is special
+    for what, path in (('workspace', workspace), ('venv', venv)):
         if path and not re.fullmatch(r'[A-Za-z0-9_./~+@:${}-]+', path):
-            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - / ~ + @ : and $VAR only (no spaces or quotes)")
+            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - / ~ + @ : and $VAR only (no "
+                             "spaces or quotes)")
     q = shlex.quote
     targs = ('--nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID --rdzv_backend=c10d '
              '--rdzv_endpoint=$HEAD:29500 --rdzv_id=$SLURM_JOB_ID')
-    lines = ['#!/bin/bash', f'#SBATCH --job-name=lmbook-{experiment}', f'#SBATCH --nodes={nodes}', '#SBATCH --ntasks-per-node=1',
-             f'#SBATCH --gpus-per-node={gpus_per_node}', f'#SBATCH --time={time_limit}', '#SBATCH --signal=TERM@120', '#SBATCH --requeue',
-             f'#SBATCH --output=lmbook-{experiment}-%j.out'] + ([f'#SBATCH --partition={partition}'] if partition else []) + [
-             '', '# generated by `lmbook slurm`: resubmitting (or --requeue) resumes from the newest checkpoint',
-             'set -euo pipefail', f'export LMBOOK_WORKSPACE="{workspace}"'] + ([f'source "{venv}/bin/activate"'] if venv else []) + [
+    lines = ['#!/bin/bash', f'#SBATCH --job-name=lmbook-{experiment}', f'#SBATCH --nodes={nodes}',
+             '#SBATCH --ntasks-per-node=1',
+             f'#SBATCH --gpus-per-node={gpus_per_node}', f'#SBATCH --time={time_limit}',
+                 '#SBATCH --signal=TERM@120', '#SBATCH --requeue',
+             f'#SBATCH --output=lmbook-{experiment}-%j.out'] + ([f'#SBATCH --partition={partition}']
+                                                                if partition else []) + [
+             '', '# generated by `lmbook slurm`: resubmitting (or --requeue) resumes from the newest '
+                 'checkpoint',
+             'set -euo pipefail',
+                 f'export LMBOOK_WORKSPACE="{workspace}"'] + ([f'source "{venv}/bin/activate"'] if venv
+                                                              else []) + [
              'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-             f'lmbook prepare --profile {q(profile)} --experiment {q(experiment)} --quiet   # once, on the shared filesystem',
-             f"srun --kill-on-bad-exit=1 bash -c \"lmbook train --profile {q(profile)} --experiment {q(experiment)} --nproc {gpus_per_node} "
+             f'lmbook prepare --profile {q(profile)} --experiment {q(experiment)} --quiet   # once, on the '
+                 'shared filesystem',
+             f"srun --kill-on-bad-exit=1 bash -c \"lmbook train --profile {q(profile)} --experiment "
+                 f"{q(experiment)} --nproc {gpus_per_node} "
              f"--torchrun-args '{targs}'\" &", 'wait $!', '']
     return '\n'.join(lines)
 
 # %% ../nbs/08f_boot.ipynb #24acf036
 def add_cli(sub):
     "Register `lmbook boot`, `lmbook orchestrate` and `lmbook slurm`."
-    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, autokill (reads RUN_* variables)")
-    p.add_argument('--profile', '-p', help='profile or config file (default: $RUN_CONFIG)'); p.add_argument('--experiment', '-e', help='default: $RUN_EXPERIMENT')
+    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, autokill "
+                       "(reads RUN_* variables)")
+    p.add_argument('--profile', '-p',
+                   help='profile or config file (default: $RUN_CONFIG)'); p.add_argument('--experiment',
+                           '-e', help='default: $RUN_EXPERIMENT')
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
     p.add_argument('--workspace', help='artifact root (default: the configured one, /workspace on a pod)')
     p.add_argument('--no-install', action='store_true', help='skip stage 1: use this interpreter as it is')
-    p.add_argument('--no-tensorboard', action='store_true'); p.add_argument('--autokill', choices=('stop', 'terminate'), help='default: $AUTOKILL')
-    p.add_argument('--on-failure', choices=('stop', 'keep'), help='after a failed run: stop the pod or keep it up (default: $ON_FAILURE, else stop)')
+    p.add_argument('--no-tensorboard', action='store_true'); p.add_argument('--autokill', choices=('stop',
+            'terminate'), help='default: $AUTOKILL')
+    p.add_argument('--on-failure', choices=('stop', 'keep'), help='after a failed run: stop the pod or keep '
+                   'it up (default: $ON_FAILURE, else stop)')
     p.set_defaults(func=_boot_cmd)
-    p = sub.add_parser('orchestrate', help='stages 2-4 of the boot pipeline (layout, shards and tokenizer, training) from a local file')
-    p.add_argument('--mode', choices=('cloud', 'local'), required=True, help='cloud: /workspace; local: the configured workspace')
+    p = sub.add_parser('orchestrate', help='stages 2-4 of the boot pipeline (layout, shards and tokenizer, '
+                       'training) from a local file')
+    p.add_argument('--mode', choices=('cloud', 'local'), required=True, help='cloud: /workspace; local: the '
+                   'configured workspace')
     p.add_argument('--input', required=True); p.add_argument('--experiment', '-e', required=True)
-    p.add_argument('--train-shard-lines', type=int, required=True, help='lines per shard'); p.add_argument('--validation', help='separate validation file')
-    p.add_argument('--reuse-shards', action='store_true'); p.add_argument('--tokenizer-json', help='adopt this tokenizer.json')
-    p.add_argument('--profile', '-p'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')
-    p.add_argument('--nproc', type=int); p.add_argument('--tensorboard-port', type=int, default=0, help='start TensorBoard here (0: no)')
+    p.add_argument('--train-shard-lines', type=int, required=True,
+                   help='lines per shard'); p.add_argument('--validation', help='separate validation file')
+    p.add_argument('--reuse-shards', action='store_true'); p.add_argument('--tokenizer-json',
+                                                                          help='adopt this tokenizer.json')
+    p.add_argument('--profile', '-p'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[],
+                                                      metavar='KEY=VALUE')
+    p.add_argument('--nproc', type=int); p.add_argument('--tensorboard-port', type=int, default=0,
+                                                        help='start TensorBoard here (0: no)')
     p.add_argument('--autokill', choices=('stop', 'terminate')); p.set_defaults(func=_orchestrate_cmd)
     p = sub.add_parser('slurm', help='print (or write) an sbatch script for a multi-node SLURM run')
     p.add_argument('--profile', '-p', required=True); p.add_argument('--experiment', '-e', required=True)
     p.add_argument('--nodes', type=int, default=2); p.add_argument('--gpus-per-node', type=int, default=8)
-    p.add_argument('--workspace', default='$HOME/lmbook-workspace'); p.add_argument('--time', default='24:00:00')
-    p.add_argument('--partition', default=''); p.add_argument('--venv', default=''); p.add_argument('--out', help='write here instead of printing')
+    p.add_argument('--workspace', default='$HOME/lmbook-workspace'); p.add_argument('--time',
+                                                                                    default='24:00:00')
+    p.add_argument('--partition', default=''); p.add_argument('--venv', default=''); p.add_argument('--out',
+            help='write here instead of printing')
     def slurm(a):
-        txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition, a.venv)
+        txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time,
+                           a.partition, a.venv)
         if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: sbatch {a.out}")
         else: print(txt, end='')
         return 0

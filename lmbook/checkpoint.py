@@ -43,7 +43,8 @@ def rng_state() -> dict:
     "The RNG states of this process, in a form `torch.load(weights_only=True)` accepts."
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     st = dict(torch=torch.get_rng_state(), python=random.getstate(),
-              numpy=dict(keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos), has_gauss=int(has_gauss), gauss=float(gauss)))
+              numpy=dict(keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos),
+                         has_gauss=int(has_gauss), gauss=float(gauss)))
     if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state_all()
     return st
 
@@ -53,21 +54,26 @@ def set_rng_state(st:dict):
     v, state, g = st['python']
     random.setstate((v, tuple(state), g))
     n = st['numpy']
-    np.random.set_state(('MT19937', n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'], n['gauss']))
+    np.random.set_state(('MT19937', n['keys'].numpy().astype(np.uint32), n['pos'], n['has_gauss'],
+                         n['gauss']))
     if 'cuda' in st and torch.cuda.is_available() and len(st['cuda']) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(st['cuda'])
 
 # %% ../nbs/04b_checkpoint.ipynb #27191c4e
-def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, cpu_offload:bool=True) -> tuple[dict, dict|None]:
-    "Full (unsharded) model and optimizer state dicts, keyed by parameter name (on the CPU unless not `cpu_offload`)."
-    from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, StateDictOptions  # slow to import (~0.8 s): checkpoints only
+def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
+               cpu_offload:bool=True) -> tuple[dict, dict|None]:
+    ("Full (unsharded) model and optimizer state dicts, keyed by parameter name (on the CPU unless not "
+     "`cpu_offload`).")
+    # slow to import (~0.8 s): checkpoints only
+    from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, StateDictOptions
     opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
     if optimizer is None: return get_model_state_dict(model, options=opts), None
     return get_state_dict(model, optimizer, options=opts)
 
 def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, msd:dict, osd:dict|None):
     "Load full state dicts (every rank passes them) into a plain, DDP or FSDP2 model and its optimizer."
-    from torch.distributed.checkpoint.state_dict import set_state_dict, set_model_state_dict, StateDictOptions  # slow to import (~0.8 s): checkpoints only
+    # slow to import (~0.8 s): checkpoints only
+    from torch.distributed.checkpoint.state_dict import set_state_dict, set_model_state_dict, StateDictOptions
     opts = StateDictOptions(full_state_dict=True)
     if optimizer is None or osd is None: set_model_state_dict(model, msd, options=opts)
     else: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=opts)
@@ -96,7 +102,8 @@ def cpu_copy(obj, buffers:dict, key:str='', _memo:dict|None=None,
     "A copy of the tensors in nested dicts/lists `obj` in reusable CPU `buffers` (pinned when CUDA)."
     memo = {} if _memo is None else _memo
     if isinstance(obj, torch.Tensor):
-        alias = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), obj.dtype, obj.device)
+        alias = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), obj.dtype,
+                 obj.device)
         if alias in memo: return memo[alias]
         buf = buffers.get(key)
         if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
@@ -105,8 +112,10 @@ def cpu_copy(obj, buffers:dict, key:str='', _memo:dict|None=None,
         if copy: buf.copy_(obj, non_blocking=obj.is_cuda)
         memo[alias] = buf
         return buf
-    if isinstance(obj, dict): return {k: cpu_copy(v, buffers, f'{key}/{k}', memo, copy) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return type(obj)(cpu_copy(v, buffers, f'{key}/{i}', memo, copy) for i, v in enumerate(obj))
+    if isinstance(obj, dict): return {k: cpu_copy(v, buffers, f'{key}/{k}', memo, copy) for k,
+                                      v in obj.items()}
+    if isinstance(obj, (list, tuple)): return type(obj)(cpu_copy(v, buffers, f'{key}/{i}', memo, copy) for i,
+                                                        v in enumerate(obj))
     return obj
 
 def _gather(obj, info:DistInfo) -> list|None:
@@ -116,9 +125,11 @@ def _gather(obj, info:DistInfo) -> list|None:
     dist.all_gather_object(out, obj)
     return out if info.is_main else None
 
-def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None, sharded:bool=False,
+def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
+             sharded:bool=False,
              info:DistInfo|None=None, buffers:dict|None=None) -> dict:
-    "What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank); `buffers`: copy, to write later."
+    ("What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank); `buffers`: copy, to "
+     "write later.")
     info = info or DistInfo()
     ranks = _gather(dict(rng=rng_state(), **(rank_state or {})), info)
     if sharded: msd, osd = full_state(model, optimizer)  # gathered to rank 0: a fresh copy
@@ -154,18 +165,23 @@ def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
 
 def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
     gb = lambda b: f"{b/1e9:.2f} GB"
-    return CheckpointSpaceError(f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, {gb(free)} "
-                                f"are free; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the peak (one checkpoint "
-                                f"more while the newest is written): free space, lower keep_ckpts (a resume prunes down to it "
+    return CheckpointSpaceError(f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, "
+                                f"{gb(free)} "
+                                f"are free; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the "
+                                    "peak (one checkpoint "
+                                "more while the newest is written): free space, lower keep_ckpts (a resume "
+                                    "prunes down to it "
                                 f"first) or use a bigger volume, then rerun the same command to resume")
 
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
-    "Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint `name`."
+    ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
+     "`name`.")
     free = shutil.disk_usage(ckpt_dir).free
     if free < need: raise _space_error(ckpt_dir, name or ckpt_name(step), need, free, keep)
 
 def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
-    "Whether a failed write ran out of disk: `ENOSPC`, or any error (torch's is a `RuntimeError`) with no room left for the rest."
+    ("Whether a failed write ran out of disk: `ENOSPC`, or any error (torch's is a `RuntimeError`) with no "
+     "room left for the rest.")
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
     if not isinstance(e, Exception): return False  # an interrupt is not a full disk
     try:
@@ -184,7 +200,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      keep:int=2, # checkpoints kept (that verify)
                      good:set|None=None, # names of checkpoints known to verify (updated)
                      log:Callable|None=None, # where warnings go
-                     name:str|None=None, # folder name (default: the step's, `step_00000100`); others are never pruned
+                     # folder name (default: the step's, `step_00000100`); others are never pruned
+                     name:str|None=None,
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
     ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
@@ -200,17 +217,20 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
         _fsync(tmp/'model.safetensors')
         if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
-        (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']), time=time.time(), **state), indent=1))
+        (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']),
+                                                      time=time.time(), **state), indent=1))
         _fsync(tmp/'state.json')
         files = {p.name: dict(size=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(tmp.iterdir())}
         (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
         _fsync(tmp/'COMPLETE'); _fsync(tmp)
         if old.exists(): shutil.rmtree(old)
-        if final.exists(): os.replace(final, old)  # replaced by two renames: a complete folder is always there but for an instant
+        # replaced by two renames: a complete folder is always there but for an instant
+        if final.exists(): os.replace(final, old)
         os.replace(tmp, final); _fsync(ckpt_dir)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException as e:
-        full = _out_of_space(e, ckpt_dir, tmp, need)  # asked while the temporary folder still holds what was written
+        # asked while the temporary folder still holds what was written
+        full = _out_of_space(e, ckpt_dir, tmp, need)
         shutil.rmtree(tmp, ignore_errors=True)
         if full: raise _space_error(ckpt_dir, name, need, shutil.disk_usage(ckpt_dir).free, keep) from None
         raise
@@ -219,12 +239,15 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
     prune_checkpoints(ckpt_dir, keep, good, log)
     return final
 
-def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer, state:dict,
-                    rank_state:dict|None=None, info:DistInfo|None=None, keep:int=2, sharded:bool=False) -> Path:
+def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer,
+                    state:dict,
+                    rank_state:dict|None=None, info:DistInfo|None=None, keep:int=2,
+                        sharded:bool=False) -> Path:
     "Snapshot and write the checkpoint of `step` now (call on every rank); return its folder."
     info = info or DistInfo()
     snap = snapshot(model, optimizer, rank_state, sharded, info)
-    final = write_checkpoint(ckpt_dir, step, snap, state, keep) if info.is_main else Path(ckpt_dir)/ckpt_name(step)
+    final = write_checkpoint(ckpt_dir, step, snap, state,
+                             keep) if info.is_main else Path(ckpt_dir)/ckpt_name(step)
     barrier()
     return final
 
@@ -232,7 +255,8 @@ def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:to
 def list_checkpoints(ckpt_dir:Path) -> list[Path]:
     "Checkpoint folders in `ckpt_dir` (complete or not), newest first."
     if not Path(ckpt_dir).is_dir(): return []
-    ps = [p for p in Path(ckpt_dir).iterdir() if p.is_dir() and p.name.startswith('step_') and p.name[5:].isdigit()]
+    ps = [p for p in Path(ckpt_dir).iterdir() if p.is_dir() and p.name.startswith('step_')
+          and p.name[5:].isdigit()]
     return sorted(ps, key=ckpt_step, reverse=True)
 
 def move_damaged(path:Path, log:Callable|None=None) -> Path:
@@ -246,7 +270,8 @@ def move_damaged(path:Path, log:Callable|None=None) -> Path:
     return dest
 
 def prune_checkpoints(ckpt_dir:Path, keep:int, good:set|None=None, log:Callable|None=None):
-    "Keep the newest `keep` checkpoints that verify; move damaged ones aside; remove older ones and stale temporaries."
+    ("Keep the newest `keep` checkpoints that verify; move damaged ones aside; remove older ones and stale "
+     "temporaries.")
     good = set() if good is None else good
     kept = 0
     for p in list_checkpoints(ckpt_dir):
@@ -271,8 +296,10 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
     for name, meta in man['files'].items():
         p = path/name
         if not p.is_file(): raise CheckpointError(f"{p} is missing")
-        if p.stat().st_size != meta['size']: raise CheckpointError(f"{p} has {p.stat().st_size} bytes, expected {meta['size']}")
-        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match its sha256 (corrupt)")
+        if p.stat().st_size != meta['size']: raise CheckpointError(f"{p} has {p.stat().st_size} bytes, "
+                                                                   f"expected {meta['size']}")
+        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match its "
+                                                                              "sha256 (corrupt)")
     return man
 
 def read_rank_state(path:Path, rank:int) -> dict|None:
@@ -281,13 +308,15 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
     return torch.load(rp, map_location='cpu', weights_only=True) if rp.is_file() else None
 
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
-    "Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without unpickling code."
+    ("Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without "
+     "unpickling code.")
     path = Path(path)
     msd = osd = None
     try:
         if weights:
             msd = load_file(path/'model.safetensors')
-            with safe_open(path/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
+            with safe_open(path/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
+                    or {}).get('aliases', '{}'))
             for alias, key in aliases.items(): msd[alias] = msd[key]
             man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
             has_optim = 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file()
@@ -301,7 +330,8 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
 # %% ../nbs/04b_checkpoint.ipynb #37e98427
 def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, check:Callable|None=None,
                       on_skip:Callable|None=None) -> Path|None:
-    "The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about (and `on_skip`-ing) each newer one."
+    ("The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about (and "
+     "`on_skip`-ing) each newer one.")
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
     for p in list_checkpoints(ckpt_dir):
         try:
@@ -314,34 +344,43 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
     return None
 
 # %% ../nbs/04b_checkpoint.ipynb #b77052a4
-SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'tie_embeddings', 'bias')
+SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
+              'tie_embeddings', 'bias')
 SHAPE_DEFAULTS = {'bias': False}  # a key that older checkpoints lack, with the value they were trained with
 
 def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''):
     "Raise `ValueError` when a checkpoint's model shape (`SHAPE_KEYS`) or tokenizer differs from the run's."
     old = state.get('config', {}).get('model', {})
     get = lambda d, k: d.get(k, SHAPE_DEFAULTS.get(k))
-    diff = [f"{k}={get(old, k)!r} (checkpoint) vs {get(model_cfg, k)!r} (config)" for k in SHAPE_KEYS if get(old, k) != get(model_cfg, k)]
+    diff = [f"{k}={get(old, k)!r} (checkpoint) vs {get(model_cfg, k)!r} (config)" for k in SHAPE_KEYS
+            if get(old, k) != get(model_cfg, k)]
     fix = "use --no-auto-resume (auto_resume=False) to start a new run, or restore the original config"
     if diff: raise ValueError(f"checkpoint {path} has another model shape: {'; '.join(diff)}; {fix}")
     old_tok = state.get('tokenizer')
     if not (tok and old_tok): return
-    if old_tok.get('hash') != tok.get('hash'):  # written before tokenizers were hashed by content: compare the files
+    # written before tokenizers were hashed by content: compare the files
+    if old_tok.get('hash') != tok.get('hash'):
         f = Path(tok['path'])/'tokenizer.json'
         same = f.is_file() and sha256_file(f) == old_tok.get('sha256')
     else: same = old_tok.get('sha256') == tok.get('sha256')
-    if not same: raise ValueError(f"checkpoint {path} was trained with tokenizer {old_tok.get('path')} (another vocabulary); {fix}")
+    if not same: raise ValueError(f"checkpoint {path} was trained with tokenizer {old_tok.get('path')} "
+                                  f"(another vocabulary); {fix}")
 
 # %% ../nbs/04b_checkpoint.ipynb #2588b207
-FREE_KEYS = {'max_steps', 'epochs', 'token_budget', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every', 'keep_ckpts',
-             'sample_every', 'device', 'compile', 'nproc', 'parallel', 'auto_resume', 'deterministic', 'max_nonfinite',
+FREE_KEYS = {'max_steps', 'epochs', 'token_budget', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every',
+             'keep_ckpts',
+             'sample_every', 'device', 'compile', 'nproc', 'parallel', 'auto_resume', 'deterministic',
+                 'max_nonfinite',
              'tensorboard', 'wandb', 'attn_backend', 'ce_chunk', 'allow_config_change', 'ckpt_async',
              'hellaswag_every', 'hellaswag_limit', 'hellaswag_file', 'act_ckpt', 'batch_fit'}
 FIXED_KEYS = {'batch_size': "the loader's exact position counts batches of the old batch_size",
               'seed': "the data order and RNG states continue from the checkpoint, not from a new seed",
-              'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's position is in the old data",
-              'take': "the loader's position is in the old data", 'val_ratio': "the loader's position is in the old data",
-              'data_seed': "the loader's position is in the old data", 'sft_data': "the loader's position is in the old data",
+              'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's "
+                  "position is in the old data",
+              'take': "the loader's position is in the old data", 'val_ratio': "the loader's position is in "
+                  "the old data",
+              'data_seed': "the loader's position is in the old data", 'sft_data': "the loader's position "
+                  "is in the old data",
               'lora_rank': "the checkpoint's adapters have the old rank",
               'tokenizer': "the checkpoint's embeddings belong to the old tokenizer's vocabulary"}
 RESET_KEYS = {'optimizer': "a fresh optimizer state: the old optimizer's moments do not fit the new one"}
@@ -352,7 +391,8 @@ def changed_keys(old:dict, new:dict) -> list[tuple]:
             if k in old.get(sec, {}) and old[sec][k] != v]
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
-    "Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' refused)."
+    ("Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' "
+     "refused).")
     asked, refused = [], []
     for k, a, b in changed_keys(old, new):
         if k in FREE_KEYS or k in SHAPE_KEYS: continue
@@ -365,14 +405,18 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
     "The allowed changes from `old` to `new`; `ValueError` for a refused one, or any change without `allow`."
     asked, refused = config_changes(old, new)
     new_run = "start a new experiment (--experiment NAME, or --no-auto-resume)"
-    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: restore the old value or {new_run}")
-    if asked and not allow: raise ValueError(f"the config differs from checkpoint {path}'s: {', '.join(asked)}; rerun with "
-                                             f"--allow-config-change (allow_config_change=true) to go on with the new values, or {new_run}")
+    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: restore the old value or "
+                                 f"{new_run}")
+    if asked and not allow: raise ValueError(f"the config differs from checkpoint {path}'s: "
+                                             f"{', '.join(asked)}; rerun with "
+                                             "--allow-config-change (allow_config_change=true) to go on "
+                                                 f"with the new values, or {new_run}")
     return asked
 
 # %% ../nbs/04b_checkpoint.ipynb #4be13a0d
 class Checkpointer:
-    "When to save, what to keep, where to resume from; one write in flight in the background when `background`."
+    ("When to save, what to keep, where to resume from; one write in flight in the background when "
+     "`background`.")
     def __init__(self, ckpt_dir:Path, # the run's checkpoints folder
                  every:int, # steps between checkpoints
                  keep:int=2, # checkpoints kept
@@ -382,38 +426,49 @@ class Checkpointer:
         self.dir, self.every, self.keep, self.background = Path(ckpt_dir), every, keep, background
         self.info, self.log = info or DistInfo(), log
         self.last, self.good, self.buffers, self.timings = -1, set(), {}, []
-        self.thread, self.error, self.prep = None, None, None  # the write in flight, its error, the buffers being made
+        # the write in flight, its error, the buffers being made
+        self.thread, self.error, self.prep = None, None, None
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
-        self.slow_wait, self.warned_slow = 5.0, False  # seconds a save may wait for the previous write before a warning
+        # seconds a save may wait for the previous write before a warning
+        self.slow_wait, self.warned_slow = 5.0, False
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps, at the end, and when stopping."
         return step % self.every == 0 or step == total or (stop and self.last < step)
 
 # %% ../nbs/04b_checkpoint.ipynb #c8a02678
-def _resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict, tok_ref:dict|None) -> dict|None:
+def _resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict,
+            tok_ref:dict|None) -> dict|None:
     "Load the newest good checkpoint into `model` and `optimizer`; return it (None: nothing to resume)."
     info, found = self.info, {}
     if info.is_main:
         def load(p): found['data'] = read_checkpoint(p)
-        latest_checkpoint(self.dir, warn=lambda m: self.log(f"warning: {m}"), check=load, on_skip=lambda p: move_damaged(p, self.log))
+        latest_checkpoint(self.dir, warn=lambda m: self.log(f"warning: {m}"), check=load,
+                          on_skip=lambda p: move_damaged(p, self.log))
     step = int(all_reduce(found['data']['state']['step'] if found else -1, 'max'))
     if step < 0: return None
     path = self.dir/ckpt_name(step)
-    data = found.get('data') or read_checkpoint(path, info.rank)  # every rank reads the full state (shared filesystem)
+    # every rank reads the full state (shared filesystem)
+    data = found.get('data') or read_checkpoint(path, info.rank)
     check_compatible(data['state'], config['model'], tok_ref, path)
-    data['changes'] = check_config_change(data['state'].get('config', {}), config, config['train'].get('allow_config_change', False), path)
-    if data['state'].get('world_size', 1) != info.world_size:  # loader positions are global: rank 0's state fits every rank
-        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), this run has {info.world_size}: "
-                 f"model and optimizer load in full, and the data order continues from the same global position")
+    data['changes'] = check_config_change(data['state'].get('config', {}), config,
+                                          config['train'].get('allow_config_change', False), path)
+    # loader positions are global: rank 0's state fits every rank
+    if data['state'].get('world_size', 1) != info.world_size:
+        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), "
+                 f"this run has {info.world_size}: "
+                 "model and optimizer load in full, and the data order continues from the same global "
+                     "position")
         data['rank_state'] = read_rank_state(path, 0)
     fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
     hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
     load_full_state(model, None if fresh else optimizer, data['model'], data['optim'])
-    for g, h in zip(optimizer.param_groups, hyper): g.update(h)  # the config's betas, weight decay, ..., not the checkpoint's
+    # the config's betas, weight decay, ..., not the checkpoint's
+    for g, h in zip(optimizer.param_groups, hyper): g.update(h)
     data['fresh_optimizer'] = bool(fresh)
     self.last = step; self.good.add(path.name)
-    if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)  # a lowered keep_ckpts frees its space now
+    # a lowered keep_ckpts frees its space now
+    if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)
     return data
 Checkpointer.resume = _resume
 
@@ -426,26 +481,31 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     t0 = time.perf_counter()
     self.wait()
     t1 = time.perf_counter()
-    snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers if self.background else None)
+    snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers
+                    if self.background else None)
     if periodic: self.last = step
     if best is not None: self.best_val, self.best_step = best, step
     if not self.info.is_main: return
-    rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True} if best is not None else {}))
+    rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True}
+            if best is not None else {}))
     self.timings.append(rec)
     if rec['wait_s'] > self.slow_wait and not self.warned_slow:
         self.warned_slow = True
-        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous one to be written: "
+        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous one "
+                 "to be written: "
                  f"checkpoints come faster than the disk writes them; raise ckpt_every")
     def write():
         t1 = time.perf_counter()
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
-            if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, val_loss=best), self.keep, log=self.log, name=BEST)
+            if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state,
+                    val_loss=best), self.keep, log=self.log, name=BEST)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
         self.dir.mkdir(parents=True, exist_ok=True)
-        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep, None if periodic else BEST)  # fail now, here
+        # fail now, here
+        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep, None if periodic else BEST)
         self.thread = threading.Thread(target=write, name=f'checkpoint-{step}', daemon=True)
         self.thread.start()
     else: write()
@@ -461,7 +521,8 @@ def _wait(self:Checkpointer):
         raise e
 
 def _close(self:Checkpointer):
-    "Finish the write in flight when leaving early (an error, an interrupt): log its error instead of raising it."
+    ("Finish the write in flight when leaving early (an error, an interrupt): log its error instead of "
+     "raising it.")
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
@@ -474,7 +535,8 @@ def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opt
     state = full_state(model, optimizer, cpu_offload=False)  # references to the live tensors: no copy
     def make():
         try: cpu_copy(state, self.buffers, copy=False)
-        except BaseException as e: self.error = e  # raised by the next save or wait, never lost with the thread
+        # raised by the next save or wait, never lost with the thread
+        except BaseException as e: self.error = e
     self.prep = threading.Thread(target=make, name='checkpoint-buffers', daemon=True)
     self.prep.start()
 
@@ -487,11 +549,13 @@ def _load_best(self:Checkpointer,
                at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
                lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
               ) -> float:
-    "The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is moved aside)."
+    ("The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is "
+     "moved aside).")
     best, old, val, step = self.dir/BEST, self.dir/f'.old-{BEST}', math.inf, -1
     if self.info.is_main:
         shutil.rmtree(self.dir/f'.tmp-{BEST}', ignore_errors=True)
-        if old.is_dir() and not best.exists(): os.replace(old, best)  # stopped between the two renames of a replacement
+        # stopped between the two renames of a replacement
+        if old.is_dir() and not best.exists(): os.replace(old, best)
         shutil.rmtree(old, ignore_errors=True)
         if best.exists():
             try:
@@ -517,8 +581,10 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
     dest, i = self.dir/'discarded'/f"{BEST}-{ckpt_name(int(st['step']))}", 1
     while dest.exists(): i += 1; dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
     dest.parent.mkdir(exist_ok=True); os.replace(self.dir/BEST, dest)
-    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the run that goes on "
-             f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to {dest.relative_to(self.dir.parent)}; "
+    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the "
+             "run that goes on "
+             f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to "
+                 f"{dest.relative_to(self.dir.parent)}; "
              f"the next validation writes a new {BEST}/")
 
 Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = _load_best, _improves, _discard_best

@@ -34,13 +34,16 @@ def profile_rows() -> list[dict]:
 
 def format_profiles(rows:list[dict]) -> str:
     "The profile rows as an aligned text table."
-    head = f"{'profile':<11} {'arch':<6} {'layers':>6} {'n_embd':>6} {'heads':>6} {'params':>9} {'tok/step':>9} {'GFLOP/tok':>9} {'mem@bs':>12}"
+    head = (f"{'profile':<11} {'arch':<6} {'layers':>6} {'n_embd':>6} {'heads':>6} {'params':>9} "
+            f"{'tok/step':>9} {'GFLOP/tok':>9} {'mem@bs':>12}")
     lines = [head, '-'*len(head)]
     for r in rows:
         p = r['params']
         ps = f"{p/1e9:.2f}B" if p >= 1e9 else f"{p/1e6:.1f}M"
-        lines.append(f"{r['profile']:<11} {r['arch']:<6} {r['n_layer']:>6} {r['n_embd']:>6} {r['n_head']:>3}/{r['n_kv_head']:<2}"
-                     f" {ps:>9} {r['tokens_per_step']:>9,} {r['gflop_per_token']:>9.2f} {r['mem_gb']:>6.1f}GB@{r['batch_size']:<3}")
+        lines.append(f"{r['profile']:<11} {r['arch']:<6} {r['n_layer']:>6} {r['n_embd']:>6} "
+                     f"{r['n_head']:>3}/{r['n_kv_head']:<2}"
+                     f" {ps:>9} {r['tokens_per_step']:>9,} {r['gflop_per_token']:>9.2f} "
+                         f"{r['mem_gb']:>6.1f}GB@{r['batch_size']:<3}")
     return '\n'.join(lines)
 
 # %% ../nbs/10_cli.ipynb #a200879e
@@ -83,24 +86,30 @@ def _plot(args) -> int:
 # %% ../nbs/10_cli.ipynb #31da40ed
 def build_parser() -> argparse.ArgumentParser:
     "The `lmbook` argument parser with every module's subcommands."
-    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a corpus to plots.')
+    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from '
+                                 'a corpus to plots.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
     p = sub.add_parser('profiles', help='list the profiles with parameter counts and memory estimates')
     p.add_argument('--json', action='store_true', help='print JSON instead of a table')
     p.set_defaults(func=_profiles)
     p = sub.add_parser('readme', help='render README.md from nbs/index.ipynb')
-    p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of writing it')
-    p.add_argument('--checkout', default='.', metavar='DIR', help='the lmbook checkout holding nbs/index.ipynb (default: .)')
+    p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of '
+                   'writing it')
+    p.add_argument('--checkout', default='.', metavar='DIR', help='the lmbook checkout holding '
+                   'nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
-    p = cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'), 'root')
+    p = cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'),
+                    'root')
     p.add_argument('experiments', nargs='+', help='experiment names')
     p.set_defaults(func=_plot)
-    for mod in (data, tokenizer, loader, databench, launch, finetune, sample, eval, export, bench, runpod, boot, docs): mod.add_cli(sub)
+    for mod in (data, tokenizer, loader, databench, launch, finetune, sample, eval, export, bench, runpod,
+                boot, docs): mod.add_cli(sub)
     return ap
 
 # %% ../nbs/10_cli.ipynb #de5be98e
 def main(argv:list[str]|None=None) -> int:
-    "Run the `lmbook` command; user mistakes print one `error:` line and exit 2, Ctrl-C one line and exit 130."
+    ("Run the `lmbook` command; user mistakes print one `error:` line and exit 2, Ctrl-C one line and exit "
+     "130.")
     ap = build_parser()
     args = ap.parse_args(argv)
     if not getattr(args, 'func', None): ap.print_help(); return 2
@@ -108,6 +117,7 @@ def main(argv:list[str]|None=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # what was written is kept; commands that resume say where they stopped themselves
+    # what was written is kept; commands that resume say where they stopped themselves
+    except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -53,7 +53,8 @@ class Range:
 
 def at_least(lo:float) -> Range: return Range(lo)
 def above(lo:float) -> Range: return Range(lo, lo_open=True)
-def between(lo:float, hi:float, hi_open:bool=False, lo_open:bool=False) -> Range: return Range(lo, hi, lo_open, hi_open)
+def between(lo:float, hi:float, hi_open:bool=False, lo_open:bool=False) -> Range: return Range(lo, hi,
+        lo_open, hi_open)
 def one_of(*choices) -> Range: return Range(choices=choices)
 FLAG = one_of(True, False)
 MAX_SEED = 2**63 - 1
@@ -62,7 +63,8 @@ MAX_SEED = 2**63 - 1
 @dataclass
 class ModelConfig:
     "The network's shape and architecture."
-    arch: str = 'llama'          # 'llama' (RoPE, RMSNorm, SwiGLU, GQA) or 'gpt2' (learned positions, LayerNorm, GELU, tied)
+    # 'llama' (RoPE, RMSNorm, SwiGLU, GQA) or 'gpt2' (learned positions, LayerNorm, GELU, tied)
+    arch: str = 'llama'
     vocab_size: int = 8192       # tokenizer vocabulary; the embedding is padded up to a multiple of 128
     block_size: int = 1024       # context length in tokens
     n_layer: int = 12            # transformer blocks
@@ -74,10 +76,18 @@ class ModelConfig:
     tie_embeddings: bool = True  # share the input embedding and the output head
     norm_eps: float = 1e-5       # epsilon of LayerNorm/RMSNorm
     dropout: float = 0.0         # dropout in attention and residual paths (pretraining uses 0)
-    ce_chunk: int = 0            # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by compile
-    attn_backend: str = 'sdpa'   # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster on an H100), 'cudnn', 'flash', 'efficient' or 'math'
-    fused_ce: bool = False       # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else the chunked one)
-    bias: bool = False           # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head stays bias-free)
+    # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by
+    # compile
+    ce_chunk: int = 0
+    # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no
+    # faster on an H100), 'cudnn', 'flash', 'efficient' or 'math'
+    attn_backend: str = 'sdpa'
+    # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else
+    # the chunked one)
+    fused_ce: bool = False
+    # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head
+    # stays bias-free)
+    bias: bool = False
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -90,31 +100,42 @@ class ModelConfig:
         if self.mlp_hidden: return self.mlp_hidden
         return 4*self.n_embd if self.arch == 'gpt2' else math.ceil(8*self.n_embd/3/256)*256
 
-MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 1), block_size=between(1, 2**24),
-                    n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1), mlp_hidden=at_least(0),
-                    rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True, hi_open=True),
+MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 1), block_size=between(1,
+                                                                                                       2**24),
+                    n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1),
+                        mlp_hidden=at_least(0),
+                    rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True,
+                                                                               hi_open=True),
                     dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
-                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'), fused_ce=FLAG, bias=FLAG)
+                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'),
+                        fused_ce=FLAG, bias=FLAG)
 
 # %% ../nbs/01_config.ipynb #5dda4e23
 @dataclass
 class DataConfig:
     "Where the tokens come from."
-    dataset: str = 'builtin'     # 'builtin' (this Python's docstrings), 'pysource' (its installed source and docs), a Hugging Face dataset id, or a local file/folder
+    # 'builtin' (this Python's docstrings), 'pysource' (its installed source and docs), a Hugging Face dataset
+    # id, or a local file/folder
+    dataset: str = 'builtin'
     dataset_config: str = ''     # Hugging Face dataset config (e.g. 'sample-10BT')
     take: int = 0                # documents to read from the source; 0 means all
     val_ratio: float = 0.05      # fraction of documents routed to validation
     data_seed: int = 1337        # seed of the train/validation split
-    tokenizer: str = ''          # '' trains a BPE on the corpus; a Hub model id ('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, downloaded when online)
-    sft_data: str = ''           # a JSONL of prompt/response or chat records to fine-tune on ('' trains on `dataset`); needs init_from
+    # '' trains a BPE on the corpus; a Hub model id ('gpt2') adopts that model's tokenizer.json (local Hugging
+    # Face cache, downloaded when online)
+    tokenizer: str = ''
+    # a JSONL of prompt/response or chat records to fine-tune on ('' trains on `dataset`); needs init_from
+    sft_data: str = ''
 
 _TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
 DATA_RANGES = dict(dataset=Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)"),
-                   dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces"),
+                   dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without "
+                                        "surrounding spaces"),
                    take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED),
                    tokenizer=Range(pattern=r'([A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?|',
                                    hint="'' or a Hub model id such as gpt2 or openai-community/gpt2"),
-                   sft_data=Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no surrounding spaces)"))
+                   sft_data=Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no "
+                                  "surrounding spaces)"))
 
 # %% ../nbs/01_config.ipynb #e9c4c250
 @dataclass
@@ -151,41 +172,69 @@ class TrainConfig:
     max_nonfinite: int = 5       # non-finite steps in a row (skipped updates) that stop the run
     tensorboard: bool = True     # also log to runs/<exp>/tensorboard
     wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
-    fp8: str = 'off'             # float8 matmuls through torchao on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)
-    act_ckpt: str = 'none'       # activation checkpointing per block: 'none', 'selective' (matmul and attention outputs kept, the rest recomputed) or 'full' (only each block's input kept)
-    batch_fit: bool = False      # on CUDA, a new run first raises batch_size to the largest that fits the card (trial steps), lowering grad_accum so tokens per step stay; the choice goes in the run's config
-    optimizer: str = 'adamw'     # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
+    # float8 matmuls through torchao on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays
+    # bf16)
+    fp8: str = 'off'
+    # activation checkpointing per block: 'none', 'selective' (matmul and attention outputs kept, the rest
+    # recomputed) or 'full' (only each block's input kept)
+    act_ckpt: str = 'none'
+    # on CUDA, a new run first raises batch_size to the largest that fits the card (trial steps), lowering
+    # grad_accum so tokens per step stay; the choice goes in the run's config
+    batch_fit: bool = False
+    # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
+    optimizer: str = 'adamw'
     muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
-    sample_prompts: str = ''     # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
-    ckpt_async: bool = True      # write checkpoints in a background thread from a CPU snapshot (training goes on)
-    allow_config_change: bool = False  # resume even though the config differs from the checkpoint's (the change is logged)
-    init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, or from published GPT-2 weights in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer
-    lora_rank: int = 0           # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
-    lora_alpha: float = 16.0     # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
+    # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
+    sample_prompts: str = ''
+    # write checkpoints in a background thread from a CPU snapshot (training goes on)
+    ckpt_async: bool = True
+    # resume even though the config differs from the checkpoint's (the change is logged)
+    allow_config_change: bool = False
+    # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, or
+    # from published GPT-2 weights in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer
+    init_from: str = ''
+    # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
+    lora_rank: int = 0
+    # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
+    lora_alpha: float = 16.0
     hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
     hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
-    hellaswag_file: str = ''     # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
+    # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
+    hellaswag_file: str = ''
 
-TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
-                    min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
-                    beta1=between(0, 1, hi_open=True), beta2=between(0, 1, hi_open=True), grad_clip=at_least(0),
-                    eval_every=at_least(1), eval_steps=at_least(1), log_every=at_least(1), ckpt_every=at_least(1),
+TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1,
+        lo_open=True, hi_open=True),
+                    min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'),
+                        weight_decay=at_least(0),
+                    beta1=between(0, 1, hi_open=True), beta2=between(0, 1, hi_open=True),
+                        grad_clip=at_least(0),
+                    eval_every=at_least(1), eval_steps=at_least(1), log_every=at_least(1),
+                        ckpt_every=at_least(1),
                     keep_ckpts=at_least(1), sample_every=at_least(0), seed=between(0, MAX_SEED),
-                    device=Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?', hint="auto, cpu, mps, cuda or cuda:N"),
-                    dtype=one_of('auto', 'bfloat16', 'float32'), compile=one_of('auto', 'true', 'false'), epochs=at_least(0),
-                    token_budget=at_least(0), decay_frac=between(0, 1), parallel=one_of('ddp', 'fsdp'), nproc=at_least(1),
+                    device=Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?',
+                                 hint="auto, cpu, mps, cuda or cuda:N"),
+                    dtype=one_of('auto', 'bfloat16', 'float32'), compile=one_of('auto', 'true', 'false'),
+                        epochs=at_least(0),
+                    token_budget=at_least(0), decay_frac=between(0, 1), parallel=one_of('ddp', 'fsdp'),
+                        nproc=at_least(1),
                     auto_resume=FLAG, deterministic=FLAG, max_nonfinite=at_least(0), tensorboard=FLAG,
-                    wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name of letters, digits, '.', '_', '-'"),
-                    fp8=one_of('off', 'tensorwise', 'rowwise'), act_ckpt=one_of('none', 'selective', 'full'), batch_fit=FLAG,
+                    wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name "
+                                "of letters, digits, '.', '_', '-'"),
+                    fp8=one_of('off', 'tensorwise', 'rowwise'), act_ckpt=one_of('none', 'selective', 'full'),
+                        batch_fit=FLAG,
                     optimizer=one_of('adamw', 'muon'),
-                    muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1, hi_open=True),
-                    sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces"),
+                    muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1,
+                                                                                             hi_open=True),
+                    sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 "
+                                         "characters of '|'-separated prompts, not padded with spaces"),
                     ckpt_async=FLAG, allow_config_change=FLAG,
-                    init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)"),
+                    init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or "
+                                    "checkpoint folder (no surrounding spaces)"),
                     lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True),
                     hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
-                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"))
+                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding "
+                                         "spaces"))
 
 
 # %% ../nbs/01_config.ipynb #7bd88da3
@@ -254,17 +303,23 @@ def validate(cfg:Config) -> Config:
             if err := RANGES[f.name].error(f.name, getattr(getattr(cfg, sec), f.name)): raise ValueError(err)
     m = cfg.model
     if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
-    if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by n_kv_head={m.kv_heads}")
-    if m.arch == 'llama' and m.head_dim % 2: raise ValueError(f"RoPE needs an even head size, got n_embd/n_head={m.head_dim}")
-    if m.bias and m.arch != 'gpt2': raise ValueError(f"bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for arch={m.arch!r}")
+    if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by "
+                                               f"n_kv_head={m.kv_heads}")
+    if m.arch == 'llama' and m.head_dim % 2: raise ValueError("RoPE needs an even head size, got "
+                                                              f"n_embd/n_head={m.head_dim}")
+    if m.bias and m.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
+                                                     f"arch='gpt2', or bias=False for arch={m.arch!r}")
     t = cfg.train
-    if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
-        raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
+    if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip()
+                                                                 for q in t.sample_prompts.split('|'))):
+        raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by "
+                         "'|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
 
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:
-    "`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}` (values typed later by `apply_overrides`)."
+    ("`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}` (values typed later by "
+     "`apply_overrides`).")
     out = {}
     for it in items or []:
         if '=' not in it: raise ValueError(f"override {it!r} must look like name=value, e.g. lr=3e-4")
@@ -283,7 +338,8 @@ def count_params(m:ModelConfig, embeddings:bool=True) -> int:
     attn = d*(m.n_head + 2*m.kv_heads)*hd + d*d
     if m.arch == 'gpt2': mlp, norms, pos = 2*d*m.hidden, 2*d, m.block_size*d
     else: mlp, norms, pos = 3*d*m.hidden, 2*d, 0
-    if m.bias: attn, mlp, norms = attn + (m.n_head + 2*m.kv_heads)*hd + d, mlp + m.hidden + d, 2*norms  # LayerNorm: gain and bias
+    # LayerNorm: gain and bias
+    if m.bias: attn, mlp, norms = attn + (m.n_head + 2*m.kv_heads)*hd + d, mlp + m.hidden + d, 2*norms
     wte = V*d
     head = 0 if m.tie_embeddings else V*d
     n = m.n_layer*(attn + mlp + norms) + (2 if m.bias else 1)*d + wte + head
@@ -307,42 +363,51 @@ def smoke() -> Config:
     "CPU, a few minutes: a 2-layer model on the built-in corpus."
     return Config(ModelConfig(vocab_size=4096, block_size=128, n_layer=2, n_head=4, n_embd=128),
                   DataConfig(take=0, val_ratio=0.05),
-                  TrainConfig(batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, eval_every=50, eval_steps=8,
+                  TrainConfig(batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, eval_every=50,
+                              eval_steps=8,
                               log_every=10, ckpt_every=100, device='cpu', compile='false'))
 
 @profile
 def m3_medium() -> Config:
     "~22M parameters: the largest profile that trains usefully on a laptop or one small GPU."
     return Config(ModelConfig(vocab_size=8192, block_size=512, n_layer=11, n_head=6, n_embd=384),
-                  DataConfig(), TrainConfig(batch_size=32, max_steps=5000, lr=1e-3, warmup_steps=200, eval_every=250))
+                  DataConfig(), TrainConfig(batch_size=32, max_steps=5000, lr=1e-3, warmup_steps=200,
+                                            eval_every=250))
 
 @profile
 def gpt2_124m() -> Config:
-    "GPT-2 small: nanoGPT's shape (bias-free, for like-for-like speed) and GPT-2's own tokenizer, so losses compare with published ones."
-    return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    ("GPT-2 small: nanoGPT's shape (bias-free, for like-for-like speed) and GPT-2's own tokenizer, so losses "
+     "compare with published ones.")
+    return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
+                              n_embd=768),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
-                  TrainConfig(batch_size=64, grad_accum=8, max_steps=19073, lr=6e-4, warmup_steps=715, eval_every=250))
+                  TrainConfig(batch_size=64, grad_accum=8, max_steps=19073, lr=6e-4, warmup_steps=715,
+                              eval_every=250))
 
 @profile
 def runpod_1b() -> Config:
     "~1.2B parameters for one 80 GB GPU."
-    return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=32, n_kv_head=8, n_embd=2048),
+    return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=32, n_kv_head=8,
+                              n_embd=2048),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000, eval_every=500))
+                  TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000,
+                              eval_every=500))
 
 @profile
 def runpod_2b() -> Config:
     "~2B parameters: hidden 2560, 24 layers, 40 heads."
     return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=40, n_embd=2560),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=8, grad_accum=16, max_steps=30000, lr=2e-4, warmup_steps=1000, eval_every=500))
+                  TrainConfig(batch_size=8, grad_accum=16, max_steps=30000, lr=2e-4, warmup_steps=1000,
+                              eval_every=500))
 
 @profile
 def runpod_4b() -> Config:
     "~4B parameters: hidden 3072, 32 layers, 48 heads; micro-batch 2 fits one 80 GB card (76 GB measured)."
     return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=32, n_head=48, n_embd=3072),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=2, grad_accum=64, max_steps=40000, lr=1.5e-4, warmup_steps=1000, eval_every=500))
+                  TrainConfig(batch_size=2, grad_accum=64, max_steps=40000, lr=1.5e-4, warmup_steps=1000,
+                              eval_every=500))
 
 # %% ../nbs/01_config.ipynb #39b44042
 def config_dict(cfg:Config) -> dict: return asdict(cfg)
@@ -352,9 +417,11 @@ def config_from_dict(d:dict, base:Config|None=None) -> Config:
     flat, idx = {}, field_index()
     for k, v in d.items():
         if isinstance(v, dict):
-            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; sections: {', '.join(SECTIONS)}")
+            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; sections: "
+                                                   f"{', '.join(SECTIONS)}")
             for kk in v:
-                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], not [{k}]: move it there")
+                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], not "
+                                                                   f"[{k}]: move it there")
             flat.update(v)
         else: flat[k] = v
     return apply_overrides(base or Config(), flat)
@@ -404,5 +471,6 @@ def get_config(profile:str, overrides:dict|None=None) -> Config:
     "The config of a profile name (or config file path) with flat `overrides` applied."
     if profile in PROFILES: cfg = PROFILES[profile]()
     elif Path(profile).suffix in ('.toml', '.yaml', '.yml', '.json'): cfg = load_config_file(Path(profile))
-    else: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)} or give a .toml/.yaml config file")
+    else: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)} or give a "
+                           ".toml/.yaml config file")
     return apply_overrides(cfg, overrides or {})

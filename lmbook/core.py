@@ -31,7 +31,8 @@ SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides 
 @dataclass(frozen=True)
 class Settings:
     "lmbook's deployment settings, from `settings.ini` then the environment."
-    workspace: str = 'auto'                           # root of data, tokenizers, runs, caches; `auto` picks one
+    # root of data, tokenizers, runs, caches; `auto` picks one
+    workspace: str = 'auto'
     train_dir: str = 'datasets/train/{experiment}'    # train shards, relative to the workspace
     val_dir: str = 'datasets/val/{experiment}'        # validation shards
     tokenizer_dir: str = 'artifacts/tokenizer/{experiment}'  # tokenizer bundle
@@ -48,7 +49,8 @@ class Settings:
     volume_gb: int = 200                              # network volume size
     container_disk_gb: int = 50                       # container disk size
     volume_mount: str = '/workspace'                  # where the volume is mounted on a pod
-    api: str = 'rest'                                 # RunPod API: rest (REST API v2) or graphql (the runpod SDK)
+    # RunPod API: rest (REST API v2) or graphql (the runpod SDK)
+    api: str = 'rest'
 
 # %% ../nbs/00_core.ipynb #f04c76a2
 def package_dir() -> Path:
@@ -56,9 +58,11 @@ def package_dir() -> Path:
     return Path(lmbook.__file__).resolve().parent
 
 def find_settings_file() -> Path|None:
-    "The `settings.ini` in use: `$LMBOOK_SETTINGS`, else the nearest one above the cwd, else beside the package."
+    ("The `settings.ini` in use: `$LMBOOK_SETTINGS`, else the nearest one above the cwd, else beside the "
+     "package.")
     if p := os.environ.get('LMBOOK_SETTINGS'):
-        if not Path(p).is_file(): raise FileNotFoundError(f"LMBOOK_SETTINGS={p} does not exist: point it at a settings.ini or unset it")
+        if not Path(p).is_file(): raise FileNotFoundError(f"LMBOOK_SETTINGS={p} does not exist: point it at "
+                                                          "a settings.ini or unset it")
         return Path(p)
     here = Path.cwd().resolve()
     for d in [here, *here.parents]:
@@ -84,7 +88,8 @@ def load_settings(path:Path|None=None, env:dict|None=None) -> Settings:
         cp.read(path)
         for sec in cp.sections():
             for k, v in cp[sec].items():
-                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; known keys: {', '.join(known)}")
+                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; known keys: "
+                                                    f"{', '.join(known)}")
                 vals[k] = v
     for k, var in SETTINGS_ENV.items():
         if env.get(var): vals[k] = env[var]
@@ -110,7 +115,8 @@ _re_name = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$')
 def check_name(name:str, what:str='experiment') -> str:
     "Return `name` if it is a safe folder name, else raise a one-line error."
     if not isinstance(name, str) or not _re_name.match(name) or '..' in name:
-        raise ValueError(f"{what} name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise ValueError(f"{what} name {name!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit")
     return name
 
 # %% ../nbs/00_core.ipynb #f5943bc8
@@ -131,7 +137,8 @@ def _name_from_profile(profile:str) -> str:
     return name or 'run'
 
 def default_experiment(profile:str|None=None, settings:Settings|None=None, env:dict|None=None) -> str:
-    "The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' profile, else named after `profile`."
+    ("The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' "
+     "profile, else named after `profile`.")
     env = os.environ if env is None else env
     if env.get(SETTINGS_ENV['experiment']): return check_name(env[SETTINGS_ENV['experiment']])
     profile = nonblank(profile, 'profile') or (settings or load_settings(env=env)).profile
@@ -140,29 +147,36 @@ def default_experiment(profile:str|None=None, settings:Settings|None=None, env:d
     return check_name(_name_from_profile(profile))
 
 def resolve_experiment(experiment:str|None, profile:str|None=None, settings:Settings|None=None) -> str:
-    "The checked experiment name: `experiment` when given, else `default_experiment(profile)` (`settings`: the file's, for tests)."
-    return check_name(nonblank(experiment)) if experiment is not None else default_experiment(profile, settings)
+    ("The checked experiment name: `experiment` when given, else `default_experiment(profile)` (`settings`: "
+     "the file's, for tests).")
+    return check_name(nonblank(experiment)) if experiment is not None else default_experiment(profile,
+                                                                                              settings)
 
 # %% ../nbs/00_core.ipynb #f0b9fe10
 CLI_OPTIONS = {  # name -> (flags, argparse keywords) of the options every command shares
     'profile': (('--profile', '-p'), dict(default=None, metavar='PROFILE',
                 help='profile name or .toml/.yaml config file (default: settings profile, env RUN_CONFIG)')),
     'experiment': (('--experiment', '-e'), dict(default=None, metavar='NAME',
-                   help='experiment: names runs/NAME and its data folders (default: env RUN_EXPERIMENT, else the '
+                   help='experiment: names runs/NAME and its data folders (default: env RUN_EXPERIMENT, '
+                       'else the '
                         "settings experiment for the settings profile, else the profile's name)")),
     'set': (('--set', '-s'), dict(action='extend', nargs='+', default=[], metavar='KEY=VALUE',
             help='config overrides, e.g. --set lr=3e-4 take=1000')),
-    'root': (('--root',), dict(default=None, metavar='DIR', help='workspace root (default: settings workspace, env LMBOOK_WORKSPACE)')),
-    'tokenizer_json': (('--tokenizer-json',), dict(default=None, metavar='PATH', help='adopt this published tokenizer.json instead of training one')),
+    'root': (('--root',), dict(default=None, metavar='DIR', help='workspace root (default: settings '
+                               'workspace, env LMBOOK_WORKSPACE)')),
+    'tokenizer_json': (('--tokenizer-json',), dict(default=None, metavar='PATH', help='adopt this published '
+                                                   'tokenizer.json instead of training one')),
     'quiet': (('--quiet', '-q'), dict(action='store_true', help='no progress bars')),
 }
 
 def cli_options(p, *names:str, **defaults):
-    "Add the shared options `names` to argparse parser `p`; `defaults` changes a default (and says so in the help)."
+    ("Add the shared options `names` to argparse parser `p`; `defaults` changes a default (and says so in "
+     "the help).")
     for n in names:
         flags, kw = CLI_OPTIONS[n]
         kw = dict(kw)
-        if n in defaults: kw.update(default=defaults[n], help=kw['help'].split(' (default:')[0] + f' (default: {defaults[n]})')
+        if n in defaults: kw.update(default=defaults[n],
+                                    help=kw['help'].split(' (default:')[0] + f' (default: {defaults[n]})')
         p.add_argument(*flags, **kw)
     return p
 
@@ -200,10 +214,12 @@ def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) 
 def check_writable(*paths:Path, # folders (existing or to be made) and existing files that will be written
                    fix:str='make it writable, or use another workspace (--root)', # what to do about it
                   ) -> None:
-    "Raise a one-line `ValueError` unless each of `paths` can be written (a file made in each folder, each file writable)."
+    ("Raise a one-line `ValueError` unless each of `paths` can be written (a file made in each folder, each "
+     "file writable).")
     for path in map(Path, paths):
         p = path
-        while not p.exists() and p != p.parent: p = p.parent  # a folder to be made: its nearest existing parent
+        # a folder to be made: its nearest existing parent
+        while not p.exists() and p != p.parent: p = p.parent
         if p != path and not p.is_dir():
             raise ValueError(f"{path} cannot be made: {p} is a file, not a folder; choose another path")
         try:
@@ -224,14 +240,16 @@ def pick_device(device:str='auto') -> str:
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda') and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but no CUDA GPU is visible: use device='auto' or 'cpu'")
-    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'): raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'): raise ValueError(f"unknown device {device!r}: "
+                                                                            "use auto, cpu or cuda")
     return device
 
 # %% ../nbs/00_core.ipynb #f9caefc1
 def git_commit(path:Path|None=None) -> str|None:
     "The current git commit of the checkout at `path`, or None outside git."
     try:
-        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=path or package_dir(), capture_output=True, text=True, timeout=5)
+        r = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=path or package_dir(), capture_output=True,
+                           text=True, timeout=5)
         return r.stdout.strip() or None if r.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired): return None
 

@@ -43,7 +43,8 @@ def builtin_docs(min_chars:int=40, root:Path|None=None) -> Iterator[str]:
         for node in ast.parse(f.read_bytes()).body:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
                 for k, v in zip(node.value.keys, node.value.values):
-                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and len(v.value) >= min_chars: yield v.value.strip()
+                    if isinstance(v, ast.Constant) and isinstance(v.value,
+                                                                  str) and len(v.value) >= min_chars: yield v.value.strip()
     for f in files:
         if f not in topics: yield from _docstrings(f.read_bytes(), min_chars)
 
@@ -58,12 +59,15 @@ def site_dirs() -> list[Path]:
     return sorted({Path(p).resolve() for p in cands if Path(p).is_dir()})
 
 def pysource_files(roots:list[Path]|None=None) -> list[Path]:
-    "The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: the stdlib, then each site folder), in a fixed order."
-    roots = [Path(sysconfig.get_paths()['stdlib']).resolve(), *site_dirs()] if roots is None else [Path(r) for r in roots]
+    ("The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: the stdlib, then each site folder), in a "
+     "fixed order.")
+    roots = [Path(sysconfig.get_paths()['stdlib']).resolve(), *site_dirs()] if roots is None else [Path(r)
+            for r in roots]
     out, seen = [], set()
     for root in roots:
         for dp, dns, fns in os.walk(root):
-            dns[:] = sorted(d for d in dns if d not in ('__pycache__', 'site-packages', 'dist-packages') and not d.startswith('.'))
+            dns[:] = sorted(d for d in dns if d not in ('__pycache__', 'site-packages', 'dist-packages')
+                            and not d.startswith('.'))
             for f in sorted(fns):
                 p = Path(dp)/f
                 if f.endswith(PYSOURCE_SUFFIXES) and p not in seen and p.is_file() and 0 < p.stat().st_size <= MAX_FILE_BYTES:
@@ -91,10 +95,13 @@ def _open_bin(p:Path): return gzip.open(p, 'rb') if p.name.endswith('.gz') else 
 def input_files(path:Path) -> list[Path]:
     "The corpus files at `path`: itself, or the supported files of a folder (sorted, recursive)."
     path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"input {path} does not exist: give a .txt/.jsonl/.parquet file or a folder of them")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob('*') if p.is_file() and p.name.endswith(TEXT_SUFFIXES))
+    if not path.exists(): raise FileNotFoundError(f"input {path} does not exist: give a "
+                                                  ".txt/.jsonl/.parquet file or a folder of them")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob('*') if p.is_file()
+                                                 and p.name.endswith(TEXT_SUFFIXES))
     for p in files:
-        if not p.name.endswith(TEXT_SUFFIXES): raise ValueError(f"input {p} is not one of {', '.join(TEXT_SUFFIXES)}")
+        if not p.name.endswith(TEXT_SUFFIXES): raise ValueError(f"input {p} is not one of "
+                                                                f"{', '.join(TEXT_SUFFIXES)}")
     if not files: raise FileNotFoundError(f"folder {path} holds no {', '.join(TEXT_SUFFIXES)} files")
     return files
 
@@ -104,19 +111,23 @@ _CHUNK = 1 << 16         # bytes read at a time from a line
 
 class _Utf8:
     "Decodes one file's documents; refuses the file once more than 1% of them (and at least 3) are not UTF-8."
-    def __init__(self, p:Path, stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = p, stats, 0, 0, None
+    def __init__(self, p:Path,
+                 stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = p, stats, 0, 0, None
     def __call__(self, b:bytes, offset:int) -> str|None:
         try: s = b.decode('utf-8'); self.good += 1; return s
         except UnicodeDecodeError as e:
             self.stats.bad_bytes += 1; self.bad += 1
             if self.first is None: self.first = offset + e.start
             if self.bad >= 3 and self.bad*100 > self.good + self.bad:
-                raise ValueError(f"{self.p} is not UTF-8 text ({self.bad} of its first {self.good + self.bad} documents are not; the first bad "
-                                 f"byte is at offset {self.first}): convert it, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8.txt`") from None
+                raise ValueError(f"{self.p} is not UTF-8 text ({self.bad} of its first "
+                                 f"{self.good + self.bad} documents are not; the first bad "
+                                 f"byte is at offset {self.first}): convert it, e.g. `iconv -f latin1 -t "
+                                     "utf-8 FILE > FILE.utf8.txt`") from None
             return None
 
 def _cut(b:bytes, limit:int) -> int:
-    "Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at a UTF-8 boundary."
+    ("Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at "
+     "a UTF-8 boundary.")
     for sep in (b'\n', b' '):
         if (i := b.rfind(sep, limit//2, limit)) > 0: return i + 1
     i = limit
@@ -160,7 +171,8 @@ def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
             if not line.strip(): continue
             if (s := dec(line, offset - len(line))) is None: continue
             try: obj = json.loads(s)
-            except json.JSONDecodeError: raise ValueError(f"{p}:{i} is not valid JSON: fix or remove that line") from None
+            except json.JSONDecodeError: raise ValueError(f"{p}:{i} is not valid JSON: fix or remove that "
+                                                          "line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
                 raise ValueError(f"{p}:{i} has no string field {text_field!r}: pass --text-field NAME")
             parts = _split_text(obj[text_field]); stats.split += len(parts) - 1
@@ -169,7 +181,8 @@ def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
 def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
     import pyarrow.parquet as pq  # slow to import: parquet files only
     pf = pq.ParquetFile(p)
-    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass --text-field NAME")
+    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass "
+                                                                 "--text-field NAME")
     for b in pf.iter_batches(columns=[text_field], batch_size=4096):
         for s in b.column(0).to_pylist():
             if s is None: continue

@@ -40,8 +40,10 @@ def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
     return env.get('HF_TOKEN') or env.get('HUGGINGFACEHUB_API_TOKEN') or None
 
 class HFDocs:
-    "Documents of a Hugging Face dataset (an id or a local dataset folder), streamed; resumable through `state()`."
-    def __init__(self, name:str, config:str='', split:str='train', text_field:str='text', hf_cache:Path|None=None,
+    ("Documents of a Hugging Face dataset (an id or a local dataset folder), streamed; resumable through "
+     "`state()`.")
+    def __init__(self, name:str, config:str='', split:str='train', text_field:str='text',
+                 hf_cache:Path|None=None,
                  state:dict|None=None):  # `state`: what `state()` returned, to continue from there
         self.name, self.config, self.split, self.text_field, self.hf_cache, self.resume = name, config, split, text_field, hf_cache, state
         self.ds = None
@@ -50,7 +52,8 @@ class HFDocs:
         token = hf_env(self.hf_cache)
         import datasets  # slow to import (~2 s): Hub corpora only
         try:
-            self.ds = datasets.load_dataset(self.name, self.config or None, split=self.split, streaming=True, token=token,
+            self.ds = datasets.load_dataset(self.name, self.config or None, split=self.split, streaming=True,
+                                            token=token,
                                             cache_dir=os.environ.get('HF_DATASETS_CACHE'))
             if self.resume: self.ds.load_state_dict(self.resume)
             it = iter(self.ds)
@@ -58,20 +61,24 @@ class HFDocs:
         except Exception as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             if token: msg = msg.replace(token, '***')
-            raise ValueError(f"cannot open dataset {self.name!r} (config {self.config or 'default'!r}, split {self.split!r}): {msg} "
-                             "-- check the id and config, set HF_TOKEN for a gated dataset, or use --input for local files") from None
+            raise ValueError(f"cannot open dataset {self.name!r} (config {self.config or 'default'!r}, "
+                             f"split {self.split!r}): {msg} "
+                             "-- check the id and config, set HF_TOKEN for a gated dataset, or use --input "
+                                 "for local files") from None
 
     def __iter__(self) -> Iterator[str]:
         it, first = self._open()
         for ex in itertools.chain([first] if first is not None else [], it):
-            if self.text_field not in ex: raise ValueError(f"dataset {self.name!r} has no field {self.text_field!r}: pass --text-field NAME")
+            if self.text_field not in ex: raise ValueError(f"dataset {self.name!r} has no field "
+                                                           f"{self.text_field!r}: pass --text-field NAME")
             yield ex[self.text_field]
 
     def state(self) -> dict|None:
         "Where the stream is, right after the last document handed out (JSON-able)."
         return self.ds.state_dict() if self.ds is not None and hasattr(self.ds, 'state_dict') else None
 
-def hf_docs(name:str, config:str='', split:str='train', text_field:str='text', hf_cache:Path|None=None) -> Iterator[str]:
+def hf_docs(name:str, config:str='', split:str='train', text_field:str='text',
+            hf_cache:Path|None=None) -> Iterator[str]:
     "Documents of a Hugging Face dataset, streamed."
     return iter(HFDocs(name, config, split, text_field, hf_cache))
 
@@ -137,7 +144,8 @@ class _ShardWriter:
     def add(self, doc:str):
         if self.f is None:
             self.tmp = self.folder/f'.{self.name}.tmp'
-            self.f = gzip.open(self.tmp, 'wt', encoding='utf-8', newline='\n', compresslevel=6) if self.gz else \
+            self.f = gzip.open(self.tmp, 'wt', encoding='utf-8', newline='\n',
+                               compresslevel=6) if self.gz else \
                      open(self.tmp, 'w', encoding='utf-8', newline='\n')
         self.f.write(escape_doc(doc)); self.f.write('\n'); self.n += 1
 
@@ -171,25 +179,30 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
     m = read_manifest(folder)
     if m is None:
         if any(p for p in folder.iterdir() if not p.name.startswith('.')):
-            raise ValueError(f"{folder} holds files but no {MANIFEST}: choose another --experiment or empty that folder")
-        m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
+            raise ValueError(f"{folder} holds files but no {MANIFEST}: choose another --experiment or empty "
+                             "that folder")
+        m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0,
+                 complete=False)
         write_manifest(folder, m)
         return m
     for k in ('source', 'args', 'input'):
         if m.get(k) != meta[k]:
             if not m.get('complete'):  # an unfinished run of something else: start afresh
                 for s in m['shards']: (folder/s['name']).unlink(missing_ok=True)
-                m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0, complete=False)
+                m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0,
+                         complete=False)
                 write_manifest(folder, m)
                 return m
             if k != 'input':
-                raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another --experiment or delete {folder}")
+                raise ValueError(f"{folder} was sharded with {k} {m.get(k)} not {meta[k]}: use another "
+                                 f"--experiment or delete {folder}")
     if not m.get('complete'): return _keep_whole(folder, m)
     check_shards(folder, m, checksums=False)
     return m
 
 def _keep_whole(folder:Path, m:dict) -> dict:
-    "An unfinished manifest cut back to its shards that are all there: a half-written stage is redone, not refused."
+    ("An unfinished manifest cut back to its shards that are all there: a half-written stage is redone, not "
+     "refused.")
     ok = lambda s: (folder/s['name']).is_file() and (folder/s['name']).stat().st_size == s['bytes']
     i = next((i for i, s in enumerate(m['shards']) if not ok(s)), None)
     if i is None: return m
@@ -212,9 +225,11 @@ def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:
     if m is None: raise FileNotFoundError(f"{folder} has no {MANIFEST}: run `lmbook shard` first")
     for s in m['shards']:
         p = folder/s['name']
-        if not p.is_file(): raise FileNotFoundError(f"shard {p} listed in the manifest is missing: shard again into a fresh folder")
+        if not p.is_file(): raise FileNotFoundError(f"shard {p} listed in the manifest is missing: shard "
+                                                    "again into a fresh folder")
         if p.stat().st_size != s['bytes'] or (checksums and sha256_file(p) != s['sha256']):
-            raise ValueError(f"shard {p} disagrees with its manifest (size or checksum): it was truncated or edited; shard again")
+            raise ValueError(f"shard {p} disagrees with its manifest (size or checksum): it was truncated "
+                             "or edited; shard again")
     return m
 
 # %% ../nbs/02a_data.ipynb #5a806324
@@ -229,7 +244,8 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                  val_dir:Path|None=None,      # folder of validation shards
                  dataset:str='builtin',       # 'builtin', a local file/folder, or a Hugging Face dataset id
                  config:str='',               # Hugging Face dataset config, e.g. 'sample-10BT'
-                 mode:str='split',            # 'smoke' (stop after `take`), 'prod' (read all), 'split' (route to train/val)
+                 # 'smoke' (stop after `take`), 'prod' (read all), 'split' (route to train/val)
+                 mode:str='split',
                  split:str='train',           # smoke/prod: which split the documents go to
                  take:int=0,                  # documents to read; 0 means all
                  val_ratio:float=0.05,        # split mode: probability that a document goes to validation
@@ -243,17 +259,23 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                  kind:str='auto',             # how to read `dataset`: 'auto', 'builtin', 'local' or 'hf'
                  docs:Iterable[str]|None=None # documents to shard instead of reading `dataset`
                 ) -> dict:
-    "Shard `dataset` into `train_dir` (and `val_dir`); resumable and idempotent. Returns the manifests by split."
-    if mode not in ('smoke', 'prod', 'split'): raise ValueError(f"mode={mode!r}: choose one of smoke, prod, split")
+    ("Shard `dataset` into `train_dir` (and `val_dir`); resumable and idempotent. Returns the manifests by "
+     "split.")
+    if mode not in ('smoke', 'prod', 'split'): raise ValueError(f"mode={mode!r}: choose one of smoke, prod, "
+                                                                "split")
     if split not in ('train', 'val'): raise ValueError(f"split={split!r}: choose train or val")
-    if mode == 'smoke' and take <= 0: raise ValueError("smoke mode stops after --take documents: pass --take N (N > 0)")
-    if mode == 'split' and val_dir is None: raise ValueError("split mode writes train and val: give both folders")
+    if mode == 'smoke' and take <= 0: raise ValueError("smoke mode stops after --take documents: pass "
+                                                       "--take N (N > 0)")
+    if mode == 'split' and val_dir is None: raise ValueError("split mode writes train and val: give both "
+                                                             "folders")
     if not 0 <= val_ratio < 1: raise ValueError(f"val_ratio={val_ratio} must be in [0, 1)")
     if lines_per_shard <= 0: raise ValueError(f"lines_per_shard={lines_per_shard} must be positive")
-    src = dict(dataset=str(dataset), kind=source_kind(dataset, kind), config=config, hf_split=hf_split, text_field=text_field)
+    src = dict(dataset=str(dataset), kind=source_kind(dataset, kind), config=config, hf_split=hf_split,
+               text_field=text_field)
     args = dict(mode=mode, take=take, lines_per_shard=lines_per_shard, gzip=gz,
                 **(dict(val_ratio=val_ratio, seed=seed) if mode == 'split' else dict(split=split)))
-    dirs = {'train': Path(train_dir), 'val': Path(val_dir)} if mode == 'split' else {split: Path(train_dir if split == 'train' else val_dir or train_dir)}
+    dirs = {'train': Path(train_dir), 'val': Path(val_dir)} if mode == 'split' else {split: Path(train_dir
+            if split == 'train' else val_dir or train_dir)}
     meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None)
     ms = {k: _open_split(d, k, meta) for k, d in dirs.items()}
     if all(m['complete'] for m in ms.values()): return ms
@@ -279,7 +301,8 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     i = pos
     try:
         for doc in docs:
-            w = ws['val'] if mode == 'split' and _route_val(i, seed, val_ratio) else ws['train' if mode == 'split' else split]
+            w = ws['val'] if mode == 'split' and _route_val(i, seed, val_ratio) else ws['train'
+                    if mode == 'split' else split]
             w.add(doc); i += 1
             if w.full:
                 for m in ms.values(): m['skipped'] = dict(vars(stats))
@@ -288,10 +311,12 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     except BaseException:
         for w in ws.values(): w.abort()
         raise
-    if i == 0 and stats.bad_bytes: raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; convert it to UTF-8")
+    if i == 0 and stats.bad_bytes: raise ValueError(f"{dataset} is not UTF-8 text: none of its "
+                                                    f"{stats.bad_bytes} documents decode; convert it to UTF-8")
     if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
     if mode == 'split' and val_ratio > 0 and not (ms['val']['docs'] or ws['val'].n):
-        raise ValueError(f"{dataset} gave {i} documents and none went to validation (val_ratio={val_ratio}): add documents or raise val_ratio")
+        raise ValueError(f"{dataset} gave {i} documents and none went to validation "
+                         f"(val_ratio={val_ratio}): add documents or raise val_ratio")
     for m in ms.values(): m['skipped'] = dict(vars(stats))
     st = hf.state() if hf else None
     for w in ws.values(): w.close(i, final=True, state=st)
@@ -304,7 +329,8 @@ def shard_docs(folder:Path, m:dict|None=None) -> Iterator[str]:
     m = check_shards(folder, m, checksums=False)
     for s in m['shards']:
         p = folder/s['name']
-        with (gzip.open(p, 'rt', encoding='utf-8', newline='\n') if p.name.endswith('.gz') else open(p, encoding='utf-8', newline='\n')) as f:
+        with (gzip.open(p, 'rt', encoding='utf-8', newline='\n') if p.name.endswith('.gz') else open(p,
+                encoding='utf-8', newline='\n')) as f:
             for line in f: yield unescape_doc(line[:-1] if line.endswith('\n') else line)
 
 # %% ../nbs/02a_data.ipynb #e0bee29c
@@ -317,34 +343,49 @@ def _shard_cmd(args) -> int:
     if args.input and args.dataset: raise ValueError("give either --input or --dataset, not both")
     dataset = str(Path(args.input).expanduser().resolve()) if args.input else (args.dataset or FINEWEB[0])
     if args.input: input_files(Path(dataset))
-    config = args.dataset_config if args.dataset_config is not None else (FINEWEB[1] if dataset == FINEWEB[0] else '')
+    config = args.dataset_config if args.dataset_config is not None else (FINEWEB[1] if dataset == FINEWEB[0]
+                                                                          else '')
     take = args.take if args.take is not None else (10_000 if args.mode == 'smoke' else 0)
     with data_lock(p.cache, print):  # one data preparation of an experiment at a time
-        ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split, take=take,
-                          val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard or s.shard_lines,
-                          gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split, hf_cache=p.hf_cache,
-                          progress=not args.quiet, kind='local' if args.input else dataset if dataset in ('builtin', 'pysource') else 'hf')
+        ms = shard_corpus(p.train, p.val, dataset=dataset, config=config, mode=args.mode, split=args.split,
+                          take=take,
+                          val_ratio=args.val_ratio, seed=args.seed, lines_per_shard=args.lines_per_shard
+                              or s.shard_lines,
+                          gz=args.gzip, text_field=args.text_field, hf_split=args.hf_split,
+                              hf_cache=p.hf_cache,
+                          progress=not args.quiet, kind='local' if args.input else dataset
+                              if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
-        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
+        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> "
+              f"{getattr(p, k)}")
     sk = next(iter(ms.values())).get('skipped') or {}
     if sk.get('bad_bytes') or sk.get('split'):
-        print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split {sk.get('split', 0):,} documents longer than {MAX_DOC_BYTES:,} bytes")
+        print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split "
+              f"{sk.get('split', 0):,} documents longer than {MAX_DOC_BYTES:,} bytes")
     return 0
 
 def add_cli(sub):
     "Add the `shard` command to an argparse subparsers object."
-    a = cli_options(sub.add_parser('shard', help='stream a corpus into text shards with a manifest'), 'experiment', 'root', 'quiet')
-    a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after --take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
-    a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod modes')
-    a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings shard_lines, env SHARD_LINES)')
+    a = cli_options(sub.add_parser('shard', help='stream a corpus into text shards with a manifest'),
+                    'experiment', 'root', 'quiet')
+    a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after '
+                   '--take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
+    a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod '
+                   'modes')
+    a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings '
+                   'shard_lines, env SHARD_LINES)')
     a.add_argument('--take', type=int, default=None, help='documents to read (0: all; smoke default 10000)')
-    a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes to val')
+    a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes '
+                   'to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
-    a.add_argument('--dataset', default=None, help=f"Hugging Face dataset id or local dataset folder, 'builtin' or 'pysource' (default {FINEWEB[0]})")
-    a.add_argument('--dataset-config', default=None, help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
+    a.add_argument('--dataset', default=None, help="Hugging Face dataset id or local dataset folder, "
+                   f"'builtin' or 'pysource' (default {FINEWEB[0]})")
+    a.add_argument('--dataset-config', default=None,
+                   help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
-    a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')
+    a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or '
+                   'folder of them')
     a.add_argument('--text-field', default='text', help='field or column holding the text')
     a.set_defaults(func=_shard_cmd)
     return a

@@ -20,7 +20,8 @@ __all__ = ['LOADER_SHAPES', 'bench_tokenize', 'bench_loader', 'random_token_dir'
 
 # %% ../nbs/02d_databench.ipynb #8ea37958
 def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
-    "tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch` on the same documents (best of `repeats`)."
+    ("tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch` on the same documents (best of "
+     "`repeats`).")
     docs = list(shard_docs(shard_dir))
     ref, fast, ours, ntok = [], [], [], 0
     for _ in range(repeats):
@@ -35,8 +36,10 @@ def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
             m = tokenize_split(shard_dir, tokenizer, Path(d)/'tok')
             ours.append(time.perf_counter() - t0)
     assert m['tokens'] - m['docs'] == ntok  # the same tokens, plus one <|endoftext|> per document
-    return dict(docs=len(docs), tokens=ntok, encode_batch_tok_per_s=ntok/min(ref), encode_batch_fast_tok_per_s=ntok/min(fast),
-                tokenize_tok_per_s=ntok/min(ours), ratio=min(ref)/min(ours), ratio_vs_fast=min(fast)/min(ours), cores=os.cpu_count())
+    return dict(docs=len(docs), tokens=ntok, encode_batch_tok_per_s=ntok/min(ref),
+                encode_batch_fast_tok_per_s=ntok/min(fast),
+                tokenize_tok_per_s=ntok/min(ours), ratio=min(ref)/min(ours),
+                    ratio_vs_fast=min(fast)/min(ours), cores=os.cpu_count())
 
 # %% ../nbs/02d_databench.ipynb #cf8899ef
 def bench_loader(token_dir:Path, batch_size:int, block_size:int, seconds:float=2.0, threads:int=1) -> dict:
@@ -50,21 +53,27 @@ def bench_loader(token_dir:Path, batch_size:int, block_size:int, seconds:float=2
             x, y = dl.next_batch(); n += x.numel()
         cpu = time.process_time() - c0
     finally: torch.set_num_threads(old)
-    return dict(batch_size=batch_size, block_size=block_size, tok_per_s=n/dt, cores_used=cpu/dt, batches=n//x.numel())
+    return dict(batch_size=batch_size, block_size=block_size, tok_per_s=n/dt, cores_used=cpu/dt,
+                batches=n//x.numel())
 
 # %% ../nbs/02d_databench.ipynb #639b381b
 def random_token_dir(out_dir:Path, n_tokens:int, n_files:int=4, vocab_size:int=50304, seed:int=0) -> Path:
     "A token folder of `n_tokens` random ids split over `n_files` files."
     rng = np.random.default_rng(seed)
-    return write_token_dir(out_dir, [rng.integers(0, vocab_size, n_tokens//n_files, dtype=np.uint16) for _ in range(n_files)])
+    return write_token_dir(out_dir, [rng.integers(0, vocab_size, n_tokens//n_files, dtype=np.uint16)
+                                     for _ in range(n_files)])
 
 # %% ../nbs/02d_databench.ipynb #5a593d48
-LOADER_SHAPES = [(64, 1024), (16, 1024), (16, 128)]  # (batch_size, block_size): GPT-2 124M's, a 2B's, the smoke profile's
+# (batch_size, block_size): GPT-2 124M's, a 2B's, the smoke profile's
+LOADER_SHAPES = [(64, 1024), (16, 1024), (16, 128)]
 
-def run_databench(out:Path|None=None, take:int=0, vocab_size:int=8192, loader_tokens:int=100_000_000, seconds:float=3.0) -> dict:
+def run_databench(out:Path|None=None, take:int=0, vocab_size:int=8192, loader_tokens:int=100_000_000,
+                  seconds:float=3.0) -> dict:
     "Measure tokenize and loader speed on this machine; write the results as JSON to `out`."
-    res = dict(date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), host=platform.node(), cpu=platform.processor() or platform.machine(),
-               cpu_count=os.cpu_count(), torch=torch.__version__, tokenizers=tokenizers.__version__, numpy=np.__version__)
+    res = dict(date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), host=platform.node(),
+               cpu=platform.processor() or platform.machine(),
+               cpu_count=os.cpu_count(), torch=torch.__version__, tokenizers=tokenizers.__version__,
+                   numpy=np.__version__)
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         shard_corpus(d/'train', mode='prod', take=take)
@@ -74,7 +83,8 @@ def run_databench(out:Path|None=None, take:int=0, vocab_size:int=8192, loader_to
         res['loader'] = [bench_loader(td, b, t, seconds) for b, t in LOADER_SHAPES]
     res['goals'] = dict(tokenize_ratio_min=0.8, loader_tok_per_s_min=5e6, loader_cores_max=1.0,
                         tokenize_ok=res['tokenize']['ratio'] >= 0.8,
-                        loader_ok=all(r['tok_per_s'] >= 5e6 and r['cores_used'] <= 1.05 for r in res['loader']))
+                        loader_ok=all(r['tok_per_s'] >= 5e6 and r['cores_used'] <= 1.05
+                                      for r in res['loader']))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(res, indent=1))

@@ -38,7 +38,8 @@ def dist_env(env:dict|None=None) -> tuple[int, int, int]:
 def set_parent_death_signal(sig:int=signal.SIGKILL) -> bool:
     "Ask Linux to send `sig` to this process when its parent dies (no-op elsewhere)."
     if not sys.platform.startswith('linux'): return False
-    try: return ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, int(sig), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    # 1 = PR_SET_PDEATHSIG
+    try: return ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, int(sig), 0, 0, 0) == 0
     except OSError: return False
 
 # %% ../nbs/04_distributed.ipynb #f0e05388
@@ -57,7 +58,8 @@ def init_distributed(device:str='cpu', timeout_s:float=600) -> DistInfo:
     return DistInfo(rank, local_rank, world, device)
 
 def cleanup_distributed(wait_s:float=60):
-    "Leave the process group, if any, once every rank is ready to leave (at most `wait_s` seconds; 0: leave now)."
+    ("Leave the process group, if any, once every rank is ready to leave (at most `wait_s` seconds; 0: leave "
+     "now).")
     if not (dist.is_available() and dist.is_initialized()): return
     try:  # gloo aborts a process ("terminate called without an active exception") whose peer left first
         if wait_s > 0 and dist.get_backend() == 'gloo': dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
@@ -81,7 +83,8 @@ def barrier():
 # %% ../nbs/04_distributed.ipynb #20d5d81e
 def _fsdp2():
     try: from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy                  # torch >= 2.6
-    except ImportError: from torch.distributed._composable.fsdp import fully_shard, MixedPrecisionPolicy  # torch 2.4, 2.5
+    # torch 2.4, 2.5
+    except ImportError: from torch.distributed._composable.fsdp import fully_shard, MixedPrecisionPolicy
     return fully_shard, MixedPrecisionPolicy
 
 def check_parallel(parallel:str, device:str):
@@ -89,14 +92,17 @@ def check_parallel(parallel:str, device:str):
     if parallel != 'fsdp' or device.startswith('cuda'): return
     try: from torch.distributed.fsdp import fully_shard  # noqa: F401 (torch 2.6+ has it here)
     except ImportError:
-        raise ValueError(f"FSDP2 on the CPU needs torch >= 2.6 (this is {torch.__version__}): use parallel=ddp, or a GPU") from None
+        raise ValueError(f"FSDP2 on the CPU needs torch >= 2.6 (this is {torch.__version__}): use "
+                         "parallel=ddp, or a GPU") from None
 
-def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo, param_dtype:torch.dtype|None=None) -> torch.nn.Module:
+def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo,
+               param_dtype:torch.dtype|None=None) -> torch.nn.Module:
     "`model` wrapped for `parallel` ('ddp' or 'fsdp') when distributed, else unchanged."
     if not info.distributed: return model
     check_parallel(parallel, info.device)
     if parallel == 'ddp':
-        from torch.nn.parallel import DistributedDataParallel as DDP  # slow to import (~0.5 s): several processes only
+        # slow to import (~0.5 s): several processes only
+        from torch.nn.parallel import DistributedDataParallel as DDP
         ids = [torch.device(info.device).index] if info.device.startswith('cuda') else None
         return DDP(model, device_ids=ids)
     if parallel == 'fsdp':
@@ -104,7 +110,8 @@ def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo, param_dtype:t
         fully_shard, MixedPrecisionPolicy = _fsdp2()
         mesh = init_device_mesh(info.device.split(':')[0], (info.world_size,))
         kw = dict(mesh=mesh)
-        if param_dtype is not None: kw['mp_policy'] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype is not None: kw['mp_policy'] = MixedPrecisionPolicy(param_dtype=param_dtype,
+                                                                           reduce_dtype=torch.float32)
         for block in model.h: fully_shard(block, **kw)
         fully_shard(model, **kw)
         return model

@@ -15,7 +15,8 @@ __all__ = ['DOCS_FILE_RE', 'is_page', 'process_notebooks', 'output_file', 'rewri
            'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'serve', 'add_cli']
 
 # %% ../nbs/09b_docs.ipynb #0f0cd2c6
-DOCS_FILE_RE = r'^(?!(?:train|analysis|sample|finetune)\.ipynb$).*\.(?:ipynb|qmd|md)$'  # the pages: nbdev-docs --file-re DOCS_FILE_RE
+# the pages: nbdev-docs --file-re DOCS_FILE_RE
+DOCS_FILE_RE = r'^(?!(?:train|analysis|sample|finetune)\.ipynb$).*\.(?:ipynb|qmd|md)$'
 
 def is_page(name:str) -> bool:
     "Whether the file `name` in `nbs/` becomes a page of the site."
@@ -29,7 +30,8 @@ def _in_dir(d:Path):
     finally: os.chdir(old)
 
 def _doc_cell(cell, eval_cell) -> bool:
-    "Whether nbdev's `show_doc` run should execute `cell`: exported code, pure imports and `show_doc` calls only."
+    ("Whether nbdev's `show_doc` run should execute `cell`: exported code, pure imports and `show_doc` calls "
+     "only.")
     from nbdev.processors import _show_docs  # developer tool: the docs only
     if not eval_cell(cell): return False
     if cell.directives_.keys() & {'export', 'exports', 'exporti', 'exec_doc'}: return True
@@ -47,7 +49,8 @@ def _doc_cells_only():
 # %% ../nbs/09b_docs.ipynb #84cca621
 def process_notebooks(checkout:Path, # the project folder, holding pyproject.toml
                      ) -> Path:
-    "nbdev's processed notebooks of the pages of `checkout`, in `checkout/_proc`: the Quarto project to render."
+    ("nbdev's processed notebooks of the pages of `checkout`, in `checkout/_proc`: the Quarto project to "
+     "render.")
     from nbdev.config import get_config  # developer tool: the docs only
     from nbdev.quarto import refresh_quarto_yml  # developer tool: the docs only
     from nbdev.serve import proc_nbs  # developer tool: the docs only
@@ -55,9 +58,11 @@ def process_notebooks(checkout:Path, # the project folder, holding pyproject.tom
         warnings.simplefilter('ignore')  # nbdev warns about each cell that mixes imports with code
         cfg = get_config()
         refresh_quarto_yml()
-        try: return proc_nbs(str(cfg.nbs_path), n_workers=0, file_re=DOCS_FILE_RE)  # in this process, where _doc_cells_only holds
+        # in this process, where _doc_cells_only holds
+        try: return proc_nbs(str(cfg.nbs_path), n_workers=0, file_re=DOCS_FILE_RE)
         except Exception as e:
-            raise ValueError(f"nbdev could not process the notebooks ({str(e).splitlines()[0]}): run nbdev-test on that notebook") from None
+            raise ValueError(f"nbdev could not process the notebooks ({str(e).splitlines()[0]}): run "
+                             "nbdev-test on that notebook") from None
 
 # %% ../nbs/09b_docs.ipynb #fd7918e7
 def output_file(nb:dict) -> str|None:
@@ -72,7 +77,8 @@ def rewrite_links(text:str, # Markdown, or a notebook's JSON
                   names:dict[str, str], # notebook file -> its renamed file
                   site_url:str, # the site's address, e.g. https://lmbook.github.io/lmbook/
                  ) -> str:
-    "`text` with links to the site's own address made relative and links to a notebook pointing at its renamed file."
+    ("`text` with links to the site's own address made relative and links to a notebook pointing at its "
+     "renamed file.")
     text = re.sub(re.escape(site_url.rstrip('/')) + r'/([\w.-]+\.html)', r'\1', text)
     return re.sub(r'\]\(([\w.-]+\.ipynb)(?=[#)])', lambda m: '](' + names.get(m.group(1), m.group(1)), text)
 
@@ -101,20 +107,23 @@ def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
     if dest.exists(): shutil.rmtree(dest)
     shutil.copytree(proc, dest, ignore=shutil.ignore_patterns('_docs', '.*'))
     sources = sorted(p.name for p in dest.iterdir() if p.suffix in ('.ipynb', '.md', '.qmd'))
-    for s in [s for s in sources if not is_page(s)]: (dest/s).unlink()  # e.g. left in _proc by an nbdev-docs run
+    # e.g. left in _proc by an nbdev-docs run
+    for s in [s for s in sources if not is_page(s)]: (dest/s).unlink()
     sources = [s for s in sources if is_page(s)]
     names = {}
     for s in sources:
         if s.endswith('.ipynb') and (of := output_file(json.loads((dest/s).read_text()))) and Path(of).stem != Path(s).stem:
             names[s] = Path(of).stem + '.ipynb'
     if len(set(names.values()) | (set(sources) - set(names))) < len(sources):
-        raise ValueError(f"two notebooks in nbs/ give the same page name: rename one ({', '.join(sorted(names))})")
+        raise ValueError("two notebooks in nbs/ give the same page name: rename one "
+                         f"({', '.join(sorted(names))})")
     for old, new in names.items(): (dest/old).rename(dest/new)
     for f in dest.iterdir():
         if f.suffix not in ('.ipynb', '.md', '.qmd'): continue
         t = rewrite_links(f.read_text(), names, site_url)
         if f.suffix == '.ipynb' and (nb := json.loads(t))['cells'] and nb['cells'][0]['cell_type'] == 'raw':
-            c = nb['cells'][0]  # output-file is applied (the file is named after it), so smalldocs need not warn about it
+            # output-file is applied (the file is named after it), so smalldocs need not warn about it
+            c = nb['cells'][0]
             c['source'] = re.sub(r'^output-file:.*\n', '', ''.join(c['source']), flags=re.M)
             t = json.dumps(nb)
         f.write_text(t)
@@ -135,7 +144,8 @@ def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
 
 # %% ../nbs/09b_docs.ipynb #e0c7a5be
 def markdown_copies(out:Path) -> list[Path]:
-    "Name each page's Markdown copy in the site `out` `<page>.html.md`, as Quarto's `keep-md` does, and link `llms.txt` to them."
+    ("Name each page's Markdown copy in the site `out` `<page>.html.md`, as Quarto's `keep-md` does, and "
+     "link `llms.txt` to them.")
     done = []
     for f in sorted(Path(out).rglob('*.llms.md')):
         new = f.with_name(f.name.removesuffix('.llms.md') + '.html.md')
@@ -146,24 +156,28 @@ def markdown_copies(out:Path) -> list[Path]:
 
 # %% ../nbs/09b_docs.ipynb #00e97c25
 def offline_css(out:Path) -> list[str]:
-    "Drop the stylesheets' imports from other sites (a theme's web fonts) in the site `out`; return what was dropped."
+    ("Drop the stylesheets' imports from other sites (a theme's web fonts) in the site `out`; return what "
+     "was dropped.")
     dropped = []
     for f in Path(out).rglob('*.css'):
         t = f.read_text()
-        t2 = re.sub(r'@import\s+url\(["\']?(https?:[^)"\']*)["\']?\)\s*;?', lambda m: dropped.append(m.group(1)) or '', t)
+        t2 = re.sub(r'@import\s+url\(["\']?(https?:[^)"\']*)["\']?\)\s*;?',
+                    lambda m: dropped.append(m.group(1)) or '', t)
         if t2 != t: f.write_text(t2)
     return dropped
 
 # %% ../nbs/09b_docs.ipynb #122ab826
 def member_links(out:Path) -> int:
-    "Point links to a `Class.method` anchor that no page has at the class's anchor, in the site `out`; return how many."
+    ("Point links to a `Class.method` anchor that no page has at the class's anchor, in the site `out`; "
+     "return how many.")
     pages = {f.name: set(re.findall(r'\bid="([^"]+)"', f.read_text())) for f in Path(out).glob('*.html')}
     n = 0
     def fix(m):
         nonlocal n
         page, frag = m.group(2), m.group(3)
         ids = pages.get(page or cur)
-        if ids is None or frag in ids or '.' not in frag or frag.rsplit('.', 1)[0] not in ids: return m.group(0)
+        if ids is None or frag in ids or '.' not in frag or frag.rsplit('.',
+                                                                        1)[0] not in ids: return m.group(0)
         n += 1
         return f'{m.group(1)}{page}#{frag.rsplit(".", 1)[0]}"'
     for cur in pages:
@@ -178,7 +192,9 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
               ) -> tuple[Path, list[str]]:
     "Build the docs site of `checkout` offline; return its folder and the renderer's warnings."
     checkout = Path(checkout).resolve()
-    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError(f"no pyproject.toml in {checkout}: run this in a checkout of the project")
+    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError("no pyproject.toml in "
+                                                                          f"{checkout}: run this in a "
+                                                                              "checkout of the project")
     try:  # optional (lmbook[docs])
         from smalldocs.site import build
         from smalldocs.config import BuildError, ConfigError
@@ -190,14 +206,17 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
     with tempfile.TemporaryDirectory() as tmp:
         stage_site(proc, Path(tmp)/'site', out, f"{cfg.doc_host}{cfg.doc_baseurl}/")
         try: site = build(Path(tmp)/'site', quiet=True)
-        except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None  # e.g. --out is a folder that is not a site
+        # e.g. --out is a folder that is not a site
+        except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None
     markdown_copies(out); offline_css(out); member_links(out)
     return out, list(site.warnings)
 
 # %% ../nbs/09b_docs.ipynb #7e040256
 def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
     "Serve the folder `site` over http until interrupted."
-    httpd = http.server.ThreadingHTTPServer((host, port), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site)))
+    httpd = http.server.ThreadingHTTPServer((host, port),
+                                            functools.partial(http.server.SimpleHTTPRequestHandler,
+                                                              directory=str(site)))
     print(f"serving {site} at http://{host}:{httpd.server_port}/ (Ctrl-C stops)", flush=True)
     try: httpd.serve_forever()
     except KeyboardInterrupt: pass
@@ -205,7 +224,8 @@ def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
 
 def add_cli(sub):
     "Register `lmbook docs`."
-    p = sub.add_parser('docs', help='build the docs site offline into _docs/ (nbdev notebooks rendered by smalldocs)')
+    p = sub.add_parser('docs', help='build the docs site offline into _docs/ (nbdev notebooks rendered by '
+                       'smalldocs)')
     p.add_argument('--checkout', default='.', help='the project folder (default: the current one)')
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')
     p.add_argument('--serve', action='store_true', help='then serve it on 127.0.0.1 until Ctrl-C')
@@ -214,7 +234,8 @@ def add_cli(sub):
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
         n = len(list(out.glob('*.html')))
-        print(f"{n} pages in {out}; open it over http: lmbook docs --serve (or python -m http.server -d {out})")
+        print(f"{n} pages in {out}; open it over http: lmbook docs --serve (or python -m http.server -d "
+              f"{out})")
         if a.serve: serve(out, a.port)
         return 0
     p.set_defaults(func=run)

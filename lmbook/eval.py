@@ -20,7 +20,8 @@ from .validation import bits_per_byte, hellaswag_accuracy, load_hellaswag, token
 __all__ = ['evaluate', 'add_cli']
 
 # %% ../nbs/07c_eval.ipynb #072baf71
-def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+# checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+def evaluate(source:str|Path,
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
              batches:int=0, # validation batches (0: the run's eval_steps)
@@ -35,15 +36,19 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
     lm = load_model(source, root, info.device, warn=warn if info.is_main else (lambda m: None))
     cfg, res = lm.config, dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment)
     if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
-        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer), batch_size or cfg.train.batch_size, batches or cfg.train.eval_steps,
+        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer), batch_size or cfg.train.batch_size, batches
+                             or cfg.train.eval_steps,
                              info.rank, info.world_size)
         res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device))
     elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')
         if not (vdir/'manifest.json').is_file():
-            raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e {lm.experiment}` with the run's profile")
-        allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches or cfg.train.eval_steps)
-        res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device))
+            raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e "
+                                    f"{lm.experiment}` with the run's profile")
+        allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches
+                           or cfg.train.eval_steps)
+        res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size],
+                                 token_byte_lengths(lm.tokenizer), info.device))
     if hellaswag:
         exs = load_hellaswag(root, hellaswag_path, limit)
         res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size))
@@ -51,39 +56,55 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
         try:
             with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
         except OSError as e:  # a read-only run folder: the numbers are still the answer
-            (warn or print)(f"{lm.run} is read-only ({e.strerror}): the result is not added to its eval.jsonl")
+            (warn
+             or print)(f"{lm.run} is read-only ({e.strerror}): the result is not added to its eval.jsonl")
     return res
 
 # %% ../nbs/07c_eval.ipynb #1136a1df
 def add_cli(sub):
     "Register `lmbook eval`."
-    p = sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
-    p.add_argument('--batches', type=int, default=0, help="validation batches (default: the run's eval_steps)")
-    p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's batch_size)")
+    p = sub.add_parser('eval',
+                       help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
+                   'best checkpoint)')
+    p.add_argument('--batches', type=int, default=0,
+                   help="validation batches (default: the run's eval_steps)")
+    p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's "
+                   "batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')
-    p.add_argument('--hellaswag-file', type=Path, default=None, help='a HellaSwag JSONL file (default: the official one, cached)')
+    p.add_argument('--hellaswag-file', type=Path, default=None, help='a HellaSwag JSONL file (default: the '
+                   'official one, cached)')
     p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use (default: all)')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--nproc', type=int, default=1, help='processes to share the work (starts torchrun)')
     cli_options(p, 'root')
     p.add_argument('--json', action='store_true', help='print one JSON object')
     def run(args) -> int:
-        if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1: raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
+        if min(args.batches, args.batch_size,
+               args.limit) < 0 or args.nproc < 1: raise ValueError("--batches, --batch-size and --limit "
+                                                                   "must be >= 0, --nproc >= 1")
         if args.nproc > 1 and 'RANK' not in os.environ:
-            argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size', str(args.batch_size), '--limit', str(args.limit),
+            argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size',
+                    str(args.batch_size), '--limit', str(args.limit),
                     '--device', args.device] + ['--no-hellaswag']*args.no_hellaswag + ['--json']*args.json
-            argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file else []) + (['--root', str(args.root)] if args.root else [])
-            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}', '--no-python',
+            argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file
+                     else []) + (['--root', str(args.root)] if args.root else [])
+            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                   f'--nproc_per_node={args.nproc}', '--no-python',
                    sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
-            r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)  # keep the workers' messages, not torchrun's report
-            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:'))))
-            if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out, file=sys.stderr)
+            # keep the workers' messages, not torchrun's report
+            r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:',
+                                                                                        'warning:'))))
+            if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out,
+                    file=sys.stderr)
             return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
         done = False  # every rank ends here together unless one crashed
         try:
-            r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not args.no_hellaswag,
-                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size,
+                         not args.no_hellaswag,
+                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}",
+                                                                               file=sys.stderr))
             done = True
         except (ValueError, FileNotFoundError):
             done = True
@@ -91,6 +112,7 @@ def add_cli(sub):
             raise
         finally: cleanup_distributed(wait_s=60 if done else 0)
         if int(os.environ.get('RANK', 0)) == 0:
-            print(json.dumps(r) if args.json else '\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in r.items()))
+            print(json.dumps(r) if args.json else '\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float)
+                                                            else f"{k:>14} {v}" for k, v in r.items()))
         return 0
     p.set_defaults(func=run)

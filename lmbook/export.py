@@ -22,17 +22,26 @@ __all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_t
 # %% ../nbs/05c_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
     "The `config.json` of the `transformers` model equal to an lmbook model of config `m`."
-    common = dict(vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, bos_token_id=eot_id, eos_token_id=eot_id,
+    common = dict(vocab_size=m.vocab_size, tie_word_embeddings=m.tie_embeddings, bos_token_id=eot_id,
+                  eos_token_id=eot_id,
                   torch_dtype='float32', use_cache=True)
     if m.arch == 'gpt2':
-        if m.kv_heads != m.n_head: raise ValueError(f"GPT2LMHeadModel has no grouped-query attention, but this gpt2 model has n_kv_head={m.n_kv_head}")
-        return dict(architectures=['GPT2LMHeadModel'], model_type='gpt2', n_embd=m.n_embd, n_layer=m.n_layer, n_head=m.n_head,
-                    n_inner=m.hidden, n_positions=m.block_size, n_ctx=m.block_size, activation_function='gelu_new',
-                    layer_norm_epsilon=m.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=True, **common)
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', hidden_size=m.n_embd, num_hidden_layers=m.n_layer,
-                num_attention_heads=m.n_head, num_key_value_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.hidden,
-                max_position_embeddings=m.block_size, hidden_act='silu', rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-                rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta), attention_bias=False, mlp_bias=False,
+        if m.kv_heads != m.n_head: raise ValueError("GPT2LMHeadModel has no grouped-query attention, but "
+                                                    f"this gpt2 model has n_kv_head={m.n_kv_head}")
+        return dict(architectures=['GPT2LMHeadModel'], model_type='gpt2', n_embd=m.n_embd, n_layer=m.n_layer,
+                    n_head=m.n_head,
+                    n_inner=m.hidden, n_positions=m.block_size, n_ctx=m.block_size,
+                        activation_function='gelu_new',
+                    layer_norm_epsilon=m.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        scale_attn_weights=True, **common)
+    return dict(architectures=['LlamaForCausalLM'], model_type='llama', hidden_size=m.n_embd,
+                num_hidden_layers=m.n_layer,
+                num_attention_heads=m.n_head, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+                    intermediate_size=m.hidden,
+                max_position_embeddings=m.block_size, hidden_act='silu', rms_norm_eps=m.norm_eps,
+                    rope_theta=m.rope_theta,
+                rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta), attention_bias=False,
+                    mlp_bias=False,
                 attention_dropout=0.0, **common)
 
 # %% ../nbs/05c_export.ipynb #ba0c32f2
@@ -42,24 +51,32 @@ def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
     out = {}
     if m.arch == 'gpt2':  # GPT-2 always has biases: a bias-free model's are zeros
         b = lambda k, n: sd[k] if m.bias else torch.zeros(n, dtype=sd['wte.weight'].dtype)
-        out.update({'transformer.wte.weight': sd['wte.weight'][:V], 'transformer.wpe.weight': sd['wpe.weight'],
-                    'transformer.ln_f.weight': sd['ln_f.weight'], 'transformer.ln_f.bias': b('ln_f.bias', m.n_embd)})
+        out.update({'transformer.wte.weight': sd['wte.weight'][:V],
+                    'transformer.wpe.weight': sd['wpe.weight'],
+                    'transformer.ln_f.weight': sd['ln_f.weight'], 'transformer.ln_f.bias': b('ln_f.bias',
+                                                                                             m.n_embd)})
         for i in range(L):
             p, h = f'h.{i}.', f'transformer.h.{i}.'
-            for ln in ('ln_1', 'ln_2'): out[h+ln+'.weight'], out[h+ln+'.bias'] = sd[p+ln+'.weight'], b(p+ln+'.bias', m.n_embd)
+            for ln in ('ln_1',
+                       'ln_2'): out[h+ln+'.weight'], out[h+ln+'.bias'] = sd[p+ln+'.weight'], b(p+ln+'.bias',
+                                                                                               m.n_embd)
             for name in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'):  # Conv1D keeps (in, out)
                 w = sd[p+name+'.weight']
                 out[h+name+'.weight'], out[h+name+'.bias'] = w.t(), b(p+name+'.bias', w.shape[0])
     else:
-        out.update({'model.embed_tokens.weight': sd['wte.weight'][:V], 'model.norm.weight': sd['ln_f.weight']})
+        out.update({'model.embed_tokens.weight': sd['wte.weight'][:V],
+                    'model.norm.weight': sd['ln_f.weight']})
         for i in range(L):
             p, h = f'h.{i}.', f'model.layers.{i}.'
             wq, wk, wv = sd[p+'attn.c_attn.weight'].split([q, kv, kv])
             fc = sd[p+'mlp.c_fc.weight']
-            out.update({h+'input_layernorm.weight': sd[p+'ln_1.weight'], h+'post_attention_layernorm.weight': sd[p+'ln_2.weight'],
-                        h+'self_attn.q_proj.weight': wq, h+'self_attn.k_proj.weight': wk, h+'self_attn.v_proj.weight': wv,
+            out.update({h+'input_layernorm.weight': sd[p+'ln_1.weight'],
+                        h+'post_attention_layernorm.weight': sd[p+'ln_2.weight'],
+                        h+'self_attn.q_proj.weight': wq, h+'self_attn.k_proj.weight': wk,
+                            h+'self_attn.v_proj.weight': wv,
                         h+'self_attn.o_proj.weight': sd[p+'attn.c_proj.weight'],
-                        h+'mlp.gate_proj.weight': fc[:H], h+'mlp.up_proj.weight': fc[H:], h+'mlp.down_proj.weight': sd[p+'mlp.c_proj.weight']})
+                        h+'mlp.gate_proj.weight': fc[:H], h+'mlp.up_proj.weight': fc[H:],
+                            h+'mlp.down_proj.weight': sd[p+'mlp.c_proj.weight']})
     if not m.tie_embeddings: out['lm_head.weight'] = sd['lm_head.weight'][:V]
     return {k: v.detach().cpu().contiguous().clone() for k, v in out.items()}
 
@@ -69,30 +86,36 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
     out_dir = Path(out_dir)
     tokenizer.tok.save(str(out_dir/'tokenizer.json'))
     special = dict(bos_token=EOT, eos_token=EOT, unk_token=EOT)
-    (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tokenizer_class='PreTrainedTokenizerFast', model_max_length=block_size,
-                                                                 clean_up_tokenization_spaces=False, **special), indent=1))
+    (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tokenizer_class='PreTrainedTokenizerFast',
+                                                                 model_max_length=block_size,
+                                                                 clean_up_tokenization_spaces=False,
+                                                                     **special), indent=1))
     (out_dir/'special_tokens_map.json').write_text(json.dumps(special, indent=1))
 
 # %% ../nbs/05c_export.ipynb #07c9e14a
-def export_hf(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+# checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+def export_hf(source:str|Path,
               out_dir:Path, # the transformers folder to write
               root:Path|None=None, # workspace root (default: from settings)
               overwrite:bool=False, # replace an existing non-empty `out_dir`
               dtype:str='float32', # weights as 'float32' or 'bfloat16' (half the size)
               warn=None, # called with a message for each damaged checkpoint skipped
-              reuse:bool=False, # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
+              # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
+              reuse:bool=False,
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
     out = Path(out_dir)
     if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
-    check_writable(out.parent if out.exists() else out, fix='choose another folder')  # a file in the way, a read-only folder
+    # a file in the way, a read-only folder
+    check_writable(out.parent if out.exists() else out, fix='choose another folder')
     taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
     if taken and not (overwrite or reuse):
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn)
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
-        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or pass --overwrite")
+        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
+                         "pass --overwrite")
     m = lm.config.model
     cfg = dict(hf_config(m, lm.tokenizer.eot_id), torch_dtype=dtype)
     sd = {k: v.to(getattr(torch, dtype)) for k, v in hf_state_dict(lm.model.state_dict(), m).items()}
@@ -101,9 +124,12 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
     try:
         save_file(sd, tmp/'model.safetensors', metadata=dict(format='pt'))
         (tmp/'config.json').write_text(json.dumps(cfg, indent=1))
-        (tmp/'generation_config.json').write_text(json.dumps(dict(bos_token_id=lm.tokenizer.eot_id, eos_token_id=lm.tokenizer.eot_id), indent=1))
+        (tmp/'generation_config.json').write_text(json.dumps(dict(bos_token_id=lm.tokenizer.eot_id,
+                                                                  eos_token_id=lm.tokenizer.eot_id),
+                                                                      indent=1))
         write_tokenizer(lm.tokenizer, tmp, m.block_size)
-        (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment,
+        (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step,
+                                                       experiment=lm.experiment,
                                                        config=lm.state.get('config')), indent=1))
         if out.exists():
             old = out.with_name(f'.{out.name}.old-{os.getpid()}')
@@ -116,7 +142,8 @@ def _holds_export(out:Path, lm, dtype:str) -> bool:
     "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."
     try:
         meta, cfg = json.loads((out/'lmbook.json').read_text()), json.loads((out/'config.json').read_text())
-        return (meta.get('checkpoint'), meta.get('step'), cfg.get('torch_dtype')) == (str(lm.path), lm.step, dtype) and \
+        return (meta.get('checkpoint'), meta.get('step'), cfg.get('torch_dtype')) == (str(lm.path), lm.step,
+                                                                                      dtype) and \
                (out/'model.safetensors').is_file()
     except (OSError, ValueError): return False
 
@@ -129,11 +156,14 @@ def push_to_hub(folder:Path, # an exported folder
     "Upload an exported folder to a Hugging Face model repository; return its URL."
     import huggingface_hub as hh  # slow to import: only Hub files need it
     token = token or os.environ.get('HF_TOKEN') or hh.get_token()
-    if not token: raise ValueError(f"no Hugging Face token to upload {folder} to {repo_id}: set HF_TOKEN or run `huggingface-cli login`")
-    if not (Path(folder)/'config.json').is_file(): raise FileNotFoundError(f"{folder} is not an exported model folder (no config.json)")
+    if not token: raise ValueError(f"no Hugging Face token to upload {folder} to {repo_id}: set HF_TOKEN or "
+                                   "run `huggingface-cli login`")
+    if not (Path(folder)/'config.json').is_file(): raise FileNotFoundError(f"{folder} is not an exported "
+                                                                           "model folder (no config.json)")
     api = hh.HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type='model')
-    api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type='model', commit_message='Upload from lmbook')
+    api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type='model',
+                      commit_message='Upload from lmbook')
     return f"https://huggingface.co/{repo_id}"
 
 # %% ../nbs/05c_export.ipynb #1efb8008
@@ -144,7 +174,8 @@ def find_hf_model(repo_id:str='openai-community/gpt2', # a Hub model id, looked 
     from huggingface_hub import snapshot_download  # slow to import: only Hub files need it
     try: return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True))
     except Exception as e:
-        raise FileNotFoundError(f"{repo_id} is not in the local Hugging Face cache ({type(e).__name__}): download it once where there is internet "
+        raise FileNotFoundError(f"{repo_id} is not in the local Hugging Face cache ({type(e).__name__}): "
+                                "download it once where there is internet "
                                 f"(huggingface-cli download {repo_id}) and copy the cache here") from None
 
 def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, looked up in the local cache only
@@ -152,49 +183,74 @@ def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, loo
                      ) -> Path:
     "The `tokenizer.json` of a cached Hub model, e.g. GPT-2's, for `lmbook prepare --tokenizer-json`."
     p = find_hf_model(repo_id, cache_dir)/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: download it with huggingface-cli download {repo_id} tokenizer.json")
+    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: "
+                                                f"download it with huggingface-cli download {repo_id} "
+                                                    "tokenizer.json")
     return p
 
-def hf_gpt2_folder(name:str='gpt2', # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or another Hub id of a GPT-2 model
-                   hf_cache:Path|None=None, # the workspace's Hugging Face cache, searched besides HF_HOME's and the default
-                   download:bool=False, # fetch config.json and model.safetensors when missing (and HF_HUB_OFFLINE is not set)
+# 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or another Hub id of a GPT-2 model
+def hf_gpt2_folder(name:str='gpt2',
+                   # the workspace's Hugging Face cache, searched besides HF_HOME's and the default
+                   hf_cache:Path|None=None,
+                   # fetch config.json and model.safetensors when missing (and HF_HUB_OFFLINE is not set)
+                   download:bool=False,
                   ) -> Path:
-    "The local snapshot folder of a published GPT-2 (config.json and model.safetensors) in the Hugging Face cache."
-    try: cfg, w = hub_file(name, 'config.json', hf_cache, download), hub_file(name, 'model.safetensors', hf_cache, download)
+    ("The local snapshot folder of a published GPT-2 (config.json and model.safetensors) in the Hugging Face "
+     "cache.")
+    try: cfg, w = hub_file(name, 'config.json', hf_cache, download), hub_file(name, 'model.safetensors',
+                                                                              hf_cache, download)
     except FileNotFoundError:
-        raise FileNotFoundError(f"the weights of {name} are not in the local Hugging Face cache: fetch them where there is internet with "
-                                f"`huggingface-cli download {name} config.json model.safetensors` and copy the cache here (or set HF_HOME)") from None
-    if cfg.parent != w.parent: raise FileNotFoundError(f"{name}'s config.json ({cfg.parent}) and model.safetensors ({w.parent}) are in different snapshots: download both again")
+        raise FileNotFoundError(f"the weights of {name} are not in the local Hugging Face cache: fetch them "
+                                "where there is internet with "
+                                f"`huggingface-cli download {name} config.json model.safetensors` and copy "
+                                    "the cache here (or set HF_HOME)") from None
+    if cfg.parent != w.parent: raise FileNotFoundError(f"{name}'s config.json ({cfg.parent}) and "
+        f"model.safetensors ({w.parent}) are in different snapshots: download both again")
     return w.parent
 
-def gpt2_from_hf(folder:Path|str, # a transformers GPT-2 folder (config.json, model.safetensors), or a cached Hub id such as 'gpt2'
-                 vocab_size:int|None=None, # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens
+# a transformers GPT-2 folder (config.json, model.safetensors), or a cached Hub id such as 'gpt2'
+def gpt2_from_hf(folder:Path|str,
+                 # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens
+                 vocab_size:int|None=None,
                 ) -> tuple[ModelConfig, dict]:
-    "An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder, exactly (`bias=True` when it has biases)."
-    if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute() or str(folder).startswith('.')):
-        raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached Hub id such as gpt2")
+    ("An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder, exactly "
+     "(`bias=True` when it has biases).")
+    if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute()
+                                      or str(folder).startswith('.')):
+        raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached "
+                                "Hub id such as gpt2")
     folder = Path(folder) if Path(folder).is_dir() else hf_gpt2_folder(str(folder))
     if not (folder/'config.json').is_file() or not (folder/'model.safetensors').is_file():
         raise FileNotFoundError(f"{folder} needs config.json and model.safetensors of a GPT-2 model")
     c = json.loads((folder/'config.json').read_text())
-    if c.get('model_type') != 'gpt2': raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, not gpt2")
-    if c.get('activation_function', 'gelu_new') != 'gelu_new': raise ValueError(f"{folder} uses {c['activation_function']}; lmbook's gpt2 uses gelu_new")
+    if c.get('model_type') != 'gpt2': raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, "
+                                                       "not gpt2")
+    if c.get('activation_function', 'gelu_new') != 'gelu_new': raise ValueError(f"{folder} uses "
+        f"{c['activation_function']}; lmbook's gpt2 uses gelu_new")
     if c.get('scale_attn_by_inverse_layer_idx') or not c.get('scale_attn_weights', True):
-        raise ValueError(f"{folder} scales attention scores otherwise than by 1/sqrt(head size), as lmbook's gpt2 does: it cannot be imported exactly")
-    if vocab_size is not None and vocab_size < c['vocab_size']: raise ValueError(f"vocab_size={vocab_size} is smaller than {folder}'s {c['vocab_size']}")
+        raise ValueError(f"{folder} scales attention scores otherwise than by 1/sqrt(head size), as "
+                         "lmbook's gpt2 does: it cannot be imported exactly")
+    if vocab_size is not None and vocab_size < c['vocab_size']: raise ValueError(f"vocab_size={vocab_size} "
+                                                                                 "is smaller than "
+                                                                                     f"{folder}'s {c['vocab_size']}")
     hf = {k.removeprefix('transformer.'): v for k, v in load_file(folder/'model.safetensors').items()}
-    bias = any(v.abs().max().item() > 0 for k, v in hf.items() if k.endswith('.bias') and v.dim() == 1)  # (attn.bias is a mask, not a weight)
+    # (attn.bias is a mask, not a weight)
+    bias = any(v.abs().max().item() > 0 for k, v in hf.items() if k.endswith('.bias') and v.dim() == 1)
     tied, n = c.get('tie_word_embeddings', True), c['n_embd']
-    m = ModelConfig(arch='gpt2', vocab_size=vocab_size or c['vocab_size'], block_size=c['n_positions'], n_layer=c['n_layer'], n_head=c['n_head'],
-                    n_embd=n, mlp_hidden=0 if (c.get('n_inner') or 4*n) == 4*n else c['n_inner'], norm_eps=c.get('layer_norm_epsilon', 1e-5),
+    m = ModelConfig(arch='gpt2', vocab_size=vocab_size or c['vocab_size'], block_size=c['n_positions'],
+                    n_layer=c['n_layer'], n_head=c['n_head'],
+                    n_embd=n, mlp_hidden=0 if (c.get('n_inner') or 4*n) == 4*n else c['n_inner'],
+                        norm_eps=c.get('layer_norm_epsilon', 1e-5),
                     tie_embeddings=tied, bias=bias)
     pad = lambda w: torch.cat([w, w.new_zeros(m.padded_vocab - w.shape[0], w.shape[1])])
-    sd = {'wte.weight': pad(hf['wte.weight']), 'wpe.weight': hf['wpe.weight'], 'ln_f.weight': hf['ln_f.weight']}
+    sd = {'wte.weight': pad(hf['wte.weight']), 'wpe.weight': hf['wpe.weight'],
+          'ln_f.weight': hf['ln_f.weight']}
     names = ('ln_f',)
     for i in range(m.n_layer):
         p = f'h.{i}.'
         sd.update({p+'ln_1.weight': hf[p+'ln_1.weight'], p+'ln_2.weight': hf[p+'ln_2.weight']})
-        for name in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'): sd[p+name+'.weight'] = hf[p+name+'.weight'].t().contiguous()
+        for name in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc',
+                     'mlp.c_proj'): sd[p+name+'.weight'] = hf[p+name+'.weight'].t().contiguous()
         names += tuple(p+k for k in ('ln_1', 'ln_2', 'attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj'))
     if bias: sd.update({k+'.bias': hf[k+'.bias'] for k in names})
     sd['lm_head.weight'] = sd['wte.weight'] if tied else pad(hf['lm_head.weight'])
@@ -203,20 +259,27 @@ def gpt2_from_hf(folder:Path|str, # a transformers GPT-2 folder (config.json, mo
 # %% ../nbs/05c_export.ipynb #1fe0a75a
 def add_cli(sub):
     "Register `lmbook export`."
-    p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload it)')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its best checkpoint)')
+    p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload '
+                       'it)')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
+                   'best checkpoint)')
     p.add_argument('out_dir', type=Path, help='the folder to write')
-    p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
+    p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or '
+                   'LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
-    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision (bfloat16 halves the size)')
-    p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model repo (needs HF_TOKEN or a login)')
-    p.add_argument('--public', action='store_true', help='create the Hub repository public (default: private)')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision '
+                   '(bfloat16 halves the size)')
+    p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model '
+                   'repo (needs HF_TOKEN or a login)')
+    p.add_argument('--public', action='store_true',
+                   help='create the Hub repository public (default: private)')
     cli_options(p, 'root')
     def run(args) -> int:
         if args.push_to_hub:  # refuse before writing anything when the upload cannot happen
             import huggingface_hub as hh  # slow to import: only Hub files need it
             if not (os.environ.get('HF_TOKEN') or hh.get_token()):
-                raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or run `huggingface-cli login`")
+                raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or "
+                                 "run `huggingface-cli login`")
         out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype,
                         warn=lambda m: print(f"warning: {m}", file=sys.stderr), reuse=bool(args.push_to_hub))
         print(f"exported to {out}")
@@ -225,8 +288,10 @@ def add_cli(sub):
             except (ValueError, FileNotFoundError): raise
             except Exception as e:  # offline, refused, a network error: the export itself is done
                 why = (str(e).strip().splitlines() or [''])[0][:200]
-                raise ValueError(f"the export is on disk in {out}, but the upload to {args.push_to_hub} failed "
-                                 f"({type(e).__name__}: {why}): to retry only the upload, run the same command again "
+                raise ValueError(f"the export is on disk in {out}, but the upload to {args.push_to_hub} "
+                                 "failed "
+                                 f"({type(e).__name__}: {why}): to retry only the upload, run the same "
+                                     "command again "
                                  f"(the export in {out} is kept)") from None
             print(f"uploaded to {url}")
         return 0

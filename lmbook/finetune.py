@@ -19,16 +19,23 @@ from .trainer import NonFiniteError, train
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'finetune_overrides', 'finetune_config', 'finetune', 'add_cli']
 
 # %% ../nbs/07b_finetune.ipynb #65690258
-FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1, schedule='cosine', weight_decay=0.0,
-                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)  # fine-tuning's changes to the init run's config
+FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1,
+                schedule='cosine', weight_decay=0.0,
+                # fine-tuning's changes to the init run's config
+                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)
 
-FINETUNE_PARAMS = dict(  # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
-    init_from='',            # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a scratch workspace)
-    data='',                 # the .jsonl of records; '' writes `builtin_chat` to datasets/sft/builtin_chat.jsonl in the workspace
+# the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
+FINETUNE_PARAMS = dict(
+    # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a
+    # scratch workspace)
+    init_from='',
+    # the .jsonl of records; '' writes `builtin_chat` to datasets/sft/builtin_chat.jsonl in the workspace
+    data='',
     experiment=None,         # the fine-tuned run: runs/<experiment>; None: '<init_from>-sft'
     root='',                 # workspace root ('': the settings' one; a scratch folder when init_from is '')
     lora_rank=0,             # >0: train LoRA adapters of this rank on a frozen model
-    max_steps=None,          # optimizer steps (None: FINETUNE's, or 40 for the tiny run made when init_from is '')
+    # optimizer steps (None: FINETUNE's, or 40 for the tiny run made when init_from is '')
+    max_steps=None,
     lr=None,                 # None: a tenth of the init run's
     batch_size=None,         # None: the init run's
     device='auto',           # 'auto' (CUDA, else MPS, else CPU), 'cpu' or 'cuda'
@@ -48,11 +55,13 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
     if hub_init(init_from):
         raise ValueError(f"fine-tuning starts from an lmbook run, not {init_from}: first train from it "
-                         f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then --init-from NAME")
+                         f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then "
+                             "--init-from NAME")
     ck, state = init_checkpoint(init_from, root)
     base = config_from_dict(state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
-    return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src, 'sft_data': str(Path(data).resolve()),
+    return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
+                                  'sft_data': str(Path(data).resolve()),
                                   **(overrides or {})})
 
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
@@ -62,24 +71,32 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
              root:Path|None=None, # workspace root (default: from settings)
              log:Callable=print, # where progress lines go
             ) -> dict:
-    "Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); return its result."
+    ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
+     "return its result.")
     check_name(experiment)
     cfg = finetune_config(init_from, data, overrides, root)
     ck, state = init_checkpoint(init_from, root)
-    if paths_for(experiment, root=root).run == run_of(ck): raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new name")
+    if paths_for(experiment, root=root).run == run_of(ck): raise ValueError(f"experiment {experiment!r} is "
+        "the init run itself: give the fine-tuned run a new name")
     check_init_shape(cfg, state, ck)
-    read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root), cfg.model.block_size)  # bad lines fail before any folder is made
+    read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root),
+             cfg.model.block_size)  # bad lines fail before any folder is made
     return train(cfg, experiment, root=root, log=log)
 
 # %% ../nbs/07b_finetune.ipynb #ae034cd3
 def add_cli(sub):
     "Register `lmbook finetune`."
-    p = sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses only)')
-    p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run: experiment name, run folder or checkpoint folder')
-    p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or {"messages": [{"role", "content"}, ...]}, one per line')
+    p = sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat '
+                       'records (loss on responses only)')
+    p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run: experiment '
+                   'name, run folder or checkpoint folder')
+    p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or '
+                   '{"messages": [{"role", "content"}, ...]}, one per line')
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
-    p.add_argument('--lora-rank', type=int, default=None, metavar='R', help='train LoRA adapters of rank R on a frozen model (default: every weight)')
-    p.add_argument('--lora-alpha', type=float, default=None, metavar='A', help='LoRA scale numerator (default 16)')
+    p.add_argument('--lora-rank', type=int, default=None, metavar='R', help='train LoRA adapters of rank R '
+                   'on a frozen model (default: every weight)')
+    p.add_argument('--lora-alpha', type=float, default=None, metavar='A', help='LoRA scale numerator '
+                   '(default 16)')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:

@@ -28,9 +28,12 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--nproc', type=int, default=None, help='processes (GPUs) per node; >1 launches torchrun')
     p.add_argument('--parallel', choices=('ddp', 'fsdp'), default=None, help='multi-process strategy')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
-    p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes 2 --node-rank 0 --rdzv-endpoint host:29500"')
-    p.add_argument('--allow-config-change', action='store_true', help='resume even though the config differs from the checkpoint (the diff is logged and recorded)')
-    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, tokens), then exit')
+    p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes '
+                   '2 --node-rank 0 --rdzv-endpoint host:29500"')
+    p.add_argument('--allow-config-change', action='store_true', help='resume even though the config '
+                   'differs from the checkpoint (the diff is logged and recorded)')
+    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, '
+                   'tokens), then exit')
     return p
 
 def resolve_args(a:argparse.Namespace) -> tuple:
@@ -46,9 +49,12 @@ def resolve_args(a:argparse.Namespace) -> tuple:
     return get_config(profile, ov), profile, experiment, ov
 
 # %% ../nbs/07a_launch.ipynb #24de827c
-EXIT_CODES = {0: 'finished, or already finished', 2: 'user error: bad config or input, run folder locked, no space for a checkpoint',
-              3: 'diverged: the loss or grad norm stayed non-finite', 130: 'stopped by SIGINT after writing its checkpoint',
-              129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint', 143: 'stopped by SIGTERM after writing its checkpoint'}
+EXIT_CODES = {0: 'finished, or already finished', 2: 'user error: bad config or input, run folder locked, '
+              'no space for a checkpoint',
+              3: 'diverged: the loss or grad norm stayed non-finite', 130: 'stopped by SIGINT after writing '
+                  'its checkpoint',
+              129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint',
+                  143: 'stopped by SIGTERM after writing its checkpoint'}
 
 def describe_exit(code:int) -> str:
     "What exit code `code` of a training process means."
@@ -62,8 +68,10 @@ def train_process(cfg, # the resolved `Config`
     "Prepare the data, or train, in this process; return the exit code (`EXIT_CODES`). User errors raise."
     if prepare_only:
         say = RunLog()
-        pd = prepare_run(cfg, paths_for(experiment, root=root), say)  # says so when it waits for another preparation
-        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary {pd.vocab_size}")
+        # says so when it waits for another preparation
+        pd = prepare_run(cfg, paths_for(experiment, root=root), say)
+        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
+            f"{pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))
     except NonFiniteError: return 3
@@ -73,7 +81,8 @@ def _say_error(e:Exception):
     except OSError: pass  # nobody is reading
 
 def main(argv:list[str]|None=None) -> int:
-    "Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to `LMBOOK_EXIT_FILE`."
+    ("Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to "
+     "`LMBOOK_EXIT_FILE`.")
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
@@ -91,7 +100,8 @@ WORKER = 'import sys; from lmbook.launch import main; sys.exit(main())'
 
 
 # %% ../nbs/07a_launch.ipynb #5f6fec5e
-def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None, root:Path|None=None,
+def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
+               root:Path|None=None,
                torchrun_args:str|list='', prepare_only:bool=False) -> list[str]:
     "The command line that trains `profile` as experiment `experiment` (or only prepares its data)."
     overrides = dict(overrides or {})
@@ -100,7 +110,8 @@ def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|
     nproc = cfg.train.nproc
     if nproc > 1 or torchrun_args:
         check_parallel(cfg.train.parallel, pick_device(cfg.train.device))  # before anything starts
-    args = ['--profile', str(profile), '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()]
+    args = ['--profile', str(profile), '--experiment', experiment] + [f'--set={k}={v}' for k,
+                                                                      v in overrides.items()]
     if root is not None: args += ['--root', str(root)]
     targs = shlex.split(torchrun_args) if isinstance(torchrun_args, str) else list(torchrun_args)
     if prepare_only: return [sys.executable, '-u', '-c', WORKER, '--prepare-only'] + args
@@ -123,33 +134,39 @@ def launch(profile:str, # profile name or config file
            prepare_only:bool=False, # only prepare the data
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
           ) -> Iterator[str]:
-    "Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not finish."
+    ("Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not "
+     "finish.")
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
     if 'torch.distributed.run' in cmd or prepare_only:
-        yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e, grace_s, forward_signals)
+        yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
+                           grace_s, forward_signals)
     if not prepare_only: yield from _stream(cmd, e, grace_s, forward_signals)
 
 class TrainingExit(RuntimeError):
     "A training process that ended with a non-zero exit code (`code`)."
     def __init__(self, code:int):
         self.code = code
-        super().__init__(f"training exited with code {code} ({describe_exit(code)}); its output above says why")
+        super().__init__(f"training exited with code {code} ({describe_exit(code)}); its output above says "
+                         "why")
 
 def _exit_code(rc:int, exit_file:str) -> int:
-    "The worker's own exit code when it wrote one (torchrun reports 1 for any failed worker), else the process's."
+    ("The worker's own exit code when it wrote one (torchrun reports 1 for any failed worker), else the "
+     "process's.")
     try: return int(json.loads(Path(exit_file).read_text())['exit_code']) if rc else 0
     except (OSError, ValueError, KeyError): return 128 - rc if rc < 0 else rc
     finally: Path(exit_file).unlink(missing_ok=True)
 
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
-    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json'); os.close(fd); os.unlink(exit_file)
+    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-',
+                                     suffix='.json'); os.close(fd); os.unlink(exit_file)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=dict(env, LMBOOK_EXIT_FILE=exit_file),
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
     old = {}
     if forward_signals and threading.current_thread() is threading.main_thread():
-        pass_on = lambda signum, frame: proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)  # torchrun: TERM
+        pass_on = lambda signum, frame: proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP
+                                                         else signum)  # torchrun: TERM
         old = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         for line in proc.stdout: yield line
@@ -163,10 +180,13 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
 
-def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None, root:Path|None=None,
-                 torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False, forward_signals:bool=False) -> int:
+def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
+                 root:Path|None=None,
+                 torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False,
+                     forward_signals:bool=False) -> int:
     "`launch` and print every line; on Ctrl-C / an interrupted cell stop the run cleanly, then re-raise."
-    gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env, prepare_only=prepare_only, forward_signals=forward_signals)
+    gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env, prepare_only=prepare_only,
+                 forward_signals=forward_signals)
     try:
         for line in gen: out(line.rstrip('\n'))
     except KeyboardInterrupt:
@@ -180,31 +200,39 @@ def detach(profile:str, # profile name or config file
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
           ) -> tuple[int, Path]:
-    "Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that file)."
+    ("Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that "
+     "file).")
     out = paths_for(experiment, root=Path(root) if root else None).run/'train.out'
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train', '--profile', str(profile),
-            '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root', str(root)] if root else [])
+    cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
+            '--profile', str(profile),
+            '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root',
+                    str(root)] if root else [])
            + (['--torchrun-args', torchrun_args] if torchrun_args else []))
     with open(out, 'ab') as f:
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
     return p.pid, out
 
 # %% ../nbs/07a_launch.ipynb #66c1699e
 def add_cli(sub):
     "Register `lmbook train`."
     p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)'))
-    p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: closing the terminal does not stop it')
+    p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: '
+                   'closing the terminal does not stop it')
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)
         if a.detach:
             pid, out = detach(profile, experiment, ov, a.root, a.torchrun_args)
-            print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing this terminal does not stop it)\n"
+            print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
+                  "this terminal does not stop it)\n"
                   f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
                   f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
             return 0
-        if cfg.train.nproc == 1 and not a.torchrun_args: return train_process(cfg, experiment, a.root, a.prepare_only)
-        try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args, prepare_only=a.prepare_only,
+        if cfg.train.nproc == 1 and not a.torchrun_args: return train_process(cfg, experiment, a.root,
+                                                                              a.prepare_only)
+        try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args,
+                          prepare_only=a.prepare_only,
                           forward_signals=True)
         except TrainingExit as e:
             if e.code not in (2, 3) and e.code <= 128: _say_error(e)  # the run's own lines said the rest

@@ -23,9 +23,11 @@ def fp8_support(device:str) -> str:
     "'' when float8 training can run on `device`, else the reason in one line."
     if not device.startswith('cuda') or not torch.cuda.is_available(): return "float8 matmuls need a CUDA GPU"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9): return f"float8 matmuls need compute capability 8.9 or newer, this card has {major}.{minor}"
+    if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 or newer, this card has "
+                                        f"{major}.{minor}")
     try: import torchao.float8  # noqa: F401
-    except Exception as e: return f"float8 training needs torchao (pip install torchao): {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    except Exception as e: return ("float8 training needs torchao (pip install torchao): "
+                                   f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
     return ''
 
 def fp8_eligible(mod:nn.Module, fqn:str) -> bool:
@@ -33,17 +35,21 @@ def fp8_eligible(mod:nn.Module, fqn:str) -> bool:
     return type(mod) is nn.Linear and fqn.split('.')[-1] != 'lm_head' and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
 def convert_fp8(model:nn.Module, recipe:str) -> int:
-    "Swap the eligible linear layers of `model` for torchao's `Float8Linear` (`recipe`: 'tensorwise' or 'rowwise'); returns how many."
-    from torchao.float8 import convert_to_float8_training, Float8LinearConfig  # optional: float8 through torchao
+    ("Swap the eligible linear layers of `model` for torchao's `Float8Linear` (`recipe`: 'tensorwise' or "
+     "'rowwise'); returns how many.")
+    # optional: float8 through torchao
+    from torchao.float8 import convert_to_float8_training, Float8LinearConfig
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())
-    convert_to_float8_training(model, module_filter_fn=fp8_eligible, config=Float8LinearConfig.from_recipe_name(recipe))
+    convert_to_float8_training(model, module_filter_fn=fp8_eligible,
+                               config=Float8LinearConfig.from_recipe_name(recipe))
     return n
 
 def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wrapping
               recipe:str, # the config's `fp8`: 'off', 'tensorwise' or 'rowwise'
               device:str, # where it trains
              ) -> str:
-    "Float8 matmuls for `model` where `device` supports them: the recipe applied, or 'off' (with a warning if one was asked for)."
+    ("Float8 matmuls for `model` where `device` supports them: the recipe applied, or 'off' (with a warning "
+     "if one was asked for).")
     if recipe == 'off': return 'off'
     why = fp8_support(device)
     if why:
@@ -55,8 +61,10 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
 # %% ../nbs/03d_levers.ipynb #ae68e129
 _aten = torch.ops.aten
 SAVED_OPS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten._scaled_mm.default,
-             _aten._scaled_dot_product_flash_attention.default, _aten._scaled_dot_product_efficient_attention.default,
-             _aten._scaled_dot_product_cudnn_attention.default, _aten._scaled_dot_product_flash_attention_for_cpu.default}
+             _aten._scaled_dot_product_flash_attention.default,
+                 _aten._scaled_dot_product_efficient_attention.default,
+             _aten._scaled_dot_product_cudnn_attention.default,
+                 _aten._scaled_dot_product_flash_attention_for_cpu.default}
 
 def keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     "Selective checkpointing's rule: save the outputs of matmuls and attention, recompute everything else."
@@ -66,7 +74,8 @@ def checkpointed(forward:Callable, # a block's own forward
                  mode:str, # 'selective' or 'full'
                 ) -> Callable:
     "`forward` under activation checkpointing while gradients are recorded (sampling and eval run it as is)."
-    ctx = dict(context_fn=functools.partial(create_selective_checkpoint_contexts, keep_matmuls)) if mode == 'selective' else {}
+    ctx = dict(context_fn=functools.partial(create_selective_checkpoint_contexts,
+                                            keep_matmuls)) if mode == 'selective' else {}
     def run(*args, **kwargs):
         if not torch.is_grad_enabled(): return forward(*args, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **ctx, **kwargs)
@@ -76,7 +85,8 @@ def apply_act_ckpt(model:nn.Module, # the plain GPT, before compile and DDP/FSDP
                    mode:str, # the config's `act_ckpt`: 'none', 'selective' or 'full'
                   ) -> str:
     "Activation checkpointing on each of `model`'s blocks; returns the mode applied."
-    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose none, selective or full")
+    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose none, "
+                                                                   "selective or full")
     if mode != 'none':
         for b in model.h: b.forward = checkpointed(b.forward, mode)
     return mode
@@ -90,7 +100,8 @@ def loss_kernel(cfg:Config, device:str) -> str:
     return 'chunked' if m.ce_chunk else 'logits'
 
 def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
-    "The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as `model.sdpa` decides."
+    ("The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as "
+     "`model.sdpa` decides.")
     m = cfg.model
     if m.attn_backend != 'auto': return m.attn_backend
     cuda = device.startswith('cuda') and torch.cuda.is_available()
@@ -99,5 +110,7 @@ def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
 
 def lever_report(cfg:Config, device:str, fp8_applied:str='off') -> dict:
     "The levers a run of `cfg` really uses on `device`, for a metrics or benchmark row."
-    return dict(fp8=fp8_applied, loss_kernel=loss_kernel(cfg, device), attention=attention_kernel(cfg, device),
-                optimizer=cfg.train.optimizer, act_ckpt=cfg.train.act_ckpt, mfu_basis='bf16 peak' if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')
+    return dict(fp8=fp8_applied, loss_kernel=loss_kernel(cfg, device), attention=attention_kernel(cfg,
+                                                                                                  device),
+                optimizer=cfg.train.optimizer, act_ckpt=cfg.train.act_ckpt, mfu_basis='bf16 peak'
+                    if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')

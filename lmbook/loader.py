@@ -27,12 +27,16 @@ def token_files(token_dir:Path) -> list[tuple[Path, int]]:
     "(path, token count) of every token file in `token_dir`, checked against its manifest."
     token_dir = Path(token_dir)
     m = read_manifest(token_dir)
-    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no token manifest: run `lmbook tokenize` first")
-    if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook tokenize` again to finish it")
+    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no token "
+                                                                                "manifest: run `lmbook "
+                                                                                    "tokenize` first")
+    if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook "
+                                               "tokenize` again to finish it")
     out = []
     for f in m['files']:
         h = read_header(token_dir/f['name'])
-        if h['tokens'] != f['tokens']: raise ValueError(f"{token_dir/f['name']} holds {h['tokens']} tokens, its manifest says {f['tokens']}: tokenize again")
+        if h['tokens'] != f['tokens']: raise ValueError(f"{token_dir/f['name']} holds {h['tokens']} tokens, "
+                                                        f"its manifest says {f['tokens']}: tokenize again")
         out.append((token_dir/f['name'], f['tokens']))
     return out
 
@@ -54,7 +58,8 @@ class TokenLoader:
         self.n_windows = np.array([max(n-1, 0)//block_size for _, n in self.files], dtype=np.int64)
         self.n_tokens = sum(n for _, n in self.files)
         if self.batches_per_epoch == 0:
-            raise ValueError(f"{token_dir} holds {self.n_tokens:,} tokens, less than one batch of {world_size}x{batch_size} "
+            raise ValueError(f"{token_dir} holds {self.n_tokens:,} tokens, less than one batch of "
+                             f"{world_size}x{batch_size} "
                              f"windows of {block_size+1} tokens: lower batch_size or block_size, or add data")
         self.epoch, self.pos, self._cache = 0, 0, {}
 
@@ -66,13 +71,15 @@ class TokenLoader:
         if self._cache.get('epoch') != epoch:
             n = len(self.files)
             order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
-            self._cache = dict(epoch=epoch, order=order, starts=np.concatenate([[0], np.cumsum(self.n_windows[order])]))
+            self._cache = dict(epoch=epoch, order=order, starts=np.concatenate([[0],
+                    np.cumsum(self.n_windows[order])]))
         return self._cache['order'], self._cache['starts']
 
     def _perm(self, epoch:int, fi:int) -> np.ndarray:
         key = ('perm', fi)
         if key not in self._cache:
-            for k in [k for k in self._cache if isinstance(k, tuple)][:-3]: del self._cache[k]  # keep the last few files' orders
+            # keep the last few files' orders
+            for k in [k for k in self._cache if isinstance(k, tuple)][:-3]: del self._cache[k]
             self._cache[key] = np.random.default_rng([self.seed, epoch, fi]).permutation(self.n_windows[fi])
         return self._cache[key]
 
@@ -103,14 +110,18 @@ class TokenLoader:
 
     def state_dict(self) -> dict:
         "Where the loader is: plain ints and strings."
-        return dict(version=1, epoch=self.epoch, pos=self.pos, seed=self.seed, block_size=self.T, batch_size=self.B,
+        return dict(version=1, epoch=self.epoch, pos=self.pos, seed=self.seed, block_size=self.T,
+                    batch_size=self.B,
                     world_size=self.world_size, n_tokens=self.n_tokens, files=[p.name for p, _ in self.files])
 
     def load_state_dict(self, d:dict):
         "Continue exactly where the loader that saved `d` stopped."
-        if d.get('block_size') != self.T or d.get('files') != [p.name for p, _ in self.files] or d.get('n_tokens') != self.n_tokens:
-            raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size {d.get('block_size')}) "
-                             f"than {self.token_dir} ({self.n_tokens} tokens, block_size {self.T}): resume with the same data and block_size")
+        if d.get('block_size') != self.T or d.get('files') != [p.name for p,
+                                                               _ in self.files] or d.get('n_tokens') != self.n_tokens:
+            raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size "
+                             f"{d.get('block_size')}) "
+                             f"than {self.token_dir} ({self.n_tokens} tokens, block_size {self.T}): resume "
+                                 "with the same data and block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
         self._cache = {}
 
@@ -122,18 +133,21 @@ def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path
     for i, a in enumerate(arrays):
         write_tokens(out_dir/f'shard_{i:05d}.bin', a, n_docs=int((a == eot_id).sum()))
         files.append(dict(name=f'shard_{i:05d}.bin', tokens=len(a)))
-    write_manifest(out_dir, dict(format='lmbook-tokens', version=1, dtype=np.dtype(arrays[0].dtype).name, files=files,
+    write_manifest(out_dir, dict(format='lmbook-tokens', version=1, dtype=np.dtype(arrays[0].dtype).name,
+                                 files=files,
                                  tokens=sum(len(a) for a in arrays), complete=True))
     return out_dir
 
 # %% ../nbs/02c_loader.ipynb #adf9cb36
-def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, rank:int=0, world_size:int=1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, rank:int=0,
+                world_size:int=1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "The same `n_batches` (x, y) validation batches every call; ranks get disjoint windows."
     if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     dl = TokenLoader(token_dir, 1, block_size, shuffle=False)  # needs one window at least
     total, out = int(dl.n_windows.sum()), []
     for b in range(n_batches):
-        buf = torch.from_numpy(dl.windows(0, ((b*world_size + rank)*batch_size + np.arange(batch_size)) % total))
+        buf = torch.from_numpy(dl.windows(0,
+                                          ((b*world_size + rank)*batch_size + np.arange(batch_size)) % total))
         out.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
     return out
 
@@ -146,15 +160,18 @@ def bin_dir(dataset:str) -> Path|None:
     return p if p.is_dir() and all((p/f).is_file() for f in BIN_FILES) else None
 
 def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chunk:int=1 << 24) -> dict:
-    "Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking every id is below `vocab_size`."
+    ("Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking every id is below "
+     "`vocab_size`.")
     src, out_dir = Path(src), Path(out_dir)
     size = src.stat().st_size
     source = dict(bin=str(src.resolve()), bytes=size, mtime_ns=src.stat().st_mtime_ns, vocab_size=vocab_size)
     m = read_manifest(out_dir) if out_dir.is_dir() else None
     if m and m.get('complete'):
         if m.get('source') == source: return m
-        raise ValueError(f"{out_dir} already holds finished tokens of another source: use another experiment or delete {out_dir}")
-    if size == 0 or size % 2: raise ValueError(f"{src} holds {size} bytes, not a whole number of uint16 token ids: it is not a nanoGPT .bin")
+        raise ValueError(f"{out_dir} already holds finished tokens of another source: use another "
+                         f"experiment or delete {out_dir}")
+    if size == 0 or size % 2: raise ValueError(f"{src} holds {size} bytes, not a whole number of uint16 "
+                                               "token ids: it is not a nanoGPT .bin")
     out_dir.mkdir(parents=True, exist_ok=True)
     n, docs, at, dst = size//2, 0, 0, out_dir/'shard_00000.bin'
     tmp = dst.with_name(f'.{dst.name}.tmp')
@@ -165,7 +182,8 @@ def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chu
                 a = np.frombuffer(b, dtype='<u2')
                 if int(a.max()) >= vocab_size:
                     j = int(np.argmax(a >= vocab_size))
-                    raise ValueError(f"{src} holds token id {int(a[j])} at position {at + j:,}, but the tokenizer has {vocab_size} ids: "
+                    raise ValueError(f"{src} holds token id {int(a[j])} at position {at + j:,}, but the "
+                                     f"tokenizer has {vocab_size} ids: "
                                      "give the tokenizer that made this file")
                 if eot_id is not None: docs += int((a == eot_id).sum())
                 g.write(b); at += a.size
@@ -173,7 +191,8 @@ def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chu
     except BaseException:
         tmp.unlink(missing_ok=True); raise
     os.replace(tmp, dst)
-    m = dict(format='lmbook-tokens', version=1, dtype='uint16', files=[dict(name=dst.name, tokens=n, docs=docs)],
+    m = dict(format='lmbook-tokens', version=1, dtype='uint16', files=[dict(name=dst.name, tokens=n,
+                                                                            docs=docs)],
              tokens=n, docs=docs, complete=True, source=source)
     write_manifest(out_dir, m)
     return m
@@ -195,40 +214,56 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
     "Adopt the tokenizer of nanoGPT token files in `bd` and copy them in."
     tj = tokenizer_json or (bd/'tokenizer.json' if (bd/'tokenizer.json').is_file() else None)
     if tj is None and not cfg.data.tokenizer and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
-        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with --tokenizer-json PATH "
+        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with "
+                         "--tokenizer-json PATH "
                          "or a Hub id (tokenizer=gpt2), or put its tokenizer.json beside them")
-    tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj, tokenizer=cfg.data.tokenizer, hf_cache=paths.hf_cache)
-    ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train', 'val')}
-    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
+    tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj, tokenizer=cfg.data.tokenizer,
+                          hf_cache=paths.hf_cache)
+    ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train',
+                                                                                                'val')}
+    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
+                        tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
 
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
                  log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
-    "Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` (nanoGPT .bin folders are copied in)."
-    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)  # one preparation at a time
+    ("Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` "
+     "(nanoGPT .bin folders are copied in).")
+    # one preparation at a time
+    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
 
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
     d = cfg.data
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
-    if not (Path(paths.tokenizer)/'tokenizer.json').is_file():  # what the tokenizer stage needs, checked before the long stages
+    # what the tokenizer stage needs, checked before the long stages
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file():
         if tokenizer_json is not None and not Path(tokenizer_json).is_file():
-            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a tokenizer.json")
-        if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)  # found (or fetched) before any shard is written
+            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a "
+                                    "tokenizer.json")
+        # found (or fetched) before any shard is written
+        if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)
         if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
-            raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: use at least {256 + len(SPECIAL_TOKENS)}")
+            raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: "
+                             f"use at least {256 + len(SPECIAL_TOKENS)}")
     tm, vm = read_manifest(paths.train), read_manifest(paths.val)
     if tm and tm.get('complete') and not (vm and vm.get('complete')):
-        raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` or `lmbook shard --split val`")
+        raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` "
+                         "or `lmbook shard --split val`")
     if not (tm and tm.get('complete')):
-        shard_corpus(paths.train, paths.val, dataset=d.dataset, config=d.dataset_config, mode='split', take=d.take,
+        shard_corpus(paths.train, paths.val, dataset=d.dataset, config=d.dataset_config, mode='split',
+                     take=d.take,
                      val_ratio=d.val_ratio, seed=d.data_seed, lines_per_shard=load_settings().shard_lines,
                      hf_cache=paths.hf_cache, progress=progress)
-    tk = ensure_tokenizer(paths.tokenizer, paths.train, cfg.model.vocab_size, tokenizer_json, tokenizer=d.tokenizer, hf_cache=paths.hf_cache)
+    tk = ensure_tokenizer(paths.tokenizer, paths.train, cfg.model.vocab_size, tokenizer_json,
+                          tokenizer=d.tokenizer, hf_cache=paths.hf_cache)
     if tk.vocab_size > cfg.model.vocab_size:  # before tokenizing, which may take hours
-        raise ValueError(f"the tokenizer in {paths.tokenizer} has {tk.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: "
+        raise ValueError(f"the tokenizer in {paths.tokenizer} has {tk.vocab_size} tokens but "
+                         f"vocab_size={cfg.model.vocab_size}: "
                          f"set vocab_size={-(-tk.vocab_size//128)*128}")
-    ms = {k: tokenize_split(getattr(paths, k), tk, token_dir(paths, k), progress=progress) for k in ('train', 'val')}
-    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size, tk.eot_id,
+    ms = {k: tokenize_split(getattr(paths, k), tk, token_dir(paths, k), progress=progress) for k in ('train',
+                                                                                                     'val')}
+    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
+                        tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
 
 # %% ../nbs/02c_loader.ipynb #5ad79ff8
@@ -243,8 +278,10 @@ def data_status(cfg, paths) -> str:
     except ValueError: return 'with a damaged manifest'
     if not (tm.get('complete') and vm.get('complete')):
         n = sum(len(m.get('shards', [])) for m in (tm, vm))
-        return f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)"
-    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return 'while making the tokenizer (the shards are complete)'
+        return (f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents "
+                "kept)")
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer (the '
+                                                                       'shards are complete)')
     for k, m in toks.items():
         if not m.get('complete'):
             n = len((tm if k == 'train' else vm)['shards'])
@@ -258,11 +295,14 @@ def _prepare_cmd(args) -> int:
     profile = nonblank(args.profile, 'profile') or s.profile
     cfg = get_config(profile, parse_assignments(args.set))
     paths = paths_for(resolve_experiment(args.experiment, profile), s, root=args.root)
-    try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'), log=print)
+    try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'),
+                           log=print)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
-        print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there", file=sys.stderr)
+        print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
+              file=sys.stderr)
         return 130
-    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in {pd.val_tokens}\n"
+    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in "
+          f"{pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0
 

@@ -16,7 +16,8 @@ __all__ = ['LORA_TARGETS', 'LoRALinear', 'add_lora', 'lora_counts', 'merge_lora_
 
 # %% ../nbs/03a_lora.ipynb #bdd49e4a
 class LoRALinear(nn.Module):
-    "A bias-free linear layer whose frozen `weight` gets a trainable low-rank update `lora_B @ lora_A` scaled by alpha/rank."
+    ("A bias-free linear layer whose frozen `weight` gets a trainable low-rank update `lora_B @ lora_A` "
+     "scaled by alpha/rank.")
     def __init__(self, base:nn.Linear, # the pretrained layer (its weight is kept, frozen)
                  rank:int,             # rank of the update
                  alpha:float=16.0):    # the update is scaled by alpha/rank
@@ -25,19 +26,23 @@ class LoRALinear(nn.Module):
         self.weight = base.weight
         self.weight.requires_grad_(False)
         out_f, in_f = base.weight.shape
-        self.lora_A = nn.Parameter(torch.empty(rank, in_f, device=base.weight.device, dtype=base.weight.dtype))
-        self.lora_B = nn.Parameter(torch.zeros(out_f, rank, device=base.weight.device, dtype=base.weight.dtype))
+        self.lora_A = nn.Parameter(torch.empty(rank, in_f, device=base.weight.device,
+                                               dtype=base.weight.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(out_f, rank, device=base.weight.device,
+                                               dtype=base.weight.dtype))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scale = alpha/rank
 
-    def forward(self, x): return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_A), self.lora_B)*self.scale
+    def forward(self, x): return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_A),
+                                                                     self.lora_B)*self.scale
 
     def merged_weight(self) -> torch.Tensor:
         "`weight + scale * lora_B @ lora_A`, computed in float32."
         return (self.weight.float() + self.scale*(self.lora_B.float() @ self.lora_A.float())).to(self.weight.dtype)
 
 # %% ../nbs/03a_lora.ipynb #128b6673
-LORA_TARGETS = ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj')  # the projections of a block that get adapters
+# the projections of a block that get adapters
+LORA_TARGETS = ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj')
 
 def add_lora(model:nn.Module, # a GPT (its blocks in `model.h`)
              rank:int,        # rank of the adapters
@@ -61,7 +66,8 @@ def lora_counts(model:nn.Module) -> tuple[int, int]:
 def merge_lora_state(sd:dict, # a state dict, possibly with `*.lora_A`/`*.lora_B` entries
                      alpha:float=16.0, # the lora_alpha the adapters were trained with
                     ) -> dict:
-    "A plain state dict: every adapter pair folded into the weight beside it (float32 arithmetic), then dropped."
+    ("A plain state dict: every adapter pair folded into the weight beside it (float32 arithmetic), then "
+     "dropped.")
     out = {k: v for k, v in sd.items() if not k.endswith(('.lora_A', '.lora_B'))}
     for k in sd:
         if not k.endswith('.lora_A'): continue
@@ -76,7 +82,8 @@ def merge_lora(model:nn.Module) -> nn.Module:
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, LoRALinear): continue
         parent, attr = model.get_submodule(name.rpartition('.')[0]), name.rpartition('.')[2]
-        lin = nn.Linear(mod.weight.shape[1], mod.weight.shape[0], bias=False, device=mod.weight.device, dtype=mod.weight.dtype)
+        lin = nn.Linear(mod.weight.shape[1], mod.weight.shape[0], bias=False, device=mod.weight.device,
+                        dtype=mod.weight.dtype)
         with torch.no_grad(): lin.weight.copy_(mod.merged_weight())
         setattr(parent, attr, lin)
     return model

@@ -19,13 +19,15 @@ __all__ = ['state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'b
 def state_bytes(n_params:int, # parameters
                 grad_accum:int=1, # micro-steps per optimizer step
                ) -> dict:
-    "Bytes of weights, gradients, AdamW state, bf16 weight copies, and the gradients a compiled backward returns at once."
+    ("Bytes of weights, gradients, AdamW state, bf16 weight copies, and the gradients a compiled backward "
+     "returns at once.")
     return dict(weights=4*n_params, grads=4*n_params if grad_accum > 1 else 0, optimizer=8*n_params,
                 bf16_weights=2*n_params, new_grads=4*n_params)
 
 # %% ../nbs/03b_memory.ipynb #bff0bc98
 def act_bytes_per_token_layer(m:ModelConfig, fp8:bool=False) -> int:
-    "Bytes one transformer block saves for the backward pass, per token (bf16 autocast, compiled; `fp8`: float8 matmuls)."
+    ("Bytes one transformer block saves for the backward pass, per token (bf16 autocast, compiled; `fp8`: "
+     "float8 matmuls).")
     d, h = m.n_embd, m.hidden
     qkv = 2*(m.n_head + 2*m.kv_heads)*m.head_dim
     if fp8: return 4*d + 4*d + qkv + d + (2*h if m.arch == 'gpt2' else 4*h)
@@ -45,19 +47,23 @@ def act_bytes_per_token(m:ModelConfig, fp8:bool=False, act_ckpt:str='none') -> i
 
 def block_matrix_params(m:ModelConfig) -> int:
     "Parameters of the linear layers inside the blocks (the ones float8 training converts)."
-    return m.n_layer*(m.n_embd*(m.n_head + 2*m.kv_heads)*m.head_dim + m.n_embd*m.n_embd + (3 if m.arch != 'gpt2' else 2)*m.n_embd*m.hidden)
+    return m.n_layer*(m.n_embd*(m.n_head + 2*m.kv_heads)*m.head_dim + m.n_embd*m.n_embd + (3
+            if m.arch != 'gpt2' else 2)*m.n_embd*m.hidden)
 
 def _liger_ok() -> bool:
     return _liger_flce() is not None
 
 def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
-    "Bytes the loss holds for `tokens` tokens: bf16 logits, the compiled chunked loss's measured 4.4 bytes a logit, or a fused loss's chunk and gradients."
+    ("Bytes the loss holds for `tokens` tokens: bf16 logits, the compiled chunked loss's measured 4.4 bytes "
+     "a logit, or a fused loss's chunk and gradients.")
     V, C = m.padded_vocab, m.n_embd
     if m.fused_ce:
-        if _liger_ok() if liger is None else liger:  # liger: the input's gradient (bf16), the head's (fp32), one chunk of bf16 logits
+        # liger: the input's gradient (bf16), the head's (fp32), one chunk of bf16 logits
+        if _liger_ok() if liger is None else liger:
             chunk = 2**math.ceil(math.log2(max(1, math.ceil(tokens/math.ceil(V/C)))))
             return 2*tokens*C + 4*V*C + 2*min(chunk, tokens)*V
-        chunk = min(m.ce_chunk or 8192, tokens)  # eager chunked loss: ~12 bytes a logit of one chunk, fp32 input gradient
+        # eager chunked loss: ~12 bytes a logit of one chunk, fp32 input gradient
+        chunk = min(m.ce_chunk or 8192, tokens)
         return 12*chunk*V + 4*tokens*C + 4*V*C
     if not m.ce_chunk: return 2*tokens*V
     return int(4.4*tokens*V) + 4*V*C + 4*tokens*C
@@ -85,14 +91,18 @@ def estimate_memory(cfg:Config, # the run's config
     fp32 = tc.dtype == 'float32'
     if fp32: act, logits = 2*act, 2*logits
     bf16w = 0 if fp32 else s['bf16_weights']/shard
-    if fp8 and not fp32: bf16w -= block_matrix_params(m)/shard  # float8 copies of the blocks' matrices: 1 byte, not 2
+    # float8 copies of the blocks' matrices: 1 byte, not 2
+    if fp8 and not fp32: bf16w -= block_matrix_params(m)/shard
     start_bwd = state + ddp + bf16w + act + logits
     end_bwd = state + ddp + s['new_grads']/shard
     total = max(start_bwd, end_bwd)
     gb = lambda x: x/1e9
-    return dict(params=n, batch_size=B, tokens=tokens, weights_gb=gb(s['weights']/shard), grads_gb=gb(s['grads']/shard + ddp),
-                optimizer_gb=gb(s['optimizer']/shard), bf16_weights_gb=gb(bf16w), activations_gb=gb(act), logits_gb=gb(logits),
-                new_grads_gb=gb(s['new_grads']/shard), peak_at='backward start' if start_bwd >= end_bwd else 'end of backward',
+    return dict(params=n, batch_size=B, tokens=tokens, weights_gb=gb(s['weights']/shard),
+                grads_gb=gb(s['grads']/shard + ddp),
+                optimizer_gb=gb(s['optimizer']/shard), bf16_weights_gb=gb(bf16w), activations_gb=gb(act),
+                    logits_gb=gb(logits),
+                new_grads_gb=gb(s['new_grads']/shard), peak_at='backward start' if start_bwd >= end_bwd
+                    else 'end of backward',
                 total_gb=gb(total))
 
 # %% ../nbs/03b_memory.ipynb #345705ec
@@ -113,7 +123,8 @@ def max_batch_size(cfg:Config, # the run's config
 
 # %% ../nbs/03b_memory.ipynb #0d3a73b1
 def batch_choices(cfg:Config) -> list[tuple[int, int]]:
-    "(batch_size, grad_accum) pairs with `cfg`'s tokens per step and at least its micro-batch, smallest first."
+    ("(batch_size, grad_accum) pairs with `cfg`'s tokens per step and at least its micro-batch, smallest "
+     "first.")
     per = cfg.train.batch_size*cfg.train.grad_accum
     return [(b, per//b) for b in range(cfg.train.batch_size, per + 1) if per % b == 0]
 
@@ -121,7 +132,8 @@ def search_batch(choices:list[tuple[int, int]], # `batch_choices`, smallest micr
                  fits:Callable[[int], bool], # does this micro-batch fit? (a trial on the card)
                  start:int=0, # index to try first (the estimate's pick)
                 ) -> int:
-    "Index of the largest choice that `fits`: up from `start` while they fit, else down until one does; -1 if none."
+    ("Index of the largest choice that `fits`: up from `start` while they fit, else down until one does; -1 "
+     "if none.")
     i = min(max(start, 0), len(choices) - 1)
     if fits(choices[i][0]):
         while i + 1 < len(choices) and fits(choices[i + 1][0]): i += 1

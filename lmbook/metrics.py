@@ -43,10 +43,12 @@ def format_row(row:dict, total:int) -> str:
 
 # %% ../nbs/04a_metrics.ipynb #8209cc00
 def read_metrics(path:Path) -> list[dict]:
-    "Records of a `metrics.jsonl` (a file or a run directory), in step order, newest record per step and kind."
+    ("Records of a `metrics.jsonl` (a file or a run directory), in step order, newest record per step and "
+     "kind.")
     path = Path(path)
     if path.is_dir(): path = path/METRICS
-    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the experiment name)")
+    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the "
+                                                   "experiment name)")
     recs = {}
     for line in path.read_text().splitlines():
         r = parse_row(line)
@@ -62,14 +64,16 @@ def _write_lines(path:Path, lines:list[str]):
     os.replace(tmp, path)
 
 def repair_metrics(path:Path, warn:Callable=print) -> int:
-    "Drop the lines of `path` that are not whole records (a torn last line), warning about each; return how many."
+    ("Drop the lines of `path` that are not whole records (a torn last line), warning about each; return how "
+     "many.")
     path = Path(path)
     if not path.is_file(): return 0
     txt = path.read_text()
     lines = [l for l in txt.splitlines() if l.strip()]
     bad = [i for i, l in enumerate(lines) if parse_row(l) is None]
     if not bad and (not txt or txt.endswith('\n')): return 0
-    for i in bad: warn(f"warning: {path}: dropped line {i+1}, which is not a whole record (a write cut short): {lines[i][:60]!r}")
+    for i in bad: warn(f"warning: {path}: dropped line {i+1}, which is not a whole record (a write cut "
+                       f"short): {lines[i][:60]!r}")
     _write_lines(path, [l for i, l in enumerate(lines) if i not in bad])
     return len(bad)
 
@@ -92,23 +96,28 @@ def set_aside(path:Path, step:int, warn:Callable=print) -> Path|None:
 # %% ../nbs/04a_metrics.ipynb #d9904897
 class MetricsLogger:
     "Writes metric rows to `metrics.jsonl`, TensorBoard and W&B (rank 0 only)."
-    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True, wandb_project:str='', config:dict|None=None,
+    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True, wandb_project:str='',
+                 config:dict|None=None,
                  name:str='', log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
         if not enabled: return
         if tensorboard:
             try:
-                from torch.utils.tensorboard import SummaryWriter  # slow to import: only a run that logs to TensorBoard
+                # slow to import: only a run that logs to TensorBoard
+                from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(Path(run_dir)/'tensorboard'))
-            except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip install tensorboard)")
+            except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip "
+                                    "install tensorboard)")
         if wandb_project:
             try:
                 import wandb  # optional: a wandb project only
-                self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow', dir=str(run_dir), config=config)
+                self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow',
+                                     dir=str(run_dir), config=config)
             except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
 
     def start_at(self, step:int):
-        "Make the file ready to continue after `step` (-1: a fresh start): repair it, set later records aside."
+        ("Make the file ready to continue after `step` (-1: a fresh start): repair it, set later records "
+         "aside.")
         if not self.enabled: return
         repair_metrics(self.path, self.log)
         set_aside(self.path, step, self.log)
@@ -118,7 +127,8 @@ class MetricsLogger:
         if not self.enabled: return
         row = clean_row(row)
         with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
-        nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != 'step'}
+        nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and k != 'step'}
         if self.tb:
             for k, v in nums.items(): self.tb.add_scalar(k, v, row['step'])
         if self.wb: self.wb.log(nums, step=row['step'])

@@ -17,18 +17,22 @@ __all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'ma
            'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT']
 
 # %% ../nbs/03_model.ipynb #79399d2f
-_BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION', math='MATH')
+_BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
+                 math='MATH')
 
 def _cudnn_suits(q, k, kw) -> bool:
-    "Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel applies."
+    ("Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel "
+     "applies.")
     return (q.is_cuda and torch.cuda.get_device_properties(q.device).major >= 9 and not kw.get('enable_gqa')
             and not kw.get('dropout_p') and q.shape == k.shape and q.shape[-1] <= 128)
 
 def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
-    "`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN where it suits, else torch)."
+    ("`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN "
+     "where it suits, else torch).")
     if backend == 'auto': backend = 'cudnn' if _cudnn_suits(q, k, kw) else 'sdpa'
     if backend == 'sdpa': return F.scaled_dot_product_attention(q, k, v, **kw)
-    from torch.nn.attention import sdpa_kernel, SDPBackend  # pulls in torch._dynamo (~1 s): a chosen kernel only
+    # pulls in torch._dynamo (~1 s): a chosen kernel only
+    from torch.nn.attention import sdpa_kernel, SDPBackend
     with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend]), SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
@@ -61,7 +65,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, rope=None, kv=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.nh*self.hd, self.nkv*self.hd, self.nkv*self.hd], dim=-1)
-        q, k, v = q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv, self.hd)
+        q, k, v = q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv,
+                                                                                          self.hd)
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
         mask = None
@@ -75,7 +80,8 @@ class CausalSelfAttention(nn.Module):
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
         kw = dict(enable_gqa=True) if gqa and _SDPA_GQA else {}
         if kv is not None: kw['attn_mask'] = mask
-        y = sdpa(q, k, v, self.backend, is_causal=kv is None, dropout_p=self.dropout if self.training else 0.0, **kw)
+        y = sdpa(q, k, v, self.backend, is_causal=kv is None, dropout_p=self.dropout if self.training
+                 else 0.0, **kw)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 # %% ../nbs/03_model.ipynb #e4bc1f39
@@ -113,10 +119,12 @@ class Block(nn.Module):
 
 # %% ../nbs/03_model.ipynb #9b4e3b0e
 class KVCache:
-    "Keys and values of every layer for the positions seen so far (`pos`), in buffers of `block_size` positions."
+    ("Keys and values of every layer for the positions seen so far (`pos`), in buffers of `block_size` "
+     "positions.")
     def __init__(self, cfg:ModelConfig, batch_size:int, device=None, dtype:torch.dtype=torch.float32):
         shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.block_size, cfg.head_dim)
-        self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
+                                                                                     dtype=dtype)
         self.pos = 0
 
     def layer(self, i:int) -> tuple: return self.k[i], self.v[i], self.pos
@@ -160,7 +168,8 @@ def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
         return ChunkedLinearCE.apply(x, weight, targets, chunk)
     tot = torch.zeros((), dtype=torch.float32, device=x.device)
     for s in range(0, x.shape[0], chunk):
-        tot = tot + F.cross_entropy((x[s:s+chunk] @ weight.t()).float(), targets[s:s+chunk], ignore_index=-1, reduction='sum')
+        tot = tot + F.cross_entropy((x[s:s+chunk] @ weight.t()).float(), targets[s:s+chunk], ignore_index=-1,
+                                    reduction='sum')
     return tot/(targets != -1).sum().clamp(min=1)
 
 # %% ../nbs/03_model.ipynb #85ab3a02
@@ -168,7 +177,9 @@ def _liger_flce():
     "liger-kernel's fused linear + cross-entropy function, or None when it cannot be imported."
     try:  # an optional GPU package
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
-    except Exception: return None  # an optional GPU package: missing, or built for another torch/triton (the run's row names the kernel used)
+    # an optional GPU package: missing, or built for another torch/triton (the run's row names the kernel
+    # used)
+    except Exception: return None
     return LigerFusedLinearCrossEntropyFunction
 
 @torch.compiler.disable
@@ -177,12 +188,16 @@ def fused_linear_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
                                targets:torch.Tensor, # (N,) token ids, -1 ignored
                                chunk:int=8192, # rows at a time for the chunked fallback
                               ) -> torch.Tensor:
-    "Mean cross-entropy of `x @ weight.T` without the logits: liger-kernel's kernel on CUDA when installed, else `chunked_cross_entropy`."
+    ("Mean cross-entropy of `x @ weight.T` without the logits: liger-kernel's kernel on CUDA when installed, "
+     "else `chunked_cross_entropy`.")
     fn = _liger_flce() if x.is_cuda else None
     if fn is None: return chunked_cross_entropy(x, weight, targets, chunk)
-    if torch.is_autocast_enabled('cuda'): x = x.to(torch.get_autocast_dtype('cuda'))  # its gradient is kept in this dtype
-    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction, softcap,
-    #  return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens, ce_impl, ce_mode)
+    # its gradient is kept in this dtype
+    if torch.is_autocast_enabled('cuda'): x = x.to(torch.get_autocast_dtype('cuda'))
+    # (input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
+    # softcap,
+    # return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens, ce_impl,
+    # ce_mode)
     return fn.apply(x, weight, targets, None, None, -1, 0.0, 0.0, 'mean', None, False, torch.float32,
                     False, False, False, None, None)[0]
 
@@ -191,7 +206,9 @@ class GPT(nn.Module):
     "A decoder-only transformer language model."
     def __init__(self, cfg:ModelConfig):
         super().__init__()
-        if cfg.bias and cfg.arch != 'gpt2': raise ValueError(f"bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for arch={cfg.arch!r}")
+        if cfg.bias and cfg.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
+                                                             "arch='gpt2', or bias=False for "
+                                                                 f"arch={cfg.arch!r}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == 'gpt2' else None
@@ -230,7 +247,10 @@ class GPT(nn.Module):
         if cache is not None: cache.pos += T
         x = self.ln_f(x)
         if targets is None: return self.lm_head(x)[..., :self.cfg.vocab_size]
-        if self.cfg.fused_ce: return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1), self.cfg.ce_chunk or 8192)
-        if self.cfg.ce_chunk: return chunked_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1), self.cfg.ce_chunk)
+        if self.cfg.fused_ce: return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight,
+                                                                targets.reshape(-1), self.cfg.ce_chunk
+                                                                    or 8192)
+        if self.cfg.ce_chunk: return chunked_cross_entropy(x.view(B*T, -1), self.lm_head.weight,
+                                                           targets.reshape(-1), self.cfg.ce_chunk)
         logits = self.lm_head(x).float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

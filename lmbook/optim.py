@@ -22,15 +22,19 @@ def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
     return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
 
-def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu', fused:bool|None=None) -> torch.optim.Optimizer:
-    "The optimizer `tc.optimizer` names over `model`: AdamW (fused kernels on CUDA unless `fused=False`) or `Muon`."
+def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu',
+                   fused:bool|None=None) -> torch.optim.Optimizer:
+    ("The optimizer `tc.optimizer` names over `model`: AdamW (fused kernels on CUDA unless `fused=False`) or "
+     "`Muon`.")
     fused = device_type == 'cuda' if fused is None else fused
-    if tc.optimizer == 'muon': return Muon(muon_groups(model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2), momentum=tc.muon_momentum)
+    if tc.optimizer == 'muon': return Muon(muon_groups(model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2),
+                                           momentum=tc.muon_momentum)
     return torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                              eps=1e-8, fused=fused or None)
 
 # %% ../nbs/03c_optim.ipynb #3d5c16a9
-def orthogonalize(G:torch.Tensor, # a 2-D gradient or momentum, or a stack of same-shape ones (..., rows, cols)
+# a 2-D gradient or momentum, or a stack of same-shape ones (..., rows, cols)
+def orthogonalize(G:torch.Tensor,
                   steps:int=5, # Newton-Schulz iterations
                  ) -> torch.Tensor:
     "`G` with its singular values pushed to about 1 (quintic Newton-Schulz; bf16 on CUDA, fp32 elsewhere)."
@@ -48,7 +52,8 @@ def orthogonalize(G:torch.Tensor, # a 2-D gradient or momentum, or a stack of sa
 _BLOCK = re.compile(r'(^|\.)h\.\d+\.')
 
 def muon_groups(model:torch.nn.Module, tc:TrainConfig) -> list[dict]:
-    "Muon for the blocks' matrices; AdamW for embeddings and head (with decay) and for gains and biases (without)."
+    ("Muon for the blocks' matrices; AdamW for embeddings and head (with decay) and for gains and biases "
+     "(without).")
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     hidden = [p for k, p in named if p.dim() == 2 and _BLOCK.search(k)]
     ids = {id(p) for p in hidden}
@@ -61,7 +66,8 @@ class Muon(torch.optim.Optimizer):
     "Muon for groups with `muon=True`, AdamW for the others: one optimizer, one state dict."
     def __init__(self, params, lr:float=6e-4, betas=(0.9, 0.95), eps:float=1e-8, weight_decay:float=0.0,
                  momentum:float=0.95, nesterov:bool=True, ns_steps:int=5):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      momentum=momentum,
                                       nesterov=nesterov, ns_steps=ns_steps, muon=False, lr_scale=1.0))
 
     @torch.no_grad()
@@ -94,14 +100,17 @@ class Muon(torch.optim.Optimizer):
                 chunk = items[i:i + stack]
                 O = orthogonalize(torch.stack([f for _, f in chunk]), g['ns_steps'])*max(1.0, rows/cols)**0.5
                 for (p, _), o in zip(chunk, O):
-                    if hasattr(p, 'device_mesh'):  # every rank computed the same full update; keep this rank's shard
-                        from torch.distributed.tensor import distribute_tensor  # slow to import (~0.7 s): FSDP2 only
+                    # every rank computed the same full update; keep this rank's shard
+                    if hasattr(p, 'device_mesh'):
+                        # slow to import (~0.7 s): FSDP2 only
+                        from torch.distributed.tensor import distribute_tensor
                         o = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
                     p.add_(o.to(p.dtype), alpha=-lr)
 
     def _adamw(self, p, g, lr):
         st, grad = self.state[p], p.grad
-        if not st: st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        if not st: st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                             exp_avg_sq=torch.zeros_like(p))
         (b1, b2), t = g['betas'], st['step'].add_(1).item()
         st['exp_avg'].lerp_(grad, 1 - b1)
         st['exp_avg_sq'].mul_(b2).addcmul_(grad, grad, value=1 - b2)
@@ -140,7 +149,8 @@ def total_steps(tc:TrainConfig, tokens_per_step:int, n_train_tokens:int|None=Non
     "Optimizer steps of the run: from `token_budget`, else `epochs`, else `max_steps`."
     if tc.token_budget > 0: return max(1, math.ceil(tc.token_budget/tokens_per_step))
     if tc.epochs > 0:
-        if not n_train_tokens: raise ValueError("epochs>0 needs the number of train tokens: prepare the data first or set max_steps")
+        if not n_train_tokens: raise ValueError("epochs>0 needs the number of train tokens: prepare the "
+                                                "data first or set max_steps")
         return max(1, math.ceil(tc.epochs*n_train_tokens/tokens_per_step))
     return tc.max_steps
 
@@ -171,11 +181,14 @@ def scaling_rules(n_params:int, # model parameters
 
 def scaling_table(plans:dict[str, ScalingPlan]) -> str:
     "A markdown table of named plans."
-    rows = ['| profile | params | tokens/step | tokens | steps | warmup | lr |', '|---|---|---|---|---|---|---|']
+    rows = ['| profile | params | tokens/step | tokens | steps | warmup | lr |',
+            '|---|---|---|---|---|---|---|']
     for k, p in plans.items():
-        rows.append(f"| {k} | {p.n_params/1e6:,.1f}M | {p.tokens_per_step:,} | {p.tokens/1e9:,.2f}B | {p.steps:,} | {p.warmup_steps:,} | {p.lr:.2e} |")
+        rows.append(f"| {k} | {p.n_params/1e6:,.1f}M | {p.tokens_per_step:,} | {p.tokens/1e9:,.2f}B | "
+                    f"{p.steps:,} | {p.warmup_steps:,} | {p.lr:.2e} |")
     return '\n'.join(rows)
 
 def plan_for(cfg, world_size:int=1, **kw) -> ScalingPlan:
     "`scaling_rules` for a `Config` trained on `world_size` processes."
-    return scaling_rules(count_params(cfg.model, embeddings=False), cfg.tokens_per_step*world_size, cfg.model.n_embd, **kw)
+    return scaling_rules(count_params(cfg.model, embeddings=False), cfg.tokens_per_step*world_size,
+                         cfg.model.n_embd, **kw)

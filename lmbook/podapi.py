@@ -21,19 +21,24 @@ class CapacityError(RunPodError): "No instance with the requested GPUs is free r
 class NotFound(RunPodError): "The pod, volume or GPU type asked for does not exist."
 class TransientError(RunPodError):
     "No usable answer (network, 429, 5xx): safe to retry, after a lookup for a create."
-    def __init__(self, msg:str, retry_after:float|None=None): super().__init__(msg); self.retry_after = retry_after
-class RateLimited(TransientError): "RunPod answered 429: the request was not processed; retry after `retry_after` s."
+    def __init__(self, msg:str,
+                 retry_after:float|None=None): super().__init__(msg); self.retry_after = retry_after
+class RateLimited(TransientError): ("RunPod answered 429: the request was not processed; retry after "
+                                    "`retry_after` s.")
 
 def masked(text:str, hidden:set) -> str:
     "`text` with every secret value replaced by its length."
     for v in sorted(hidden, key=len, reverse=True): text = text.replace(v, f"…({len(v)} chars hidden)")
     return text
 
-_SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}', image=r'[A-Za-z0-9][A-Za-z0-9._/:@-]{0,199}',
-             id=r'[A-Za-z0-9][A-Za-z0-9_-]{0,63}', env_key=r'[A-Za-z_][A-Za-z0-9_]{0,63}', data_center=r'[A-Za-z0-9][A-Za-z0-9_-]{0,31}')
+_SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}',
+             image=r'[A-Za-z0-9][A-Za-z0-9._/:@-]{0,199}',
+             id=r'[A-Za-z0-9][A-Za-z0-9_-]{0,63}', env_key=r'[A-Za-z_][A-Za-z0-9_]{0,63}',
+                 data_center=r'[A-Za-z0-9][A-Za-z0-9_-]{0,31}')
 
 def check_safe(value:str, kind:str, what:str|None=None) -> str:
-    "Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a one-line error."
+    ("Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a "
+     "one-line error.")
     if not isinstance(value, str) or not re.fullmatch(_SAFE[kind], value):
         raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {_SAFE[kind]}")
     return value
@@ -46,33 +51,42 @@ def pod_view(p:dict) -> dict:
     rt, gpu = p.get('runtime') or {}, p.get('gpu') or {}
     direct = (p.get('ssh') or {}).get('direct')
     ports = [x for x in rt.get('ports') or [] if x.get('private') == 22 and x.get('ip') and x.get('public')]
-    ssh = dict(host=direct['host'], port=int(direct['port'])) if direct else dict(host=ports[0]['ip'], port=int(ports[0]['public'])) if ports else None
+    ssh = dict(host=direct['host'], port=int(direct['port'])) if direct else dict(host=ports[0]['ip'],
+            port=int(ports[0]['public'])) if ports else None
     net = ((p.get('mounts') or {}).get('network') or [{}])[0]
-    return dict(id=p['id'], name=p.get('name', ''), status=p.get('status', ''), cost=float(p.get('cost') or 0), gpu=gpu.get('id', ''),
-                gpu_count=int(gpu.get('count') or 0), image=p.get('image', ''), env=dict(p.get('env') or {}), uptime=int(rt.get('uptime') or 0),
-                ssh=ssh, gpus=[dict(util=g.get('util'), mem=g.get('memoryUtil')) for g in rt.get('gpus') or []],
-                data_center=p.get('dataCenterId') or '', volume_id=net.get('volumeId', ''), cloud=p.get('cloud', ''))
+    return dict(id=p['id'], name=p.get('name', ''), status=p.get('status', ''), cost=float(p.get('cost')
+            or 0), gpu=gpu.get('id', ''),
+                gpu_count=int(gpu.get('count') or 0), image=p.get('image', ''), env=dict(p.get('env') or {}),
+                    uptime=int(rt.get('uptime') or 0),
+                ssh=ssh, gpus=[dict(util=g.get('util'), mem=g.get('memoryUtil')) for g in rt.get('gpus')
+                               or []],
+                data_center=p.get('dataCenterId') or '', volume_id=net.get('volumeId', ''),
+                    cloud=p.get('cloud', ''))
 
 # %% ../nbs/08a_podapi.ipynb #8dbc507c
 _CAPACITY = re.compile(r'capacity|no longer any instances|no instances|not enough|unavailable', re.I)
 
-def problem_error(status:int, body:bytes|str, retry_after:str|None=None, hidden:set=frozenset()) -> RunPodError:
+def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
+                  hidden:set=frozenset()) -> RunPodError:
     "The error for an HTTP `status` with an RFC 9457 `body` (secrets in `hidden` masked)."
     try: p = json.loads(body or b'{}')
     except ValueError: p = {}
     p = p if isinstance(p, dict) else {}
     detail = masked(str(p.get('detail') or p.get('title') or f'HTTP {status}').splitlines()[0], hidden)
     errs = [masked(str(e), hidden) for e in p.get('errors') or []]
-    if status == 401: return RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (runpod.io > Settings > API Keys)")
+    if status == 401: return RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (runpod.io > "
+                                         "Settings > API Keys)")
     if status == 429:
         try: wait = float(retry_after) if retry_after else None
         except ValueError: wait = None
         return RateLimited(f"RunPod is rate limiting requests ({detail})", wait)
-    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): a passing failure on its side")
+    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): a passing failure on its "
+                                            "side")
     if status == 404: return NotFound(f"RunPod: {detail}")
     if status == 402: return RunPodError(f"RunPod: {detail}: add credit to your account")
     if status == 400 and _CAPACITY.search(detail): return CapacityError(f"RunPod: {detail}")
-    if status == 422: return RunPodError(f"RunPod refused the request as malformed: {'; '.join(errs[:3]) or detail}")
+    if status == 422: return RunPodError("RunPod refused the request as malformed: "
+                                         f"{'; '.join(errs[:3]) or detail}")
     return RunPodError(f"RunPod API error ({status}): {detail}")
 
 # %% ../nbs/08a_podapi.ipynb #f00f1a0f
@@ -82,7 +96,8 @@ def rest_body(spec, env:dict) -> dict:
     if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
     mounts = (dict(network=[dict(volumeId=spec.volume_id, path=spec.volume_mount)]) if spec.volume_id
               else dict(persistent=dict(size=spec.volume_gb, path=spec.volume_mount)))
-    body = dict(name=spec.name, image=spec.image, cloud=spec.cloud_type, gpu=gpu, args=spec.start, disk=spec.container_disk_gb,
+    body = dict(name=spec.name, image=spec.image, cloud=spec.cloud_type, gpu=gpu, args=spec.start,
+                disk=spec.container_disk_gb,
                 ports=spec.ports.split(','), env=dict(env), mounts=mounts, startSsh=True, startJupyter=True)
     if spec.data_center: body['dataCenterIds'] = [spec.data_center]
     return body
@@ -96,48 +111,65 @@ class RestV2:
 
     def call(self, method:str, path:str, body:dict|None=None) -> dict|None:
         data = json.dumps(body).encode() if body is not None else None
-        hdr = {'Authorization': f'Bearer {self.key}', 'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
+        hdr = {'Authorization': f'Bearer {self.key}',
+               'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdr)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r: txt = r.read()
             return json.loads(txt) if txt.strip() else None
-        except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
+        except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(),
+                                                                e.headers.get('Retry-After'),
+                                                                    self.hidden) from None
         except (urllib.error.URLError, OSError, ValueError) as e:
-            raise TransientError(f"no usable answer from the RunPod API at {self.base} ({type(e).__name__}): check the network and retry") from None
+            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                                 f"({type(e).__name__}): check the network and retry") from None
 
     def _get(self, path:str) -> dict|None:
         try: return self.call('GET', path)
         except NotFound: return None
     def pods(self) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
     def pod(self, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
-    def gpu(self, gpu_id:str) -> dict|None: return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
-    def create_pod(self, spec, env:dict) -> dict: return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
+    def gpu(self, gpu_id:str) -> dict|None: return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id,
+                                                                                                   safe=''))
+    def create_pod(self, spec, env:dict) -> dict: return pod_view(self.call('POST', '/pods', rest_body(spec,
+                                                                                                       env)))
     def action(self, pod_id:str, action:str) -> dict|None:
         p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
         return p and pod_view(p)
-    def volumes(self) -> list[dict]: return [_vol(v) for v in self.call('GET', '/network-volumes')['networkVolumes']]
-    def volume(self, vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
+    def volumes(self) -> list[dict]: return [_vol(v) for v in self.call('GET',
+                                                                        '/network-volumes')['networkVolumes']]
+    def volume(self,
+               vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb), dataCenter=data_center)))
+        return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb),
+                                                               dataCenter=data_center)))
     def data_centers(self) -> list[dict]:
-        return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET', '/catalog/datacenters')['dataCenters']]
+        return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
+                '/catalog/datacenters')['dataCenters']]
 
-def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'), data_center=v.get('dataCenter', ''))
+def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
+                                      data_center=v.get('dataCenter', ''))
 
 # %% ../nbs/08a_podapi.ipynb #ae266698
-_POD_FIELDS = 'id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { gpuDisplayName } '
-_RUNTIME = 'runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id gpuUtilPercent memoryUtilPercent } }'
+_POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { '
+               'gpuDisplayName } ')
+_RUNTIME = ('runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id '
+            'gpuUtilPercent memoryUtilPercent } }')
 
 def gql_view(p:dict) -> dict:
     "A GraphQL pod as the same flat dict as `pod_view`."
     rt, env = p.get('runtime') or {}, p.get('env') or []
     status = {'CREATED': 'PROVISIONING'}.get(p.get('desiredStatus'), p.get('desiredStatus') or '')
     if status == 'RUNNING' and not rt: status = 'STARTING'
-    ssh = next((dict(host=x['ip'], port=int(x['publicPort'])) for x in rt.get('ports') or [] if x.get('privatePort') == 22 and x.get('isIpPublic')), None)
+    ssh = next((dict(host=x['ip'], port=int(x['publicPort'])) for x in rt.get('ports') or []
+                if x.get('privatePort') == 22 and x.get('isIpPublic')), None)
     return dict(id=p['id'], name=p.get('name', ''), status=status, cost=float(p.get('costPerHr') or 0),
-                gpu=(p.get('machine') or {}).get('gpuDisplayName') or '', gpu_count=int(p.get('gpuCount') or 0), image=p.get('imageName', ''),
-                env=dict(e.split('=', 1) for e in env if '=' in e) if isinstance(env, list) else dict(env), uptime=int(rt.get('uptimeInSeconds') or p.get('uptimeSeconds') or 0),
-                ssh=ssh, gpus=[dict(util=g.get('gpuUtilPercent'), mem=g.get('memoryUtilPercent')) for g in rt.get('gpus') or []],
+                gpu=(p.get('machine') or {}).get('gpuDisplayName') or '', gpu_count=int(p.get('gpuCount')
+                        or 0), image=p.get('imageName', ''),
+                env=dict(e.split('=', 1) for e in env if '=' in e) if isinstance(env, list) else dict(env),
+                    uptime=int(rt.get('uptimeInSeconds') or p.get('uptimeSeconds') or 0),
+                ssh=ssh, gpus=[dict(util=g.get('gpuUtilPercent'), mem=g.get('memoryUtilPercent'))
+                               for g in rt.get('gpus') or []],
                 data_center='', volume_id='', cloud='')
 
 class GraphQL:
@@ -150,29 +182,36 @@ class GraphQL:
     def _call(self, fn, *args, **kw):
         from runpod import error  # optional backend: the runpod SDK (GraphQL)
         try: return fn(*args, **kw)
-        except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (or `runpod config`)") from None
+        except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check "
+                                                            "RUNPOD_API_KEY (or `runpod config`)") from None
         except error.QueryError as e:
             msg = masked(str(e.message or e).splitlines()[0], self.hidden)
             if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
             raise RunPodError(f"RunPod API error: {msg}") from None
         except (requests.RequestException, json.JSONDecodeError) as e:
             base = os.environ.get('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
-            raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): check the network and retry") from None
-        except (KeyError, TypeError) as e: raise RunPodError(f"unexpected answer from the RunPod API (missing {e})") from None
+            raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
+                                 "check the network and retry") from None
+        except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
+                                                             f"(missing {e})") from None
 
     def _gql(self, query:str) -> dict:
         from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
         return self._call(run_graphql_query, query)['data']
-    def pods(self) -> list[dict]: return [gql_view(p) for p in self._gql(f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}')['myself']['pods']]
+    def pods(self) -> list[dict]: return [gql_view(p)
+                                          for p in self._gql(f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}')['myself']['pods']]
     def pod(self, pod_id:str) -> dict|None:
         p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
         return p and gql_view(p)
     def gpu(self, gpu_id:str) -> dict|None: return dict(id=gpu_id)  # the SDK's create checks the type itself
     def create_pod(self, spec, env:dict) -> dict:
-        try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image, gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
+        try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
+                            gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
                             gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
-                            container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start, ports=spec.ports,
-                            volume_mount_path=spec.volume_mount, env=env, network_volume_id=spec.volume_id or None,
+                            container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
+                                ports=spec.ports,
+                            volume_mount_path=spec.volume_mount, env=env, network_volume_id=spec.volume_id
+                                or None,
                             data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True)
         except RunPodError: raise
         except ValueError as e:  # the SDK's own check of the GPU type
@@ -180,17 +219,23 @@ class GraphQL:
             raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
         return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
     def action(self, pod_id:str, action:str):
-        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: use `lmbook pod stop` then `lmbook pod resume`, or the REST API (api = rest)")
-        if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id) or {}).get('gpu_count') or 1))
+        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: use `lmbook pod "
+                                                  "stop` then `lmbook pod resume`, or the REST API (api = "
+                                                      "rest)")
+        if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
+                or {}).get('gpu_count') or 1))
         return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
     def volumes(self) -> list[dict]:
-        return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId']) for v in self._call(self.rp.get_user)['networkVolumes']]
-    def volume(self, vol_id:str) -> dict|None: return next((v for v in self.volumes() if v['id'] == vol_id), None)
+        return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
+                for v in self._call(self.rp.get_user)['networkVolumes']]
+    def volume(self, vol_id:str) -> dict|None: return next((v for v in self.volumes() if v['id'] == vol_id),
+                                                           None)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
         q = f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}'
         v = self._gql(q)['createNetworkVolume']
         return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
-    def data_centers(self) -> list[dict]|None: return None  # not asked over GraphQL: the volume's own data center is checked instead
+    # not asked over GraphQL: the volume's own data center is checked instead
+    def data_centers(self) -> list[dict]|None: return None
 
 # %% ../nbs/08a_podapi.ipynb #fc9b26df
 BACKENDS = dict(rest=RestV2, graphql=GraphQL)
@@ -204,12 +249,14 @@ class RunPodAPI:
                  sleep=None, # how to wait between attempts (default: time.sleep)
                 ):
         name = backend or load_settings().api
-        if name not in BACKENDS: raise ValueError(f"RunPod API backend {name!r}: choose rest or graphql (settings.ini [runpod] api, or LMBOOK_RUNPOD_API)")
+        if name not in BACKENDS: raise ValueError(f"RunPod API backend {name!r}: choose rest or graphql "
+                                                  "(settings.ini [runpod] api, or LMBOOK_RUNPOD_API)")
         key = api_key or os.environ.get('RUNPOD_API_KEY')
         if not key and name == 'graphql':
             import runpod  # optional backend: the runpod SDK (GraphQL)
             key = runpod.api_key
-        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... (runpod.io > Settings > API Keys)")
+        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... (runpod.io > Settings > "
+                                      "API Keys)")
         self.hidden, self.tries, self.sleep = set(hidden or ()) | {key}, tries, sleep or time.sleep
         self.b = BACKENDS[name](key, self.hidden)
         self.backend = name
@@ -227,22 +274,29 @@ class RunPodAPI:
     def find_pod(self, name:str) -> dict|None:
         "The pod called `name`, if one exists (pod names lmbook makes are unique)."
         return next((p for p in self.pods() if p['name'] == name), None)
-    def gpu(self, gpu_id:str) -> dict|None: return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
-    def create_pod(self, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env, only=RateLimited)
+    def gpu(self, gpu_id:str) -> dict|None: return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu',
+                                                                                     'GPU type'))
+    def create_pod(self, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,
+                                                                    only=RateLimited)
     def action(self, pod_id:str, action:str):
         "Send `start`, `stop`, `restart` or `terminate` to a pod."
-        if action not in ('start', 'stop', 'restart', 'terminate'): raise ValueError(f"pod action {action!r}: choose start, stop, restart or terminate")
+        if action not in ('start', 'stop', 'restart',
+                          'terminate'): raise ValueError(f"pod action {action!r}: choose start, stop, "
+                                                         "restart or terminate")
         return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
     def stop(self, pod_id:str): return self.action(pod_id, 'stop')
     def terminate(self, pod_id:str): return self.action(pod_id, 'terminate')
     def volumes(self) -> list[dict]: return self.retry(self.b.volumes)
-    def volume(self, vol_id:str) -> dict|None: return self.retry(self.b.volume, check_safe(vol_id, 'id', 'volume id'))
+    def volume(self, vol_id:str) -> dict|None: return self.retry(self.b.volume, check_safe(vol_id, 'id',
+                                                                                           'volume id'))
     def data_centers(self) -> list[dict]|None: return self.retry(self.b.data_centers)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
         check_safe(name, 'name', 'volume name'); check_safe(data_center, 'data_center', 'data center id')
-        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to 4096")
+        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to "
+                                                            "4096")
         dcs = self.data_centers()
         if dcs is not None:
             ok = [d['id'] for d in dcs if d['volumes']]
-            if data_center not in ok: raise ValueError(f"data center {data_center!r} has no network volumes: choose one of {', '.join(ok)}")
+            if data_center not in ok: raise ValueError(f"data center {data_center!r} has no network "
+                                                       f"volumes: choose one of {', '.join(ok)}")
         return self.retry(self.b.create_volume, name, int(size_gb), data_center)

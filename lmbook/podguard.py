@@ -20,11 +20,13 @@ def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
              log, # a `BootLog` (its file takes runpodctl's output)
              env:dict|None=None, # the environment (PATH, RUNPOD_API_KEY)
             ) -> bool:
-    "Stop or terminate `pod_id` from inside it: `runpodctl`, else the API with the pod's key; True when RunPod took it."
+    ("Stop or terminate `pod_id` from inside it: `runpodctl`, else the API with the pod's key; True when "
+     "RunPod took it.")
     env = os.environ if env is None else env
     check_safe(pod_id, 'id', 'RUNPOD_POD_ID')
     if shutil.which('runpodctl', path=env.get('PATH')):
-        r = subprocess.run(['runpodctl', 'stop' if action == 'stop' else 'remove', 'pod', pod_id], stdin=subprocess.DEVNULL,
+        r = subprocess.run(['runpodctl', 'stop' if action == 'stop' else 'remove', 'pod', pod_id],
+                           stdin=subprocess.DEVNULL,
                            stdout=getattr(log, 'f', None), stderr=subprocess.STDOUT, env=dict(env))
         if r.returncode == 0: return True
         log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
@@ -40,7 +42,8 @@ def trainer_pid(run_dir:Path) -> int|None:
     return int(d['pid'])
 
 def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None:
-    "SIGTERM to the trainer holding the run's lock, else to `proc`'s process group (started in a session of its own)."
+    ("SIGTERM to the trainer holding the run's lock, else to `proc`'s process group (started in a session of "
+     "its own).")
     if (pid := trainer_pid(run_dir)):
         log(f"passing {why} on to the trainer (pid {pid}): it writes a checkpoint, then stops")
         try: os.kill(pid, signal.SIGTERM); return
@@ -50,26 +53,31 @@ def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None
     except ProcessLookupError: pass
 
 def wait_run(proc:subprocess.Popen, run_dir:Path, timeout_s:float=1800, poll_s:float=0.5) -> int:
-    "Wait for `proc` to end and the trainer to let go of the run folder (its checkpoint written); `proc`'s exit code."
+    ("Wait for `proc` to end and the trainer to let go of the run folder (its checkpoint written); `proc`'s "
+     "exit code.")
     t0 = time.monotonic()
-    while (proc.poll() is None or trainer_pid(run_dir)) and time.monotonic() - t0 < timeout_s: time.sleep(poll_s)
+    while (proc.poll() is None
+           or trainer_pid(run_dir)) and time.monotonic() - t0 < timeout_s: time.sleep(poll_s)
     if proc.poll() is None: proc.kill(); proc.wait()
     return proc.returncode
 
 # %% ../nbs/08c_podguard.ipynb #6faea1d7
 class Stopped(Exception):
     "Boot was asked to stop (`signum`) outside training."
-    def __init__(self, signum:int): super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
+    def __init__(self,
+                 signum:int): super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
 
 class StopSignals:
-    "SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on exit."
+    ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
+     "exit.")
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     def __init__(self): self.signum, self.training, self.old = 0, False, {}
     def _handler(self, signum, frame):
         self.signum = self.signum or signum
         if not self.training: raise Stopped(signum)
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread(): self.old = {s: signal.signal(s, self._handler) for s in self.SIGS}
+        if threading.current_thread() is threading.main_thread(): self.old = {s: signal.signal(s,
+                self._handler) for s in self.SIGS}
         return self
     def __exit__(self, *exc):
         for s, h in self.old.items(): signal.signal(s, h)
@@ -77,7 +85,8 @@ class StopSignals:
 # %% ../nbs/08c_podguard.ipynb #121cc606
 class SpendGuard:
     "Whether a pod has run past its `max_hours` or cost past its `max_dollars` at `price` $/h."
-    def __init__(self, max_hours:float, max_dollars:float, price:float, ledger:Path, t0:float|None=None, clock=time.time):
+    def __init__(self, max_hours:float, max_dollars:float, price:float, ledger:Path, t0:float|None=None,
+                 clock=time.time):
         self.max_hours, self.max_dollars, self.price, self.ledger, self.clock = max_hours, max_dollars, price, Path(ledger), clock
         self.t0 = t0 if t0 is not None else clock()
         try: d = json.loads(self.ledger.read_text())
@@ -87,13 +96,15 @@ class SpendGuard:
 
     def limit_h(self) -> float|None:
         "The hours the pod may run (None: no limit)."
-        lims = ([self.max_hours] if self.max_hours else []) + ([self.max_dollars/self.price] if self.max_dollars and self.price else [])
+        lims = ([self.max_hours] if self.max_hours else []) + ([self.max_dollars/self.price]
+                                                               if self.max_dollars and self.price else [])
         return min(lims) if lims else None
 
     def hours(self) -> float:
         "Hours this pod has run, this boot and earlier ones; recorded in the ledger."
         s = max(0.0, self.clock() - self.t0)
-        try: self.ledger.write_text(json.dumps(dict(t0=self.t0, seconds_before=self.before, seconds=s, price=self.price)))
+        try: self.ledger.write_text(json.dumps(dict(t0=self.t0, seconds_before=self.before, seconds=s,
+                                                    price=self.price)))
         except OSError: pass
         return (self.before + s)/3600
 
@@ -106,16 +117,21 @@ class SpendGuard:
 
 # %% ../nbs/08c_podguard.ipynb #9a37044e
 def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
-    "The pod's spend guard from MAX_HOURS / MAX_DOLLARS, priced from the API (the pod's key) or PRICE_PER_HOUR; None without a limit."
+    ("The pod's spend guard from MAX_HOURS / MAX_DOLLARS, priced from the API (the pod's key) or "
+     "PRICE_PER_HOUR; None without a limit.")
     num = lambda k: float(env.get(k) or 0)
     hours, dollars, price = num('MAX_HOURS'), num('MAX_DOLLARS'), num('PRICE_PER_HOUR')
     if not (hours or dollars): return None
     pod = env.get('RUNPOD_POD_ID', '')
     if dollars and pod:
-        try: price = (RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=2).pod(pod) or {}).get('cost') or price
-        except ValueError as e: log(f"spend guard: the pod's price is not known from the API ({e}): using ${price:.2f}/h")
-    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR unset): --max-dollars cannot be applied")
+        try: price = (RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=2).pod(pod)
+                      or {}).get('cost') or price
+        except ValueError as e: log(f"spend guard: the pod's price is not known from the API ({e}): using "
+                                    f"${price:.2f}/h")
+    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR unset): --max-dollars cannot "
+                                  "be applied")
     t0 = float(env['LMBOOK_T0']) if env.get('LMBOOK_T0') else None
     g = SpendGuard(hours, dollars, price, Path(ws)/'logs'/f"spend-{pod or 'local'}.json", t0)
-    if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} h (${lim*price:.2f} at ${price:.2f}/h)")
+    if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "
+                                 f"h (${lim*price:.2f} at ${price:.2f}/h)")
     return g

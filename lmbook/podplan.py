@@ -20,15 +20,18 @@ __all__ = ['HEADROOM', 'gpu_table', 'find_gpu', 'throughput_rows', 'scaling_effi
 
 # %% ../nbs/08_podplan.ipynb #74d3f4d6
 def gpu_table(path:Path|None=None) -> dict[str, dict]:
-    "RunPod GPU type id -> aliases, usable memory (GB), peak bf16 TFLOP/s, $/GPU-hour; from the editable price table."
+    ("RunPod GPU type id -> aliases, usable memory (GB), peak bf16 TFLOP/s, $/GPU-hour; from the editable "
+     "price table.")
     path = Path(path or os.environ.get('LMBOOK_GPU_PRICES') or package_dir()/'gpu_prices.yaml')
-    if not path.is_file(): raise FileNotFoundError(f"GPU price table {path} does not exist: unset LMBOOK_GPU_PRICES or copy lmbook/gpu_prices.yaml there")
+    if not path.is_file(): raise FileNotFoundError(f"GPU price table {path} does not exist: unset "
+                                                   "LMBOOK_GPU_PRICES or copy lmbook/gpu_prices.yaml there")
     try: d = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e: raise ValueError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
     gpus = d.get('gpus')
     if not isinstance(gpus, dict) or not gpus: raise ValueError(f"{path} has no `gpus:` table")
     for k, g in gpus.items():
-        if not isinstance(g, dict) or not all(isinstance(g.get(f), (int, float)) and g[f] > 0 for f in ('mem_gb', 'peak_tflops')):
+        if not isinstance(g, dict) or not all(isinstance(g.get(f), (int, float)) and g[f] > 0
+                                              for f in ('mem_gb', 'peak_tflops')):
             raise ValueError(f"{path}: GPU {k!r} needs positive mem_gb and peak_tflops")
     return gpus
 
@@ -39,7 +42,8 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     for k, g in table.items():
         if n == k.lower() or n in [str(a).lower() for a in g.get('aliases', [])]: return k
     short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
-    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is lmbook/gpu_prices.yaml)")
+    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is "
+                     "lmbook/gpu_prices.yaml)")
 
 # %% ../nbs/08_podplan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -51,21 +55,27 @@ def _shape(r) -> tuple: return (r['arch'], r['n_layer'], r['n_embd'], r['n_head'
 def _fp8(r) -> str: return str((r.get('overrides') or {}).get('fp8', 'off'))
 
 def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
-    "(lowest measured multi-GPU tok/s per GPU over one-GPU tok/s at the same micro-batch, rows of one call; where), else (0.9, 'assumed')."
+    ("(lowest measured multi-GPU tok/s per GPU over one-GPU tok/s at the same micro-batch, rows of one call; "
+     "where), else (0.9, 'assumed').")
     effs = []
     for r in rows:
         if r['world_size'] > 1 and r['parallel'] == parallel:
-            base = [b for b in rows if b['world_size'] == 1 and _shape(b) == _shape(r) and b['source'] == r['source'] and b['batch_size'] == r['batch_size']]
-            if base: effs.append((r['tok_per_s']/(r['world_size']*base[-1]['tok_per_s']), f"{r['label']} on {r['world_size']} x {r['card']}"))
+            base = [b for b in rows if b['world_size'] == 1 and _shape(b) == _shape(r)
+                    and b['source'] == r['source'] and b['batch_size'] == r['batch_size']]
+            if base: effs.append((r['tok_per_s']/(r['world_size']*base[-1]['tok_per_s']), f"{r['label']} on "
+                                  f"{r['world_size']} x {r['card']}"))
     return min(effs) if effs else (0.9, 'assumed, never measured')
 
-def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None, rows:list[dict]|None=None) -> dict:
+def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
+                        rows:list[dict]|None=None) -> dict:
     "Expected training tok/s of `cfg` on `gpus` cards of type `gpu`, with where the figure comes from."
     table, rows = table or gpu_table(), rows or throughput_rows()
     m, tc = cfg.model, cfg.train
     shape, n = (m.arch, m.n_layer, m.n_embd, m.n_head), count_params(m)
-    multi = [r for r in rows if gpus > 1 and r['world_size'] > 1 and r['parallel'] == tc.parallel and _shape(r) == shape and _fp8(r) == tc.fp8]
-    if multi: multi = [r for r in multi if r['world_size'] == min({r['world_size'] for r in multi}, key=lambda w: (abs(w - gpus), -w))]
+    multi = [r for r in rows if gpus > 1 and r['world_size'] > 1 and r['parallel'] == tc.parallel
+             and _shape(r) == shape and _fp8(r) == tc.fp8]
+    if multi: multi = [r for r in multi if r['world_size'] == min({r['world_size'] for r in multi},
+                                                                  key=lambda w: (abs(w - gpus), -w))]
     ones = multi or [r for r in rows if r['world_size'] == 1]
     same = [r for r in ones if _shape(r) == shape]
     pool = same or sorted(ones, key=lambda r: abs(math.log(r['params']/n)))[:1]
@@ -76,10 +86,14 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None, r
     peak = table[gpu]['peak_tflops']*1e12
     eff, where = scaling_efficiency(rows, tc.parallel) if gpus > 1 and not multi else (1.0, '')
     tok_s = row['mfu']*peak*gpus*eff/flops_per_token(m)
-    how = f"MFU {row['mfu']:.1%} per GPU measured on {row['card']} ({row['label']}, micro-batch {row['batch_size']}, {row['date']})"
+    how = (f"MFU {row['mfu']:.1%} per GPU measured on {row['card']} ({row['label']}, micro-batch "
+           f"{row['batch_size']}, {row['date']})")
     if not same: how += f"; no row at this shape: nearest measured model ({row['params']/1e6:.0f}M params)"
-    if row['card'] != gpu: how += f"; never measured on {gpu}: scaled by peak bf16 FLOP/s ({table[row['card']]['peak_tflops']:.0f} -> {peak/1e12:.0f} TFLOP/s)"
-    if multi: how += f" with {row['world_size']} GPUs ({tc.parallel})" + (f"; the same per GPU assumed on {gpus}" if row['world_size'] != gpus else '')
+    if row['card'] != gpu: how += (f"; never measured on {gpu}: scaled by peak bf16 FLOP/s "
+                                   f"({table[row['card']]['peak_tflops']:.0f} -> {peak/1e12:.0f} TFLOP/s)")
+    if multi: how += f" with {row['world_size']} GPUs ({tc.parallel})" + ("; the same per GPU assumed on "
+                                                                          f"{gpus}"
+                                                                                  if row['world_size'] != gpus else '')
     elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
     exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
@@ -92,18 +106,22 @@ def _fits(cfg:Config, mem_gb:float, gpus:int, parallel:str|None=None) -> tuple[b
     return need <= mem_gb*(1 - HEADROOM), need
 
 def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
-    "What would fit instead: the smallest single card, the fewest cards of `gpu` with FSDP, a smaller micro-batch."
+    ("What would fit instead: the smallest single card, the fewest cards of `gpu` with FSDP, a smaller "
+     "micro-batch.")
     tips = []
-    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if _fits(cfg, g['mem_gb'], 1)[0])
+    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if _fits(cfg,
+            g['mem_gb'], 1)[0])
     if single: tips.append(f"smallest single card that fits: --gpu '{single[0][2]}'")
     n = next((n for n in (2, 4, 8) if _fits(cfg, table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
     if n: tips.append(f"or --gpus {n} --set parallel=fsdp")
     b = max_batch_size(cfg, table[gpu]['mem_gb'], HEADROOM)
-    if b: tips.append(f"or --set batch_size={b} grad_accum={max(1, cfg.train.batch_size*cfg.train.grad_accum//b)}")
+    if b: tips.append(f"or --set batch_size={b} "
+                      f"grad_accum={max(1, cfg.train.batch_size*cfg.train.grad_accum//b)}")
     return '; '.join(tips) or 'no card in the price table fits it'
 
 def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
-    "`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs (unless a budget, epochs or steps are set)."
+    ("`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs (unless a budget, "
+     "epochs or steps are set).")
     ov = dict(overrides or {})
     if gpus <= 1 or {'token_budget', 'epochs', 'max_steps'} & set(ov): return ov
     cfg = get_config(profile, ov)
@@ -132,41 +150,56 @@ def plan(profile:str, # profile name or config file
          volume:bool=False, # the pod uses a network volume (Secure Cloud only)
          image:str|None=None, # the image the pod runs (None: the card's default)
         ) -> dict:
-    "Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does not fit or cannot run."
+    ("Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does "
+     "not fit or cannot run.")
     if cloud not in ('secure', 'community'): raise ValueError(f"cloud={cloud!r}: choose secure or community")
-    if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud secure, or without --volume")
+    if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud "
+                                                      "secure, or without --volume")
     if not 1 <= gpus <= 8: raise ValueError(f"--gpus {gpus}: a RunPod pod has 1 to 8 GPUs")
     table = gpu_table(); gpu = find_gpu(gpu, table)
     need_cuda = str(table[gpu].get('min_cuda') or '')
     if image and image_cuda(image) and _cuda(image_cuda(image)) < _cuda(need_cuda):
-        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has {image_cuda(image)}: "
-                         f"drop --image (lmbook picks {table[gpu].get('image')}) or give a CUDA {need_cuda} image")
-    if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud (lmbook/gpu_prices.yaml): choose the other cloud")
+        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has "
+                         f"{image_cuda(image)}: "
+                         f"drop --image (lmbook picks {table[gpu].get('image')}) or give a CUDA {need_cuda} "
+                             "image")
+    if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
+                                                       "(lmbook/gpu_prices.yaml): choose the other cloud")
     cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
     ok, need = _fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
-        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} ({gpus} x {gpu}, "
-                         f"{cfg.train.parallel if gpus > 1 else 'one GPU'}) but the card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
+        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} "
+                         f"({gpus} x {gpu}, "
+                         f"{cfg.train.parallel if gpus > 1 else 'one GPU'}) but the card has "
+                             f"{table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
     tps = cfg.tokens_per_step*gpus
     steps = total_steps(cfg.train, tps, None) if not cfg.train.epochs or cfg.train.token_budget else None
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
-    return dict(profile=profile, gpu=gpu, gpus=gpus, params=count_params(cfg.model), batch_size=cfg.train.batch_size,
+    return dict(profile=profile, gpu=gpu, gpus=gpus, params=count_params(cfg.model),
+                batch_size=cfg.train.batch_size,
                 image=image or card_image(gpu, load_settings().image, table),
-                mem_need_gb=need, mem_card_gb=table[gpu]['mem_gb'], tok_per_s=tp['tok_per_s'], measured=tp['measured'],
-                source=tp['source'], steps=steps, tokens=steps*tps if steps else None, hours=hours, cloud=cloud,
-                price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price) else None)
+                mem_need_gb=need, mem_card_gb=table[gpu]['mem_gb'], tok_per_s=tp['tok_per_s'],
+                    measured=tp['measured'],
+                source=tp['source'], steps=steps, tokens=steps*tps if steps else None, hours=hours,
+                    cloud=cloud,
+                price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price)
+                    else None)
 
 def format_plan(p:dict) -> str:
     "The plan as a few readable lines."
     money = lambda x: f"${x:,.2f}" if x is not None else 'n/a'
     num = lambda x: f"{x/1e9:.2f}B" if x >= 1e9 else f"{x/1e6:.1f}M"
     lines = [f"{p['profile']} ({num(p['params'])} params) on {p['gpus']} x {p['gpu']}",
-             f"memory   ~{p['mem_need_gb']:.1f} GB of {p['mem_card_gb']:.1f} GB per GPU at micro-batch {p['batch_size']}: fits",
-             f"speed    ~{p['tok_per_s']:,.0f} tok/s ({'measured' if p['measured'] else 'estimated'}: {p['source']})"]
+             f"memory   ~{p['mem_need_gb']:.1f} GB of {p['mem_card_gb']:.1f} GB per GPU at micro-batch "
+                 f"{p['batch_size']}: fits",
+             f"speed    ~{p['tok_per_s']:,.0f} tok/s ({'measured' if p['measured'] else 'estimated'}: "
+                 f"{p['source']})"]
     dur = lambda h: f"{h:.1f} h" if h >= 1 else f"{h*60:.0f} min"
-    if p['steps']: lines.append(f"time     {p['steps']:,} steps = {num(p['tokens'])} tokens in ~{dur(p['hours'])}")
+    if p['steps']: lines.append(f"time     {p['steps']:,} steps = {num(p['tokens'])} tokens in "
+                                f"~{dur(p['hours'])}")
     else: lines.append("time     unknown until the data is prepared (the run is set by epochs)")
-    lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for the run, plus volume storage")
+    lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
+                 "the run, plus volume storage")
     return '\n'.join(lines)

@@ -18,8 +18,10 @@ __all__ = ['ssh_target', 'pod_workspace', 'copy_cmd', 'push', 'fetch', 's3_endpo
 # %% ../nbs/08b_podsync.ipynb #4afb4cfc
 def ssh_target(pod:dict) -> tuple[list[str], str]:
     "(ssh options, user@host) of a pod view's public SSH port; a one-line error when it has none yet."
-    if not pod.get('ssh'): raise RunPodError(f"pod {pod['id']} has no public SSH port yet (status {pod.get('status')}): wait, or use JupyterLab")
-    opts = ['-o', 'StrictHostKeyChecking=accept-new', '-o', 'BatchMode=yes', '-p', str(int(pod['ssh']['port']))]
+    if not pod.get('ssh'): raise RunPodError(f"pod {pod['id']} has no public SSH port yet (status "
+                                             f"{pod.get('status')}): wait, or use JupyterLab")
+    opts = ['-o', 'StrictHostKeyChecking=accept-new', '-o', 'BatchMode=yes', '-p',
+            str(int(pod['ssh']['port']))]
     return opts + shlex.split(os.environ.get('LMBOOK_SSH_OPTS', '')), f"root@{pod['ssh']['host']}"
 
 def pod_workspace() -> str:
@@ -45,19 +47,23 @@ def copy_cmd(src:str, # what to copy: a local path (push) or a path on the pod (
     on_pod = lambda cmd: f"{ssh} {q(host)} {q(cmd)}"
     if push:  # a folder's contents go into `dest`; a file becomes `dest`
         folder = dest if local.is_dir() else str(PurePosixPath(dest).parent)
-        if rsync: return f"{on_pod('mkdir -p ' + q(folder))} && rsync -az --partial -e {q(ssh)} {q(str(local) + ('/' if local.is_dir() else ''))} {q(host + ':' + dest)}"
-        if local.is_dir(): return f"tar -C {q(str(local))} -cf - . | {on_pod(f'mkdir -p {q(dest)} && tar -C {q(dest)} -xf -')}"
+        if rsync: return (f"{on_pod('mkdir -p ' + q(folder))} && rsync -az --partial -e {q(ssh)} "
+                          f"{q(str(local) + ('/' if local.is_dir() else ''))} {q(host + ':' + dest)}")
+        if local.is_dir(): return (f"tar -C {q(str(local))} -cf - . | "
+                                   f"{on_pod(f'mkdir -p {q(dest)} && tar -C {q(dest)} -xf -')}")
         return f"{on_pod('mkdir -p ' + q(folder))} && cat {q(str(local))} | {on_pod('cat > ' + q(dest))}"
     if rsync:
         ex = ' '.join(f'--exclude {q(x)}' for x in exclude)
-        return f"mkdir -p {q(dest)} && rsync -az --partial {ex} -e {q(ssh)} {q(host + ':' + src.rstrip('/') + '/')} {q(dest.rstrip('/') + '/')}"
+        return (f"mkdir -p {q(dest)} && rsync -az --partial {ex} -e {q(ssh)} "
+                f"{q(host + ':' + src.rstrip('/') + '/')} {q(dest.rstrip('/') + '/')}")
     ex = ''.join(f' --exclude={q("./" + x)}' for x in exclude)
     return f"mkdir -p {q(dest)} && {on_pod(f'tar -C {q(src)}{ex} -cf - .')} | tar -C {q(dest)} -xf -"
 
 def _have_rsync(opts:list[str], host:str) -> bool:
     "rsync on both ends (one ssh round trip to ask the pod)."
     if os.environ.get('LMBOOK_COPY') in ('rsync', 'tar'): return os.environ['LMBOOK_COPY'] == 'rsync'
-    return bool(shutil.which('rsync')) and subprocess.run(['ssh', *opts, host, 'command -v rsync'], stdin=subprocess.DEVNULL,
+    return bool(shutil.which('rsync')) and subprocess.run(['ssh', *opts, host, 'command -v rsync'],
+                                                          stdin=subprocess.DEVNULL,
                                                           capture_output=True).returncode == 0
 
 # %% ../nbs/08b_podsync.ipynb #3f7221ca
@@ -67,30 +73,38 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to push")
     w = pod_workspace()
     dest = dest or f"{w}/uploads/{p.resolve().name}"
-    if not dest.startswith(w + '/') or '..' in dest.split('/'): raise ValueError(f"--dest {dest!r}: push onto the volume, a path under {w}/")
+    if not dest.startswith(w + '/') or '..' in dest.split('/'): raise ValueError(f"--dest {dest!r}: push "
+                                                                                 "onto the volume, a path "
+                                                                                     f"under {w}/")
     opts, host = ssh_target(_pod(pod_id, api))
-    rc = subprocess.run(copy_cmd(str(p), dest, opts, host, True, rsync=_have_rsync(opts, host)), shell=True, stdin=subprocess.DEVNULL).returncode
+    rc = subprocess.run(copy_cmd(str(p), dest, opts, host, True, rsync=_have_rsync(opts, host)), shell=True,
+                        stdin=subprocess.DEVNULL).returncode
     if rc: raise RunPodError(f"copying {path} to pod {pod_id} failed (exit code {rc}): see the lines above")
     return dest
 
-def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False, api:RunPodAPI|None=None) -> Path:
+def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
+          api:RunPodAPI|None=None) -> Path:
     "Copy the pod's run folder (without checkpoints unless asked) into the local workspace; the local folder."
     p = _pod(pod_id, api)
     exp = check_name(experiment or p['env'].get('RUN_EXPERIMENT', ''))
     out = Path(dest) if dest else paths_for(exp).run
     opts, host = ssh_target(p)
-    cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints else ['checkpoints'], _have_rsync(opts, host))
+    cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints
+                   else ['checkpoints'], _have_rsync(opts, host))
     rc = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL).returncode
-    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines above")
+    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines "
+                             "above")
     return out
 
 def _push_cmd(a) -> int: print(f"{a.path} -> pod {a.pod_id}:{push(a.path, a.pod_id, a.dest or '')}"); return 0
-def _fetch_cmd(a) -> int: print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
+def _fetch_cmd(a) -> int: print(f"pod {a.pod_id} -> "
+                                f"{fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
 def _logs_cmd(a) -> int:
     p = _pod(a.pod_id)
     opts, host = ssh_target(p)
     exp = check_name(p['env'].get('RUN_EXPERIMENT', ''))
-    return subprocess.call(['ssh', *opts, host, f"tail -n {int(a.lines)} {'-F ' if a.follow else ''}{pod_workspace()}/logs/boot-{exp}.log"])
+    return subprocess.call(['ssh', *opts, host, f"tail -n {int(a.lines)} "
+                            f"{'-F ' if a.follow else ''}{pod_workspace()}/logs/boot-{exp}.log"])
 
 # %% ../nbs/08b_podsync.ipynb #70c10709
 def s3_endpoint(data_center:str) -> str:
@@ -110,7 +124,8 @@ def upload(path:str, # local file or folder
     dest = (dest or f"uploads/{p.resolve().name}").strip('/')
     if '..' in dest.split('/'): raise ValueError(f"--dest {dest!r} must stay inside the volume")
     ak, sk = os.environ.get('RUNPOD_S3_ACCESS_KEY'), os.environ.get('RUNPOD_S3_SECRET_KEY')
-    s3 = boto3.client('s3', endpoint_url=s3_endpoint(data_center), region_name=data_center, aws_access_key_id=ak, aws_secret_access_key=sk)
+    s3 = boto3.client('s3', endpoint_url=s3_endpoint(data_center), region_name=data_center,
+                      aws_access_key_id=ak, aws_secret_access_key=sk)
     cfg = TransferConfig(multipart_threshold=100*2**20, multipart_chunksize=100*2**20)
     files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
     keys = []
@@ -125,29 +140,37 @@ def upload_cmd(a) -> int:
     dc = a.data_center
     if not dc:
         v = RunPodAPI().volume(a.volume)
-        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: `lmbook pod volume list` shows yours")
+        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: `lmbook pod volume "
+                                        "list` shows yours")
         dc = v['data_center']
     keys = upload(a.path, a.volume, dc, a.dest or '')
-    print(f"{len(keys)} file(s) uploaded to volume {a.volume} ({dc}); on a pod they are under /workspace/{(a.dest or 'uploads/' + Path(a.path).resolve().name).strip('/')}")
+    print(f"{len(keys)} file(s) uploaded to volume {a.volume} ({dc}); on a pod they are under "
+          f"/workspace/{(a.dest or 'uploads/' + Path(a.path).resolve().name).strip('/')}")
     return 0
 
 # %% ../nbs/08b_podsync.ipynb #2f4abc64
 def add_pod_cli(pod):
     "Register `lmbook pod push`, `pod fetch` and `pod logs` on the `pod` subparsers."
     p = pod.add_parser('push', help='copy a local file or folder onto the pod (over SSH)')
-    p.add_argument('path'); p.add_argument('pod_id'); p.add_argument('--dest', help='path on the pod (default: /workspace/uploads/NAME)')
+    p.add_argument('path'); p.add_argument('pod_id'); p.add_argument('--dest', help='path on the pod '
+                                                                     '(default: /workspace/uploads/NAME)')
     p.set_defaults(func=_push_cmd)
-    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints unless asked) into your workspace over SSH')
+    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints unless asked) into your '
+                       'workspace over SSH')
     p.add_argument('pod_id'); p.add_argument('--experiment', '-e', help="default: the pod's RUN_EXPERIMENT")
-    p.add_argument('--dest', help='default: runs/<experiment> in your workspace'); p.add_argument('--checkpoints', action='store_true', help='also copy the checkpoints (large)')
+    p.add_argument('--dest',
+                   help='default: runs/<experiment> in your workspace'); p.add_argument('--checkpoints',
+                           action='store_true', help='also copy the checkpoints (large)')
     p.set_defaults(func=_fetch_cmd)
     p = pod.add_parser('logs', help='tail the boot log over SSH'); p.add_argument('pod_id')
-    p.add_argument('-n', '--lines', type=int, default=50); p.add_argument('-f', '--follow', action='store_true')
+    p.add_argument('-n', '--lines', type=int, default=50); p.add_argument('-f', '--follow',
+                                                                          action='store_true')
     p.set_defaults(func=_logs_cmd)
 
 def add_volume_cli(v, func):
     "Register `lmbook pod volume upload` on the `volume` subparsers."
-    p = v.add_parser('upload', help="upload a file or folder into a network volume through RunPod's S3-compatible API (no pod needed)")
+    p = v.add_parser('upload', help="upload a file or folder into a network volume through RunPod's "
+                     "S3-compatible API (no pod needed)")
     p.add_argument('path'); p.add_argument('--volume', required=True, help='network volume id')
     p.add_argument('--dest', help='path in the volume (default: uploads/NAME; /workspace/... on a pod)')
     p.add_argument('--data-center', help="the volume's data center (default: asked from the API)")

@@ -42,7 +42,8 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     if d.get('host') == socket.gethostname():
         pid = int(d.get('pid', -1))
         if not _alive(pid): return d, f"pid {pid} is gone"
-        if pid == os.getpid() and d.get('token') not in _TOKENS: return d, f"pid {pid} is this process now (a restarted container)"
+        if pid == os.getpid() and d.get('token') not in _TOKENS: return d, (f"pid {pid} is this process now "
+                                                                            "(a restarted container)")
     if age > stale_after(): return d, f"no heartbeat for {age:.0f} s"
     return d, None
 
@@ -56,7 +57,8 @@ class RunLock:
                  name:str=LOCK, # the lock file's name in `run_dir`
                  user:str='trainer', # who holds such a lock, for messages
                  fix:str='stop that run, or train another experiment'): # what a refused user can do
-        stale_after()  # a bad LMBOOK_LOCK_STALE_S stops here, before any work, not later in the heartbeat thread
+        # a bad LMBOOK_LOCK_STALE_S stops here, before any work, not later in the heartbeat thread
+        stale_after()
         self.path, self.log, self.heartbeat_s, self.user, self.fix = Path(run_dir)/name, log, heartbeat_s, user, fix
         self.token, self.thread, self.stop, self.failed = uuid.uuid4().hex, None, threading.Event(), None
         self.info = dict(host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=self.token)
@@ -81,14 +83,18 @@ class RunLock:
 def _refusal(lock:RunLock, d:dict) -> RunLocked:
     ago = time.time() - float(d.get('heartbeat', 0))
     started = time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(float(d.get('started', 0))))
-    return RunLocked(f"{lock.path.parent} is in use by another {lock.user}: host {d.get('host')} pid {d.get('pid')}, "
-                     f"started {started}, last heartbeat {ago:.0f} s ago; the lock counts as stale after {stale_after():.0f} s "
-                     f"without one (LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that {lock.user} is gone"
+    return RunLocked(f"{lock.path.parent} is in use by another {lock.user}: host {d.get('host')} pid "
+                     f"{d.get('pid')}, "
+                     f"started {started}, last heartbeat {ago:.0f} s ago; the lock counts as stale after "
+                         f"{stale_after():.0f} s "
+                     f"without one (LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that "
+                         f"{lock.user} is gone"
                      + (f": {lock.fix}" if lock.fix else ''))
 
 def _take(self:RunLock):
     "One attempt to take the lock, taking over a stale one; `RunLocked` when another holds it."
-    if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: remove it (rmdir {self.path}) and rerun")
+    if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: remove it (rmdir "
+                                           f"{self.path}) and rerun")
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):
         try: self._write(exclusive=True); break
@@ -96,7 +102,8 @@ def _take(self:RunLock):
         d, why = lock_state(self.path)
         if d is None: continue  # released meanwhile: try again
         if why is None: raise _refusal(self, d)
-        self.log(f"warning: taking over the stale lock of {self.path.parent} (host {d.get('host')}, pid {d.get('pid')}): {why}")
+        self.log(f"warning: taking over the stale lock of {self.path.parent} (host {d.get('host')}, pid "
+                 f"{d.get('pid')}): {why}")
         self._write(exclusive=False)
         time.sleep(0.05)
         if self.owned(): break
@@ -126,7 +133,8 @@ def _beat(self:RunLock):
         except OSError: pass  # a network volume's hiccup: the next beat tries again
         except Exception as e:  # never die silently: say it once, and go on beating
             if self.failed is None:
-                self.log(f"warning: the heartbeat of {self.path} failed ({type(e).__name__}: {e}); it keeps trying")
+                self.log(f"warning: the heartbeat of {self.path} failed ({type(e).__name__}: {e}); it keeps "
+                         "trying")
             self.failed = e
 
 def _release(self:RunLock):

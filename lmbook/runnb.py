@@ -44,9 +44,12 @@ _IPY_NAMES = {'In', 'Out', 'get_ipython', 'exit', 'quit', 'open'}
 # %% ../nbs/09a_runnb.ipynb #a169472b
 def check_params(ns:dict, declared:dict) -> dict:
     "The notebook parameters found in namespace `ns`, after refusing unknown names and wrong types."
-    literal = lambda v: v is None or isinstance(v, (str, int, float, bool, list, dict, tuple))  # what papermill injects
-    unknown = sorted(k for k, v in ns.items() if not k.startswith('_') and k not in _IPY_NAMES and k not in declared and literal(v))
-    if unknown: raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; this notebook takes: {', '.join(declared)}")
+    # what papermill injects
+    literal = lambda v: v is None or isinstance(v, (str, int, float, bool, list, dict, tuple))
+    unknown = sorted(k for k, v in ns.items() if not k.startswith('_') and k not in _IPY_NAMES
+                     and k not in declared and literal(v))
+    if unknown: raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; this notebook takes: "
+                                 f"{', '.join(declared)}")
     out = {}
     for k, default in declared.items():
         v = ns.get(k, default)
@@ -60,7 +63,8 @@ def check_params(ns:dict, declared:dict) -> dict:
 def train_overrides(p:dict) -> dict:
     "Flat config overrides from the train notebook's parameters."
     ov = {k: p[k] for k in ('nproc', 'parallel', 'auto_resume') if p.get(k) is not None}
-    ov.update({k: p[k] for k in ('max_steps', 'batch_size', 'grad_accum', 'lr', 'device') if p.get(k) is not None})
+    ov.update({k: p[k] for k in ('max_steps', 'batch_size', 'grad_accum', 'lr', 'device')
+               if p.get(k) is not None})
     ov.update(parse_overrides(p.get('overrides', '')))
     return ov
 
@@ -106,7 +110,8 @@ def _parent_cmd(pid:int) -> str:
 def interactive(env:dict|None=None, # the environment (default: os.environ)
                 shell=None, # the IPython shell (default: get_ipython())
                ) -> bool:
-    "Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill or a script."
+    ("Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill "
+     "or a script.")
     env = os.environ if env is None else env
     if env.get('LMBOOK_DASHBOARD') in ('0', '1'): return env['LMBOOK_DASHBOARD'] == '1'
     if shell is None:
@@ -114,7 +119,8 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
         except ImportError: return False
     kernel = getattr(shell, 'kernel', None)
     if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
-    if any(w in _parent_cmd(int(env.get('JPY_PARENT_PID') or 0)) for w in ('papermill', 'nbclient', 'nbconvert')): return False
+    if any(w in _parent_cmd(int(env.get('JPY_PARENT_PID') or 0)) for w in ('papermill', 'nbclient',
+                                                                           'nbconvert')): return False
     try: cell_id = (kernel.get_parent() or {}).get('metadata', {}).get('cellId')
     except Exception: cell_id = None
     return bool(cell_id) or 'JPY_SESSION_NAME' in env
@@ -135,7 +141,8 @@ def last_sample(run:Path) -> dict|None:
     return s[-1] if s else None
 
 def run_length(run:Path) -> int|None:
-    "The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote it)."
+    ("The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote "
+     "it).")
     try: return int(json.loads((Path(run)/'meta.json').read_text())['total_steps'])
     except (OSError, ValueError, KeyError, TypeError): return None
 
@@ -166,19 +173,26 @@ class Dashboard:
         self.stats = W.HTML()
         self.plots = W.Image(format='png', layout=W.Layout(max_width='900px'))
         self.sample = W.HTML()
-        self.widget = W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([self.bar, self.status]), self.stats, self.plots, self.sample])
+        self.widget = W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([self.bar, self.status]),
+                              self.stats, self.plots, self.sample])
 
-    def update(self, recs:list[dict], elapsed:float|None, sample:dict|None=None, max_steps:int|None=None, force:bool=False):
+    def update(self, recs:list[dict], elapsed:float|None, sample:dict|None=None, max_steps:int|None=None,
+               force:bool=False):
         "Redraw from the metrics rows `recs`; the plots at most every `plot_every` seconds unless `force`."
         self.max_steps = max_steps or self.max_steps
         s = progress_stats(recs, self.max_steps or 0, elapsed)
         self.bar.value, self.bar.description = s['frac'], f"{100*s['frac']:.0f}%"
         self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
-        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {_fmt_time(s['eta'])}" if s['eta'] else '')
-        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'), '.2e'),
-                 ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None, '.1f')]
-        self.stats.value = ' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>" for k, v, f in cells if v is not None)
-        if sample: self.sample.value = f"<i>sample at step {sample.get('step')}:</i> <b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}"
+        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {_fmt_time(s['eta'])}"
+                                                                           if s['eta'] else '')
+        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'),
+                                                                                          '.2e'),
+                 ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None,
+                                                         '.1f')]
+        self.stats.value = ' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
+                                                  for k, v, f in cells if v is not None)
+        if sample: self.sample.value = (f"<i>sample at step {sample.get('step')}:</i> "
+                                        f"<b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}")
         if force or time.time() - self._plotted >= self.plot_every:
             if any('loss' in r for r in recs): self.plots.value = plot_png(recs)
             self._plotted = time.time()
@@ -212,7 +226,8 @@ def follow(lines:Iterable[str], # the trainer's output lines
         for line in lines:
             if echo: print(line.rstrip('\n'), flush=True)
             if time.time() - last > every: redraw(); last = time.time()
-    except KeyboardInterrupt:  # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
+    # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
+    except KeyboardInterrupt:
         if hasattr(lines, 'close'): lines.close()
         raise
     redraw(final=True)
@@ -231,7 +246,8 @@ def _pid_alive(pid:int) -> bool:
     return True
 
 def run_state(run:Path, # the run folder
-              stale_s:float=600, # seconds without a heartbeat or a write after which the trainer counts as gone
+              # seconds without a heartbeat or a write after which the trainer counts as gone
+              stale_s:float=600,
               now:float|None=None,
              ) -> str:
     "'done' (its last step is logged), 'running' (its trainer is alive) or 'stopped' (neither)."
@@ -244,10 +260,12 @@ def run_state(run:Path, # the run folder
     if lock.is_file():
         try: info = json.loads(lock.read_text())
         except (OSError, json.JSONDecodeError): info = {}
-        if info.get('host') == socket.gethostname() and isinstance(info.get('pid'), int) and not _pid_alive(info['pid']): return 'stopped'
+        if info.get('host') == socket.gethostname() and isinstance(info.get('pid'),
+                                                                   int) and not _pid_alive(info['pid']): return 'stopped'
         hb = _seconds(info.get('heartbeat'))
         if hb is not None: return 'running' if now - hb < stale_s else 'stopped'
-    seen = [f.stat().st_mtime for f in [run, *run.iterdir()]] if run.is_dir() else []  # metrics, meta, the notebook papermill saves
+    # metrics, meta, the notebook papermill saves
+    seen = [f.stat().st_mtime for f in [run, *run.iterdir()]] if run.is_dir() else []
     return 'running' if seen and now - max(seen) < stale_s else 'stopped'
 
 # %% ../nbs/09a_runnb.ipynb #37af827a

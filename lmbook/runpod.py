@@ -10,7 +10,8 @@ import base64, gzip, json, os, re, secrets, subprocess, sys, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
-from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked, rest_body, _SAFE)
+from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
+                           rest_body, _SAFE)
 from . import podsync
 from .core import load_settings, check_name, package_dir
 from .config import get_config, parse_assignments
@@ -25,8 +26,10 @@ __all__ = ['PORTS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpe
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
     "Refuse env values the GraphQL request cannot carry verbatim: quotes, backslashes, control characters."
     check_safe(key, 'env_key', 'environment variable name')
-    if not isinstance(value, str) or any(c in value for c in '"\\') or any(ord(c) < 32 or ord(c) == 127 for c in value) or len(value) > limit:
-        raise ValueError(f"environment variable {key} has a value with a quote, backslash or control character (or over {limit} characters): "
+    if not isinstance(value, str) or any(c in value for c in '"\\') or any(ord(c) < 32 or ord(c) == 127
+            for c in value) or len(value) > limit:
+        raise ValueError(f"environment variable {key} has a value with a quote, backslash or control "
+                         f"character (or over {limit} characters): "
                          "RunPod's GraphQL request would carry it unescaped; remove them")
     return value
 
@@ -34,19 +37,26 @@ _SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|
 _SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}')
 
 def check_not_secret(key:str, value:str) -> str:
-    "Refuse a plain environment variable that holds (or is named like) a secret: it would be saved and printed."
+    ("Refuse a plain environment variable that holds (or is named like) a secret: it would be saved and "
+     "printed.")
     if _SECRET_KEY.search(key) or _SECRET_VALUE.search(value):
-        raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put in the manifest and the printed spec: "
-                         "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a manifest, under secrets:)")
+        raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put "
+                         "in the manifest and the printed spec: "
+                         "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a "
+                             "manifest, under secrets:)")
     return value
 
 # %% ../nbs/08e_runpod.ipynb #dfd3801f
-_PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.invalid\b|\bYOUR[_-]|\bUSER/REPO\b', re.I)
+_PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.invalid\b|\bYOUR[_-]|\bUSER/REPO\b',
+                          re.I)
 
 def check_repo(url:str) -> str:
-    "A git URL a pod can clone (https, ssh, git@host:path, file or an absolute path), not a placeholder; else a one-line error."
-    if not isinstance(url, str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+', url):
-        raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook repository (--repo), "
+    ("A git URL a pod can clone (https, ssh, git@host:path, file or an absolute path), not a placeholder; "
+     "else a one-line error.")
+    if not isinstance(url,
+                      str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+', url):
+        raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook "
+                         "repository (--repo), "
                          "e.g. https://github.com/NAME/lmbook.git")
     return url
 
@@ -62,7 +72,8 @@ class PodSpec:
     experiment: str               # run name: /workspace/runs/<experiment>
     gpu_type: str                 # RunPod GPU type id
     gpu_count: int = 1            # GPUs in the pod (training uses every one)
-    image: str = 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'  # image with torch, /start.sh, JupyterLab, sshd
+    # image with torch, /start.sh, JupyterLab, sshd
+    image: str = 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'
     cloud_type: str = 'SECURE'    # SECURE or COMMUNITY (network volumes are Secure Cloud only)
     volume_id: str = ''           # network volume id ('' : a pod volume of volume_gb, lost on terminate)
     volume_gb: int = 200          # pod volume size when there is no network volume
@@ -71,7 +82,8 @@ class PodSpec:
     data_center: str = ''         # data center id ('' : the volume's, or any)
     ports: str = PORTS            # exposed ports
     env: dict = field(default_factory=dict)      # plain environment variables
-    secrets: dict = field(default_factory=dict)  # env name -> 'generate', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
+    # env name -> 'generate', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
+    secrets: dict = field(default_factory=dict)
     start: str = ''               # container start command (the boot pipeline)
 
     def validate(self) -> 'PodSpec':
@@ -80,25 +92,35 @@ class PodSpec:
         check_safe(self.gpu_type, 'gpu', 'GPU type'); check_safe(self.image, 'image', 'image')
         if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
         if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
-        if self.cloud_type not in ('SECURE', 'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose SECURE or COMMUNITY")
+        if self.cloud_type not in ('SECURE',
+                                   'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose "
+                                                                  "SECURE or COMMUNITY")
         if self.volume_id and self.cloud_type != 'SECURE':
-            raise ValueError("network volumes are Secure Cloud only: drop --cloud-type COMMUNITY, or train without --volume")
+            raise ValueError("network volumes are Secure Cloud only: drop --cloud-type COMMUNITY, or train "
+                             "without --volume")
         if not 1 <= self.gpu_count <= 8: raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
-        if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: lmbook's pods mount the volume at /workspace")
+        if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
+                                                               "lmbook's pods mount the volume at /workspace")
         if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
-            raise ValueError("autokill terminate without a network volume would delete the pod volume, and the final checkpoint with it, "
+            raise ValueError("autokill terminate without a network volume would delete the pod volume, and "
+                             "the final checkpoint with it, "
                              "seconds after it is written: use --autokill stop, or give --volume")
         for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
         if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
         if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
-            raise ValueError("env LMBOOK_COMMIT must be the full 40-character commit the pod checks out (pod create sets it)")
+            raise ValueError("env LMBOOK_COMMIT must be the full 40-character commit the pod checks out "
+                             "(pod create sets it)")
         for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
             if k in self.env and str(self.env[k]) != want:
-                raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them the same (the pod trains what env says)")
+                raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them "
+                                 "the same (the pod trains what env says)")
         for k, v in self.secrets.items():
             check_safe(k, 'env_key', 'secret variable name')
-            if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:])) or _SECRET_REF.match(v)):
-                raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use 'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the value itself)")
+            if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:]))
+                    or _SECRET_REF.match(v)):
+                raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use "
+                                 f"'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the "
+                                     "value itself)")
         check_env_value('start', self.start, limit=8192)
         return self
 
@@ -114,7 +136,9 @@ class PodSpec:
         path = Path(path)
         if not path.is_file(): raise FileNotFoundError(f"pod manifest {path} does not exist")
         d = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(d, dict) or d.pop('kind', None) != 'lmbook-pod': raise ValueError(f"{path} is not a pod manifest (kind: lmbook-pod)")
+        if not isinstance(d, dict) or d.pop('kind', None) != 'lmbook-pod': raise ValueError(f"{path} is not "
+                                                                                            "a pod manifest "
+                                                                                                "(kind: lmbook-pod)")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown: raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))} in {path}")
         return cls(**d).validate()
@@ -128,40 +152,52 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
         if src == 'generate': v = secrets.token_urlsafe(18)
         elif src.startswith('env:'):
             v = environ.get(src[4:])
-            if not v: raise ValueError(f"secret {k} comes from ${src[4:]}, which is not set: export it, or use a RunPod secret ('{{{{ RUNPOD_SECRET_name }}}}')")
+            if not v: raise ValueError(f"secret {k} comes from ${src[4:]}, which is not set: export it, or "
+                                       f"use a RunPod secret ('{{{{ RUNPOD_SECRET_name }}}}')")
         else: env[k] = src; continue  # a reference: RunPod fills it in on the pod
         env[k] = check_env_value(k, v); hidden.add(v)
     return env, hidden
 
 # %% ../nbs/08e_runpod.ipynb #8c97510b
 def _git(*args, cwd:Path|None=None, timeout:float=60) -> subprocess.CompletedProcess:
-    return subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+    return subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL,
                           env=dict(os.environ, GIT_TERMINAL_PROMPT='0'))
 
 def code_source(repo:str|None=None, # git URL the pod clones (default: the checkout's `origin`)
                 commit:str|None=None, # commit, branch or tag (default: the checkout's HEAD)
                 checkout:Path|None=None, # the local checkout (default: the one lmbook runs from)
                ) -> tuple[str, str, str]:
-    "(repository URL, full commit, a warning or '') the pod should run; refuses a commit the remote does not have."
+    ("(repository URL, full commit, a warning or '') the pod should run; refuses a commit the remote does "
+     "not have.")
     checkout = Path(checkout or package_dir().parent)
-    if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a git checkout: give --repo URL and --commit SHA")
+    if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a git "
+                                                                                 "checkout: give --repo URL "
+                                                                                     "and --commit SHA")
     if not repo:
         r = _git('remote', 'get-url', 'origin', cwd=checkout)
-        if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where the pod can clone it and give --repo URL")
+        if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where "
+                                          "the pod can clone it and give --repo URL")
         repo = r.stdout.strip()
     check_repo(repo)
     r = _git('rev-parse', '--verify', '--quiet', f"{commit or 'HEAD'}^{{commit}}", cwd=checkout)
-    sha = r.stdout.strip() if not r.returncode else (commit if commit and re.fullmatch(r'[0-9a-f]{40}', commit) else '')
-    if not sha: raise ValueError(f"commit {commit!r} is not known in {checkout}: give a commit, branch or tag of it (git log shows them)")
+    sha = r.stdout.strip() if not r.returncode else (commit if commit and re.fullmatch(r'[0-9a-f]{40}',
+                                                                                       commit) else '')
+    if not sha: raise ValueError(f"commit {commit!r} is not known in {checkout}: give a commit, branch or "
+                                 "tag of it (git log shows them)")
     r = _git('ls-remote', repo, timeout=120)
-    if r.returncode: raise ValueError(f"cannot read {repo} ({(r.stderr.strip().splitlines() or ['git ls-remote failed'])[-1]}): the pod must clone it, so fix the URL or its access")
+    if r.returncode: raise ValueError(f"cannot read {repo} "
+        f"({(r.stderr.strip().splitlines() or ['git ls-remote failed'])[-1]}): the pod must clone it, so "
+            "fix the URL or its access")
     tips = {l.split()[0] for l in r.stdout.splitlines() if l.strip()}
     has = lambda t: t == sha or not _git('merge-base', '--is-ancestor', sha, t, cwd=checkout).returncode
     if not any(has(t) for t in tips):
-        raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains it): push it first (git push), "
+        raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains it): push it "
+                         "first (git push), "
                          "or give --commit with one that is")
     dirty = _git('status', '--porcelain', '--untracked-files=no', cwd=checkout).stdout.strip()
-    return repo, sha, (f"warning: {checkout} has uncommitted changes; the pod runs commit {sha[:12]} without them" if dirty else '')
+    return repo, sha, (f"warning: {checkout} has uncommitted changes; the pod runs commit {sha[:12]} "
+                       "without them" if dirty else '')
 
 # %% ../nbs/08e_runpod.ipynb #bbadd9f9
 def start_script(script:Path|None=None) -> str:
@@ -172,7 +208,8 @@ def start_script(script:Path|None=None) -> str:
 def start_command(script:Path|None=None) -> str:
     "The container start command: the start script, gzipped and base64-encoded, run by bash as PID 1."
     b64 = base64.b64encode(gzip.compress(start_script(script).encode(), mtime=0)).decode()
-    cmd = f"bash -c 'echo {b64} | base64 -d | gunzip > /tmp/lmbook-start.sh && exec bash /tmp/lmbook-start.sh'"
+    cmd = (f"bash -c 'echo {b64} | base64 -d | gunzip > /tmp/lmbook-start.sh && exec bash "
+           "/tmp/lmbook-start.sh'")
     return check_env_value('start', cmd, limit=8192)
 
 # %% ../nbs/08e_runpod.ipynb #41ea1803
@@ -191,25 +228,34 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              data_center:str='', # data center id ('' : the volume's)
              repo:str='', # git URL of lmbook the pod clones (see `code_source`)
              commit:str='', # the full commit the pod checks out
-             on_failure:str='stop', # after a failed run: 'stop' the pod (the volume keeps everything) or 'keep' it up
+             # after a failed run: 'stop' the pod (the volume keeps everything) or 'keep' it up
+             on_failure:str='stop',
              max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
             ) -> PodSpec:
-    "A checked `PodSpec` that trains `profile` as `experiment` on `gpus` x `gpu`, JupyterLab and TensorBoard on."
+    ("A checked `PodSpec` that trains `profile` as `experiment` on `gpus` x `gpu`, JupyterLab and "
+     "TensorBoard on.")
     s = load_settings()
     check_name(experiment)
     gpu_type = find_gpu(gpu)
-    if not Path(profile).suffix: get_config(profile, overrides)  # a profile name must resolve here; a config file lives on the volume
+    # a profile name must resolve here; a config file lives on the volume
+    if not Path(profile).suffix: get_config(profile, overrides)
     elif not profile.startswith('/workspace/'):
-        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. /workspace/configs/{Path(profile).name} (copy it onto the volume first)")
-    if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
+        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. "
+                         f"/workspace/configs/{Path(profile).name} (copy it onto the volume first)")
+    if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or "
+                                                                   "terminate")
     if on_failure not in ('stop', 'keep'): raise ValueError(f"on_failure={on_failure!r}: choose stop or keep")
-    if max_hours < 0 or max_dollars < 0: raise ValueError("--max-hours and --max-dollars must be positive (0: no limit)")
+    if max_hours < 0 or max_dollars < 0: raise ValueError("--max-hours and --max-dollars must be positive "
+                                                          "(0: no limit)")
     ov = pod_overrides(profile, gpus, overrides) if not Path(profile).suffix else dict(overrides or {})
     for k, v in ov.items():
-        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES (k=v,k=v) cannot carry: rename the path or use a config file")
-    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0', RUN_OVERRIDES=','.join(f'{k}={v}' for k, v in ov.items()),
-               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit, ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
+        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
+                                           "(k=v,k=v) cannot carry: rename the path or use a config file")
+    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0',
+               RUN_OVERRIDES=','.join(f'{k}={v}' for k, v in ov.items()),
+               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit,
+                   ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
     if autokill: env['AUTOKILL'] = autokill
     if max_hours: env['MAX_HOURS'] = f'{max_hours:g}'
     if max_dollars:
@@ -218,30 +264,39 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if os.environ.get('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
-    spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment, gpu_type=gpu_type,
-                   gpu_count=gpus, image=image or card_image(gpu_type, s.image), cloud_type=cloud_type or s.cloud_type, volume_id=volume_id,
-                   volume_gb=s.volume_gb, container_disk_gb=s.container_disk_gb, data_center=data_center, env=env, secrets=sec)
+    spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment,
+                   gpu_type=gpu_type,
+                   gpu_count=gpus, image=image or card_image(gpu_type, s.image), cloud_type=cloud_type
+                       or s.cloud_type, volume_id=volume_id,
+                   volume_gb=s.volume_gb, container_disk_gb=s.container_disk_gb, data_center=data_center,
+                       env=env, secrets=sec)
     spec.start = start_command()
     return spec.validate()
 
 def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
-    return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab", tensorboard=f"https://{pod_id}-6006.proxy.runpod.net/")
+    return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab",
+                tensorboard=f"https://{pod_id}-6006.proxy.runpod.net/")
 
 # %% ../nbs/08e_runpod.ipynb #d73c58c6
 def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> str:
     "The create request for `spec` as the backend would send it, secrets masked."
     if (backend or load_settings().api) == 'graphql':
-        from runpod.api.mutations.pods import generate_pod_deployment_mutation  # optional backend: the runpod SDK (GraphQL)
-        q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True, True, spec.data_center or None, None,
-                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb, 1, 1, spec.start,
+        # optional backend: the runpod SDK (GraphQL)
+        from runpod.api.mutations.pods import generate_pod_deployment_mutation
+        q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True,
+                                             True, spec.data_center or None, None,
+                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb,
+                                                 spec.container_disk_gb, 1, 1, spec.start,
                                              spec.ports, spec.volume_mount, env, None, spec.volume_id or None)
         return masked(q, hidden)
     return masked('POST /v2/pods\n' + json.dumps(rest_body(spec, env), indent=1), hidden)
 
 # %% ../nbs/08e_runpod.ipynb #2525ca45
-def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print, sleep=time.sleep) -> tuple[dict, bool]:
-    "(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient errors are retried."
+def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print,
+                        sleep=time.sleep) -> tuple[dict, bool]:
+    ("(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient "
+     "errors are retried.")
     for i in range(tries):
         if (found := api.find_pod(spec.name)): return found, False
         try: return api.create_pod(spec, env), True
@@ -251,33 +306,42 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
                     try: found = api.find_pod(spec.name)
                     except TransientError: found = None
                     if found: return found, False
-                    raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether pod {spec.name} exists before you try again") from None
-                raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, --cloud-type COMMUNITY (without --volume), or later") from None
+                    raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether "
+                                      f"pod {spec.name} exists before you try again") from None
+                raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, "
+                                  "--cloud-type COMMUNITY (without --volume), or later") from None
             pause = wait_s*2**i
             log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
             sleep(pause)
 
-def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print, sleep=time.sleep, clock=time.monotonic) -> dict:
-    "Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`, saying that it bills."
+def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print,
+                 sleep=time.sleep, clock=time.monotonic) -> dict:
+    ("Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`, saying that "
+     "it bills.")
     t0, last = clock(), None
     while True:
         p = api.pod(pod_id)
         if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
         if p['status'] == 'RUNNING': return p
         if p['status'] in ('EXITED', 'ERROR', 'TERMINATED'):
-            raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, or `lmbook pod terminate {pod_id}` and create a new one")
+            raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, "
+                              f"or `lmbook pod terminate {pod_id}` and create a new one")
         if p['status'] != last: log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
         if clock() - t0 > timeout_s:
-            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), and it is billing "
-                              f"(${p['cost']:.2f}/h): `lmbook pod stop {pod_id}` stops the bill, `lmbook pod status {pod_id}` looks again")
+            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), "
+                              "and it is billing "
+                              f"(${p['cost']:.2f}/h): `lmbook pod stop {pod_id}` stops the bill, `lmbook "
+                                  f"pod status {pod_id}` looks again")
         sleep(poll_s)
 
 # %% ../nbs/08e_runpod.ipynb #41824b0f
 def format_status(p:dict) -> str:
     "A pod's state, cost per hour, GPU use, addresses; never its env values."
     up = p.get('uptime') or 0
-    lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {p.get('gpu_count')} x {p.get('gpu') or '?'}  ${p.get('cost') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
-    for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% busy, {g.get('mem')}% memory")
+    lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {p.get('gpu_count')} x {p.get('gpu') or '?'}  "
+             f"${p.get('cost') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
+    for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% busy, "
+                                                             f"{g.get('mem')}% memory")
     if p.get('volume_id'): lines.append(f"  volume       {p['volume_id']} ({p.get('data_center') or '?'})")
     if p.get('status') == 'RUNNING':
         u = proxy_urls(p['id'])
@@ -287,7 +351,8 @@ def format_status(p:dict) -> str:
 
 # %% ../nbs/08e_runpod.ipynb #30b1d909
 def _plan_cmd(a) -> int:
-    p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count, parse_assignments(a.set), a.cloud,
+    p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count,
+             parse_assignments(a.set), a.cloud,
              volume=bool(a.volume), image=a.image)
     print(json.dumps(p, indent=1) if a.json else format_plan(p))
     return 0
@@ -295,29 +360,37 @@ def _plan_cmd(a) -> int:
 def _spec_from_args(a) -> PodSpec:
     s = load_settings()
     gpu, gpus = a.gpu or s.gpu_type, a.gpus or s.gpu_count
-    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or --manifest FILE)")
+    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or "
+                                                          "--manifest FILE)")
     ov = parse_assignments(a.set)
     cloud = a.cloud_type or s.cloud_type
-    if not Path(a.profile).suffix:  # refuses what does not fit, or a card the image cannot drive, before anything is rented
+    # refuses what does not fit, or a card the image cannot drive, before anything is rented
+    if not Path(a.profile).suffix:
         plan(a.profile, gpu, gpus, ov, cloud.lower(), volume=bool(a.volume), image=a.image)
     autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
     repo, commit, warn = code_source(a.repo, a.commit)
     if warn: print(warn, file=sys.stderr)
-    return pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard, a.hf_token or '',
-                    parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars)
+    return pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard,
+                    a.hf_token or '',
+                    parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure,
+                        a.max_hours, a.max_dollars)
 
 def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     "Check the volume and GPU type against the API; the pod goes to the volume's data center."
     if spec.volume_id:
         v = api.volume(spec.volume_id)
-        if v is None: raise RunPodError(f"network volume {spec.volume_id} does not exist: `lmbook pod volume list` shows yours")
+        if v is None: raise RunPodError(f"network volume {spec.volume_id} does not exist: `lmbook pod "
+                                        "volume list` shows yours")
         if spec.data_center and v['data_center'] and spec.data_center != v['data_center']:
-            raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not {spec.data_center}: drop --data-center (the pod goes to the volume's)")
+            raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not "
+                             f"{spec.data_center}: drop --data-center (the pod goes to the volume's)")
         spec.data_center = v['data_center'] or spec.data_center
     g = api.gpu(spec.gpu_type)
-    if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
+    if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in "
+                                    "lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
     most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
-    if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
+    if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
+        f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
     spec.validate()
 
 def _create_cmd(a) -> int:
@@ -325,14 +398,16 @@ def _create_cmd(a) -> int:
     if a.save: spec.to_yaml(a.save); print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     if a.dry_run:
-        print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are checked against the API when sent:')
+        print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are '
+                                     'checked against the API when sent:')
         print(request_text(spec, env, hidden)); return 0
     api = RunPodAPI(hidden=hidden)
     _checked_with_api(api, spec)
     pod, created = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
     if not created:
         print(f"pod {pod['id']} ({spec.name}) already exists, status {pod['status']}: nothing created"
-              + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR') else ''))
+              + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR')
+                 else ''))
         return 0
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
           f"{'your $JUPYTER_PASSWORD' if spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:') else 'generated, in the pod settings on runpod.io'}")
@@ -345,13 +420,16 @@ def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
     p = api.pod(pod_id)
     if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
     keeps = (f"its network volume {p['volume_id']} keeps the run" if p['volume_id'] else
-             "it has no network volume: its pod volume (/workspace, the run and its checkpoints) is deleted with it")
+             "it has no network volume: its pod volume (/workspace, the run and its checkpoints) is deleted "
+                 "with it")
     if not yes:
-        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes it ({keeps}): add --yes to confirm")
+        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes it ({keeps}): add "
+                                                    "--yes to confirm")
         if input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ").strip().lower() not in ('y', 'yes'):
             print('not terminated'); return 1
     api.terminate(pod_id)
-    print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run" if p['volume_id'] else ''))
+    print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run"
+                                         if p['volume_id'] else ''))
     return 0
 
 def _pods_cmd(a) -> int:
@@ -365,7 +443,8 @@ def _pods_cmd(a) -> int:
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     if a.pod_cmd == 'status': print(format_status(p)); return 0
     api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
-    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + dict(resume='; the boot pipeline resumes the run', restart='; the container restarts and boots again',
+    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + dict(resume='; the boot pipeline resumes the run',
+                                                     restart='; the container restarts and boots again',
                                                      stop='; the GPU is released, the disks stay (and bill)').get(a.pod_cmd, ''))
     return 0
 
@@ -374,53 +453,87 @@ def _volume_cmd(a) -> int:
     api = RunPodAPI()
     if a.volume_cmd == 'create':
         v = api.create_volume(a.name, a.size, a.data_center)
-        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) in {v['data_center']}: lmbook pod create ... --volume {v['id']}")
+        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) in {v['data_center']}: lmbook pod create ... "
+              f"--volume {v['id']}")
     else:
         for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['data_center']}")
     return 0
 
 # %% ../nbs/08e_runpod.ipynb #db838dbe
 def add_cli(sub):
-    "Register `lmbook pod ...` (plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, terminate, volume)."
-    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
+    ("Register `lmbook pod ...` (plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
+     "terminate, volume).")
+    pod = sub.add_parser('pod',
+                         help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd',
+                                 metavar='POD_COMMAND', required=True)
     p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
-    p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', help='RunPod GPU id or alias, e.g. H100 (default: settings gpu_type)')
-    p.add_argument('--gpus', type=int, help='GPUs in the pod (default: settings gpu_count)'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')
-    p.add_argument('--cloud', choices=('secure', 'community'), default='secure'); p.add_argument('--volume', help='the network volume the pod would use')
-    p.add_argument('--image', help='the image the pod would run'); p.add_argument('--json', action='store_true')
+    p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', help='RunPod GPU id or '
+                                                                     'alias, e.g. H100 (default: settings '
+                                                                         'gpu_type)')
+    p.add_argument('--gpus', type=int,
+                   help='GPUs in the pod (default: settings gpu_count)'); p.add_argument('--set', '-s',
+                           action='extend', nargs='+', default=[], metavar='KEY=VALUE')
+    p.add_argument('--cloud', choices=('secure', 'community'), default='secure'); p.add_argument('--volume',
+            help='the network volume the pod would use')
+    p.add_argument('--image', help='the image the pod would run'); p.add_argument('--json',
+                                                                                  action='store_true')
     p.set_defaults(func=_plan_cmd)
     p = pod.add_parser('create', help='create a training pod (prints the request instead with --dry-run)')
-    p.add_argument('--profile', '-p'); p.add_argument('--experiment', '-e'); p.add_argument('--gpu', '-g', help='default: settings gpu_type')
-    p.add_argument('--gpus', type=int, help='default: settings gpu_count'); p.add_argument('--volume', help='network volume id, mounted at /workspace')
-    p.add_argument('--image', help="image (default: settings.ini, or the card's own)"); p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
-    p.add_argument('--data-center', help="data center id (default: the volume's)"); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
-    p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='more pod environment variables (no secrets)')
-    p.add_argument('--shard', action='store_true', help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
-    p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
-    p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop', 'terminate'),
-                   help='stop (or terminate) the pod once the final checkpoint is on the volume; bare: terminate with --volume, else stop')
-    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop', help='after a failed run: stop the pod (default; the volume keeps everything) or keep it up')
-    p.add_argument('--max-hours', type=float, default=0, metavar='H', help='stop the pod after a checkpoint once it has run H hours')
-    p.add_argument('--max-dollars', type=float, default=0, metavar='D', help='stop the pod after a checkpoint once it has cost about D dollars')
+    p.add_argument('--profile', '-p'); p.add_argument('--experiment', '-e'); p.add_argument('--gpu', '-g',
+            help='default: settings gpu_type')
+    p.add_argument('--gpus', type=int, help='default: settings gpu_count'); p.add_argument('--volume',
+            help='network volume id, mounted at /workspace')
+    p.add_argument('--image',
+                   help="image (default: settings.ini, or the card's own)"); p.add_argument('--cloud-type',
+                           choices=('SECURE', 'COMMUNITY'))
+    p.add_argument('--data-center', help="data center id (default: the volume's)"); p.add_argument('--set',
+            '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
+    p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
+                   help='more pod environment variables (no secrets)')
+    p.add_argument('--shard', action='store_true', help='stream shards and build the tokenizer before '
+                   'training (RUN_SHARD=1)')
+    p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or "
+                   "env:HF_TOKEN")
+    p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop',
+                                                                               'terminate'),
+                   help='stop (or terminate) the pod once the final checkpoint is on the volume; bare: '
+                       'terminate with --volume, else stop')
+    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop', help='after a failed run: stop '
+                   'the pod (default; the volume keeps everything) or keep it up')
+    p.add_argument('--max-hours', type=float, default=0, metavar='H', help='stop the pod after a checkpoint '
+                   'once it has run H hours')
+    p.add_argument('--max-dollars', type=float, default=0, metavar='D', help='stop the pod after a '
+                   'checkpoint once it has cost about D dollars')
     p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
-    p.add_argument('--commit', help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
-    p.add_argument('--manifest', help='create from this YAML manifest'); p.add_argument('--save', help='write the manifest here')
-    p.add_argument('--dry-run', action='store_true', help='print the spec and the exact request, send nothing')
-    p.add_argument('--tries', type=int, default=6); p.add_argument('--retry-wait', type=float, default=20, help='first pause (s) after "no instances available"')
-    p.add_argument('--wait', action='store_true', help='wait until RUNNING'); p.add_argument('--timeout', type=float, default=900)
+    p.add_argument('--commit',
+                   help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
+    p.add_argument('--manifest', help='create from this YAML manifest'); p.add_argument('--save',
+            help='write the manifest here')
+    p.add_argument('--dry-run', action='store_true',
+                   help='print the spec and the exact request, send nothing')
+    p.add_argument('--tries', type=int, default=6); p.add_argument('--retry-wait', type=float, default=20,
+                                                                   help='first pause (s) after "no '
+                                                                       'instances available"')
+    p.add_argument('--wait', action='store_true', help='wait until RUNNING'); p.add_argument('--timeout',
+            type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
     p.set_defaults(func=_create_cmd)
     pod.add_parser('list', help='your pods').set_defaults(func=_pods_cmd)
-    for c, h in [('status', 'state, cost per hour, GPU use, URLs'), ('stop', 'stop (the volume and container disk stay)'),
-                 ('resume', 'start a stopped pod again'), ('restart', 'restart the container (reruns the boot pipeline)'),
-                 ('terminate', 'delete the pod (asks first; a network volume stays)'), ('wait', 'wait until RUNNING')]:
+    for c, h in [('status', 'state, cost per hour, GPU use, URLs'), ('stop', 'stop (the volume and '
+                                                                     'container disk stay)'),
+                 ('resume', 'start a stopped pod again'), ('restart', 'restart the container (reruns the '
+                                                           'boot pipeline)'),
+                 ('terminate', 'delete the pod (asks first; a network volume stays)'), ('wait',
+                         'wait until RUNNING')]:
         p = pod.add_parser(c, help=h); p.add_argument('pod_id')
-        if c == 'wait': p.add_argument('--timeout', type=float, default=900); p.add_argument('--poll', type=float, default=10)
+        if c == 'wait': p.add_argument('--timeout', type=float, default=900); p.add_argument('--poll',
+                type=float, default=10)
         if c == 'terminate': p.add_argument('--yes', '-y', action='store_true', help='do not ask')
         p.set_defaults(func=_pods_cmd)
     podsync.add_pod_cli(pod)
     v = pod.add_parser('volume', help='network volumes').add_subparsers(dest='volume_cmd', required=True)
     v.add_parser('list').set_defaults(func=_volume_cmd)
-    p = v.add_parser('create'); p.add_argument('--name', required=True); p.add_argument('--size', type=int, required=True, help='GB (10 to 4096)')
+    p = v.add_parser('create'); p.add_argument('--name', required=True); p.add_argument('--size', type=int,
+            required=True, help='GB (10 to 4096)')
     p.add_argument('--data-center', required=True, help='e.g. EU-RO-1'); p.set_defaults(func=_volume_cmd)
     podsync.add_volume_cli(v, _volume_cmd)

@@ -20,13 +20,15 @@ __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'best_base'
 INFERENCE_FILES = ('model.safetensors', 'state.json')
 
 def verify_for_inference(path:Path) -> dict:
-    "The manifest of checkpoint `path` if all its files have their recorded sizes and weights and state their hashes."
+    ("The manifest of checkpoint `path` if all its files have their recorded sizes and weights and state "
+     "their hashes.")
     path = Path(path)
     man = verify_checkpoint(path, hashes=False)
     for name in INFERENCE_FILES:
         meta = man['files'].get(name)
         if meta is None: raise CheckpointError(f"{path} has no {name}")
-        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
+        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its "
+                                                                           "sha256 (corrupt)")
     return man
 
 # %% ../nbs/05_runs.ipynb #240f220d
@@ -42,10 +44,12 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     p = Path(source)
     if p.is_dir(): return (p/'checkpoints' if (p/'checkpoints').is_dir() else p), f"folder {p}"
     if '/' in source or '\\' in source or p.exists():
-        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
+        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an "
+                                "experiment name")
     return paths_for(source, root=root).checkpoints, f"experiment {source!r}"
 
-def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
+# checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
+def find_checkpoint(source:str|Path,
                     root:Path|None=None, # workspace root for an experiment name (default: from settings)
                     warn=None, # called with a message for each damaged checkpoint skipped
                    ) -> Path:
@@ -54,20 +58,24 @@ def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding ch
     if (base := best_base(source)) is not None:
         ckdir, what = _ckpt_dir(base, root)
         if not (ckdir/'best').is_dir():
-            raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its first validation after a step; "
+            raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its "
+                                    "first validation after a step; "
                                     f"name {base} alone for its newest checkpoint")
         source = ckdir/'best'
     p = Path(source)
-    if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_') or p.name == 'best'):
+    if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_')
+                       or p.name == 'best'):
         try: verify_for_inference(p)
         except CheckpointError as e:
-            raise ValueError(f"checkpoint {p} cannot be used: {e}; name its run folder or experiment to use the newest good one") from None
+            raise ValueError(f"checkpoint {p} cannot be used: {e}; name its run folder or experiment to use "
+                             "the newest good one") from None
         return p
     ckdir, what = _ckpt_dir(str(source), root)
     for c in list_checkpoints(ckdir):
         try: verify_for_inference(c); return c
         except CheckpointError as e: warn(f"skipping checkpoint {c.name}: {e}")
-    raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): train it first, or give a checkpoint folder")
+    raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): train it first, or give a "
+                            "checkpoint folder")
 
 # %% ../nbs/05_runs.ipynb #ec79dc7c
 def run_of(ck:Path) -> Path|None:
@@ -94,6 +102,9 @@ def find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
         if not f.is_file(): continue
         if not ref.get('sha256'): return load_tokenizer(c)
         tok = load_tokenizer(c)  # hashed by content since 'canonical-json'; older checkpoints hashed the file
-        if (tok.sha256 if ref.get('hash') == 'canonical-json' else sha256_file(f)) == ref['sha256']: return tok
-    raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is not in "
-                            f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer folder there")
+        if (tok.sha256 if ref.get('hash') == 'canonical-json'
+            else sha256_file(f)) == ref['sha256']: return tok
+    raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is "
+                            "not in "
+                            f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer "
+                                "folder there")

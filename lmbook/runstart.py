@@ -43,14 +43,16 @@ def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint f
 
 def shape_of(m) -> str:
     "The shape fields of a model config (object or dict) as 'arch=llama n_layer=2 ...'."
-    get = (lambda k: m.get(k, SHAPE_DEFAULTS.get(k))) if isinstance(m, dict) else (lambda k: getattr(m, k))  # older checkpoints lack some keys
+    # older checkpoints lack some keys
+    get = (lambda k: m.get(k, SHAPE_DEFAULTS.get(k))) if isinstance(m, dict) else (lambda k: getattr(m, k))
     return ' '.join(f"{k}={get(k)}" for k in SHAPE_KEYS)
 
 def check_init_shape(cfg:Config, state:dict, ck:Path):
     "Refuse a config whose model shape differs from the init checkpoint's, naming both shapes."
     old = state.get('config', {}).get('model', {})
     if shape_of(old) != shape_of(cfg.model):
-        raise ValueError(f"init_from {ck} is a model of shape {shape_of(old)}, but this config has {shape_of(cfg.model)}: "
+        raise ValueError(f"init_from {ck} is a model of shape {shape_of(old)}, but this config has "
+                         f"{shape_of(cfg.model)}: "
                          "use the init run's model settings (lmbook finetune does)")
 
 # %% ../nbs/06a_runstart.ipynb #b1e0c7a2
@@ -61,30 +63,37 @@ def hub_init(init_from:str) -> str:
     return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
 
 def hub_init_state(cfg:Config) -> dict:
-    "The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape and tokenizer."
+    ("The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape "
+     "and tokenizer.")
     name = hub_init(cfg.train.init_from)
-    if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights ({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
+    if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights "
+                                  f"({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
     if cfg.data.sft_data:
-        raise ValueError(f"fine-tuning data needs an lmbook run to start from: train from init_from={cfg.train.init_from} first, "
+        raise ValueError("fine-tuning data needs an lmbook run to start from: train from "
+                         f"init_from={cfg.train.init_from} first, "
                          "then fine-tune that run (lmbook finetune --init-from EXP)")
     if cfg.data.tokenizer not in hub_names(name):
-        raise ValueError(f"init_from={cfg.train.init_from} needs that model's tokenizer: set tokenizer={name} (now {cfg.data.tokenizer!r})")
+        raise ValueError(f"init_from={cfg.train.init_from} needs that model's tokenizer: set "
+                         f"tokenizer={name} (now {cfg.data.tokenizer!r})")
     m, sd = gpt2_from_hf(name, vocab_size=cfg.model.vocab_size)
     if shape_of(m) != shape_of(cfg.model):
-        raise ValueError(f"init_from={cfg.train.init_from} is a model of shape {shape_of(m)}, but this config has {shape_of(cfg.model)}: "
+        raise ValueError(f"init_from={cfg.train.init_from} is a model of shape {shape_of(m)}, but this "
+                         f"config has {shape_of(cfg.model)}: "
                          "set those values (GPT-2 small is gpt2_124m with bias=true)")
     return sd
 
 # %% ../nbs/06a_runstart.ipynb #6609495e
 def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of `cfg.train.init_from` and LoRA adapters when asked."
-    with torch.device(device): model = GPT(cfg.model)  # made where it trains: a 4B model's init takes a minute on a CPU
+    # made where it trains: a 4B model's init takes a minute on a CPU
+    with torch.device(device): model = GPT(cfg.model)
     if hub_init(cfg.train.init_from):
         with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
     elif cfg.train.init_from:
         ck, state = init_checkpoint(cfg.train.init_from)
         check_init_shape(cfg, state, ck)
-        with torch.random.fork_rng(devices=[]):  # building the source model draws no numbers from this run's streams
+        # building the source model draws no numbers from this run's streams
+        with torch.random.fork_rng(devices=[]):
             src = load_model(ck, device='cpu', tokenizer=False).model
         with torch.no_grad(): model.load_state_dict(src.state_dict())
     if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha)
@@ -92,13 +101,15 @@ def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
 
 # %% ../nbs/06a_runstart.ipynb #6bee2f97
 def adopt_init_tokenizer(ck:Path, state:dict, tok_dir:Path, root:Path|None=None):
-    "Copy the tokenizer checkpoint `ck` was trained with into `tok_dir` (the new experiment's); return it loaded."
+    ("Copy the tokenizer checkpoint `ck` was trained with into `tok_dir` (the new experiment's); return it "
+     "loaded.")
     src = find_tokenizer(ck, state, experiment_of(run_of(ck)), root)
     tok_dir, src_dir = Path(tok_dir), Path(src.path).parent
     if (tok_dir/'tokenizer.json').is_file():
         have = load_tokenizer(tok_dir)
         if have.sha256 != src.sha256:
-            raise ValueError(f"{tok_dir} already holds another tokenizer than the one {ck} was trained with: fine-tune as a new experiment")
+            raise ValueError(f"{tok_dir} already holds another tokenizer than the one {ck} was trained "
+                             "with: fine-tune as a new experiment")
         return have
     tok_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{tok_dir.name}.tmp-', dir=tok_dir.parent))
@@ -125,12 +136,15 @@ class SFTData:
 
 # %% ../nbs/06a_runstart.ipynb #034d40fb
 def prepare_run(cfg:Config, paths, log:Callable|None=None):
-    "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with `init_from`, the init run's tokenizer first."
-    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, log)  # one data preparation of an experiment at a time
+    ("The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with `init_from`, the init run's "
+     "tokenizer first.")
+    # one data preparation of an experiment at a time
+    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, log)
 
 def _prepare_run(cfg:Config, paths, log:Callable|None):
     if cfg.data.sft_data and not cfg.train.init_from:
-        raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to fine-tune (lmbook finetune --init-from EXP)")
+        raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to "
+                         "fine-tune (lmbook finetune --init-from EXP)")
     if not cfg.train.init_from: return prepare_data(cfg, paths)
     if hub_init(cfg.train.init_from):
         hub_init_state(cfg)  # shape, tokenizer and weights checked before any data is written
@@ -141,11 +155,13 @@ def _prepare_run(cfg:Config, paths, log:Callable|None):
         adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root)
         return prepare_data(cfg, paths)
     tk = find_tokenizer(ck, state, experiment_of(run_of(ck)), paths.root)
-    examples = read_sft(cfg.data.sft_data, tk, cfg.model.block_size, log)  # every line checked before anything is written
+    # every line checked before anything is written
+    examples = read_sft(cfg.data.sft_data, tk, cfg.model.block_size, log)
     tk = adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root)
     tr, va = split_examples(examples, cfg.data.val_ratio, cfg.data.data_seed)
     train, val = pack(tr, cfg.model.block_size, tk.eot_id), pack(va, cfg.model.block_size, tk.eot_id)
-    return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(), val[0].numel(), len(examples))
+    return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
+                   val[0].numel(), len(examples))
 
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
@@ -157,17 +173,20 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
             val_batches(prepared.val_tokens, tc.batch_size, bs, tc.eval_steps, info.rank, info.world_size))
 
 def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
-    "`cfg` with `init_from` as the checkpoint folder it names in this workspace ('' when resuming a run whose init run is gone)."
+    ("`cfg` with `init_from` as the checkpoint folder it names in this workspace ('' when resuming a run "
+     "whose init run is gone).")
     if not cfg.train.init_from or hub_init(cfg.train.init_from): return cfg
     try: ck, _ = init_checkpoint(cfg.train.init_from, paths.root)
     except FileNotFoundError:
-        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''  # the run's own checkpoint replaces the weights
+        # the run's own checkpoint replaces the weights
+        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''
         else: raise
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
 
 # %% ../nbs/06a_runstart.ipynb #52192cbe
 def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None) -> Trainable:
-    "The model of `cfg` (with `init_from`'s weights and LoRA adapters when configured) ready to train on this process."
+    ("The model of `cfg` (with `init_from`'s weights and LoRA adapters when configured) ready to train on "
+     "this process.")
     info = info or DistInfo(device=pick_device(cfg.train.device))
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     return make_trainable(init_model(cfg, info.device), cfg, info, parallel)
@@ -181,7 +200,8 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
     dev, t, x = info.device, None, None
     try:
         t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info)
-        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1), device=dev)
+        x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1),
+                          device=dev)
         for _ in range(2): train_step(t, lambda: (x[:, :-1], x[:, 1:]), 0.0)
         ok = torch.cuda.max_memory_reserved(dev) <= (1 - headroom)*torch.cuda.mem_get_info(dev)[1]
     except Exception as e:
@@ -213,7 +233,8 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
     seen = ', '.join(f"{b} {'fits' if ok else 'does not'}" for b, ok in sorted(tried.items()))
     if i < 0:
-        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits the card ({seen}); keeping batch_size {tc.batch_size}")
+        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits the card ({seen}); keeping batch_size "
+            f"{tc.batch_size}")
         return cfg
     b, acc = choices[i]
     log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
@@ -224,6 +245,7 @@ def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Conf
     saved = run_dir/'training.toml'
     if cfg.train.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
-        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg  # the resume check explains
+        # the resume check explains
+        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg
         return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
     return fit_batch(cfg, info, log)

@@ -29,7 +29,8 @@ def inference_device(device:str='auto') -> str:
     "`auto`: CUDA where present, else Apple's MPS, else the CPU; other names are checked."
     mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
-    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is not available here: use auto or cpu")
+    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is not available here: "
+                                                     "use auto or cpu")
     return pick_device(device)
 
 @dataclass
@@ -48,7 +49,8 @@ class Loaded:
     def step(self) -> int: return self.state['step']
 
 # %% ../nbs/05a_sample.ipynb #d7cd83ad
-def load_model(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+# checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+def load_model(source:str|Path,
                root:Path|None=None, # workspace root (default: from settings)
                device:str='cpu', # where to put the model ('auto' picks CUDA, MPS or CPU)
                expect:dict|None=None, # model config fields the checkpoint must have (e.g. arch, n_layer)
@@ -59,21 +61,27 @@ def load_model(source:str|Path, # checkpoint folder, run folder or experiment na
     ck = find_checkpoint(source, root, warn)
     try: state = json.loads((ck/'state.json').read_text()); cfg = config_from_dict(state['config'])
     except (json.JSONDecodeError, KeyError, ValueError) as e:
-        raise ValueError(f"checkpoint {ck} has a config this lmbook cannot read ({type(e).__name__}: {e}): use the lmbook version that wrote it") from None
+        raise ValueError(f"checkpoint {ck} has a config this lmbook cannot read ({type(e).__name__}: {e}): "
+                         "use the lmbook version that wrote it") from None
     m = cfg.model
-    diff = [f"{k}={getattr(m, k)!r} (checkpoint) vs {v!r} (expected)" for k, v in (expect or {}).items() if getattr(m, k) != v]
+    diff = [f"{k}={getattr(m, k)!r} (checkpoint) vs {v!r} (expected)" for k, v in (expect or {}).items()
+            if getattr(m, k) != v]
     if diff: raise ValueError(f"checkpoint {ck} is another model: {'; '.join(diff)}")
     try:
         sd = load_file(ck/'model.safetensors')
-        with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
+        with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
+                                                                                 or {}).get('aliases', '{}'))
     except Exception as e: raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
     for alias, key in aliases.items(): sd[alias] = sd[key]
     sd = merge_lora_state(sd, cfg.train.lora_alpha)  # a LoRA run's adapters folded into plain weights
     model = GPT(m)
     want = model.state_dict()
-    bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in want.items() if k in sd and sd[k].shape != v.shape]
-    if bad: raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} config "
-                             f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} tensors differ, first {bad[0]}")
+    bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k,
+                                         v in want.items() if k in sd and sd[k].shape != v.shape]
+    if bad: raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} "
+                             "config "
+                             f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} "
+                                 f"tensors differ, first {bad[0]}")
     model.load_state_dict(sd)
     device = inference_device(device)
     run = run_of(ck)
@@ -92,7 +100,8 @@ def next_token(logits:torch.Tensor, # (B, V) logits of the last position
     "Next token ids (B, 1)."
     if temperature == 0: return logits.argmax(-1, keepdim=True)
     logits = logits.float()/temperature
-    if top_k: logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]], -float('inf'))
+    if top_k: logits = logits.masked_fill(logits < torch.topk(logits, min(top_k, logits.size(-1))).values[:,
+            [-1]], -float('inf'))
     if top_p < 1:
         srt, order = logits.sort(-1, descending=True)
         p = srt.softmax(-1)
@@ -118,13 +127,15 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
     bs = block_size or model.cfg.block_size
     B, T = idx.shape
     if T == 0: raise ValueError("the prompt is empty: give at least one token")
-    if T > bs: raise ValueError(f"the prompt has {T} tokens, more than the model's context of block_size={bs}: shorten it")
+    if T > bs: raise ValueError(f"the prompt has {T} tokens, more than the model's context of "
+                                f"block_size={bs}: shorten it")
     kv = KVCache(model.cfg, B, idx.device, next(model.parameters()).dtype) if cache else None
     done, new = torch.zeros(B, dtype=torch.bool), idx
     for _ in range(max_new_tokens):
         if kv is None: logits = model(idx[:, -bs:])
         else:
-            if kv.pos + new.shape[1] > bs: kv.reset(); new = idx[:, -max(bs//2, 1):]  # context full: slide by half
+            # context full: slide by half
+            if kv.pos + new.shape[1] > bs: kv.reset(); new = idx[:, -max(bs//2, 1):]
             logits = model(new, cache=kv)
         new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         idx = torch.cat([idx, new], dim=1)
@@ -146,13 +157,15 @@ DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
     "The prompts a run samples: its `sample_prompts` ('|'-separated), else ones that suit its dataset."
-    if getattr(cfg.train, 'sample_prompts', ''): return [p.strip() for p in cfg.train.sample_prompts.split('|')]
+    if getattr(cfg.train, 'sample_prompts', ''): return [p.strip()
+                                                         for p in cfg.train.sample_prompts.split('|')]
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
 
 # %% ../nbs/05a_sample.ipynb #c3397e72
 class TextStream:
-    "Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to `stop_id`."
+    ("Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to "
+     "`stop_id`.")
     def __init__(self, tokenizer, stop_id:int|None=None):
         self.tk, self.stop, self.ids, self.ended = tokenizer, stop_id, [], False
 
@@ -175,19 +188,24 @@ SAMPLE_RANGES = dict(temperature=at_least(0), top_k=at_least(0), top_p=between(0
                      max_new_tokens=at_least(0), num_samples=between(1, 4096))
 
 def check_sampling(**opts):
-    "Raise a one-line `ValueError` for a sampling option (`SAMPLE_RANGES`) out of its range; `top_k=None` keeps all tokens."
+    ("Raise a one-line `ValueError` for a sampling option (`SAMPLE_RANGES`) out of its range; `top_k=None` "
+     "keeps all tokens.")
     for k, v in opts.items():
         if k == 'top_k' and v is None: continue
         if err := SAMPLE_RANGES[k].error(k, v): raise ValueError(err)
 
 # %% ../nbs/05a_sample.ipynb #d18263b5
 def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens:int=48,
-                 block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
+                 block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0,
+                     device:str='cpu',
                  top_p:float=1.0, num_samples:int=1,
-                 out=None, # called with the text as it is made: prompt, pieces of the first sample, '\n---\n', then the others
+                 # called with the text as it is made: prompt, pieces of the first sample, '\n---\n', then the
+                 # others
+                 out=None,
                 ) -> list[dict]:
     "`num_samples` continuations per prompt: `[{'prompt', 'text'}]`, each text ending before end-of-text."
-    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                   num_samples=num_samples)
     bs, eot = block_size or model.cfg.block_size, tokenizer.eot_id
     g = torch.Generator().manual_seed(seed)
     was_training = model.training; model.eval()
@@ -195,11 +213,13 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
     try:
         for p in prompts:
             ids = [eot] + tokenizer.encode(p)
-            if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
+            if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start "
+                                               f"token), more than the context of block_size={bs}: shorten it")
             ts = TextStream(tokenizer, eot) if out else None
             if out: out(p)
             step = (lambda new: out(ts.push(new[0, 0].item()))) if out else None
-            gen = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g,
+            gen = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs,
+                           temperature, top_k, g,
                            top_p, eot, on_step=step)
             for j, row in enumerate(gen[:, len(ids):].tolist()):
                 res.append(dict(prompt=p, text=tokenizer.decode(row[:row.index(eot)] if eot in row else row)))
@@ -224,41 +244,54 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
                root:Path|None=None, # workspace root (default: from settings)
                device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
                top_p:float=1.0, num_samples:int=1,
-               warn=None, # called with a message for each damaged checkpoint skipped, and a note on a capped max_new_tokens
+               # called with a message for each damaged checkpoint skipped, and a note on a capped
+               # max_new_tokens
+               warn=None,
                out=None, # called with the text as it is made (see `sample_texts`)
               ) -> list[dict]:
     "Continue `prompts` with the checkpoint `source` names."
-    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
+    check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
+                   num_samples=num_samples)
     lm = load_model(source, root, device, warn=warn)
     if max_new_tokens > (bs := lm.config.model.block_size):
         (warn or (lambda m: print(f"note: {m}", file=sys.stderr)))(
-            f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, block_size={bs}")
+            f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, "
+                f"block_size={bs}")
         max_new_tokens = bs
-    return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
+    return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None,
+                        temperature,
                         top_k, seed, lm.device, top_p, num_samples, out)
 
 # %% ../nbs/05a_sample.ipynb #e27c583c
 def add_cli(sub):
     "Register `lmbook sample`."
-    p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one of an experiment)')
-    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as for --experiment; EXPERIMENT:best: its best checkpoint)')
-    p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
+    p = sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good one '
+                       'of an experiment)')
+    p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as '
+                   'for --experiment; EXPERIMENT:best: its best checkpoint)')
+    p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that "
+                   "suit its dataset)")
     cli_options(p, 'experiment', 'root')  # with --experiment, every positional argument is a prompt
     p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')
     p.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
     p.add_argument('--top-k', type=int, default=50, help='sample among the k most likely tokens (0: all)')
-    p.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling: keep tokens up to this probability (1: all)')
+    p.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling: keep tokens up to this '
+                   'probability (1: all)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
     def run(args) -> int:
-        source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
+        source, prompts = (args.experiment,
+                           [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
         source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
-        show = lambda s: (sys.stdout.write(s), sys.stdout.flush())  # text as it is made, whole characters only
-        res = sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
+        # text as it is made, whole characters only
+        show = lambda s: (sys.stdout.write(s), sys.stdout.flush())
+        res = sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None,
+                         args.seed,
                          args.root, args.device, args.top_p, args.num_samples,
-                         warn=lambda m: print(f"warning: {m}", file=sys.stderr), out=None if args.json else show)
+                         warn=lambda m: print(f"warning: {m}", file=sys.stderr), out=None if args.json
+                             else show)
         for s in res if args.json else []: print(json.dumps(s), flush=True)
         return 0
     p.set_defaults(func=run)

@@ -19,34 +19,44 @@ __all__ = ['ROLES', 'END', 'record_messages', 'render_chat', 'chat_prompt', 'rea
            'split_examples', 'sft_val_rows', 'builtin_chat', 'write_jsonl']
 
 # %% ../nbs/05b_sft.ipynb #e17b6ee7
-ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}  # role -> its reserved token
+# role -> its reserved token
+ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}
 END = '<|end|>'  # closes every turn
 
 def _content(v, where:str, what:str) -> str:
     if not isinstance(v, str): raise ValueError(f"{where}: {what} must be text, got {type(v).__name__}")
-    if bad := [t for t in SPECIAL_TOKENS if t in v]: raise ValueError(f"{where}: {what} holds the reserved token {bad[0]}: remove it from the text")
+    if bad := [t for t in SPECIAL_TOKENS if t in v]: raise ValueError(f"{where}: {what} holds the reserved "
+                                                                      f"token {bad[0]}: remove it from the "
+                                                                          "text")
     return v
 
 def record_messages(rec, # one parsed JSONL record
                     where:str='record', # 'file:line', for errors
                    ) -> list[dict]:
     "The turns `[{'role', 'content'}]` of a prompt/response or messages record, checked."
-    if not isinstance(rec, dict): raise ValueError(f"{where}: a record must be a JSON object with prompt and response, or messages")
+    if not isinstance(rec, dict): raise ValueError(f"{where}: a record must be a JSON object with prompt "
+                                                   "and response, or messages")
     if 'messages' in rec:
         msgs = rec['messages']
-        if not isinstance(msgs, list) or not msgs: raise ValueError(f"{where}: messages is empty: give a list of {{\"role\", \"content\"}} turns")
+        if not isinstance(msgs, list) or not msgs: raise ValueError(f"{where}: messages is empty: give a "
+                                                                    f"list of {{\"role\", \"content\"}} turns")
         out = []
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or 'role' not in m or 'content' not in m:
                 raise ValueError(f"{where}: message {i} must be an object with role and content")
-            if m['role'] not in ROLES: raise ValueError(f"{where}: message {i} has unknown role {m['role']!r}: use one of {', '.join(ROLES)}")
+            if m['role'] not in ROLES: raise ValueError(f"{where}: message {i} has unknown role "
+                                                        f"{m['role']!r}: use one of {', '.join(ROLES)}")
             out.append(dict(role=m['role'], content=_content(m['content'], where, f'message {i}')))
         if not any(m['role'] == 'assistant' and m['content'].strip() for m in out):
-            raise ValueError(f"{where}: the conversation has no assistant turn with text: nothing to learn from")
+            raise ValueError(f"{where}: the conversation has no assistant turn with text: nothing to learn "
+                             "from")
         return out
     if 'prompt' not in rec and 'response' not in rec:
-        raise ValueError(f"{where}: a record needs prompt and response, or messages; it has {', '.join(map(repr, rec)) or 'no fields'}")
-    if not isinstance(rec.get('response'), str) or not rec['response'].strip(): raise ValueError(f"{where}: the record has no response")
+        raise ValueError(f"{where}: a record needs prompt and response, or messages; it has "
+                         f"{', '.join(map(repr, rec)) or 'no fields'}")
+    if not isinstance(rec.get('response'),
+                      str) or not rec['response'].strip(): raise ValueError(f"{where}: the record has no "
+                                                                            "response")
     out = [dict(role='system', content=_content(rec['system'], where, 'system'))] if rec.get('system') else []
     return out + [dict(role='user', content=_content(rec.get('prompt', ''), where, 'prompt')),
                   dict(role='assistant', content=_content(rec['response'], where, 'response'))]
@@ -55,10 +65,12 @@ def record_messages(rec, # one parsed JSONL record
 def render_chat(messages:list[dict], # turns from `record_messages`
                 tokenizer, # an lmbook `Tokenizer` with the chat tokens
                ) -> tuple[list[int], list[int]]:
-    "Token ids of a conversation and, per token, 1 where it is trained (assistant text and its `<|end|>`) else 0."
+    ("Token ids of a conversation and, per token, 1 where it is trained (assistant text and its `<|end|>`) "
+     "else 0.")
     tid = lambda t: tokenizer.token_id(t)
     if any(tid(t) is None for t in [*ROLES.values(), END]):
-        raise ValueError("the tokenizer has no chat tokens (<|user|>, <|assistant|>, <|end|>): adopt it with `lmbook tokenizer --tokenizer-json` to add them")
+        raise ValueError("the tokenizer has no chat tokens (<|user|>, <|assistant|>, <|end|>): adopt it "
+                         "with `lmbook tokenizer --tokenizer-json` to add them")
     ids, mask = [], []
     for m in messages:
         body = tokenizer.encode(m['content']) + [tid(END)]
@@ -69,7 +81,8 @@ def render_chat(messages:list[dict], # turns from `record_messages`
 
 def chat_prompt(prompt:str, system:str='') -> str:
     "The text that asks a fine-tuned model for its answer to `prompt` (what `lmbook sample` should be given)."
-    return (f"{ROLES['system']}{system}{END}" if system else '') + f"{ROLES['user']}{prompt}{END}{ROLES['assistant']}"
+    return (f"{ROLES['system']}{system}{END}" if system
+            else '') + f"{ROLES['user']}{prompt}{END}{ROLES['assistant']}"
 
 # %% ../nbs/05b_sft.ipynb #17a8b2af
 def read_sft(path:Path, # a .jsonl of prompt/response or messages records
@@ -79,36 +92,46 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
             ) -> list[tuple[list[int], list[int]]]:
     "(ids, mask) of every example of `path`, checked line by line."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"fine-tuning data {path} does not exist: give a .jsonl file of prompt/response or messages records")
+    if not path.is_file(): raise FileNotFoundError(f"fine-tuning data {path} does not exist: give a .jsonl "
+                                                   "file of prompt/response or messages records")
     out, cut, dropped = [], [], []
     with open(path, encoding='utf-8') as f:
         for i, line in enumerate(f, 1):
             if not line.strip(): continue
             where = f"{path}:{i}"
             try: rec = json.loads(line)
-            except json.JSONDecodeError as e: raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except json.JSONDecodeError as e: raise ValueError(f"{where}: not valid JSON ({e.msg} at column "
+                                                               f"{e.colno})") from None
             ids, mask = render_chat(record_messages(rec, where), tokenizer)
             if len(ids) > block_size + 1:
                 cut.append(where); ids, mask = ids[:block_size + 1], mask[:block_size + 1]
                 if not any(mask[1:]): dropped.append(where); continue
             out.append((ids, mask))
-    if not out: raise ValueError(f"{path} holds no example to train on: add prompt/response or messages records, one per line")
-    if cut and log: log(f"warning: {len(cut)} example(s) of {path} are longer than block_size + 1 = {block_size + 1} tokens and were "
-                        f"truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no response token and were dropped" if dropped else ''))
+    if not out: raise ValueError(f"{path} holds no example to train on: add prompt/response or messages "
+                                 "records, one per line")
+    if cut and log: log(f"warning: {len(cut)} example(s) of {path} are longer than block_size + 1 = "
+                        f"{block_size + 1} tokens and were "
+                        f"truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
+                                                                                 "response token and were "
+                                                                                     "dropped" if dropped
+                                                                                         else ''))
     return out
 
 # %% ../nbs/05b_sft.ipynb #e3598b79
-def pack(examples:list[tuple[list[int], list[int]]], # (ids, mask) from `read_sft`, each at most block_size + 1 tokens
+# (ids, mask) from `read_sft`, each at most block_size + 1 tokens
+def pack(examples:list[tuple[list[int], list[int]]],
          block_size:int, # tokens per row of inputs
          eot_id:int, # start and padding token
         ) -> tuple[torch.Tensor, torch.Tensor]:
     "Inputs and targets (rows, block_size), int64: examples packed in order, untrained targets -1."
     rows, cur, cm = [], [eot_id], [0]
     for ids, mask in examples:
-        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does not fit a row of {block_size + 1}")
+        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does not fit a row "
+                                                       f"of {block_size + 1}")
         if len(cur) + len(ids) > block_size + 1:
             rows.append((cur, cm)); cur, cm = [eot_id], [0]
-        if len(ids) == block_size + 1: cur, cm = [], []  # a full-length example fills a row of its own, without the start token
+        # a full-length example fills a row of its own, without the start token
+        if len(ids) == block_size + 1: cur, cm = [], []
         cur, cm = cur + ids, cm + mask
     rows.append((cur, cm))
     buf = torch.full((len(rows), block_size + 1), eot_id, dtype=torch.int64)
@@ -123,7 +146,8 @@ class SFTLoader:
     def __init__(self, x:torch.Tensor, y:torch.Tensor, # packed rows from `pack`
                  batch_size:int, rank:int=0, world_size:int=1, seed:int=0):
         if len(x) < batch_size*world_size:
-            raise ValueError(f"the fine-tuning data packs into {len(x)} rows, less than one batch of {world_size}x{batch_size}: "
+            raise ValueError(f"the fine-tuning data packs into {len(x)} rows, less than one batch of "
+                             f"{world_size}x{batch_size}: "
                              "lower batch_size or add examples")
         self.x, self.y, self.B, self.rank, self.world_size, self.seed = x, y, batch_size, rank, world_size, seed
         self.T, self.n_tokens, self.epoch, self.pos = x.shape[1], x.numel(), 0, 0
@@ -141,18 +165,22 @@ class SFTLoader:
         return self.x[idx], self.y[idx]
 
     def state_dict(self) -> dict:
-        return dict(version=1, kind='sft', epoch=self.epoch, pos=self.pos, seed=self.seed, rows=len(self.x), block_size=self.T,
+        return dict(version=1, kind='sft', epoch=self.epoch, pos=self.pos, seed=self.seed, rows=len(self.x),
+                    block_size=self.T,
                     batch_size=self.B, world_size=self.world_size, n_tokens=self.n_tokens)
 
     def load_state_dict(self, d:dict):
         "Continue exactly where the loader that saved `d` stopped."
         if d.get('kind') != 'sft' or d.get('rows') != len(self.x) or d.get('block_size') != self.T:
-            raise ValueError(f"loader state is for other data ({d.get('rows')} rows of {d.get('block_size')}) than this fine-tuning set "
+            raise ValueError(f"loader state is for other data ({d.get('rows')} rows of "
+                             f"{d.get('block_size')}) than this fine-tuning set "
                              f"({len(self.x)} rows of {self.T}): resume with the same sft_data and block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
-def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0, world_size:int=1) -> list:
-    "The same `n_batches` validation batches every call; ranks get disjoint rows (cycling when there are few)."
+def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
+                    world_size:int=1) -> list:
+    ("The same `n_batches` validation batches every call; ranks get disjoint rows (cycling when there are "
+     "few).")
     out = []
     for b in range(n_batches):
         idx = torch.from_numpy(((b*world_size + rank)*batch_size + np.arange(batch_size)) % len(x))
@@ -161,17 +189,20 @@ def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:in
 
 # %% ../nbs/05b_sft.ipynb #f0a56ac1
 def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list]:
-    "(train, val) examples: a seeded `val_ratio` share for validation (at least one when there are two); one example serves both."
+    ("(train, val) examples: a seeded `val_ratio` share for validation (at least one when there are two); "
+     "one example serves both.")
     n = len(examples)
     if n < 2: return examples, examples
     n_val = min(n - 1, max(1, round(n*val_ratio))) if val_ratio > 0 else 0
     if n_val == 0: return examples, examples
     val = set(np.random.default_rng(seed).permutation(n)[:n_val].tolist())
-    return [e for i, e in enumerate(examples) if i not in val], [e for i, e in enumerate(examples) if i in val]
+    return [e for i, e in enumerate(examples) if i not in val], [e for i, e in enumerate(examples)
+                                                                 if i in val]
 
 def sft_val_rows(cfg:Config, tokenizer) -> tuple:
     "The packed validation rows of the fine-tuning run `cfg`, as its trainer made them (for `lmbook eval`)."
-    _, va = split_examples(read_sft(cfg.data.sft_data, tokenizer, cfg.model.block_size), cfg.data.val_ratio, cfg.data.data_seed)
+    _, va = split_examples(read_sft(cfg.data.sft_data, tokenizer, cfg.model.block_size), cfg.data.val_ratio,
+                           cfg.data.data_seed)
     return pack(va, cfg.model.block_size, tokenizer.eot_id)
 
 # %% ../nbs/05b_sft.ipynb #92a196db
@@ -181,7 +212,8 @@ def builtin_chat() -> list[dict]:
     for name in sorted(dir(builtins)):
         doc = None if name.startswith('_') else inspect.getdoc(getattr(builtins, name))
         paras = [' '.join(p.split()) for p in (doc or '').split('\n\n')]
-        paras = [p for p in paras if p and not re.match(r'^[\w.]+\(.*\)( -> .*)?$', p)]  # drop signature lines
+        # drop signature lines
+        paras = [p for p in paras if p and not re.match(r'^[\w.]+\(.*\)( -> .*)?$', p)]
         if paras: out.append(dict(prompt=f"What does {name} do in Python?", response=paras[0]))
     return out
 

@@ -24,7 +24,8 @@ __all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'resol
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
 
 def cuda_allocator_defaults():
-    "Let CUDA's caching allocator grow segments (less fragmentation) unless the user chose otherwise; call before CUDA starts."
+    ("Let CUDA's caching allocator grow segments (less fragmentation) unless the user chose otherwise; call "
+     "before CUDA starts.")
     os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', CUDA_ALLOC_CONF)
 
 # %% ../nbs/06_step.ipynb #7e8fad3e
@@ -49,7 +50,8 @@ class Trainable:
     grad_accum: int = 1           # micro-steps per optimizer step
     grad_clip: float = 1.0        # max global grad norm (0: no clipping, norm still measured)
     info: DistInfo = field(default_factory=DistInfo)
-    sharded: bool = False         # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
+    # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
+    sharded: bool = False
     fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
 
     def autocast(self):
@@ -88,7 +90,8 @@ class StepResult:
     skipped: bool        # True when the norm was not finite and the update was skipped
 
 def train_step(t:Trainable, # model, optimizer and settings
-               get_batch:Callable[[], tuple[torch.Tensor, torch.Tensor]], # returns the next (x, y) micro-batch
+               # returns the next (x, y) micro-batch
+               get_batch:Callable[[], tuple[torch.Tensor, torch.Tensor]],
                lr:float, # learning rate of this step
               ) -> StepResult:
     "One optimizer step: `grad_accum` micro-steps (gradient sync on the last), clipping, AdamW update."
@@ -101,7 +104,8 @@ def train_step(t:Trainable, # model, optimizer and settings
             with t.autocast(): loss = t.model(x, y)/t.grad_accum
             loss.backward()
         total += loss.detach()
-    norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0 else float('inf'))
+    norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0
+                                          else float('inf'))
     if t.sharded: norm = norm.full_tensor()  # a DTensor: the norm over every rank's shard
     norm = norm.item()
     skipped = not math.isfinite(norm)

@@ -45,7 +45,8 @@ class Tokenizer:
     def __repr__(self): return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
     @property
     def sha256(self) -> str:
-        "The tokenizer's identity: sha256 of its canonical JSON (the same for a bundle and the object loaded from it)."
+        ("The tokenizer's identity: sha256 of its canonical JSON (the same for a bundle and the object "
+         "loaded from it).")
         return hashlib.sha256(self.tok.to_str().encode()).hexdigest()
 
 # %% ../nbs/02b_tokenizer.ipynb #5ddc5efe
@@ -58,7 +59,9 @@ def new_bpe():
 
 def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
     "Train a byte-level BPE of `vocab_size` tokens (special tokens included) on `docs`."
-    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs at least {256+len(SPECIAL_TOKENS)}")
+    if vocab_size < 256 + len(SPECIAL_TOKENS): raise ValueError(f"vocab_size={vocab_size} is too small: a "
+                                                                "byte-level BPE needs at least "
+                                                                    f"{256+len(SPECIAL_TOKENS)}")
     def capped():
         n = 0
         for d in docs:
@@ -72,9 +75,11 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
 
 # %% ../nbs/02b_tokenizer.ipynb #0a103653
 def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
-    "Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into `out_dir`."
+    ("Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into "
+     "`out_dir`.")
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t) for t in SPECIAL_TOKENS},
+    meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t)
+                                                                            for t in SPECIAL_TOKENS},
                 sha256=tk.sha256, **meta)
     (out_dir/'.meta.json.tmp').write_text(json.dumps(meta, indent=1))
     os.replace(out_dir/'.meta.json.tmp', out_dir/'meta.json')
@@ -86,21 +91,26 @@ def load_tokenizer(path:Path) -> Tokenizer:
     "The tokenizer of a bundle folder or a `tokenizer.json` file."
     p = Path(path)
     if p.is_dir(): p = p/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook tokenizer` or pass --tokenizer-json PATH")
+    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook tokenizer` or pass "
+                                                "--tokenizer-json PATH")
     try: tok = HFTokenizer.from_file(str(p))
     except Exception as e: raise ValueError(f"{p} is not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
-    if tok.token_to_id(EOT) is None: raise ValueError(f"{p} has no {EOT} token: adopt it with `lmbook tokenizer --tokenizer-json` first")
+    if tok.token_to_id(EOT) is None: raise ValueError(f"{p} has no {EOT} token: adopt it with `lmbook "
+                                                      "tokenizer --tokenizer-json` first")
     return Tokenizer(tok, p)
 
 # %% ../nbs/02b_tokenizer.ipynb #8096890c
-HUB_ALIASES = {n: f'openai-community/{n}' for n in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}  # short name -> Hub id
+# short name -> Hub id
+HUB_ALIASES = {n: f'openai-community/{n}' for n in ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')}
 
 def hub_names(repo_id:str) -> list[str]:
     "`repo_id` and the other name the Hub knows the same model by."
-    return [repo_id, *(v for k, v in HUB_ALIASES.items() if k == repo_id), *(k for k, v in HUB_ALIASES.items() if v == repo_id)]
+    return [repo_id, *(v for k, v in HUB_ALIASES.items() if k == repo_id), *(k for k,
+            v in HUB_ALIASES.items() if v == repo_id)]
 
 def hub_caches(hf_cache:Path|None=None) -> list[Path]:
-    "Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's `hf_cache`, the default one."
+    ("Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's "
+     "`hf_cache`, the default one.")
     env, out = os.environ, []
     if env.get('HF_HUB_CACHE'): out.append(Path(env['HF_HUB_CACHE']))
     if env.get('HF_HOME'): out.append(Path(env['HF_HOME'])/'hub')
@@ -114,7 +124,8 @@ def hub_offline() -> bool:
 
 def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
              filename:str, # a file of that repository, e.g. 'tokenizer.json'
-             hf_cache:Path|None=None, # the workspace's Hugging Face cache, searched too (and downloaded into unless HF_HOME is set)
+             # the workspace's Hugging Face cache, searched too (and downloaded into unless HF_HOME is set)
+             hf_cache:Path|None=None,
              download:bool=True, # fetch it when no cache has it and HF_HUB_OFFLINE is not set
             ) -> Path:
     "The local path of `filename` in Hub model `repo_id`: from a Hugging Face cache, else downloaded."
@@ -126,14 +137,18 @@ def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
             for name in hub_names(repo_id):
                 p = try_to_load_from_cache(name, filename, cache_dir=c)
                 if isinstance(p, str) and Path(p).is_file(): return Path(p)
-    except HFValidationError: raise ValueError(f"{repo_id!r} is not a Hub model id: use a name like gpt2 or openai-community/gpt2") from None
-    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` and copy the Hugging Face cache "
+    except HFValidationError: raise ValueError(f"{repo_id!r} is not a Hub model id: use a name like gpt2 or "
+                                               "openai-community/gpt2") from None
+    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` and copy "
+           "the Hugging Face cache "
            f"here ({caches[0]}, or set HF_HOME)")
-    if not download or hub_offline(): raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache: {how}")
+    if not download or hub_offline(): raise FileNotFoundError(f"{filename} of {repo_id} is not in the local "
+                                                              f"Hugging Face cache: {how}")
     from huggingface_hub import hf_hub_download  # slow to import: only Hub files need it
     try: return Path(hf_hub_download(repo_id, filename, cache_dir=caches[0]))
     except Exception as e:
-        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache and cannot be downloaded "
+        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache and cannot "
+                                "be downloaded "
                                 f"({type(e).__name__}): {how}") from None
 
 def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e.g. 'gpt2'
@@ -146,7 +161,8 @@ def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e
 
 # %% ../nbs/02b_tokenizer.ipynb #100c0fbc
 def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
-    "Copy a published `tokenizer.json` into a bundle (`meta` added to its meta.json), adding `<|endoftext|>` and chat tokens it lacks."
+    ("Copy a published `tokenizer.json` into a bundle (`meta` added to its meta.json), adding "
+     "`<|endoftext|>` and chat tokens it lacks.")
     p = Path(tokenizer_json)
     if not p.is_file(): raise FileNotFoundError(f"--tokenizer-json {p} does not exist")
     tok = HFTokenizer.from_file(str(p))
@@ -156,12 +172,15 @@ def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
     save_bundle(tk, out_dir, adopted_from=str(p), added_tokens=missing, **meta)
     return load_tokenizer(out_dir)
 
-def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192, tokenizer_json:Path|None=None,
+def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192,
+                     tokenizer_json:Path|None=None,
                      max_bytes:int=1_000_000_000,
-                     tokenizer:str='', # a Hub model id whose tokenizer to adopt when `tokenizer_json` is None ('' trains one)
+                     # a Hub model id whose tokenizer to adopt when `tokenizer_json` is None ('' trains one)
+                     tokenizer:str='',
                      hf_cache:Path|None=None, # the workspace's Hugging Face cache, for `tokenizer`
                     ) -> Tokenizer:
-    "The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json` or Hub model `tokenizer`'s, else trained on `train_dir`."
+    ("The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json` or Hub model "
+     "`tokenizer`'s, else trained on `train_dir`.")
     out_dir = Path(out_dir)
     if tokenizer_json is not None: tokenizer = ''
     if (out_dir/'tokenizer.json').is_file():
@@ -170,19 +189,24 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
         asked, want = meta.get('requested_vocab_size'), tokenizer or tokenizer_json
         if want and 'trained_on' in meta:
             keep = "tokenizer=''" if tokenizer else "no --tokenizer-json"
-            raise ValueError(f"the tokenizer in {out_dir} was trained on the corpus, not adopted from {want}: use another experiment, "
+            raise ValueError(f"the tokenizer in {out_dir} was trained on the corpus, not adopted from "
+                             f"{want}: use another experiment, "
                              f"delete {out_dir}, or keep it with {keep}")
         if tokenizer and meta.get('hub_id', tokenizer) not in hub_names(tokenizer):
-            raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use another experiment or delete {out_dir}")
+            raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use "
+                             f"another experiment or delete {out_dir}")
         if not want and asked is not None and asked != vocab_size:
-            raise ValueError(f"the tokenizer in {out_dir} was trained for vocab_size={asked}, not {vocab_size}: "
+            raise ValueError(f"the tokenizer in {out_dir} was trained for vocab_size={asked}, not "
+                             f"{vocab_size}: "
                              f"set vocab_size={asked}, use another experiment, or delete {out_dir}")
         return tk
     if tokenizer: return adopt_tokenizer(hub_tokenizer_json(tokenizer, hf_cache), out_dir, hub_id=tokenizer)
     if tokenizer_json is not None: return adopt_tokenizer(tokenizer_json, out_dir)
-    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train shards to train one, or --tokenizer-json")
+    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train shards to train one, or "
+                                           "--tokenizer-json")
     m = check_shards(train_dir, checksums=False)
-    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a tokenizer on: run `lmbook shard` first")
+    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a tokenizer on: run `lmbook "
+                                         "shard` first")
     t0 = time.time()
     tk = train_bpe(shard_docs(train_dir, m), vocab_size, max_bytes)
     save_bundle(tk, out_dir, requested_vocab_size=vocab_size, trained_on=str(train_dir), max_bytes=max_bytes,
@@ -197,7 +221,8 @@ def token_dtype(vocab_size:int, dtype:str='auto'):
     "uint16 when every id fits, else uint32."
     if dtype == 'auto': return np.uint16 if vocab_size <= 2**16 else np.uint32
     if dtype not in ('uint16', 'uint32'): raise ValueError(f"dtype={dtype!r}: choose auto, uint16 or uint32")
-    if dtype == 'uint16' and vocab_size > 2**16: raise ValueError(f"vocab_size={vocab_size} does not fit uint16: use dtype uint32 (or auto)")
+    if dtype == 'uint16' and vocab_size > 2**16: raise ValueError(f"vocab_size={vocab_size} does not fit "
+                                                                  "uint16: use dtype uint32 (or auto)")
     return np.dtype(dtype).type
 
 def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
@@ -214,43 +239,55 @@ def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
 def read_header(path:Path) -> dict:
     "The header of a token file, checked against the file's size."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: run `lmbook tokenize` again")
+    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: run `lmbook tokenize` "
+                                                   "again")
     size = path.stat().st_size
     with open(path, 'rb') as f: raw = f.read(HEADER.size)
-    if len(raw) < HEADER.size or raw[:8] != MAGIC: raise ValueError(f"{path} is not an lmbook token file (bad header): tokenize again")
+    if len(raw) < HEADER.size or raw[:8] != MAGIC: raise ValueError(f"{path} is not an lmbook token file "
+                                                                    "(bad header): tokenize again")
     _, ver, itemsize, n, docs = HEADER.unpack(raw)
-    if ver != VERSION or itemsize not in DTYPES: raise ValueError(f"{path} has token format version {ver}, bytes/token {itemsize}; this lmbook reads version {VERSION}: tokenize again")
-    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, header says {HEADER.size + n*itemsize}): delete it and tokenize again")
+    if ver != VERSION or itemsize not in DTYPES: raise ValueError(f"{path} has token format version {ver}, "
+        f"bytes/token {itemsize}; this lmbook reads version {VERSION}: tokenize again")
+    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, header says "
+                                                          f"{HEADER.size + n*itemsize}): delete it and "
+                                                              "tokenize again")
     return dict(version=ver, dtype=np.dtype(DTYPES[itemsize]).name, tokens=n, docs=docs)
 
 def open_tokens(path:Path) -> np.ndarray:
     "The tokens of a token file, memory-mapped (read-only)."
     h = read_header(path)
     if h['tokens'] == 0: return np.zeros(0, DTYPES[np.dtype(h['dtype']).itemsize])
-    return np.memmap(path, dtype=np.dtype(h['dtype']).newbyteorder('<'), mode='r', offset=HEADER.size, shape=(h['tokens'],))
+    return np.memmap(path, dtype=np.dtype(h['dtype']).newbyteorder('<'), mode='r', offset=HEADER.size,
+                     shape=(h['tokens'],))
 
 # %% ../nbs/02b_tokenizer.ipynb #02f65538
 def _shard_lines(p:Path, sha:str) -> list[str]:
     raw = p.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its manifest checksum: it was truncated or edited; shard again")
+    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its manifest "
+                                                                "checksum: it was truncated or edited; "
+                                                                    "shard again")
     if p.name.endswith('.gz'): raw = gzip.decompress(raw)
     lines = raw.decode('utf-8').split('\n')
     if lines and lines[-1] == '': lines.pop()
     return [unescape_doc(l) for l in lines]
 
 def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, on_chunk=None) -> np.ndarray:
-    "Token ids of `docs`, each preceded by `<|endoftext|>`, as one array of `dtype`; `on_chunk(docs, ids)` after each chunk."
-    enc = lambda i: tk.tok.encode_batch_fast(docs[i:i+chunk], add_special_tokens=False)  # Rust, without the GIL
+    ("Token ids of `docs`, each preceded by `<|endoftext|>`, as one array of `dtype`; `on_chunk(docs, ids)` "
+     "after each chunk.")
+    # Rust, without the GIL
+    enc = lambda i: tk.tok.encode_batch_fast(docs[i:i+chunk], add_special_tokens=False)
     out, eot = [], tk.eot_id
     with ThreadPoolExecutor(1) as ex:
         nxt = ex.submit(enc, 0)
         for i in range(0, len(docs), chunk):
             encs = nxt.result()
-            if i + chunk < len(docs): nxt = ex.submit(enc, i + chunk)  # encode the next chunk while this one is packed
+            # encode the next chunk while this one is packed
+            if i + chunk < len(docs): nxt = ex.submit(enc, i + chunk)
             flat = []
             for e in encs: flat.append(eot); flat.extend(e.ids)
             try: out.append(np.array(flat, dtype))
-            except OverflowError: raise ValueError(f"token id {max(flat)} does not fit {np.dtype(dtype).name}: use dtype uint32") from None
+            except OverflowError: raise ValueError(f"token id {max(flat)} does not fit "
+                                                   f"{np.dtype(dtype).name}: use dtype uint32") from None
             if on_chunk is not None: on_chunk(docs[i:i+chunk], out[-1])
     return np.concatenate(out) if out else np.zeros(0, dtype)
 
@@ -261,7 +298,8 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
                    dtype:str='auto',           # 'auto' (uint16 when the vocab fits), 'uint16' or 'uint32'
                    progress:bool=False         # show a progress bar with tokens/s
                   ) -> dict:
-    "Tokenize every shard of `shard_dir` into `out_dir` (one token file per shard); resumable. Returns the manifest."
+    ("Tokenize every shard of `shard_dir` into `out_dir` (one token file per shard); resumable. Returns the "
+     "manifest.")
     shard_dir, out_dir = Path(shard_dir), Path(out_dir)
     tk = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     sm = check_shards(shard_dir, checksums=False)
@@ -271,14 +309,18 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
     m = read_manifest(out_dir)
     if m is None:
         if any(p for p in out_dir.iterdir() if not p.name.startswith('.')):
-            raise ValueError(f"{out_dir} holds files but no {MANIFEST}: use another experiment or empty that folder")
+            raise ValueError(f"{out_dir} holds files but no {MANIFEST}: use another experiment or empty "
+                             "that folder")
         m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
                  eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
     elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
-        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} to tokenize again")
+        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} "
+                         "to tokenize again")
     done = {f['shard_sha256']: f for f in m['files']}
-    if m.get('complete') and [f['shard_sha256'] for f in m['files']] == [s['sha256'] for s in sm['shards']] and \
-       all((out_dir/f['name']).is_file() and read_header(out_dir/f['name'])['tokens'] == f['tokens'] for f in m['files']):
+    if m.get('complete') and [f['shard_sha256'] for f in m['files']] == [s['sha256']
+                                                                         for s in sm['shards']] and \
+       all((out_dir/f['name']).is_file() and read_header(out_dir/f['name'])['tokens'] == f['tokens']
+           for f in m['files']):
         return m  # nothing to do, and nothing written (other ranks may be reading)
     for p in out_dir.glob('.*.tmp'): p.unlink()  # left by an interrupted run
     m['complete'] = False  # until every shard has its token file
@@ -296,17 +338,20 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
         f = done.get(s['sha256'])
         if f is None or f['name'] != name or not (out_dir/name).is_file() or read_header(out_dir/name)['tokens'] != f['tokens']:
             docs = _shard_lines(shard_dir/s['name'], s['sha256'])
-            if len(docs) != s['docs']: raise ValueError(f"shard {s['name']} holds {len(docs)} documents, its manifest says {s['docs']}: shard again")
+            if len(docs) != s['docs']: raise ValueError(f"shard {s['name']} holds {len(docs)} documents, "
+                                                        f"its manifest says {s['docs']}: shard again")
             toks = encode_docs(tk, docs, dt, on_chunk=tick)
             write_tokens(out_dir/name, toks, len(docs))
             f = dict(name=name, shard=s['name'], shard_sha256=s['sha256'], tokens=len(toks), docs=len(docs),
                      bytes=(out_dir/name).stat().st_size)
         elif bar is not None: bar.update(f['docs'])
         files.append(f)
-        m['files'] = files  # finished so far; files of an earlier run not yet reached are found again in `done`
+        # finished so far; files of an earlier run not yet reached are found again in `done`
+        m['files'] = files
         write_manifest(out_dir, m)
     if bar is not None: bar.close()
-    m.update(files=files, tokens=sum(f['tokens'] for f in files), docs=sum(f['docs'] for f in files), complete=True)
+    m.update(files=files, tokens=sum(f['tokens'] for f in files), docs=sum(f['docs'] for f in files),
+             complete=True)
     write_manifest(out_dir, m)
     return m
 
@@ -330,19 +375,26 @@ def _tokenize_cmd(args) -> int:
     tk = load_tokenizer(p.tokenizer)
     with data_lock(p.cache, print):  # one data preparation of an experiment at a time
         for split in (('train', 'val') if args.split == 'both' else (args.split,)):
-            m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype, progress=not args.quiet)
-            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> {token_dir(p, split)}")
+            m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype,
+                               progress=not args.quiet)
+            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> "
+                  f"{token_dir(p, split)}")
     return 0
 
 def add_cli(sub):
     "Add the `tokenizer` and `tokenize` commands to an argparse subparsers object."
-    a = cli_options(sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an experiment'),
+    a = cli_options(sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an '
+                                   'experiment'),
                     'experiment', 'root', 'tokenizer_json')
     a.add_argument('--vocab-size', type=int, default=8192, help='vocabulary size including special tokens')
-    a.add_argument('--max-bytes', type=int, default=1_000_000_000, help='train on at most this many characters of text')
+    a.add_argument('--max-bytes', type=int, default=1_000_000_000, help='train on at most this many '
+                   'characters of text')
     a.set_defaults(func=_tokenizer_cmd)
-    b = cli_options(sub.add_parser('tokenize', help='turn text shards into binary token files'), 'experiment', 'root', 'quiet')
-    b.add_argument('--split', choices=('train', 'val', 'both'), default='both', help='which shards to tokenize')
-    b.add_argument('--dtype', choices=('auto', 'uint16', 'uint32'), default='auto', help='token id type (auto: uint16 when the vocab fits)')
+    b = cli_options(sub.add_parser('tokenize', help='turn text shards into binary token files'),
+                    'experiment', 'root', 'quiet')
+    b.add_argument('--split', choices=('train', 'val', 'both'), default='both', help='which shards to '
+                   'tokenize')
+    b.add_argument('--dtype', choices=('auto', 'uint16', 'uint32'), default='auto', help='token id type '
+                   '(auto: uint16 when the vocab fits)')
     b.set_defaults(func=_tokenize_cmd)
     return a, b

@@ -31,8 +31,10 @@ __all__ = ['EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'StopFlag', 'agr
 
 # %% ../nbs/07_trainer.ipynb #b66e4aea
 class StopFlag:
-    "Turns SIGTERM/SIGINT/SIGHUP (a closed SSH session) into a flag while active (main thread only); restores the old handlers."
-    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
+    ("Turns SIGTERM/SIGINT/SIGHUP (a closed SSH session) into a flag while active (main thread only); "
+     "restores the old handlers.")
+    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT,
+                             signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
     def _handler(self, signum, frame): self.signum = signum
     @property
     def signal(self) -> str|None: return signal.Signals(self.signum).name if self.signum else None
@@ -62,11 +64,14 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
     lock, err = None, None
     if info.is_main:
         try:
-            inside = sorted(p for p in run_dir.iterdir() if not p.name.startswith('.')) if run_dir.is_dir() else []
-            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs there: make it writable, "
+            inside = sorted(p for p in run_dir.iterdir()
+                            if not p.name.startswith('.')) if run_dir.is_dir() else []
+            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs there: "
+                           "make it writable, "
                                                  "or train in another workspace (--root)")
             lock = RunLock(run_dir, log).acquire()
-        except ValueError as e: err = e  # a read-only folder, a bad LMBOOK_LOCK_STALE_S, or another trainer's lock (`RunLocked`)
+        # a read-only folder, a bad LMBOOK_LOCK_STALE_S, or another trainer's lock (`RunLocked`)
+        except ValueError as e: err = e
     if all_reduce(1.0 if err else 0.0, 'max') > 0:
         raise err or RunLocked(f"rank 0 could not lock {run_dir}")
     return lock
@@ -105,14 +110,17 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     lock = lock_run(run_dir, info, say)
     try:
         if info.is_main: log.open(run_dir/'train.log')
-        hellaswag = hellaswag_examples(tc, root)  # before the data: a missing file stops the run now, not at step N
+        # before the data: a missing file stops the run now, not at step N
+        hellaswag = hellaswag_examples(tc, root)
         barrier()
-        if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)  # once per node, the others then find it done
+        # once per node, the others then find it done
+        if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)
         barrier()
         if info.local_rank != 0: prepared = prepare_run(cfg, paths)
         if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
         if prepared.vocab_size > cfg.model.vocab_size:
-            raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
+            raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
+                             f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
         tps = cfg.tokens_per_step*info.world_size
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
@@ -122,7 +130,8 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     except BaseException:
         if lock: lock.release()
         raise
-    return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir, ckpt.tokenizer_ref(prepared.tokenizer_dir),
+    return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir,
+               ckpt.tokenizer_ref(prepared.tokenizer_dir),
                total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
 
 # %% ../nbs/07_trainer.ipynb #0f87a5b0
@@ -139,7 +148,8 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
         path.write_text(head + to_toml(config_dict(r.cfg)))
     tc = r.cfg.train
     meta = dict(environment_info(), experiment=experiment, run_dir=str(r.dir), world_size=r.info.world_size,
-                parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total, tokens_per_step=r.tokens_per_step,
+                parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total,
+                    tokens_per_step=r.tokens_per_step,
                 n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
@@ -165,8 +175,10 @@ class StepLog:
         "The row of a train step; starts the next timing window."
         r, n, dt = self.r, max(self.n, 1), self.t_train
         tok_s = r.tokens_per_step*self.n/max(dt, 1e-9)
-        row = dict(step=step, tokens=tokens, loss=all_reduce(res.loss, 'mean', r.info.device), lr=lr, grad_norm=res.grad_norm,
-                   tok_per_s=tok_s, dt_ms=1000*dt/n, mfu=self.fpt*tok_s/(self.peak*r.info.world_size) if self.peak else None,
+        row = dict(step=step, tokens=tokens, loss=all_reduce(res.loss, 'mean', r.info.device), lr=lr,
+                   grad_norm=res.grad_norm,
+                   tok_per_s=tok_s, dt_ms=1000*dt/n, mfu=self.fpt*tok_s/(self.peak*r.info.world_size)
+                       if self.peak else None,
                    mem_gb=_mem_gb(r.info.device), epoch=r.loader.epoch, skipped=skipped)
         self.t_train, self.n = 0.0, 0
         return row
@@ -188,26 +200,32 @@ def exit_code(result:dict) -> int:
 
 def _samples(r:Run, step:int):
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
-        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), prompts_for(r.cfg), block_size=r.cfg.model.block_size,
+        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir),
+                         prompts_for(r.cfg), block_size=r.cfg.model.block_size,
                          seed=r.cfg.train.seed, device=r.info.device)
         if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
     "The error (logged) of a run whose loss or grad norm stayed non-finite."
-    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step {step}, "
+    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step "
+           f"{step}, "
            f"lr {lr:.2e}); those updates were skipped and the last good checkpoint "
-           f"{'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: lower lr or raise warmup_steps, then rerun")
+           f"{'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: lower lr or raise "
+               "warmup_steps, then rerun")
     r.log(f"error: {msg}")
     return NonFiniteError(msg)
 
-def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int, last_val:float|None) -> float|None:
+def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
+           last_val:float|None) -> float|None:
     "Log how the run ended (sampling at a real end); return the final val_loss."
     if signum:
-        r.log(f"stopped by {signal.Signals(signum).name} at step {step}/{r.total}; checkpoint {ckpt.ckpt_name(last_ckpt)} written: "
+        r.log(f"stopped by {signal.Signals(signum).name} at step {step}/{r.total}; checkpoint "
+              f"{ckpt.ckpt_name(last_ckpt)} written: "
               f"rerun the same command to resume")
     elif step == start:
         last_val = mean_loss(r.t, r.val)
-        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise max_steps to train on, "
+        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise "
+              "max_steps to train on, "
               f"or use --no-auto-resume (auto_resume=False) for a new run")
     else:
         _samples(r, step)
@@ -238,15 +256,20 @@ def _train(r:Run, experiment:str) -> dict:
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
     step = resumed['state']['step'] if resumed else 0
-    lineage = (resumed['state'].get('lineage') if resumed else None) or uuid.uuid4().hex[:12]  # one id from step 0 on
-    ck.load_best(step, lineage)  # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
+    # one id from step 0 on
+    lineage = (resumed['state'].get('lineage') if resumed else None) or uuid.uuid4().hex[:12]
+    # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
+    ck.load_best(step, lineage)
     tokens, skipped = (resumed['state']['tokens'], resumed['state'].get('skipped', 0)) if resumed else (0, 0)
-    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name, r.log)
+    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name,
+                            r.log)
     if info.is_main:
         record_start(r, step, resumed, experiment)
         metrics.start_at(step if resumed else -1)
-    r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on {info.device} | "
-          f"{r.total} steps of {r.tokens_per_step:,} tokens" + (f" | resumed at step {step}" if resumed else ''))
+    r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on "
+          f"{info.device} | "
+          f"{r.total} steps of {r.tokens_per_step:,} tokens" + (f" | resumed at step {step}" if resumed
+                                                                else ''))
     if resumed:
         if resumed['changes']: r.log(f"config changed at step {step}: {', '.join(resumed['changes'])}")
         r.loader.load_state_dict(resumed['rank_state']['loader'])
@@ -266,10 +289,12 @@ def _train(r:Run, experiment:str) -> dict:
                 res = train_step(t, r.loader.next_batch, lr)
                 slog.timed(time.perf_counter() - t0)
                 step += 1; tokens += r.tokens_per_step
-                if step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)  # the snapshot buffers, while training goes on
+                # the snapshot buffers, while training goes on
+                if step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
                 consec = consec + 1 if res.skipped else 0
                 skipped += res.skipped
-                row = slog.train_row(step, tokens, res, lr, skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
+                row = slog.train_row(step, tokens, res, lr,
+                                     skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
                 ev = validation(r, step)
                 if 'val_loss' in ev: last_val = ev['val_loss']
                 if ev: row = dict(row or dict(step=step, tokens=tokens, epoch=r.loader.epoch), **ev)
@@ -277,18 +302,24 @@ def _train(r:Run, experiment:str) -> dict:
                 if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, step, lr, ck.last)
                 if tc.sample_every and step % tc.sample_every == 0 and step < r.total: _samples(r, step)
                 signum = agree_stop(flag.signum, info)
-                due, best = ck.due(step, r.total, bool(signum)), ev.get('val_loss') if ck.improves(ev.get('val_loss'), step) else None
+                due, best = ck.due(step, r.total,
+                                   bool(signum)), ev.get('val_loss') if ck.improves(ev.get('val_loss'),
+                                                                                    step) else None
                 if due or best is not None:
-                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped, lineage), dict(loader=r.loader.state_dict()), t.sharded, best, due)
+                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped, lineage),
+                            dict(loader=r.loader.state_dict()), t.sharded, best, due)
                 if signum: break
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
             last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
-            if ck.best_step > 0: r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
+            if ck.best_step > 0: r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in "
+                                       f"{ck.dir/ckpt.BEST}")
     finally:
         ck.close()
         metrics.close()
     barrier()
-    res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val, val_loss=last_val,
-               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped, checkpoints=ck.timings,
+    res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val,
+               val_loss=last_val,
+               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped,
+                   checkpoints=ck.timings,
                best_step=ck.best_step, best_val_loss=ck.best_val if ck.best_step > 0 else None)
     return dict(res, exit_code=exit_code(res))

@@ -36,9 +36,11 @@ def token_byte_lengths(tokenizer) -> torch.Tensor:
 
 # %% ../nbs/06b_validation.ipynb #5f816bee
 def _autocast(device:str):
-    return torch.autocast('cuda', torch.bfloat16) if str(device).startswith('cuda') else contextlib.nullcontext()
+    return torch.autocast('cuda',
+                          torch.bfloat16) if str(device).startswith('cuda') else contextlib.nullcontext()
 
-LOGITS_AT_ONCE = 1 << 28  # logits computed at a time (1 GiB in fp32): big batches of a big vocabulary go in row chunks
+# logits computed at a time (1 GiB in fp32): big batches of a big vocabulary go in row chunks
+LOGITS_AT_ONCE = 1 << 28
 
 def _sum_ranks(vals:list[float], device:str) -> list[float]:
     if not (dist.is_available() and dist.is_initialized()): return vals
@@ -63,7 +65,8 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                 x, y = xb[s:s+rows].to(device), yb[s:s+rows].to(device)
                 with _autocast(device): logits = model(x)
                 keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
-                nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none', ignore_index=-1)
+                nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none',
+                                      ignore_index=-1)
                 b = bl[y.flatten().clamp(0, len(bl) - 1)]*keep
                 nats += nll.sum().item(); tokens += keep.sum().item()
                 text_nats += (nll*(b > 0)).sum().item(); nbytes += b.sum().item()
@@ -84,7 +87,8 @@ def _problem(ex) -> str|None:
         return "needs 'endings': a list of at least two non-empty strings"
     lab = ex.get('label')
     if isinstance(lab, str) and lab.isdigit(): lab = int(lab)
-    if not isinstance(lab, int) or isinstance(lab, bool) or not 0 <= lab < len(e): return f"has 'label' {ex.get('label')!r}, not an index into its {len(e)} endings"
+    if not isinstance(lab, int) or isinstance(lab, bool) or not 0 <= lab < len(e): return ("has 'label' "
+                                                                                           f"{ex.get('label')!r}, not an index into its {len(e)} endings")
 
 def read_hellaswag(path:Path) -> list[dict]:
     "The examples (`ctx`, `endings`, `label`) of a HellaSwag JSONL file, every line checked."
@@ -95,7 +99,8 @@ def read_hellaswag(path:Path) -> list[dict]:
             if not raw.strip(): continue
             try: ex = json.loads(raw.decode('utf-8'))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise ValueError(f"{path}, line {n}: not a JSON line ({str(e).splitlines()[0][:80]}): fix or re-download the file") from None
+                raise ValueError(f"{path}, line {n}: not a JSON line ({str(e).splitlines()[0][:80]}): fix "
+                                 "or re-download the file") from None
             if p := _problem(ex): raise ValueError(f"{path}, line {n}: {p}")
             out.append(dict(ctx=ex['ctx'], endings=ex['endings'], label=int(ex['label'])))
     if not out: raise ValueError(f"{path} holds no examples")
@@ -113,7 +118,8 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
     if path.is_file(): return path
     fix = f"download {url} to {path}, or pass --hellaswag-file FILE"
     off = [k for k in OFFLINE_ENV if os.environ.get(k, '').lower() in ('1', 'true', 'yes', 'on')]
-    if off: raise FileNotFoundError(f"HellaSwag's validation file is not in the cache and downloads are off ({off[0]}=1): {fix}")
+    if off: raise FileNotFoundError("HellaSwag's validation file is not in the cache and downloads are off "
+                                    f"({off[0]}=1): {fix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     try:
@@ -136,7 +142,9 @@ def load_hellaswag(root:Path|None=None, # workspace root (default: from settings
         if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
             try: hellaswag_file(root)
             except FileNotFoundError as e: err = e
-        if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not fetch HellaSwag's validation file")
+        if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not "
+                                                                                         "fetch HellaSwag's "
+                                                                                             "validation file")
         path = hellaswag_file(root)
     return read_hellaswag(path)[:limit or None]
 
@@ -159,7 +167,8 @@ def _ending_losses(model, rows:list, device:str) -> tuple[torch.Tensor, torch.Te
         x[i, :len(r)-1], y[i, :len(r)-1] = torch.tensor(r[:-1]), torch.tensor(r[1:])
         mask[i, max(len(r) - 1 - n, 0):len(r)-1] = True
     with _autocast(device): logits = model(x.to(device))
-    nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction='none').view(len(rows), T).cpu()
+    nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(),
+                          reduction='none').view(len(rows), T).cpu()
     tot = (nll*mask).sum(1)
     return tot, tot/mask.sum(1).clamp(min=1)
 
@@ -167,7 +176,8 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
                        tokenizer, # its tokenizer
                        examples:list[dict], # from `read_hellaswag`
                        device:str='cpu', # where the model is
-                       rank:int=0, world_size:int=1, # this process's share: examples rank, rank+world_size, ...
+                       # this process's share: examples rank, rank+world_size, ...
+                       rank:int=0, world_size:int=1,
                        batch_examples:int=8, # examples per forward pass
                       ) -> dict:
     "`hellaswag` (acc_norm), `hellaswag_acc` and `hellaswag_n` over all ranks' examples."
@@ -219,7 +229,8 @@ def hellaswag_examples(tc, # the run's `TrainConfig`
                       ) -> list|None:
     "HellaSwag's examples when `hellaswag_every` is on (fetched or read now), else None."
     if not tc.hellaswag_every: return None
-    return load_hellaswag(root, Path(tc.hellaswag_file).expanduser() if tc.hellaswag_file else None, tc.hellaswag_limit)
+    return load_hellaswag(root, Path(tc.hellaswag_file).expanduser() if tc.hellaswag_file else None,
+                          tc.hellaswag_limit)
 
 def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEvals:
     "The `TrainEvals` of a run whose tokenizer is in `tok_dir`."
@@ -235,12 +246,14 @@ def val_metrics(t, # the run's `Trainable`
 
 def validation(r, # the `Run`
                step:int) -> dict:
-    "What to log at `step`: `val_loss`, `val_bpb` every `eval_every` steps, `hellaswag` every `hellaswag_every`; first and last step too."
+    ("What to log at `step`: `val_loss`, `val_bpb` every `eval_every` steps, `hellaswag` every "
+     "`hellaswag_every`; first and last step too.")
     tc, ev, out = r.cfg.train, r.evals, {}
     edge = step == 0 or step == r.total
     if edge or step % tc.eval_every == 0:
         out = val_metrics(r.t, r.val, ev.byte_lengths) if ev else dict(val_loss=mean_loss(r.t, r.val))
     if ev and ev.hellaswag is not None and (edge or step % ev.every == 0):
-        hs = hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag, r.t.device, r.info.rank, r.info.world_size)
+        hs = hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag,
+                                r.t.device, r.info.rank, r.info.world_size)
         out.update(hellaswag=hs['hellaswag'], hellaswag_acc=hs['hellaswag_acc'])
     return out
