@@ -368,11 +368,10 @@ def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''
 
 # %% ../nbs/04b_checkpoint.ipynb #2588b207
 FREE_KEYS = {'max_steps', 'epochs', 'token_budget', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every',
-             'keep_ckpts',
-             'sample_every', 'device', 'compile', 'nproc', 'parallel', 'auto_resume', 'deterministic',
-                 'max_nonfinite',
-             'tensorboard', 'wandb', 'attn_backend', 'ce_chunk', 'allow_config_change', 'ckpt_async',
-             'hellaswag_every', 'hellaswag_limit', 'hellaswag_file', 'act_ckpt', 'batch_fit'}
+             'keep_ckpts', 'sample_every', 'sample_prompts', 'device', 'compile', 'nproc', 'parallel',
+             'auto_resume', 'deterministic', 'max_nonfinite', 'tensorboard', 'wandb', 'attn_backend', 'ce_chunk',
+             'fused_ce', 'allow_config_change', 'ckpt_async', 'hellaswag_every', 'hellaswag_limit',
+             'hellaswag_file', 'act_ckpt', 'batch_fit'}  # the loss kernel and the prompts sampled: free as well
 FIXED_KEYS = {'batch_size': "the loader's exact position counts batches of the old batch_size",
               'seed': "the data order and RNG states continue from the checkpoint, not from a new seed",
               'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's "
