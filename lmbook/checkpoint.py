@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file, load_file, safe_open
 from .core import sha256_file
+from .config import resume_rules
 from .tokenizer import load_tokenizer
 from .distributed import DistInfo, all_reduce, barrier
 
@@ -344,8 +345,7 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
     return None
 
 # %% ../nbs/04b_checkpoint.ipynb #b77052a4
-SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
-              'tie_embeddings', 'bias')
+SHAPE_KEYS = tuple(k for k, (r, _) in resume_rules().items() if r == 'shape')  # in the config's order
 SHAPE_DEFAULTS = {'bias': False}  # a key that older checkpoints lack, with the value they were trained with
 
 def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''):
@@ -367,22 +367,10 @@ def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''
                                   f"(another vocabulary); {fix}")
 
 # %% ../nbs/04b_checkpoint.ipynb #2588b207
-FREE_KEYS = {'max_steps', 'epochs', 'token_budget', 'eval_every', 'eval_steps', 'log_every', 'ckpt_every',
-             'keep_ckpts', 'sample_every', 'sample_prompts', 'device', 'compile', 'nproc', 'parallel',
-             'auto_resume', 'deterministic', 'max_nonfinite', 'tensorboard', 'wandb', 'attn_backend', 'ce_chunk',
-             'fused_ce', 'allow_config_change', 'ckpt_async', 'hellaswag_every', 'hellaswag_limit',
-             'hellaswag_file', 'act_ckpt', 'batch_fit'}  # the loss kernel and the prompts sampled: free as well
-FIXED_KEYS = {'batch_size': "the loader's exact position counts batches of the old batch_size",
-              'seed': "the data order and RNG states continue from the checkpoint, not from a new seed",
-              'dataset': "the loader's position is in the old data", 'dataset_config': "the loader's "
-                  "position is in the old data",
-              'take': "the loader's position is in the old data", 'val_ratio': "the loader's position is in "
-                  "the old data",
-              'data_seed': "the loader's position is in the old data", 'sft_data': "the loader's position "
-                  "is in the old data",
-              'lora_rank': "the checkpoint's adapters have the old rank",
-              'tokenizer': "the checkpoint's embeddings belong to the old tokenizer's vocabulary"}
-RESET_KEYS = {'optimizer': "a fresh optimizer state: the old optimizer's moments do not fit the new one"}
+_RULES = resume_rules()  # each field's own rule (`config.cfield`)
+FREE_KEYS = {k for k, (r, _) in _RULES.items() if r == 'free'}
+FIXED_KEYS = {k: why for k, (r, why) in _RULES.items() if r == 'fixed'}
+RESET_KEYS = {k: why for k, (r, why) in _RULES.items() if r == 'reset'}
 
 def changed_keys(old:dict, new:dict) -> list[tuple]:
     "(key, old value, new value) of every field of config dict `new` that differs from `old`."

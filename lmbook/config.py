@@ -15,9 +15,10 @@ try: import tomllib
 except ImportError: import tomli as tomllib
 
 # %% auto #0
-__all__ = ['FLAG', 'MAX_SEED', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES', 'Range',
-           'at_least', 'above', 'between', 'one_of', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config',
-           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'parse_overrides', 'count_params',
+__all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
+           'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
+           'TrainConfig', 'Config', 'field_index', 'apply_overrides', 'validate', 'config_fields', 'resume_rules',
+           'field_help', 'field_option', 'fields_table', 'parse_assignments', 'parse_overrides', 'count_params',
            'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
            'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
@@ -59,35 +60,57 @@ def one_of(*choices) -> Range: return Range(choices=choices)
 FLAG = one_of(True, False)
 MAX_SEED = 2**63 - 1
 
+# %% ../nbs/01_config.ipynb #272051a0
+RESUME_RULES = ('free', 'ask', 'reset', 'fixed', 'shape')  # what changing a field does to a run that resumes
+
+def cfield(default, # the field's default value
+           allowed:Range, # the values it may take
+           resume:str, # one of RESUME_RULES
+           help:str, # what it means: the docs' and the command line's text
+           why:str='', # for `fixed` and `reset`: what the change cannot keep
+          ) -> dataclasses.Field:
+    "A config field with its facts: the values it may take, its rule on resume, its help."
+    if resume not in RESUME_RULES: raise ValueError(f"resume={resume!r}: one of {', '.join(RESUME_RULES)}")
+    if resume in ('fixed', 'reset') and not why: raise ValueError(f"a {resume} field says why")
+    return field(default=default, metadata=dict(allowed=allowed, resume=resume, help=help, why=why))
+
+def field_ranges(cls) -> dict[str, Range]:
+    "Field name -> the values it may take, for the config class `cls`."
+    return {f.name: f.metadata['allowed'] for f in fields(cls)}
+
 # %% ../nbs/01_config.ipynb #e3569f03
+_ATTN_BACKEND = one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math')
+
 @dataclass
 class ModelConfig:
     "The network's shape and architecture."
-    # 'llama' (RoPE, RMSNorm, SwiGLU, GQA) or 'gpt2' (learned positions, LayerNorm, GELU, tied)
-    arch: str = 'llama'
-    vocab_size: int = 8192       # tokenizer vocabulary; the embedding is padded up to a multiple of 128
-    block_size: int = 1024       # context length in tokens
-    n_layer: int = 12            # transformer blocks
-    n_head: int = 12             # query heads
-    n_kv_head: int = 0           # key/value heads (grouped-query attention); 0 means n_head
-    n_embd: int = 768            # residual width
-    mlp_hidden: int = 0          # MLP width; 0 means 4*n_embd (gpt2) or 8/3*n_embd rounded up to 256 (llama)
-    rope_theta: float = 10000.0  # RoPE base (llama)
-    tie_embeddings: bool = True  # share the input embedding and the output head
-    norm_eps: float = 1e-5       # epsilon of LayerNorm/RMSNorm
-    dropout: float = 0.0         # dropout in attention and residual paths (pretraining uses 0)
-    # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by
-    # compile
-    ce_chunk: int = 0
-    # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no
-    # faster on an H100), 'cudnn', 'flash', 'efficient' or 'math'
-    attn_backend: str = 'sdpa'
-    # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else
-    # the chunked one)
-    fused_ce: bool = False
-    # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head
-    # stays bias-free)
-    bias: bool = False
+    arch: str = cfield('llama', one_of('llama', 'gpt2'), 'shape', "'llama' (RoPE, RMSNorm, SwiGLU, GQA) or "
+                       "'gpt2' (learned positions, LayerNorm, GELU, tied)")
+    vocab_size: int = cfield(8192, between(1, 2**31 - 1), 'shape', "tokenizer vocabulary; the embedding is "
+                             "padded up to a multiple of 128")
+    block_size: int = cfield(1024, between(1, 2**24), 'shape', "context length in tokens")
+    n_layer: int = cfield(12, at_least(1), 'shape', "transformer blocks")
+    n_head: int = cfield(12, at_least(1), 'shape', "query heads")
+    n_kv_head: int = cfield(0, at_least(0), 'shape', "key/value heads (grouped-query attention); 0 means "
+                            "n_head")
+    n_embd: int = cfield(768, at_least(1), 'shape', "residual width")
+    mlp_hidden: int = cfield(0, at_least(0), 'shape', "MLP width; 0 means 4*n_embd (gpt2) or 8/3*n_embd "
+                             "rounded up to 256 (llama)")
+    rope_theta: float = cfield(10000.0, above(0), 'ask', "RoPE base (llama)")
+    tie_embeddings: bool = cfield(True, FLAG, 'shape', "share the input embedding and the output head")
+    norm_eps: float = cfield(1e-5, between(0, 1, lo_open=True, hi_open=True), 'ask', "epsilon of "
+                             "LayerNorm/RMSNorm")
+    dropout: float = cfield(0.0, between(0, 1, hi_open=True), 'ask', "dropout in attention and residual "
+                            "paths (pretraining uses 0)")
+    ce_chunk: int = cfield(0, at_least(0), 'free', ">0: the loss computes this many rows of logits at a time "
+                           "(eager memory saver); 0: whole logits, fused by compile")
+    attn_backend: str = cfield('sdpa', _ATTN_BACKEND, 'free', "attention kernel: 'sdpa' (torch's "
+                               "choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster "
+                               "on an H100), 'cudnn', 'flash', 'efficient' or 'math'")
+    fused_ce: bool = cfield(False, FLAG, 'free', "loss as one fused linear + cross-entropy that never holds "
+                            "the logits (liger-kernel if installed, else the chunked one)")
+    bias: bool = cfield(False, FLAG, 'shape', "gpt2 only: biases in the blocks' Linear layers and in every "
+                        "LayerNorm, as published GPT-2 has (the head stays bias-free)")
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -100,142 +123,139 @@ class ModelConfig:
         if self.mlp_hidden: return self.mlp_hidden
         return 4*self.n_embd if self.arch == 'gpt2' else math.ceil(8*self.n_embd/3/256)*256
 
-MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 1), block_size=between(1,
-                                                                                                       2**24),
-                    n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1),
-                        mlp_hidden=at_least(0),
-                    rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True,
-                                                                               hi_open=True),
-                    dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
-                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'),
-                        fused_ce=FLAG, bias=FLAG)
+MODEL_RANGES = field_ranges(ModelConfig)
 
 # %% ../nbs/01_config.ipynb #5dda4e23
+_TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
+_DATASET = Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)")
+_DATASET_CONFIG = Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces")
+_HUB_ID = r'[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?'  # one part of a Hub id
+_TOKENIZER = Range(pattern=f'({_HUB_ID}/)?{_HUB_ID}|',
+                   hint="'' or a Hub model id such as gpt2 or openai-community/gpt2")
+_SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no surrounding spaces)")
+
 @dataclass
 class DataConfig:
     "Where the tokens come from."
-    # 'builtin' (this Python's docstrings), 'pysource' (its installed source and docs), a Hugging Face dataset
-    # id, or a local file/folder
-    dataset: str = 'builtin'
-    dataset_config: str = ''     # Hugging Face dataset config (e.g. 'sample-10BT')
-    take: int = 0                # documents to read from the source; 0 means all
-    val_ratio: float = 0.05      # fraction of documents routed to validation
-    data_seed: int = 1337        # seed of the train/validation split
-    # '' trains a BPE on the corpus; a Hub model id ('gpt2') adopts that model's tokenizer.json (local Hugging
-    # Face cache, downloaded when online)
-    tokenizer: str = ''
-    # a JSONL of prompt/response or chat records to fine-tune on ('' trains on `dataset`); needs init_from
-    sft_data: str = ''
+    dataset: str = cfield('builtin', _DATASET, 'fixed', "'builtin' (this Python's docstrings), "
+                          "'pysource' (its installed source and docs), a Hugging Face dataset id, or a local "
+                          "file/folder",
+                          why="the loader's position is in the old data")
+    dataset_config: str = cfield('', _DATASET_CONFIG, 'fixed', "Hugging Face dataset config (e.g. "
+                                 "'sample-10BT')",
+                                 why="the loader's position is in the old data")
+    take: int = cfield(0, at_least(0), 'fixed', "documents to read from the source; 0 means all",
+                       why="the loader's position is in the old data")
+    val_ratio: float = cfield(0.05, between(0, 1, hi_open=True), 'fixed', "fraction of documents routed to "
+                              "validation",
+                              why="the loader's position is in the old data")
+    data_seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of the train/validation split",
+                            why="the loader's position is in the old data")
+    tokenizer: str = cfield('', _TOKENIZER, 'fixed', "'' trains a BPE on the corpus; a Hub model id "
+                            "('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, "
+                            "downloaded when online)",
+                            why="the checkpoint's embeddings belong to the old tokenizer's vocabulary")
+    sft_data: str = cfield('', _SFT_DATA, 'fixed', "a JSONL of prompt/response or chat records to "
+                           "fine-tune on ('' trains on `dataset`); needs init_from",
+                           why="the loader's position is in the old data")
 
-_TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
-DATA_RANGES = dict(dataset=Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)"),
-                   dataset_config=Range(pattern=f'({_TEXT})?', hint="'' or a config name without "
-                                        "surrounding spaces"),
-                   take=at_least(0), val_ratio=between(0, 1, hi_open=True), data_seed=between(0, MAX_SEED),
-                   tokenizer=Range(pattern=r'([A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/)?[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?|',
-                                   hint="'' or a Hub model id such as gpt2 or openai-community/gpt2"),
-                   sft_data=Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no "
-                                  "surrounding spaces)"))
+DATA_RANGES = field_ranges(DataConfig)
 
 # %% ../nbs/01_config.ipynb #e9c4c250
+_DEVICE = Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?', hint="auto, cpu, mps, cuda or cuda:N")
+_WANDB = Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
+               hint="'' or a project name of letters, digits, '.', '_', '-'")
+_SAMPLE_PROMPTS = Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?',
+                        hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces")
+_INIT_FROM = Range(pattern=f'({_TEXT})?',
+                   hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)")
+_HELLASWAG_FILE = Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces")
+
 @dataclass
 class TrainConfig:
     "How the network is trained."
-    batch_size: int = 8          # sequences per device per micro-step
-    grad_accum: int = 1          # micro-steps per optimizer step
-    max_steps: int = 1000        # optimizer steps
-    lr: float = 6e-4             # peak learning rate
-    min_lr_ratio: float = 0.1    # the schedule's floor, as a fraction of lr
-    warmup_steps: int = 100      # linear warmup steps
-    schedule: str = 'cosine'     # 'cosine' (warmup + cosine to the floor) or 'wsd' (warmup-stable-decay)
-    weight_decay: float = 0.1    # AdamW weight decay on matrices
-    beta1: float = 0.9           # AdamW beta1
-    beta2: float = 0.95          # AdamW beta2
-    grad_clip: float = 1.0       # clip the global grad norm to this (0 disables)
-    eval_every: int = 100        # steps between validation passes
-    eval_steps: int = 20         # validation batches per pass
-    log_every: int = 10          # steps between metric lines
-    ckpt_every: int = 500        # steps between checkpoints (and one at the end)
-    keep_ckpts: int = 2          # checkpoints kept on disk
-    sample_every: int = 0        # steps between sampled continuations (0: only at the end)
-    seed: int = 1337             # seed of init, data order and sampling
-    device: str = 'auto'         # 'auto', 'cpu' or 'cuda'
-    dtype: str = 'auto'          # 'auto' (bf16 autocast on CUDA, fp32 on CPU), 'bfloat16' or 'float32'
-    compile: str = 'auto'        # torch.compile: 'auto' (on CUDA), 'true' or 'false'
-    epochs: float = 0.0          # passes over the train tokens; >0 sets the number of steps (over max_steps)
-    token_budget: int = 0        # tokens to train on; >0 sets the number of steps (over epochs and max_steps)
-    decay_frac: float = 0.2      # fraction of the run spent decaying at the end of the 'wsd' schedule
-    parallel: str = 'ddp'        # with several processes: 'ddp' (replicated) or 'fsdp' (FSDP2, sharded)
-    nproc: int = 1               # processes (GPUs) per node that `launch` starts through torchrun
-    auto_resume: bool = True     # continue from the newest complete checkpoint of the run directory
-    deterministic: bool = False  # torch.use_deterministic_algorithms (bit-identical resume on CPU)
-    max_nonfinite: int = 5       # non-finite steps in a row (skipped updates) that stop the run
-    tensorboard: bool = True     # also log to runs/<exp>/tensorboard
-    wandb: str = ''              # Weights & Biases project name ('' disables; WANDB_MODE=offline honoured)
-    # float8 matmuls through torchao on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays
-    # bf16)
-    fp8: str = 'off'
-    # activation checkpointing per block: 'none', 'selective' (matmul and attention outputs kept, the rest
-    # recomputed) or 'full' (only each block's input kept)
-    act_ckpt: str = 'none'
-    # on CUDA, a new run first raises batch_size to the largest that fits the card (trial steps), lowering
-    # grad_accum so tokens per step stay; the choice goes in the run's config
-    batch_fit: bool = False
-    # 'adamw', or 'muon': Muon for the blocks' matrices, AdamW for embeddings, head and gains
-    optimizer: str = 'adamw'
-    muon_lr: float = 0.02        # Muon's peak learning rate; it follows lr's warmup and decay
-    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
-    # prompts sampled during and at the end of a run, '|'-separated ('' picks ones that suit the dataset)
-    sample_prompts: str = ''
-    # write checkpoints in a background thread from a CPU snapshot (training goes on)
-    ckpt_async: bool = True
-    # resume even though the config differs from the checkpoint's (the change is logged)
-    allow_config_change: bool = False
-    # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, or
-    # from published GPT-2 weights in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer
-    init_from: str = ''
-    # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
-    lora_rank: int = 0
-    # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
-    lora_alpha: float = 16.0
-    hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
-    hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
-    # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
-    hellaswag_file: str = ''
+    batch_size: int = cfield(8, at_least(1), 'fixed', "sequences per device per micro-step",
+                             why="the loader's exact position counts batches of the old batch_size")
+    grad_accum: int = cfield(1, at_least(1), 'ask', "micro-steps per optimizer step")
+    max_steps: int = cfield(1000, at_least(1), 'free', "optimizer steps")
+    lr: float = cfield(6e-4, between(0, 1, lo_open=True, hi_open=True), 'ask', "peak learning rate")
+    min_lr_ratio: float = cfield(0.1, between(0, 1), 'ask', "the schedule's floor, as a fraction of lr")
+    warmup_steps: int = cfield(100, at_least(0), 'ask', "linear warmup steps")
+    schedule: str = cfield('cosine', one_of('cosine', 'wsd'), 'ask', "'cosine' (warmup + cosine to the "
+                           "floor) or 'wsd' (warmup-stable-decay)")
+    weight_decay: float = cfield(0.1, at_least(0), 'ask', "AdamW weight decay on matrices")
+    beta1: float = cfield(0.9, between(0, 1, hi_open=True), 'ask', "AdamW beta1")
+    beta2: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "AdamW beta2")
+    grad_clip: float = cfield(1.0, at_least(0), 'ask', "clip the global grad norm to this (0 disables)")
+    eval_every: int = cfield(100, at_least(1), 'free', "steps between validation passes")
+    eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
+    log_every: int = cfield(10, at_least(1), 'free', "steps between metric lines")
+    ckpt_every: int = cfield(500, at_least(1), 'free', "steps between checkpoints (and one at the end)")
+    keep_ckpts: int = cfield(2, at_least(1), 'free', "checkpoints kept on disk")
+    sample_every: int = cfield(0, at_least(0), 'free', "steps between sampled continuations (0: only at the "
+                               "end)")
+    seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of init, data order and sampling",
+                       why="the data order and RNG states continue from the checkpoint, not from a new seed")
+    device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
+    dtype: str = cfield('auto', one_of('auto', 'bfloat16', 'float32'), 'ask', "'auto' (bf16 autocast on "
+                        "CUDA, fp32 on CPU), 'bfloat16' or 'float32'")
+    compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free', "torch.compile: 'auto' (on CUDA), "
+                          "'true' or 'false'")
+    epochs: float = cfield(0.0, at_least(0), 'free', "passes over the train tokens; >0 sets the number of "
+                           "steps (over max_steps)")
+    token_budget: int = cfield(0, at_least(0), 'free', "tokens to train on; >0 sets the number of steps "
+                               "(over epochs and max_steps)")
+    decay_frac: float = cfield(0.2, between(0, 1), 'ask', "fraction of the run spent decaying at the end of "
+                               "the 'wsd' schedule")
+    parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
+                           "or 'fsdp' (FSDP2, sharded)")
+    nproc: int = cfield(1, at_least(1), 'free', "processes (GPUs) per node that `launch` starts through "
+                        "torchrun")
+    auto_resume: bool = cfield(True, FLAG, 'free', "continue from the newest complete checkpoint of the run "
+                               "directory")
+    deterministic: bool = cfield(False, FLAG, 'free', "torch.use_deterministic_algorithms (bit-identical "
+                                 "resume on CPU)")
+    max_nonfinite: int = cfield(5, at_least(0), 'free', "non-finite steps in a row (skipped updates) that "
+                                "stop the run")
+    tensorboard: bool = cfield(True, FLAG, 'free', "also log to runs/<exp>/tensorboard")
+    wandb: str = cfield('', _WANDB, 'free', "Weights & Biases project name ('' disables; "
+                        "WANDB_MODE=offline honoured)")
+    fp8: str = cfield('off', one_of('off', 'tensorwise', 'rowwise'), 'ask', "float8 matmuls through torchao "
+                      "on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)")
+    act_ckpt: str = cfield('none', one_of('none', 'selective', 'full'), 'free', "activation checkpointing "
+                           "per block: 'none', 'selective' (matmul and attention outputs kept, the rest "
+                           "recomputed) or 'full' (only each block's input kept)")
+    batch_fit: bool = cfield(False, FLAG, 'free', "on CUDA, a new run first raises batch_size to the largest "
+                             "that fits the card (trial steps), lowering grad_accum so tokens per step stay; "
+                             "the choice goes in the run's config")
+    optimizer: str = cfield('adamw', one_of('adamw', 'muon'), 'reset', "'adamw', or 'muon': Muon for the "
+                            "blocks' matrices, AdamW for embeddings, head and gains",
+                            why="a fresh optimizer state: the old optimizer's moments do not fit the new one")
+    muon_lr: float = cfield(0.02, between(0, 1, lo_open=True, hi_open=True), 'ask', "Muon's peak learning "
+                            "rate; it follows lr's warmup and decay")
+    muon_momentum: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "Muon's (Nesterov) momentum")
+    sample_prompts: str = cfield('', _SAMPLE_PROMPTS, 'free', "prompts sampled during and at the end of "
+                                 "a run, '|'-separated ('' picks ones that suit the dataset)")
+    ckpt_async: bool = cfield(True, FLAG, 'free', "write checkpoints in a background thread from a CPU "
+                              "snapshot (training goes on)")
+    allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
+                                       "checkpoint's (the change is logged)")
+    init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, run "
+                            "folder or checkpoint folder) and its tokenizer, or from published GPT-2 weights "
+                            "in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer")
+    lora_rank: int = cfield(0, between(0, 4096), 'fixed', "rank of LoRA adapters on the attention and MLP "
+                            "projections, base weights frozen (0: train every weight)",
+                            why="the checkpoint's adapters have the old rank")
+    lora_alpha: float = cfield(16.0, between(0, 1e6, lo_open=True), 'ask', "LoRA scale numerator: the "
+                               "adapters' update is multiplied by lora_alpha/lora_rank")
+    hellaswag_every: int = cfield(0, at_least(0), 'free', "steps between HellaSwag evaluations during "
+                                  "training (0: off)")
+    hellaswag_limit: int = cfield(0, at_least(0), 'free', "HellaSwag examples per evaluation (0: all of "
+                                  "them)")
+    hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
+                                 "validation file, cached in the workspace)")
 
-TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1,
-        lo_open=True, hi_open=True),
-                    min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'),
-                        weight_decay=at_least(0),
-                    beta1=between(0, 1, hi_open=True), beta2=between(0, 1, hi_open=True),
-                        grad_clip=at_least(0),
-                    eval_every=at_least(1), eval_steps=at_least(1), log_every=at_least(1),
-                        ckpt_every=at_least(1),
-                    keep_ckpts=at_least(1), sample_every=at_least(0), seed=between(0, MAX_SEED),
-                    device=Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?',
-                                 hint="auto, cpu, mps, cuda or cuda:N"),
-                    dtype=one_of('auto', 'bfloat16', 'float32'), compile=one_of('auto', 'true', 'false'),
-                        epochs=at_least(0),
-                    token_budget=at_least(0), decay_frac=between(0, 1), parallel=one_of('ddp', 'fsdp'),
-                        nproc=at_least(1),
-                    auto_resume=FLAG, deterministic=FLAG, max_nonfinite=at_least(0), tensorboard=FLAG,
-                    wandb=Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?', hint="'' or a project name "
-                                "of letters, digits, '.', '_', '-'"),
-                    fp8=one_of('off', 'tensorwise', 'rowwise'), act_ckpt=one_of('none', 'selective', 'full'),
-                        batch_fit=FLAG,
-                    optimizer=one_of('adamw', 'muon'),
-                    muon_lr=between(0, 1, lo_open=True, hi_open=True), muon_momentum=between(0, 1,
-                                                                                             hi_open=True),
-                    sample_prompts=Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?', hint="'' or at most 4000 "
-                                         "characters of '|'-separated prompts, not padded with spaces"),
-                    ckpt_async=FLAG, allow_config_change=FLAG,
-                    init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or "
-                                    "checkpoint folder (no surrounding spaces)"),
-                    lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True),
-                    hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
-                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding "
-                                         "spaces"))
-
+TRAIN_RANGES = field_ranges(TrainConfig)
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -315,6 +335,43 @@ def validate(cfg:Config) -> Config:
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by "
                          "'|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
+
+# %% ../nbs/01_config.ipynb #1701c782
+def config_fields() -> dict[str, dataclasses.Field]:
+    "Every config field by name, in section order (model, data, train)."
+    return {f.name: f for cls in (ModelConfig, DataConfig, TrainConfig) for f in fields(cls)}
+
+def resume_rules() -> dict[str, tuple[str, str]]:
+    "Field name -> (its rule on resume, why): `free`, `ask`, `reset`, `fixed` or `shape`."
+    return {k: (f.metadata['resume'], f.metadata['why']) for k, f in config_fields().items()}
+
+def field_help(name:str) -> str:
+    "The help text of config field `name`, with the values it may take."
+    f = config_fields()[name]
+    return f"{f.metadata['help']} ({f.metadata['allowed']})"
+
+def field_option(p, # an argparse parser
+                 name:str, # the config field
+                 *flags:str, # the option's flags (default: --name-with-dashes)
+                 **kw) -> None:
+    "Add an option for config field `name` to `p`, its type, choices and help taken from the field."
+    f = config_fields()[name]; m = f.metadata
+    if 'action' not in kw:
+        kw.setdefault('type', _TYPES[f.type])
+        if m['allowed'].choices: kw.setdefault('choices', m['allowed'].choices)
+    kw.setdefault('help', m['help'])
+    kw.setdefault('default', None)
+    p.add_argument(*(flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
+
+def fields_table(section:str) -> str:
+    "A Markdown table of the fields of `section` ('model', 'data' or 'train') with their facts."
+    cls = dict(model=ModelConfig, data=DataConfig, train=TrainConfig)[section]
+    rows = ['| field | default | values | on resume | what it is |', '|---|---|---|---|---|']
+    for f in fields(cls):
+        m = f.metadata
+        cells = [f"`{f.name}`", f"`{f.default!r}`", str(m['allowed']), m['resume'], m['help']]
+        rows.append('| ' + ' | '.join(x.replace('|', '&#124;') for x in cells) + ' |')
+    return '\n'.join(rows)
 
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 from .core import check_name, cli_options, paths_for
 from .config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
+from .config import field_option
 from .runs import experiment_of, find_tokenizer, run_of
 from .sft import read_sft
 from .runstart import check_init_shape, hub_init, init_checkpoint
@@ -93,10 +94,8 @@ def add_cli(sub):
     p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or '
                    '{"messages": [{"role", "content"}, ...]}, one per line')
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
-    p.add_argument('--lora-rank', type=int, default=None, metavar='R', help='train LoRA adapters of rank R '
-                   'on a frozen model (default: every weight)')
-    p.add_argument('--lora-alpha', type=float, default=None, metavar='A', help='LoRA scale numerator '
-                   '(default 16)')
+    field_option(p, 'lora_rank', metavar='R')
+    field_option(p, 'lora_alpha', metavar='A')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:

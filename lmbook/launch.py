@@ -10,7 +10,7 @@ import argparse, json, os, shlex, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 from typing import Iterator
 from .core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
-from .config import get_config, parse_assignments
+from .config import get_config, parse_assignments, field_option
 from .distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from .metrics import RunLog
 from .runstart import prepare_run
@@ -25,13 +25,12 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     "Add the training options to `p`: the shared ones (`core.cli_options`) and those of training."
     cli_options(p, 'profile', 'experiment', 'set', 'root')
     p.add_argument('overrides', nargs='*', metavar='KEY=VALUE', help='config overrides')
-    p.add_argument('--nproc', type=int, default=None, help='processes (GPUs) per node; >1 launches torchrun')
-    p.add_argument('--parallel', choices=('ddp', 'fsdp'), default=None, help='multi-process strategy')
+    field_option(p, 'nproc')
+    field_option(p, 'parallel')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes '
                    '2 --node-rank 0 --rdzv-endpoint host:29500"')
-    p.add_argument('--allow-config-change', action='store_true', help='resume even though the config '
-                   'differs from the checkpoint (the diff is logged and recorded)')
+    field_option(p, 'allow_config_change', action='store_true')
     p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, '
                    'tokens), then exit')
     return p

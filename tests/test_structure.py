@@ -86,7 +86,7 @@ def generated_lines(path:Path) -> set[int]:
 
 # What is still over the limits, written down so that it can only shrink: each entry goes when its code is split
 # into named steps or reworded by hand (a tool wrapped every line it could prove unchanged).
-WIDE_LEFT = {'boot': 6, 'checkpoint': 6, 'cli': 1, 'config': 1, 'corpus': 3, 'data': 4, 'distributed': 1, 'docs': 2,
+WIDE_LEFT = {'boot': 6, 'checkpoint': 4, 'cli': 1, 'corpus': 3, 'data': 4, 'distributed': 1, 'docs': 2,
              'export': 1, 'levers': 1, 'loader': 3, 'lora': 1, 'model': 1, 'podapi': 2, 'podguard': 3, 'podplan': 1,
              'podsync': 3, 'runlock': 1, 'runnb': 3, 'runpod': 7, 'runs': 1, 'sample': 3, 'sft': 3, 'tokenizer': 3,
              'trainer': 1, 'validation': 4}
