@@ -10,7 +10,7 @@ import argparse, json, sys
 from pathlib import Path
 from . import data, tokenizer, loader, databench, launch, finetune, sample, eval, export, bench, runpod
 from . import boot, docs
-from .core import cli_options
+from .core import cli_options, EXIT_USER_ERROR
 from .config import PROFILES, count_params, flops_per_token
 from .memory import estimate_memory
 from .analysis import plot_runs
@@ -112,11 +112,11 @@ def main(argv:list[str]|None=None) -> int:
      "130.")
     ap = build_parser()
     args = ap.parse_args(argv)
-    if not getattr(args, 'func', None): ap.print_help(); return 2
+    if not getattr(args, 'func', None): ap.print_help(); return EXIT_USER_ERROR
     try: return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     # what was written is kept; commands that resume say where they stopped themselves
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -13,10 +13,11 @@ import lmbook
 from . import __version__
 
 # %% auto #0
-__all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings',
-           'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment',
-           'cli_options', 'Paths', 'paths_for', 'check_writable', 'seed_everything', 'pick_device', 'git_commit',
-           'sha256_file', 'environment_info', 'peak_flops']
+__all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'EXIT_INTERRUPTED', 'EXIT_CODES',
+           'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings', 'on_runpod',
+           'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment', 'cli_options',
+           'Paths', 'paths_for', 'check_writable', 'seed_everything', 'pick_device', 'git_commit', 'sha256_file',
+           'environment_info', 'peak_flops']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -179,6 +180,17 @@ def cli_options(p, *names:str, **defaults):
                                     help=kw['help'].split(' (default:')[0] + f' (default: {defaults[n]})')
         p.add_argument(*flags, **kw)
     return p
+
+# %% ../nbs/00_core.ipynb #8ec1cc2d
+# what lmbook's commands exit with
+EXIT_FINISHED, EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_CODES = {EXIT_FINISHED: 'finished, or already finished',
+              EXIT_USER_ERROR: 'user error: bad config or input, run folder locked, '
+                               'no space for a checkpoint',
+              EXIT_DIVERGED: 'diverged: the loss or grad norm stayed non-finite',
+              EXIT_INTERRUPTED: 'stopped by SIGINT after writing its checkpoint',
+              129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint',
+              143: 'stopped by SIGTERM after writing its checkpoint'}
 
 # %% ../nbs/00_core.ipynb #63167bdd
 @dataclass(frozen=True)

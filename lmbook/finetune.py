@@ -8,7 +8,7 @@ Docs: https://lmbook.github.io/lmbook/finetune.html.md"""
 from __future__ import annotations
 from pathlib import Path
 from typing import Callable
-from .core import check_name, cli_options, paths_for
+from .core import check_name, cli_options, paths_for, EXIT_DIVERGED
 from .config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
 from .config import field_option
 from .runs import experiment_of, find_tokenizer, run_of
@@ -104,6 +104,6 @@ def add_cli(sub):
         if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
         if a.no_auto_resume: ov['auto_resume'] = False
         try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']
-        except NonFiniteError: return 3
+        except NonFiniteError: return EXIT_DIVERGED
     p.set_defaults(func=run)
     return p

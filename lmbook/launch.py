@@ -10,6 +10,7 @@ import argparse, json, os, shlex, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 from typing import Iterator
 from .core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
+from .core import EXIT_CODES, EXIT_DIVERGED, EXIT_USER_ERROR
 from .config import get_config, parse_assignments, field_option
 from .distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from .metrics import RunLog
@@ -17,7 +18,7 @@ from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
 
 # %% auto #0
-__all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
+__all__ = ['WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
            'TrainingExit', 'run_training', 'detach', 'add_cli']
 
 # %% ../nbs/07a_launch.ipynb #01c458d7
@@ -48,13 +49,6 @@ def resolve_args(a:argparse.Namespace) -> tuple:
     return get_config(profile, ov), profile, experiment, ov
 
 # %% ../nbs/07a_launch.ipynb #24de827c
-EXIT_CODES = {0: 'finished, or already finished', 2: 'user error: bad config or input, run folder locked, '
-              'no space for a checkpoint',
-              3: 'diverged: the loss or grad norm stayed non-finite', 130: 'stopped by SIGINT after writing '
-                  'its checkpoint',
-              129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint',
-                  143: 'stopped by SIGTERM after writing its checkpoint'}
-
 def describe_exit(code:int) -> str:
     "What exit code `code` of a training process means."
     if code in EXIT_CODES: return EXIT_CODES[code]
@@ -73,7 +67,7 @@ def train_process(cfg, # the resolved `Config`
             f"{pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))
-    except NonFiniteError: return 3
+    except NonFiniteError: return EXIT_DIVERGED
 
 def _say_error(e:Exception):
     try: print(f"error: {e}", file=sys.stderr, flush=True)
@@ -89,7 +83,7 @@ def main(argv:list[str]|None=None) -> int:
         rc = train_process(cfg, experiment, a.root, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
         if int(os.environ.get('RANK', 0)) == 0: _say_error(e)
-        rc = 2
+        rc = EXIT_USER_ERROR
     finally: cleanup_distributed(wait_s=60 if rc is not None else 0)  # a crash leaves at once
     if os.environ.get('LMBOOK_EXIT_FILE') and int(os.environ.get('RANK', 0)) == 0:
         Path(os.environ['LMBOOK_EXIT_FILE']).write_text(json.dumps(dict(exit_code=rc)))
@@ -234,7 +228,8 @@ def add_cli(sub):
                           prepare_only=a.prepare_only,
                           forward_signals=True)
         except TrainingExit as e:
-            if e.code not in (2, 3) and e.code <= 128: _say_error(e)  # the run's own lines said the rest
+            # the run's own lines said the rest
+            if e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128: _say_error(e)
             return e.code
         return 0
     p.set_defaults(func=run)

@@ -10,7 +10,7 @@ import contextlib, json, os, socket, threading, time, uuid
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
+__all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
 
 # %% ../nbs/01a_runlock.ipynb #9d3fe902
 LOCK = '.lock'
@@ -25,7 +25,8 @@ def stale_after() -> float:
     if s <= 0: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be positive")
     return s
 
-def _alive(pid:int) -> bool:
+def pid_alive(pid:int) -> bool:
+    "Whether process `pid` exists on this host (one owned by another user counts)."
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: return True
@@ -41,7 +42,7 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     age = now - float(d.get('heartbeat', 0))
     if d.get('host') == socket.gethostname():
         pid = int(d.get('pid', -1))
-        if not _alive(pid): return d, f"pid {pid} is gone"
+        if not pid_alive(pid): return d, f"pid {pid} is gone"
         if pid == os.getpid() and d.get('token') not in _TOKENS: return d, (f"pid {pid} is this process now "
                                                                             "(a restarted container)")
     if age > stale_after(): return d, f"no heartbeat for {age:.0f} s"

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 from .config import get_config, Config, parse_overrides
+from .runlock import pid_alive
 from .metrics import read_metrics, format_row
 from .analysis import series
 
@@ -239,12 +240,6 @@ def _seconds(t) -> float|None:
         return datetime.fromisoformat(str(t).replace('Z', '+00:00')).timestamp()
     except ValueError: return None
 
-def _pid_alive(pid:int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
 def run_state(run:Path, # the run folder
               # seconds without a heartbeat or a write after which the trainer counts as gone
               stale_s:float=600,
@@ -261,7 +256,7 @@ def run_state(run:Path, # the run folder
         try: info = json.loads(lock.read_text())
         except (OSError, json.JSONDecodeError): info = {}
         if info.get('host') == socket.gethostname() and isinstance(info.get('pid'),
-                                                                   int) and not _pid_alive(info['pid']): return 'stopped'
+                                                                   int) and not pid_alive(info['pid']): return 'stopped'
         hb = _seconds(info.get('heartbeat'))
         if hb is not None: return 'running' if now - hb < stale_s else 'stopped'
     # metrics, meta, the notebook papermill saves

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from . import checkpoint as ckpt
 from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable
+from .core import EXIT_FINISHED
 from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
 from .runlock import RunLock, RunLocked
 from .tokenizer import load_tokenizer
@@ -26,8 +27,8 @@ from .runstart import build_trainable, fitted_config, prepare_run, resolve_init,
 from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
 
 # %% auto #0
-__all__ = ['EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run',
-           'setup_run', 'record_start', 'StepLog', 'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train']
+__all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
+           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train']
 
 # %% ../nbs/07_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -192,7 +193,6 @@ class StepLog:
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row: the run diverged."
 
-EXIT_FINISHED, EXIT_USER_ERROR, EXIT_DIVERGED = 0, 2, 3
 
 def exit_code(result:dict) -> int:
     "The process exit code of a `train` result: 0 finished, 128+signal when stopped by one."

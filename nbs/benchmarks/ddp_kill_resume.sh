@@ -11,10 +11,11 @@ ARGS="--profile m3_medium --nproc 2 --parallel ddp --set max_steps=90 --set ckpt
 M=/tmp/lmbook-ws/runs
 python3 -c "$L" train --experiment ref  $ARGS > "$O/ref.log" 2>&1; echo "ref exit $?"
 python3 -c "$L" train --experiment kill $ARGS > "$O/kill1.log" 2>&1 &
+RUN=$!   # this script's run: only its torchrun (a child of it) is killed below
 for i in $(seq 600); do   # wait until step 50 is logged (checkpoints at 20 and 40), then kill -9 torchrun
   s=$(tail -n 1 $M/kill/metrics.jsonl 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
   [ "${s:-0}" -ge 50 ] && break; sleep 0.5; done
-pkill -9 -f torch.distributed.run; sleep 3; echo "killed at step $s; left: $(pgrep -fc 'lmbook.launch' || true) worker processes"
+pkill -9 -P "$RUN" -f torch.distributed.run; sleep 3; echo "killed at step $s; left: $(pgrep -fc 'lmbook.launch' || true) worker processes"
 ls $M/kill/checkpoints | tee "$O/ckpts_after_kill.txt"
 python3 -c "$L" train --experiment kill $ARGS > "$O/kill2.log" 2>&1; echo "resume exit $?"
 grep -iE "resum|step +9?0/|done" "$O/kill2.log" | head -5
