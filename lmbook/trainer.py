@@ -28,7 +28,8 @@ from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, 
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
-           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train']
+           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train', 'Progress', 'start_run', 'log_step',
+           'save_if_due', 'run_steps']
 
 # %% ../nbs/07_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -251,75 +252,102 @@ def train(cfg:Config, # the resolved config
         if r.lock: r.lock.release()
         rlog.close()
 
-def _train(r:Run, experiment:str) -> dict:
+@dataclass
+class Progress:
+    "Where a run stands: step, tokens, skipped updates, its lineage id and validation losses."
+    step: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    lineage: str = ''             # one id from step 0 on, kept by every checkpoint of the run
+    first_val: float|None = None  # val_loss at step 0 (None when resumed)
+    last_val: float|None = None   # the newest val_loss
+
+def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
+    "Resume from the newest good checkpoint (or start at step 0), record this start, open the metrics."
     tc, info, t = r.cfg.train, r.info, r.t
-    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
-    step = resumed['state']['step'] if resumed else 0
-    # one id from step 0 on
-    lineage = (resumed['state'].get('lineage') if resumed else None) or uuid.uuid4().hex[:12]
+    st = resumed['state'] if resumed else None
+    p = Progress(st['step'], st['tokens'], st.get('skipped', 0)) if st else Progress()
+    p.lineage = (st.get('lineage') if st else None) or uuid.uuid4().hex[:12]
     # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
-    ck.load_best(step, lineage)
-    tokens, skipped = (resumed['state']['tokens'], resumed['state'].get('skipped', 0)) if resumed else (0, 0)
+    ck.load_best(p.step, p.lineage)
     metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name,
                             r.log)
     if info.is_main:
-        record_start(r, step, resumed, experiment)
-        metrics.start_at(step if resumed else -1)
+        record_start(r, p.step, resumed, experiment)
+        metrics.start_at(p.step if resumed else -1)
     r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on "
-          f"{info.device} | "
-          f"{r.total} steps of {r.tokens_per_step:,} tokens" + (f" | resumed at step {step}" if resumed
-                                                                else ''))
+          f"{info.device} | {r.total} steps of {r.tokens_per_step:,} tokens"
+          + (f" | resumed at step {p.step}" if resumed else ''))
     if resumed:
-        if resumed['changes']: r.log(f"config changed at step {step}: {', '.join(resumed['changes'])}")
+        if resumed['changes']: r.log(f"config changed at step {p.step}: {', '.join(resumed['changes'])}")
         r.loader.load_state_dict(resumed['rank_state']['loader'])
         ckpt.set_rng_state(resumed['rank_state']['rng'])
+    return resumed, p, metrics
+
+def log_step(r:Run, slog:StepLog, p:Progress, res:StepResult, lr:float) -> dict:
+    "Write the row of step `p.step` (train metrics, validation, each when due); return the validation's."
+    tc, step = r.cfg.train, p.step
+    due = step % tc.log_every == 0 or step == r.total or res.skipped
+    row = slog.train_row(step, p.tokens, res, lr, p.skipped) if due else None
+    ev = validation(r, step)
+    if 'val_loss' in ev: p.last_val = ev['val_loss']
+    if ev: row = dict(row or dict(step=step, tokens=p.tokens, epoch=r.loader.epoch), **ev)
+    if row: slog.write(row)
+    return ev
+
+def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int):
+    "Checkpoint step `p.step` when it is due (every `ckpt_every`, the end, a stop) or a new best val_loss."
+    due = ck.due(p.step, r.total, bool(signum))
+    best = ev.get('val_loss') if ck.improves(ev.get('val_loss'), p.step) else None
+    if due or best is not None:
+        ck.save(p.step, r.t.model, r.t.optimizer, _run_state(r, p.step, p.tokens, p.skipped, p.lineage),
+                dict(loader=r.loader.state_dict()), r.t.sharded, best, due)
+
+def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -> int:
+    "Train from `p.step` to the end, validating, sampling, checkpointing; the signal that stopped it (or 0)."
+    tc, t, start, consec, signum = r.cfg.train, r.t, p.step, 0, 0
+    while p.step < r.total:
+        lr = r.sched(p.step)
+        t0 = time.perf_counter()
+        res = train_step(t, r.loader.next_batch, lr)
+        slog.timed(time.perf_counter() - t0)
+        p.step += 1; p.tokens += r.tokens_per_step
+        # the snapshot buffers are made in the background, once the optimizer has its state
+        if p.step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
+        consec = consec + 1 if res.skipped else 0
+        p.skipped += res.skipped
+        ev = log_step(r, slog, p, res, lr)
+        if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, p.step, lr, ck.last)
+        if tc.sample_every and p.step % tc.sample_every == 0 and p.step < r.total: _samples(r, p.step)
+        signum = agree_stop(flag.signum, r.info)
+        save_if_due(r, ck, p, ev, signum)
+        if signum: break
+    return signum
+
+def _train(r:Run, experiment:str) -> dict:
+    tc = r.cfg.train
+    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
+    resumed, p, metrics = start_run(r, ck, experiment)
     slog = StepLog(r, metrics)
-    first_val = last_val = None
     if not resumed:
         ev = validation(r, 0)
-        first_val = last_val = ev['val_loss']
+        p.first_val = p.last_val = ev['val_loss']
         slog.write(dict(step=0, tokens=0, epoch=0, **ev))
-    start, consec, signum = step, 0, 0
+    start, signum = p.step, 0
     try:
         with StopFlag() as flag:
-            while step < r.total:
-                lr = r.sched(step)
-                t0 = time.perf_counter()
-                res = train_step(t, r.loader.next_batch, lr)
-                slog.timed(time.perf_counter() - t0)
-                step += 1; tokens += r.tokens_per_step
-                # the snapshot buffers, while training goes on
-                if step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
-                consec = consec + 1 if res.skipped else 0
-                skipped += res.skipped
-                row = slog.train_row(step, tokens, res, lr,
-                                     skipped) if step % tc.log_every == 0 or step == r.total or res.skipped else None
-                ev = validation(r, step)
-                if 'val_loss' in ev: last_val = ev['val_loss']
-                if ev: row = dict(row or dict(step=step, tokens=tokens, epoch=r.loader.epoch), **ev)
-                if row: slog.write(row)
-                if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, step, lr, ck.last)
-                if tc.sample_every and step % tc.sample_every == 0 and step < r.total: _samples(r, step)
-                signum = agree_stop(flag.signum, info)
-                due, best = ck.due(step, r.total,
-                                   bool(signum)), ev.get('val_loss') if ck.improves(ev.get('val_loss'),
-                                                                                    step) else None
-                if due or best is not None:
-                    ck.save(step, t.model, t.optimizer, _run_state(r, step, tokens, skipped, lineage),
-                            dict(loader=r.loader.state_dict()), t.sharded, best, due)
-                if signum: break
+            signum = run_steps(r, ck, slog, p, flag)
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
-            last_val = finish(r, step, start, tokens, signum, ck.last, last_val)
-            if ck.best_step > 0: r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in "
-                                       f"{ck.dir/ckpt.BEST}")
+            p.last_val = finish(r, p.step, start, p.tokens, signum, ck.last, p.last_val)
+            if ck.best_step > 0:
+                r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
     finally:
         ck.close()
         metrics.close()
     barrier()
-    res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val,
-               val_loss=last_val,
-               stopped=signal.Signals(signum).name if signum else None, signal=signum, skipped=skipped,
-                   checkpoints=ck.timings,
-               best_step=ck.best_step, best_val_loss=ck.best_val if ck.best_step > 0 else None)
+    res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,
+               val_loss=p.last_val, stopped=signal.Signals(signum).name if signum else None, signal=signum,
+               skipped=p.skipped, checkpoints=ck.timings, best_step=ck.best_step,
+               best_val_loss=ck.best_val if ck.best_step > 0 else None)
     return dict(res, exit_code=exit_code(res))
