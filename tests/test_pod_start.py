@@ -32,7 +32,7 @@ def container(tmp_path, url, **env):
     base = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'TMPDIR')}
     return base | dict(HOME=str(tmp_path/'home'), LMBOOK_WORKSPACE=str(tmp_path/'workspace'), RUN_EXPERIMENT='pod', RUN_CONFIG='smoke',
                        RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT=HEAD,
-                       HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1') | env
+                       HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1', TENSORBOARD_PORT='0') | env
 
 
 @pytest.fixture
