@@ -23,9 +23,11 @@ def copy_run(ws, src, dst):
 
 # The fields --allow-config-change lets change on resume, each with a new value. A field added to the config later
 # must be sorted into FREE_KEYS, FIXED_KEYS, SHAPE_KEYS or here (test_every_allowed_field_is_listed says so).
-NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, fused_ce=True, grad_accum=2, lr=1e-3, min_lr_ratio=0.2, warmup_steps=1,
+NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, grad_accum=2, lr=1e-3, min_lr_ratio=0.2, warmup_steps=1,
            schedule='wsd', weight_decay=0.05, beta1=0.8, beta2=0.99, grad_clip=0.5, dtype='bfloat16', decay_frac=0.3, fp8='tensorwise',
-           optimizer='muon', muon_lr=0.03, muon_momentum=0.9, sample_prompts='The|A', init_from='chg-base', lora_alpha=8.0)
+           optimizer='muon', muon_lr=0.03, muon_momentum=0.9, init_from='chg-base', lora_alpha=8.0)
+# The loss kernel and the sampled prompts touch no saved state: free on resume (they needed --allow-config-change before).
+FREE_NOW = dict(fused_ce=True, sample_prompts='The|A')
 HYPER = dict(beta1=lambda g: g['betas'][0], beta2=lambda g: g['betas'][1], weight_decay=lambda g: g['weight_decay'],
              muon_momentum=lambda g: g['momentum'], muon_lr=lambda g: g['lr_scale']*1e-3 if g.get('muon') else None)
 
@@ -61,6 +63,17 @@ def test_allowed_change_on_resume(ws, base, key):
     if key in HYPER:  # the optimizer uses the new value, not the checkpoint's
         vals = {HYPER[key](g) for g in osd['param_groups']} - {None, 0.0}
         assert len(vals) == 1 and vals.pop() == pytest.approx(NEW[key]), (key, vals)
+
+@pytest.mark.parametrize('key', sorted(FREE_NOW))
+def test_free_change_on_resume(ws, base, key):
+    "fused_ce and sample_prompts change on resume without --allow-config-change and without a config-change line."
+    assert key in FREE_KEYS
+    exp = f'free-{key}'
+    copy_run(ws, base, exp)
+    log = []
+    res = train(cfg(max_steps=5, **{key: FREE_NOW[key]}), exp, root=ws, log=quiet(log))
+    assert res['step'] == res['total_steps'] and res['exit_code'] == 0, log
+    assert not [l for l in log if l.startswith('config changed')], log
 
 def test_disk_fills_during_background_write(ws, monkeypatch, capsys):
     "A background write that fills the disk (torch says RuntimeError): one line naming the write, exit 2, no temporary folder left."
