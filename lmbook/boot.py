@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import torch
 from .core import load_settings, paths_for, check_name, git_commit, package_dir, workspace_root
-from .core import Settings, Paths
+from .core import cli_options, Settings, Paths
 from .config import get_config, parse_assignments
 from .runlock import data_lock
 from .data import read_manifest, shard_corpus
@@ -26,7 +26,7 @@ from .podguard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
            'train_overrides', 'wait_for_data', 'stage_data', 'finished_checkpoint', 'planned_steps', 'gpu_count',
            'start_tensorboard', 'train_notebook', 'papermill_cmd', 'trainer_exit_code', 'stage_train', 'autokill',
-           'run_pipeline', 'slurm_script', 'add_cli']
+           'run_pipeline', 'slurm_script', 'add_cli', 'add_dev_cli']
 
 # %% ../nbs/08f_boot.ipynb #a04fc27b
 @dataclass
@@ -192,7 +192,8 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
         if int(env['NODE_RANK']): return wait_for_data(paths, log, float(env.get('LMBOOK_DATA_WAIT')
                                                                          or 6*3600))
         o = replace(o, shard=True)
-    if not o.shard: log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
+    if not o.shard:
+        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
     for f in (o.input, o.validation, o.tokenizer_json):
         if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file "
                                                                "on the volume")
@@ -340,7 +341,9 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     elif rc:
         if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
                                        "stays up (ON_FAILURE=keep)"); return False
-        action, why, last = 'stop', f"the run failed (exit code {rc}); the volume keeps the run and this log", 'failed'
+        action, why, last = ('stop',
+                             f"the run failed (exit code {rc}); the volume keeps the run and this log",
+                                 'failed')
     elif not o.autokill: return False
     elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on "
                                                      "the volume"); return False
@@ -377,7 +380,8 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             stage_data(o, paths, log)
             guard = spend_guard(os.environ, ws, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
-        except Stopped as e: log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+        except Stopped as e:
+            log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
             log(f"error: {e}"); rc = 2
         except Exception:  # unattended: whatever went wrong must be in the log on the volume
@@ -458,45 +462,52 @@ def slurm_script(profile:str, # profile name or config file
 
 # %% ../nbs/08f_boot.ipynb #24acf036
 def add_cli(sub):
-    "Register `lmbook boot`, `lmbook orchestrate` and `lmbook slurm`."
+    "Register `lmbook boot` and `lmbook slurm`."
     p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, autokill "
                        "(reads RUN_* variables)")
-    p.add_argument('--profile', '-p',
-                   help='profile or config file (default: $RUN_CONFIG)'); p.add_argument('--experiment',
-                           '-e', help='default: $RUN_EXPERIMENT')
+    cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
     p.add_argument('--workspace', help='artifact root (default: the configured one, /workspace on a pod)')
     p.add_argument('--no-install', action='store_true', help='skip stage 1: use this interpreter as it is')
-    p.add_argument('--no-tensorboard', action='store_true'); p.add_argument('--autokill', choices=('stop',
-            'terminate'), help='default: $AUTOKILL')
-    p.add_argument('--on-failure', choices=('stop', 'keep'), help='after a failed run: stop the pod or keep '
-                   'it up (default: $ON_FAILURE, else stop)')
+    p.add_argument('--no-tensorboard', action='store_true')
+    p.add_argument('--autokill', choices=('stop', 'terminate'), help='default: $AUTOKILL')
+    p.add_argument('--on-failure', choices=('stop', 'keep'),
+                   help='after a failed run: stop the pod or keep it up (default: $ON_FAILURE, else stop)')
     p.set_defaults(func=_boot_cmd)
-    p = sub.add_parser('orchestrate', help='stages 2-4 of the boot pipeline (layout, shards and tokenizer, '
-                       'training) from a local file')
-    p.add_argument('--mode', choices=('cloud', 'local'), required=True, help='cloud: /workspace; local: the '
-                   'configured workspace')
-    p.add_argument('--input', required=True); p.add_argument('--experiment', '-e', required=True)
-    p.add_argument('--train-shard-lines', type=int, required=True,
-                   help='lines per shard'); p.add_argument('--validation', help='separate validation file')
-    p.add_argument('--reuse-shards', action='store_true'); p.add_argument('--tokenizer-json',
-                                                                          help='adopt this tokenizer.json')
-    p.add_argument('--profile', '-p'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[],
-                                                      metavar='KEY=VALUE')
-    p.add_argument('--nproc', type=int); p.add_argument('--tensorboard-port', type=int, default=0,
-                                                        help='start TensorBoard here (0: no)')
-    p.add_argument('--autokill', choices=('stop', 'terminate')); p.set_defaults(func=_orchestrate_cmd)
     p = sub.add_parser('slurm', help='print (or write) an sbatch script for a multi-node SLURM run')
-    p.add_argument('--profile', '-p', required=True); p.add_argument('--experiment', '-e', required=True)
-    p.add_argument('--nodes', type=int, default=2); p.add_argument('--gpus-per-node', type=int, default=8)
-    p.add_argument('--workspace', default='$HOME/lmbook-workspace'); p.add_argument('--time',
-                                                                                    default='24:00:00')
-    p.add_argument('--partition', default=''); p.add_argument('--venv', default=''); p.add_argument('--out',
-            help='write here instead of printing')
-    def slurm(a):
-        txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time,
-                           a.partition, a.venv)
-        if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: sbatch {a.out}")
-        else: print(txt, end='')
-        return 0
-    p.set_defaults(func=slurm)
+    p.add_argument('--profile', '-p', required=True)
+    p.add_argument('--experiment', '-e', required=True)
+    p.add_argument('--nodes', type=int, default=2)
+    p.add_argument('--gpus-per-node', type=int, default=8)
+    p.add_argument('--workspace', default='$HOME/lmbook-workspace')
+    p.add_argument('--time', default='24:00:00')
+    p.add_argument('--partition', default='')
+    p.add_argument('--venv', default='')
+    p.add_argument('--out', help='write here instead of printing')
+    p.set_defaults(func=_slurm_cmd)
+
+def _slurm_cmd(a) -> int:
+    txt = (slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
+                        a.venv))
+    if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: sbatch {a.out}")
+    else: print(txt, end='')
+    return 0
+
+def add_dev_cli(sub):
+    "Register `lmbook orchestrate`, a developer's way through stages 2-4 of the boot pipeline."
+    p = sub.add_parser('orchestrate', help='[developers] stages 2-4 of the boot pipeline (layout, shards and '
+                       'tokenizer, training) from a local file')
+    p.add_argument('--mode', choices=('cloud', 'local'), required=True,
+                   help='cloud: /workspace; local: the configured workspace')
+    p.add_argument('--input', required=True)
+    p.add_argument('--experiment', '-e', required=True)
+    p.add_argument('--train-shard-lines', type=int, required=True, help='lines per shard')
+    p.add_argument('--validation', help='separate validation file')
+    p.add_argument('--reuse-shards', action='store_true')
+    p.add_argument('--tokenizer-json', help='adopt this tokenizer.json')
+    p.add_argument('--profile', '-p')
+    cli_options(p, 'set')
+    p.add_argument('--nproc', type=int)
+    p.add_argument('--tensorboard-port', type=int, default=0, help='start TensorBoard here (0: no)')
+    p.add_argument('--autokill', choices=('stop', 'terminate'))
+    p.set_defaults(func=_orchestrate_cmd)

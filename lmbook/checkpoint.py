@@ -291,7 +291,8 @@ def prune_checkpoints(ckpt_dir:Path, keep:int, good:set|None=None, log:Callable|
 def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
     "The checkpoint's manifest, or `CheckpointError` saying what is wrong."
     path = Path(path)
-    if not (path/'COMPLETE').is_file(): raise CheckpointError(f"{path} has no COMPLETE marker (partial write)")
+    if not (path/'COMPLETE').is_file():
+        raise CheckpointError(f"{path} has no COMPLETE marker (partial write)")
     try: man = json.loads((path/'COMPLETE').read_text())
     except json.JSONDecodeError: raise CheckpointError(f"{path}/COMPLETE is not valid JSON") from None
     for name, meta in man['files'].items():
@@ -518,7 +519,8 @@ Checkpointer.save, Checkpointer.wait, Checkpointer.close = _save, _wait, _close
 # %% ../nbs/04b_checkpoint.ipynb #863764b8
 def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, sharded:bool=False):
     "Make the background snapshot's CPU buffers in a thread (call once the optimizer has its state)."
-    if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None: return
+    if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None:
+        return
     state = full_state(model, optimizer, cpu_offload=False)  # references to the live tensors: no copy
     def make():
         try: cpu_copy(state, self.buffers, copy=False)
@@ -574,4 +576,5 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
                  f"{dest.relative_to(self.dir.parent)}; "
              f"the next validation writes a new {BEST}/")
 
-Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = _load_best, _improves, _discard_best
+Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
+                                                                             _discard_best)

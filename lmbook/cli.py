@@ -16,7 +16,7 @@ from .memory import estimate_memory
 from .analysis import plot_runs
 
 # %% auto #0
-__all__ = ['profile_rows', 'format_profiles', 'render_readme', 'build_parser', 'main']
+__all__ = ['profile_rows', 'format_profiles', 'render_readme', 'add_user_cli', 'add_dev_cli', 'build_parser', 'main']
 
 # %% ../nbs/10_cli.ipynb #c15a441b
 def profile_rows() -> list[dict]:
@@ -84,26 +84,38 @@ def _plot(args) -> int:
     return 0
 
 # %% ../nbs/10_cli.ipynb #31da40ed
-def build_parser() -> argparse.ArgumentParser:
-    "The `lmbook` argument parser with every module's subcommands."
-    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from '
-                                 'a corpus to plots.')
-    sub = ap.add_subparsers(dest='command', metavar='COMMAND')
+def add_user_cli(sub):
+    "Register the commands of a run's life, in its order: data, training, its results, pods."
+    for mod in (loader, data, tokenizer, launch, finetune, sample, eval, export): mod.add_cli(sub)
+    p = (cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'),
+                     'root'))
+    p.add_argument('experiments', nargs='+', help='experiment names')
+    p.set_defaults(func=_plot)
     p = sub.add_parser('profiles', help='list the profiles with parameter counts and memory estimates')
     p.add_argument('--json', action='store_true', help='print JSON instead of a table')
     p.set_defaults(func=_profiles)
-    p = sub.add_parser('readme', help='render README.md from nbs/index.ipynb')
+    for mod in (bench, runpod, boot): mod.add_cli(sub)
+
+def add_dev_cli(sub):
+    ("Register the commands that look after the checkout itself: the README, the docs, data speed, the "
+     "pipeline.")
+    p = sub.add_parser('readme', help='[developers] render README.md from nbs/index.ipynb')
     p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of '
                    'writing it')
-    p.add_argument('--checkout', default='.', metavar='DIR', help='the lmbook checkout holding '
-                   'nbs/index.ipynb (default: .)')
+    p.add_argument('--checkout', default='.', metavar='DIR',
+                   help='the lmbook checkout holding nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
-    p = cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'),
-                    'root')
-    p.add_argument('experiments', nargs='+', help='experiment names')
-    p.set_defaults(func=_plot)
-    for mod in (data, tokenizer, loader, databench, launch, finetune, sample, eval, export, bench, runpod,
-                boot, docs): mod.add_cli(sub)
+    for mod in (docs, databench, boot): mod.add_dev_cli(sub)
+
+def build_parser() -> argparse.ArgumentParser:
+    "The `lmbook` argument parser: the user's commands first, then the developers'."
+    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from '
+                                 'a corpus '
+                                 'to plots.', epilog='Commands marked [developers] look after a checkout of '
+                                     'lmbook.')
+    sub = ap.add_subparsers(dest='command', metavar='COMMAND')
+    add_user_cli(sub)
+    add_dev_cli(sub)
     return ap
 
 # %% ../nbs/10_cli.ipynb #de5be98e

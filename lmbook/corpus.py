@@ -112,7 +112,8 @@ _CHUNK = 1 << 16         # bytes read at a time from a line
 class _Utf8:
     "Decodes one file's documents; refuses the file once more than 1% of them (and at least 3) are not UTF-8."
     def __init__(self, p:Path,
-                 stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = p, stats, 0, 0, None
+                 stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = (p, stats, 0, 0,
+                                                                                            None)
     def __call__(self, b:bytes, offset:int) -> str|None:
         try: s = b.decode('utf-8'); self.good += 1; return s
         except UnicodeDecodeError as e:

@@ -45,7 +45,8 @@ class HFDocs:
     def __init__(self, name:str, config:str='', split:str='train', text_field:str='text',
                  hf_cache:Path|None=None,
                  state:dict|None=None):  # `state`: what `state()` returned, to continue from there
-        self.name, self.config, self.split, self.text_field, self.hf_cache, self.resume = name, config, split, text_field, hf_cache, state
+        self.name, self.config, self.split, self.text_field, self.hf_cache, self.resume = (name, config,
+                split, text_field, hf_cache, state)
         self.ds = None
 
     def _open(self):
@@ -118,7 +119,8 @@ def read_manifest(folder:Path) -> dict|None:
     p = Path(folder)/MANIFEST
     if not p.is_file(): return None
     try: return json.loads(p.read_text())
-    except json.JSONDecodeError: raise ValueError(f"{p} is not valid JSON: delete {folder} and shard again") from None
+    except json.JSONDecodeError:
+        raise ValueError(f"{p} is not valid JSON: delete {folder} and shard again") from None
 
 def write_manifest(folder:Path, m:dict):
     "Write `manifest.json` atomically."
@@ -215,7 +217,8 @@ def _fingerprint(dataset:str, kind:str) -> str|None:
     "Names, sizes and modification times of a local source's files: a changed file changes it."
     if kind != 'local': return None
     h = hashlib.blake2b(digest_size=12)
-    for p in input_files(Path(dataset).expanduser()): h.update(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\n".encode())
+    for p in input_files(Path(dataset).expanduser()):
+        h.update(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:

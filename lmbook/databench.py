@@ -16,7 +16,7 @@ from .tokenizer import ensure_tokenizer, tokenize_split
 from .loader import TokenLoader, write_token_dir
 
 # %% auto #0
-__all__ = ['LOADER_SHAPES', 'bench_tokenize', 'bench_loader', 'random_token_dir', 'run_databench', 'add_cli']
+__all__ = ['LOADER_SHAPES', 'bench_tokenize', 'bench_loader', 'random_token_dir', 'run_databench', 'add_dev_cli']
 
 # %% ../nbs/02d_databench.ipynb #8ea37958
 def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
@@ -91,9 +91,9 @@ def run_databench(out:Path|None=None, take:int=0, vocab_size:int=8192, loader_to
     return res
 
 # %% ../nbs/02d_databench.ipynb #147078fc
-def add_cli(sub):
+def add_dev_cli(sub):
     "Add the `databench` command to an argparse subparsers object."
-    a = sub.add_parser('databench', help='measure tokenize and loader speed; write JSON')
+    a = sub.add_parser('databench', help='[developers] measure tokenize and loader speed; write JSON')
     a.add_argument('--out', type=Path, default=Path('databench.json'), help='JSON file to write')
     a.add_argument('--take', type=int, default=0, help='built-in documents to tokenize (0: all)')
     a.add_argument('--vocab-size', type=int, default=8192, help='tokenizer vocabulary')

@@ -62,7 +62,8 @@ def cleanup_distributed(wait_s:float=60):
      "now).")
     if not (dist.is_available() and dist.is_initialized()): return
     try:  # gloo aborts a process ("terminate called without an active exception") whose peer left first
-        if wait_s > 0 and dist.get_backend() == 'gloo': dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
+        if wait_s > 0 and dist.get_backend() == 'gloo':
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=wait_s))
         elif wait_s > 0: dist.barrier()
     except Exception: pass  # a rank that failed alone: leave anyway
     dist.destroy_process_group()

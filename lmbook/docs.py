@@ -12,7 +12,7 @@ import yaml
 
 # %% auto #0
 __all__ = ['DOCS_FILE_RE', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links', 'sidebar', 'stage_site',
-           'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'serve', 'add_cli']
+           'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'serve', 'add_dev_cli']
 
 # %% ../nbs/09b_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -196,9 +196,10 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
                                                                           f"{checkout}: run this in a "
                                                                               "checkout of the project")
     try:  # optional (lmbook[docs])
-        from smalldocs.site import build
-        from smalldocs.config import BuildError, ConfigError
-    except ImportError: raise ValueError("the docs renderer is not installed: pip install -e '.[docs]'") from None
+        from smalldocs.site import build  # optional (lmbook[docs])
+        from smalldocs.config import BuildError, ConfigError  # optional (lmbook[docs])
+    except ImportError:
+        raise ValueError("the docs renderer is not installed: pip install -e '.[docs]'") from None
     from nbdev.config import get_config  # developer tool: the docs only
     with _in_dir(checkout): cfg = get_config()
     out = Path(out).resolve() if out else cfg.doc_path
@@ -222,9 +223,10 @@ def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
     except KeyboardInterrupt: pass
     finally: httpd.server_close()
 
-def add_cli(sub):
+def add_dev_cli(sub):
     "Register `lmbook docs`."
-    p = sub.add_parser('docs', help='build the docs site offline into _docs/ (nbdev notebooks rendered by '
+    p = sub.add_parser('docs', help='[developers] build the docs site offline into _docs/ (nbdev notebooks '
+                       'rendered by '
                        'smalldocs)')
     p.add_argument('--checkout', default='.', help='the project folder (default: the current one)')
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')

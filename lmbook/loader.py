@@ -50,8 +50,10 @@ class TokenLoader:
                  world_size:int=1,     # number of ranks sharing the data
                  seed:int=0,           # seed of the epoch orders
                  shuffle:bool=True):   # False: windows in file order, the same every epoch
-        if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.token_dir, self.B, self.T, self.rank, self.world_size, self.seed = Path(token_dir), batch_size, block_size, rank, world_size, seed
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        self.token_dir, self.B, self.T, self.rank, self.world_size, self.seed = (Path(token_dir), batch_size,
+                block_size, rank, world_size, seed)
         self.shuffle = shuffle
         self.files = token_files(token_dir)
         self.mms = [None]*len(self.files)

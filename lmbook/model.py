@@ -110,7 +110,8 @@ class Block(nn.Module):
     "Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."
     def __init__(self, cfg:ModelConfig):
         super().__init__()
-        self.ln_1, self.attn, self.ln_2, self.mlp = make_norm(cfg), CausalSelfAttention(cfg), make_norm(cfg), MLP(cfg)
+        self.ln_1, self.attn, self.ln_2, self.mlp = (make_norm(cfg), CausalSelfAttention(cfg),
+                                                     make_norm(cfg), MLP(cfg))
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, rope=None, kv=None):

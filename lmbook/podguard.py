@@ -87,7 +87,8 @@ class SpendGuard:
     "Whether a pod has run past its `max_hours` or cost past its `max_dollars` at `price` $/h."
     def __init__(self, max_hours:float, max_dollars:float, price:float, ledger:Path, t0:float|None=None,
                  clock=time.time):
-        self.max_hours, self.max_dollars, self.price, self.ledger, self.clock = max_hours, max_dollars, price, Path(ledger), clock
+        self.max_hours, self.max_dollars, self.price, self.ledger, self.clock = (max_hours, max_dollars,
+                                                                                 price, Path(ledger), clock)
         self.t0 = t0 if t0 is not None else clock()
         try: d = json.loads(self.ledger.read_text())
         except (OSError, ValueError): d = {}

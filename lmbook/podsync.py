@@ -118,7 +118,8 @@ def upload(path:str, # local file or folder
            log=print) -> list[str]:
     "Upload `path` into the network volume through the S3-compatible API; the keys written."
     try: import boto3; from boto3.s3.transfer import TransferConfig  # lazy: only uploads need it
-    except ImportError: raise ValueError("uploading to a network volume needs boto3: pip install boto3") from None
+    except ImportError:
+        raise ValueError("uploading to a network volume needs boto3: pip install boto3") from None
     p = Path(path)
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to upload")
     dest = (dest or f"uploads/{p.resolve().name}").strip('/')

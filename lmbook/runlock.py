@@ -60,7 +60,8 @@ class RunLock:
                  fix:str='stop that run, or train another experiment'): # what a refused user can do
         # a bad LMBOOK_LOCK_STALE_S stops here, before any work, not later in the heartbeat thread
         stale_after()
-        self.path, self.log, self.heartbeat_s, self.user, self.fix = Path(run_dir)/name, log, heartbeat_s, user, fix
+        self.path, self.log, self.heartbeat_s, self.user, self.fix = (Path(run_dir)/name, log, heartbeat_s,
+                                                                      user, fix)
         self.token, self.thread, self.stop, self.failed = uuid.uuid4().hex, None, threading.Event(), None
         self.info = dict(host=socket.gethostname(), pid=os.getpid(), started=time.time(), token=self.token)
 

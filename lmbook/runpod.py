@@ -13,14 +13,15 @@ import yaml
 from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
                            rest_body, _SAFE)
 from . import podsync
-from .core import load_settings, check_name, package_dir
+from .core import load_settings, check_name, package_dir, cli_options
 from .config import get_config, parse_assignments
 from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card_image
 
 # %% auto #0
-__all__ = ['PORTS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source', 'start_script',
-           'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'create_pod_retrying', 'wait_running',
-           'format_status', 'add_cli']
+__all__ = ['PORTS', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source',
+           'start_script', 'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'create_pod_retrying',
+           'wait_running', 'format_status', 'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands',
+           'add_volumes_cli', 'add_cli']
 
 # %% ../nbs/08e_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -98,7 +99,8 @@ class PodSpec:
         if self.volume_id and self.cloud_type != 'SECURE':
             raise ValueError("network volumes are Secure Cloud only: drop --cloud-type COMMUNITY, or train "
                              "without --volume")
-        if not 1 <= self.gpu_count <= 8: raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
+        if not 1 <= self.gpu_count <= 8:
+            raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
         if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
                                                                "lmbook's pods mount the volume at /workspace")
         if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
@@ -283,6 +285,7 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
     "The create request for `spec` as the backend would send it, secrets masked."
     if (backend or load_settings().api) == 'graphql':
         # optional backend: the runpod SDK (GraphQL)
+        # optional backend: the runpod SDK (GraphQL)
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
         q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True,
                                              True, spec.data_center or None, None,
@@ -326,7 +329,8 @@ def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10
         if p['status'] in ('EXITED', 'ERROR', 'TERMINATED'):
             raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, "
                               f"or `lmbook pod terminate {pod_id}` and create a new one")
-        if p['status'] != last: log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
+        if p['status'] != last:
+            log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
         if clock() - t0 > timeout_s:
             raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), "
                               "and it is billing "
@@ -460,80 +464,102 @@ def _volume_cmd(a) -> int:
     return 0
 
 # %% ../nbs/08e_runpod.ipynb #db838dbe
-def add_cli(sub):
-    ("Register `lmbook pod ...` (plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
-     "terminate, volume).")
-    pod = sub.add_parser('pod',
-                         help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd',
-                                 metavar='POD_COMMAND', required=True)
+def add_plan_cli(pod):
+    "Register `lmbook pod plan`."
     p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
-    p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', help='RunPod GPU id or '
-                                                                     'alias, e.g. H100 (default: settings '
-                                                                         'gpu_type)')
-    p.add_argument('--gpus', type=int,
-                   help='GPUs in the pod (default: settings gpu_count)'); p.add_argument('--set', '-s',
-                           action='extend', nargs='+', default=[], metavar='KEY=VALUE')
-    p.add_argument('--cloud', choices=('secure', 'community'), default='secure'); p.add_argument('--volume',
-            help='the network volume the pod would use')
-    p.add_argument('--image', help='the image the pod would run'); p.add_argument('--json',
-                                                                                  action='store_true')
+    p.add_argument('--profile', '-p', required=True)
+    p.add_argument('--gpu', '-g', help='RunPod GPU id or alias, e.g. H100 (default: settings gpu_type)')
+    p.add_argument('--gpus', type=int, help='GPUs in the pod (default: settings gpu_count)')
+    cli_options(p, 'set')
+    p.add_argument('--cloud', choices=('secure', 'community'), default='secure')
+    p.add_argument('--volume', help='the network volume the pod would use')
+    p.add_argument('--image', help='the image the pod would run')
+    p.add_argument('--json', action='store_true')
     p.set_defaults(func=_plan_cmd)
+
+def add_create_cli(pod):
+    "Register `lmbook pod create`: what the pod is, then how it guards its spend and how long to wait for it."
     p = pod.add_parser('create', help='create a training pod (prints the request instead with --dry-run)')
-    p.add_argument('--profile', '-p'); p.add_argument('--experiment', '-e'); p.add_argument('--gpu', '-g',
-            help='default: settings gpu_type')
-    p.add_argument('--gpus', type=int, help='default: settings gpu_count'); p.add_argument('--volume',
-            help='network volume id, mounted at /workspace')
-    p.add_argument('--image',
-                   help="image (default: settings.ini, or the card's own)"); p.add_argument('--cloud-type',
-                           choices=('SECURE', 'COMMUNITY'))
-    p.add_argument('--data-center', help="data center id (default: the volume's)"); p.add_argument('--set',
-            '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
+    cli_options(p, 'profile', 'experiment', 'set')
+    p.add_argument('--gpu', '-g', help='default: settings gpu_type')
+    p.add_argument('--gpus', type=int, help='default: settings gpu_count')
+    p.add_argument('--volume', help='network volume id, mounted at /workspace')
+    p.add_argument('--image', help="image (default: settings.ini, or the card's own)")
+    p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
+    p.add_argument('--data-center', help="data center id (default: the volume's)")
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
                    help='more pod environment variables (no secrets)')
-    p.add_argument('--shard', action='store_true', help='stream shards and build the tokenizer before '
-                   'training (RUN_SHARD=1)')
+    p.add_argument('--shard', action='store_true',
+                   help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
     p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or "
                    "env:HF_TOKEN")
-    p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop',
-                                                                               'terminate'),
-                   help='stop (or terminate) the pod once the final checkpoint is on the volume; bare: '
-                       'terminate with --volume, else stop')
-    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop', help='after a failed run: stop '
-                   'the pod (default; the volume keeps everything) or keep it up')
-    p.add_argument('--max-hours', type=float, default=0, metavar='H', help='stop the pod after a checkpoint '
-                   'once it has run H hours')
-    p.add_argument('--max-dollars', type=float, default=0, metavar='D', help='stop the pod after a '
-                   'checkpoint once it has cost about D dollars')
     p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
     p.add_argument('--commit',
                    help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
-    p.add_argument('--manifest', help='create from this YAML manifest'); p.add_argument('--save',
-            help='write the manifest here')
+    p.add_argument('--manifest', help='create from this YAML manifest')
+    p.add_argument('--save', help='write the manifest here')
     p.add_argument('--dry-run', action='store_true',
                    help='print the spec and the exact request, send nothing')
-    p.add_argument('--tries', type=int, default=6); p.add_argument('--retry-wait', type=float, default=20,
-                                                                   help='first pause (s) after "no '
-                                                                       'instances available"')
-    p.add_argument('--wait', action='store_true', help='wait until RUNNING'); p.add_argument('--timeout',
-            type=float, default=900)
-    p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
+    add_guard_options(p)
     p.set_defaults(func=_create_cmd)
+
+def add_guard_options(p):
+    "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
+    p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop',
+                                                                               'terminate'),
+                   help='stop (or terminate) the pod once the final checkpoint is on the volume; '
+                        'bare: terminate with --volume, else stop')
+    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop',
+                   help='after a failed run: stop the pod (default; the volume keeps everything) or keep it '
+                       'up')
+    p.add_argument('--max-hours', type=float, default=0, metavar='H',
+                   help='stop the pod after a checkpoint once it has run H hours')
+    p.add_argument('--max-dollars', type=float, default=0, metavar='D',
+                   help='stop the pod after a checkpoint once it has cost about D dollars')
+    p.add_argument('--tries', type=int, default=6)
+    p.add_argument('--retry-wait', type=float, default=20, help='first pause (s) after "no instances '
+                   'available"')
+    p.add_argument('--wait', action='store_true', help='wait until RUNNING')
+    p.add_argument('--timeout', type=float, default=900)
+    p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
+
+POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs', 'stop': 'stop (the volume and container '
+                'disk stay)',
+                'resume': 'start a stopped pod again', 'restart': 'restart the container (reruns the boot '
+                    'pipeline)',
+                'terminate': 'delete the pod (asks first; a network volume stays)',
+                    'wait': 'wait until RUNNING'}
+
+def add_pod_commands(pod):
+    "Register `lmbook pod list` and the commands on one pod (`POD_COMMANDS`)."
     pod.add_parser('list', help='your pods').set_defaults(func=_pods_cmd)
-    for c, h in [('status', 'state, cost per hour, GPU use, URLs'), ('stop', 'stop (the volume and '
-                                                                     'container disk stay)'),
-                 ('resume', 'start a stopped pod again'), ('restart', 'restart the container (reruns the '
-                                                           'boot pipeline)'),
-                 ('terminate', 'delete the pod (asks first; a network volume stays)'), ('wait',
-                         'wait until RUNNING')]:
-        p = pod.add_parser(c, help=h); p.add_argument('pod_id')
-        if c == 'wait': p.add_argument('--timeout', type=float, default=900); p.add_argument('--poll',
-                type=float, default=10)
+    for c, h in POD_COMMANDS.items():
+        p = pod.add_parser(c, help=h)
+        p.add_argument('pod_id')
+        if c == 'wait':
+            p.add_argument('--timeout', type=float, default=900)
+            p.add_argument('--poll', type=float, default=10)
         if c == 'terminate': p.add_argument('--yes', '-y', action='store_true', help='do not ask')
         p.set_defaults(func=_pods_cmd)
-    podsync.add_pod_cli(pod)
+
+def add_volumes_cli(pod):
+    "Register `lmbook pod volume list/create/upload`."
     v = pod.add_parser('volume', help='network volumes').add_subparsers(dest='volume_cmd', required=True)
     v.add_parser('list').set_defaults(func=_volume_cmd)
-    p = v.add_parser('create'); p.add_argument('--name', required=True); p.add_argument('--size', type=int,
-            required=True, help='GB (10 to 4096)')
-    p.add_argument('--data-center', required=True, help='e.g. EU-RO-1'); p.set_defaults(func=_volume_cmd)
+    p = v.add_parser('create')
+    p.add_argument('--name', required=True)
+    p.add_argument('--size', type=int, required=True, help='GB (10 to 4096)')
+    p.add_argument('--data-center', required=True, help='e.g. EU-RO-1')
+    p.set_defaults(func=_volume_cmd)
     podsync.add_volume_cli(v, _volume_cmd)
+
+def add_cli(sub):
+    ("Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
+     "terminate, volume.")
+    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods')
+    pod = pod.add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
+    add_plan_cli(pod)
+    add_create_cli(pod)
+    add_pod_commands(pod)
+    podsync.add_pod_cli(pod)
+    add_volumes_cli(pod)

@@ -71,7 +71,8 @@ def load_model(source:str|Path,
         sd = load_file(ck/'model.safetensors')
         with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
                                                                                  or {}).get('aliases', '{}'))
-    except Exception as e: raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
+    except Exception as e:
+        raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
     for alias, key in aliases.items(): sd[alias] = sd[key]
     sd = merge_lora_state(sd, cfg.train.lora_alpha)  # a LoRA run's adapters folded into plain weights
     model = GPT(m)

@@ -149,7 +149,8 @@ class SFTLoader:
             raise ValueError(f"the fine-tuning data packs into {len(x)} rows, less than one batch of "
                              f"{world_size}x{batch_size}: "
                              "lower batch_size or add examples")
-        self.x, self.y, self.B, self.rank, self.world_size, self.seed = x, y, batch_size, rank, world_size, seed
+        self.x, self.y, self.B, self.rank, self.world_size, self.seed = (x, y, batch_size, rank, world_size,
+                                                                         seed)
         self.T, self.n_tokens, self.epoch, self.pos = x.shape[1], x.numel(), 0, 0
 
     @property

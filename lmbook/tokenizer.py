@@ -94,7 +94,8 @@ def load_tokenizer(path:Path) -> Tokenizer:
     if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook tokenizer` or pass "
                                                 "--tokenizer-json PATH")
     try: tok = HFTokenizer.from_file(str(p))
-    except Exception as e: raise ValueError(f"{p} is not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
+    except Exception as e:
+        raise ValueError(f"{p} is not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
     if tok.token_to_id(EOT) is None: raise ValueError(f"{p} has no {EOT} token: adopt it with `lmbook "
                                                       "tokenizer --tokenizer-json` first")
     return Tokenizer(tok, p)
@@ -332,7 +333,8 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
     def tick(docs, toks):
         nonlocal ntok
         ntok += len(toks)
-        if bar is not None: bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
+        if bar is not None:
+            bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
     for s in sm['shards']:
         name = s['name'].split('.')[0] + '.bin'
         f = done.get(s['sha256'])

@@ -127,7 +127,8 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
             while b := r.read(1 << 20): f.write(b)
         read_hellaswag(tmp)  # a truncated or foreign download never reaches the cache
         os.replace(tmp, path)
-    except OSError as e: raise FileNotFoundError(f"cannot download HellaSwag ({type(e).__name__}: {e}): {fix}") from None
+    except OSError as e:
+        raise FileNotFoundError(f"cannot download HellaSwag ({type(e).__name__}: {e}): {fix}") from None
     finally: tmp.unlink(missing_ok=True)
     return path
 
@@ -197,7 +198,9 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
                 ne = len(examples[i]['endings'])
                 if real:
                     lab = examples[i]['label']
-                    n += 1; acc += int(tot[k:k+ne].argmin()) == lab; acc_norm += int(mean[k:k+ne].argmin()) == lab
+                    n += 1
+                    acc += int(tot[k:k+ne].argmin()) == lab
+                    acc_norm += int(mean[k:k+ne].argmin()) == lab
                 k += ne
     finally: model.train(was_training)
     n, acc, acc_norm = _sum_ranks([n, acc, acc_norm], device)
