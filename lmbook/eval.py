@@ -193,6 +193,14 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
     return dict(hellaswag=acc_norm/max(n, 1), hellaswag_acc=acc/max(n, 1), hellaswag_n=int(n))
 
 # %% ../nbs/08_eval.ipynb #072baf71
+def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
+    "HellaSwag's examples; None, with one line to `note`, when the official file is not cached and cannot be fetched."
+    try: return load_hellaswag(root, path, limit)
+    except FileNotFoundError as e:
+        if path is not None: raise  # a file the user named must be there
+        if note: note(f"HellaSwag skipped: {e} (--no-hellaswag skips it without this note)")
+        return None
+
 def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
@@ -202,6 +210,8 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
              hellaswag_path:Path|None=None, # a HellaSwag JSONL file (default: the cached official one)
              limit:int=0, # HellaSwag examples to use (0: all)
              warn=None, # called with a message for each damaged checkpoint skipped
+             report=None, # called with each part of the result as soon as it is ready (validation first)
+             note=None, # called with one line when HellaSwag is skipped because its file cannot be had
             ) -> dict:
     "Validation loss, perplexity, bits per byte and HellaSwag of a checkpoint."
     from lmbook.core import paths_for
@@ -223,14 +233,20 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
             raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e {lm.experiment}` with the run's profile")
         allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches or cfg.train.eval_steps)
         res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device))
-    if hellaswag:
-        exs = load_hellaswag(root, hellaswag_path, limit)
-        res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size))
+    if report and info.is_main: report(dict(res))
+    exs = _hellaswag_or_skip(root, hellaswag_path, limit, note if info.is_main else None) if hellaswag else None
+    if exs:
+        hs = hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size)
+        res.update(hs)
+        if report and info.is_main: report(hs)
     if info.is_main and lm.run is not None:
         with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
     return res
 
 # %% ../nbs/08_eval.ipynb #1136a1df
+def _show(part:dict):
+    print('\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in part.items()), flush=True)
+
 def add_cli(sub):
     "Register `lmbook eval`."
     from lmbook.core import cli_options
@@ -255,21 +271,21 @@ def add_cli(sub):
             cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}', '--no-python',
                    sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
             r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)  # keep the workers' messages, not torchrun's report
-            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:'))))
+            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:', 'note:'))))
             if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out, file=sys.stderr)
             return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
         from lmbook.distributed import cleanup_distributed
         done = False  # every rank ends here together unless one crashed
         try:
             r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not args.no_hellaswag,
-                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr),
+                         report=None if args.json else _show, note=lambda m: print(f"note: {m}", file=sys.stderr, flush=True))
             done = True
         except (ValueError, FileNotFoundError):
             done = True
             if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
             raise
         finally: cleanup_distributed(wait_s=60 if done else 0)
-        if int(os.environ.get('RANK', 0)) == 0:
-            print(json.dumps(r) if args.json else '\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in r.items()))
+        if args.json and int(os.environ.get('RANK', 0)) == 0: print(json.dumps(r))
         return 0
     p.set_defaults(func=run)
