@@ -13,8 +13,8 @@ from safetensors.torch import save_file, load_file
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json',
-           'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
+__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'export_hf', 'push_to_hub', 'find_hf_model',
+           'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
 
 # %% ../nbs/10a_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -71,6 +71,16 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
                                                                  clean_up_tokenization_spaces=False, **special), indent=1))
     (out_dir/'special_tokens_map.json').write_text(json.dumps(special, indent=1))
 
+# %% ../nbs/10a_export.ipynb #6567c872
+def shareable(folder:Path) -> Path:
+    "Give `folder` and the files in it the permissions the process's umask gives new files and folders."
+    mask = os.umask(0); os.umask(mask)
+    folder = Path(folder)
+    folder.chmod(0o777 & ~mask)
+    for f in folder.iterdir():
+        if f.is_file(): f.chmod(0o666 & ~mask)
+    return folder
+
 # %% ../nbs/10a_export.ipynb #07c9e14a
 def export_hf(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
               out_dir:Path, # the transformers folder to write
@@ -98,6 +108,7 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
         write_tokenizer(lm.tokenizer, tmp, m.block_size)
         (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment,
                                                        config=lm.state.get('config')), indent=1))
+        shareable(tmp)
         if out.exists():
             old = out.with_name(f'.{out.name}.old-{os.getpid()}')
             os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
