@@ -398,7 +398,8 @@ def _volume_cmd(a) -> int:
 # %% ../nbs/11_runpod.ipynb #db838dbe
 def add_cli(sub):
     "Register `lmbook pod ...` (plan, create, list, status, wait, logs, fetch, stop, resume, restart, terminate, volume)."
-    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
+    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods', description='Plan, create, watch and stop RunPod pods. '
+                         'The commands that call RunPod read its API key from RUNPOD_API_KEY (runpod.io > Settings > API Keys).').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
     p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', required=True, help='RunPod GPU id or alias, e.g. H100')
     p.add_argument('--gpus', type=int, default=1); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')
