@@ -14,8 +14,8 @@ from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SH
 
 # %% auto #0
 __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference',
-           'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model', 'next_token', 'generate',
-           'prompts_for', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
+           'unknown_run', 'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model', 'next_token',
+           'generate', 'prompts_for', 'prompt_text', 'seam', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
 
 # %% ../nbs/09_sample.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -30,6 +30,16 @@ def verify_for_inference(path:Path) -> dict:
         if meta is None: raise CheckpointError(f"{path} has no {name}")
         if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
     return man
+
+# %% ../nbs/09_sample.ipynb #e845f0df
+def unknown_run(name:str, # the experiment asked for
+                runs:Path, # the folder that holds the runs
+               ) -> str:
+    "Why there is no run `name`: the runs there are, the closest first, and how to make one."
+    from lmbook.config import did_you_mean
+    have = sorted(p.name for p in Path(runs).glob('*') if (p/'checkpoints').is_dir()) if Path(runs).is_dir() else []
+    return (f"no run {name!r} in {runs}{did_you_mean(name, have)}; runs with checkpoints there: {', '.join(have) or 'none'} "
+            f"(train one with `lmbook train -e {name}`)")
 
 # %% ../nbs/09_sample.ipynb #240f220d
 BEST_SUFFIX = ':best'  # `EXPERIMENT:best` or `RUN_FOLDER:best`: the checkpoint with the lowest val_loss
@@ -46,7 +56,9 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     if '/' in source or '\\' in source or p.exists():
         raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
     from lmbook.core import paths_for
-    return paths_for(source, root=root).checkpoints, f"experiment {source!r}"
+    ck = paths_for(source, root=root).checkpoints
+    if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
+    return ck, f"experiment {source!r}"
 
 def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
                     root:Path|None=None, # workspace root for an experiment name (default: from settings)
@@ -56,6 +68,8 @@ def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding ch
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     if (base := best_base(source)) is not None:
         ckdir, what = _ckpt_dir(base, root)
+        if not (ckdir/'best').is_dir() and not list_checkpoints(ckdir):
+            raise FileNotFoundError(f"no checkpoint in {ckdir} ({what}) yet: train it first")
         if not (ckdir/'best').is_dir():
             raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its first validation after a step; "
                                     f"name {base} alone for its newest checkpoint")
@@ -231,6 +245,15 @@ def prompts_for(cfg) -> list[str]:
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
 
+# %% ../nbs/09_sample.ipynb #ae2c36e9
+def prompt_text(prompt:str) -> str:
+    "What the model is given for `prompt`: without trailing spaces, which belong to the next word's token."
+    return prompt.rstrip(' ')
+
+def seam(prompt:str, text:str) -> str:
+    "`text` to print after `prompt`, with one space between them, not two."
+    return text[1:] if prompt.endswith(' ') and text.startswith(' ') else text
+
 # %% ../nbs/09_sample.ipynb #d18263b5
 def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens:int=48,
                  block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
@@ -246,11 +269,11 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
     res = []
     try:
         for p in prompts:
-            ids = [eot] + tokenizer.encode(p)
+            ids = [eot] + tokenizer.encode(prompt_text(p))
             if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
             out = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g, top_p, eot)
             for row in out[:, len(ids):].tolist():
-                res.append(dict(prompt=p, text=tokenizer.decode(row[:row.index(eot)] if eot in row else row)))
+                res.append(dict(prompt=p, text=seam(p, tokenizer.decode(row[:row.index(eot)] if eot in row else row))))
     finally: model.train(was_training)
     return res
 

@@ -60,11 +60,11 @@ def test_no_source_samples_the_default_experiment(ws, run):
     r = lmbook_cmd('sample', '--root', ws, '--max-new-tokens', 2, '--device', 'cpu', '--json', env=dict(RUN_EXPERIMENT='tiny'))
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['text'] is not None, r.stderr
     r = lmbook_cmd('sample', '--root', ws, env=dict(RUN_EXPERIMENT='never-trained'))
-    assert r.returncode == 2 and "experiment 'never-trained'" in r.stderr and 'train it first' in r.stderr, r.stderr
+    assert r.returncode == 2 and "no run 'never-trained'" in r.stderr and 'lmbook train -e never-trained' in r.stderr, r.stderr
 
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
-    assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
+    assert r.returncode == 2 and "no run 'no-such-run'" in r.stderr and 'lmbook train -e no-such-run' in r.stderr, r.stderr
 
 def test_greedy_cache_matches_no_cache(ws, run):
     lm = load_model('tiny', root=ws)
@@ -88,3 +88,9 @@ def test_sample_notebook_refuses_unknown_parameters(tmp_path):
     from test_notebooks import papermill_run
     r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('max_new_token', 5))
     assert r.returncode != 0 and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text()
+
+def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
+    r = lmbook_cmd('sample', 'tiny', 'Return the ', '--max-new-tokens', 6, '--num-samples', 4, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(l) for l in r.stdout.splitlines()]
+    assert all(o['prompt'] == 'Return the ' and not o['text'].startswith(' ') for o in out), out
