@@ -17,9 +17,9 @@ except ImportError: import tomli as tomllib
 # %% auto #0
 __all__ = ['FLAG', 'MAX_SEED', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES', 'Range',
            'at_least', 'above', 'between', 'one_of', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config',
-           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'count_params', 'flops_per_token',
-           'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
-           'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'parse_assignments', 'count_params',
+           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
+           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -213,6 +213,13 @@ def field_index() -> dict[str, tuple[str, Any]]:
             idx[f.name] = (sec, f.type)
     return idx
 
+# %% ../nbs/01_config.ipynb #2561a0a4
+def did_you_mean(name:str, choices) -> str:
+    "' (did you mean X?)' for the choice closest to a misspelled `name`, or '' when none is close."
+    import difflib
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ''
+
 # %% ../nbs/01_config.ipynb #42f89c41
 _TYPES = dict(int=int, float=float, str=str, bool=bool)
 
@@ -237,7 +244,7 @@ def apply_overrides(cfg:Config, overrides:dict) -> Config:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), data=dataclasses.replace(cfg.data),
                               train=dataclasses.replace(cfg.train))
     for k, v in overrides.items():
-        if k not in idx: raise ValueError(f"unknown config key {k!r}; valid keys: {', '.join(sorted(idx))}")
+        if k not in idx: raise ValueError(f"unknown config key {k!r}{did_you_mean(k, idx)}; valid keys: {', '.join(sorted(idx))}")
         sec, typ = idx[k]
         setattr(getattr(cfg, sec), k, _coerce(k, v, typ))
     validate(cfg)
@@ -400,5 +407,5 @@ def get_config(profile:str, overrides:dict|None=None) -> Config:
     "The config of a profile name (or config file path) with flat `overrides` applied."
     if profile in PROFILES: cfg = PROFILES[profile]()
     elif Path(profile).suffix in ('.toml', '.yaml', '.yml', '.json'): cfg = load_config_file(Path(profile))
-    else: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)} or give a .toml/.yaml config file")
+    else: raise ValueError(f"unknown profile {profile!r}{did_you_mean(profile, PROFILES)}; choose one of {', '.join(PROFILES)} or give a .toml/.yaml config file")
     return apply_overrides(cfg, overrides or {})
