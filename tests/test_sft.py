@@ -204,3 +204,22 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
     r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)['val_loss'] - res['val_loss']) < 1e-5, (r.stdout, res['val_loss'])
+
+
+def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
+    "Eight short records pack into fewer rows than a batch of 16 (the smoke profile's): a note and a batch they fill, not a refusal."
+    root, _ = pre
+    words = 'one two three four five six seven eight'.split()
+    small = write_jsonl([dict(prompt=f'Say {w}.', response=f'{w.title()}!') for w in words], root/'small.jsonl')
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small', '--root', root, '--max-steps', '3',
+                   '--batch-size', '16', '--set', 'eval_steps=1', 'ckpt_async=false')
+    assert r.returncode == 0, r.stderr[-2000:]
+    note = [l for l in r.stdout.splitlines() if l.startswith('note: the fine-tuning data packs into')]
+    assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
+    from lmbook.config import load_config_file
+    c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
+    assert c.max_steps == 3 and 1 <= c.batch_size < 16 and str(c.batch_size) == note[0].rsplit(' ', 1)[1]
+    assert find_checkpoint(paths_for('ft-small', root=root).run).name == 'step_00000003'
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root, '--max-steps', '2',
+                   '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
+    assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
