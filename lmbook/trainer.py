@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params, apply_overrides, load_config_file
 from .memory import batch_choices, search_batch, max_batch_size
-from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops
-from .metrics import MetricsLogger, RunLog, format_row, _console
+from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, on_runpod
+from .metrics import MetricsLogger, RunLog, format_row, format_duration, read_metrics, _console
 from .runlock import RunLock, RunLocked
 from .model import GPT
 from .levers import apply_fp8, apply_act_ckpt
@@ -253,7 +253,7 @@ def _quiet(*a, **k): pass
 
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     "Everything before the first step of `cfg` as `experiment`."
-    from lmbook.sft import prepare_run, run_loaders, resolve_init
+    from lmbook.sft import prepare_run, run_loaders, resolve_init, fit_sft_batch
     from lmbook.validation import hellaswag_examples, train_evals
     tc = cfg.train
     cuda_allocator_defaults()
@@ -271,6 +271,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         barrier()
         if info.local_rank != 0: prepared = prepare_run(cfg, paths)
         if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
+        cfg = fit_sft_batch(cfg, prepared, info.world_size, say); tc = cfg.train  # a small fine-tuning file
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
         tps = cfg.tokens_per_step*info.world_size
@@ -286,6 +287,13 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
                total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
 
 # %% ../nbs/06_trainer.ipynb #0f87a5b0
+def _price_env() -> float|None:
+    "USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod pod."
+    v = os.environ.get('LMBOOK_GPU_PRICE', '').strip()
+    if not v: return None
+    try: return float(v)
+    except ValueError: raise ValueError(f"LMBOOK_GPU_PRICE={v!r} must be USD per GPU-hour, e.g. 2.69") from None
+
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     "Rank 0 writes this start's config and `meta.json`; return the config file written."
     r.dir.mkdir(parents=True, exist_ok=True)
@@ -300,6 +308,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                 parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total, tokens_per_step=r.tokens_per_step,
                 n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
+                on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
     return path
@@ -309,6 +318,12 @@ def _mem_gb(device:str) -> float:
     if device.startswith('cuda'): return torch.cuda.max_memory_allocated(device)/1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1e6  # peak RSS (Linux reports KiB)
 
+def _elapsed_before(path:Path) -> float:
+    "The training seconds the rows of `path` (as far as this start kept them) already account for."
+    try: recs = read_metrics(path)
+    except FileNotFoundError: return 0.0
+    return max((r['elapsed_s'] for r in recs if isinstance(r.get('elapsed_s'), (int, float))), default=0.0)
+
 class StepLog:
     "Times the steps of a run and writes its metric rows."
     def __init__(self, r:Run, metrics:MetricsLogger):
@@ -316,6 +331,8 @@ class StepLog:
         dev = r.info.device
         self.peak = peak_flops(torch.cuda.get_device_name(dev) if dev.startswith('cuda') else None)
         self.fpt = flops_per_token(r.cfg.model)
+        self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
+        self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
 
     def timed(self, seconds:float): self.t_train += seconds; self.n += 1
 
@@ -329,9 +346,19 @@ class StepLog:
         self.t_train, self.n = 0.0, 0
         return row
 
+    def eta(self, step:int, now:float|None=None) -> float|None:
+        "Seconds left after `step`, at the pace since the first row this start wrote (None until there is one)."
+        now = time.time() if now is None else now
+        if self.first is None: self.first = (step, now)
+        s0, t0 = self.first
+        return (now - t0)/(step - s0)*(self.r.total - step) if step > s0 and step < self.r.total else None
+
     def write(self, row:dict):
-        "Append `row` to the metrics and log it as one line."
+        "Append `row` to the metrics and log it as one line, ending with the time left."
         extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
+        row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))  # wall time, gaps between starts left out
+        eta = self.eta(row['step'])
+        extra += f" | eta {format_duration(eta)}" if eta is not None else ''
         self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../nbs/06_trainer.ipynb #1705d16e
