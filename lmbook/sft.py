@@ -363,7 +363,8 @@ def write_jsonl(records:list[dict], path:Path) -> Path:
 
 # %% ../nbs/06e_sft.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1, schedule='cosine', weight_decay=0.0,
-                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)  # fine-tuning's changes to the init run's config
+                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False,
+                doc_mask=True)  # fine-tuning's changes to the init run's config
 
 FINETUNE_PARAMS = dict(  # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
     init_from='',            # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a scratch workspace)

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../nbs/06_trainer.ipynb #a19fd682
 from __future__ import annotations
-import contextlib, gc, json, math, os, resource, signal, threading, time
+import contextlib, functools, gc, json, math, os, resource, signal, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -16,7 +16,7 @@ from .memory import batch_choices, search_batch, max_batch_size
 from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, on_runpod
 from .metrics import MetricsLogger, RunLog, format_row, format_duration, read_metrics, _console
 from .runlock import RunLock, RunLocked
-from .model import GPT
+from .model import GPT, doc_mask
 from .levers import apply_fp8, apply_act_ckpt
 from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
@@ -61,6 +61,11 @@ class Trainable:
     info: DistInfo = field(default_factory=DistInfo)
     sharded: bool = False         # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
     fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
+    mask_fn: Callable|None = None  # input ids -> attention mask (`model.doc_mask`), None: plain causal attention
+
+    def forward_kw(self, x:torch.Tensor) -> dict:
+        "The keyword arguments of a forward pass over `x` besides targets: the document mask, when the run has one."
+        return dict(mask=self.mask_fn(x)) if self.mask_fn else {}
 
     def autocast(self):
         "The autocast context for forward passes."
@@ -109,7 +114,7 @@ def train_step(t:Trainable, # model, optimizer and settings
         x, y = get_batch()
         x, y = x.to(t.device, non_blocking=True), y.to(t.device, non_blocking=True)
         with grad_sync(t.model, i == t.grad_accum - 1):
-            with t.autocast(): loss = t.model(x, y)/t.grad_accum
+            with t.autocast(): loss = t.model(x, y, **t.forward_kw(x))/t.grad_accum
             loss.backward()
         total += loss.detach()
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0 else float('inf'))
@@ -127,7 +132,8 @@ def evaluate(t:Trainable, batches:list) -> float:
     t.model.eval()
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
-        with t.autocast(): tot += t.model(x.to(t.device), y.to(t.device)).float()
+        x = x.to(t.device)
+        with t.autocast(): tot += t.model(x, y.to(t.device), **t.forward_kw(x)).float()
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
@@ -278,6 +284,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
         t = build_trainable(resolve_init(cfg, paths, run_dir), info)
+        if tc.doc_mask: t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
         loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
         evals = train_evals(prepared.tokenizer_dir, hellaswag, tc.hellaswag_every)
     except BaseException:

@@ -201,6 +201,8 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
     "`lmbook eval` of a fine-tuning run gives the validation loss its trainer logged (responses only), not a pretraining set's."
     root, data = pre
     res = finetune('pre', data, 'ft-eval', FT, root=root, log=quiet)
+    from lmbook.config import load_config_file
+    assert load_config_file(paths_for('ft-eval', root=root).run/'training.toml').train.doc_mask  # packed examples see only themselves
     r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)['val_loss'] - res['val_loss']) < 1e-5, (r.stdout, res['val_loss'])
