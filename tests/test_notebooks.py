@@ -37,7 +37,7 @@ def test_smoke_run_then_plots(workspace):
                       for o in c.get('outputs', []) if o.get('output_type') == 'stream')
     assert [l for l in streams.splitlines() if re.search(r'step +\d+/300 ', l)] == shown
     # the README shows these lines as they are: the same fields in the same order, step by step
-    labels = lambda l: [re.sub(r'[\d.,]+', '#', f.strip()) for f in l.split('|')]
+    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T', f.strip())) for f in l.split('|')]
     readme = (ROOT/'README.md').read_text().split('```text\n', 1)[1].split('```', 1)[0].splitlines()
     ours = {int(re.match(r'step +(\d+)', l).group(1)): l for l in shown}
     steps = [l for l in readme if l.startswith('step')]
