@@ -15,7 +15,7 @@ from .podplan import gpu_table, find_gpu
 
 # %% auto #0
 __all__ = ['GPT2_HELLASWAG', 'PLOTS', 'OPTIONAL', 'SMOOTHED', 'X_AXES', 'series', 'smoothed', 'run_dir', 'run_price',
-           'references', 'plot_runs', 'summarize']
+           'references', 'read_eval', 'plot_runs', 'summarize']
 
 # %% ../nbs/13_analysis.ipynb #34abc9b1
 def series(recs:list[dict], name:str, x:str='step') -> tuple[list, list]:
@@ -102,6 +102,27 @@ def _figure(plt, runs:dict, names:tuple, x:str, scale:float, smooth:float, refs:
     if ax.lines: ax.legend(fontsize=8)
     return fig, ax
 
+def read_eval(run:Path) -> dict:
+    "The harness results in the run folder's eval.json (`lmbook eval --tasks`): {task: {metric: value}}, {} without one."
+    try: d = json.loads((Path(run)/'eval.json').read_text())
+    except (OSError, ValueError): return {}
+    return {t: m for t, m in d.items() if isinstance(m, dict)} if isinstance(d, dict) else {}
+
+def _tasks_figure(plt, evals:dict):
+    "One bar per task and run: acc_norm where the task has it, else acc, with its standard error."
+    tasks = sorted({t for ev in evals.values() for t in ev})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    w = 0.8/max(len(evals), 1)
+    for i, (e, ev) in enumerate(evals.items()):
+        key = lambda m: 'acc_norm' if 'acc_norm' in m else 'acc'
+        ys = [ev.get(t, {}).get(key(ev.get(t, {})), float('nan')) for t in tasks]
+        err = [ev.get(t, {}).get(f"{key(ev.get(t, {}))}_stderr") or 0 for t in tasks]
+        ax.bar([j + i*w for j in range(len(tasks))], ys, w, yerr=err, capsize=2, label=e)
+    ax.set_xticks([j + w*(len(evals) - 1)/2 for j in range(len(tasks))], [t for t in tasks], rotation=20, fontsize=8)
+    ax.set_ylabel('acc_norm (else acc)'); ax.set_title('lm-evaluation-harness tasks'); ax.grid(alpha=0.3, axis='y'); ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
 def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on the same axes
               root:Path|None=None, # workspace root (default: from settings)
               show:bool=False, # also show the figures (in a notebook)
@@ -135,6 +156,12 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
             stem = fname if len(exps) == 1 else f"{fname}-vs-{'-'.join(x for x in exps if x != e)}"[:120]
             fig.savefig(out/f"{stem}.png", dpi=110)
             written[e].append(out/f"{stem}.png")
+        figs.append(fig)
+    if any(read_eval(d) for d in dirs.values()):
+        fig = _tasks_figure(plt, {e: read_eval(d) for e, d in dirs.items()})
+        for e in exps:
+            stem = 'tasks' if len(exps) == 1 else f"tasks-vs-{'-'.join(x for x in exps if x != e)}"[:120]
+            fig.savefig(paths_for(e, root=root).plots/f"{stem}.png", dpi=110); written[e].append(paths_for(e, root=root).plots/f"{stem}.png")
         figs.append(fig)
     if show: plt.show()
     for f in figs: plt.close(f)

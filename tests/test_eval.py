@@ -60,3 +60,19 @@ def test_two_ranks_give_one_rank_numbers(ws, run, hs):
     a, b = json.loads(one.stdout), json.loads(two.stdout.strip().splitlines()[-1])
     assert a['hellaswag_n'] == b['hellaswag_n'] == 7 and a['hellaswag'] == b['hellaswag'] and a['hellaswag_acc'] == b['hellaswag_acc']
     assert a['val_tokens'] == b['val_tokens'] and abs(a['val_loss'] - b['val_loss']) < 1e-6 and abs(a['val_bpb'] - b['val_bpb']) < 1e-6
+
+def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path):
+    "lmbook eval --tasks: a task defined on a local JSONL and lm-eval's own hellaswag on --hellaswag-file, results in eval.json."
+    from lmbook.lmeval import local_task
+    local_task('hs_local', hs, tmp_path/'tasks')
+    r = ev(ws, '--tasks', 'hs_local,hellaswag', '--include-path', tmp_path/'tasks', '--hellaswag-file', hs)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 'val_loss' in res and 'hellaswag_n' not in res  # the validation numbers, and the harness's HellaSwag instead of lmbook's
+    assert res['tasks']['hs_local']['n'] == res['tasks']['hellaswag']['n'] == 7 and 0 <= res['tasks']['hellaswag']['acc_norm'] <= 1
+    ours = json.loads(ev(ws, '--hellaswag-file', hs).stdout)
+    assert res['tasks']['hs_local']['acc'] == ours['hellaswag_acc']  # the same examples scored the same way: the same choices
+    saved = json.loads((run/'eval.json').read_text())
+    assert saved['hs_local']['acc'] == res['tasks']['hs_local']['acc'] and saved['hellaswag']['step'] == 8
+    r = ev(ws, '--tasks', 'hs_locl', '--include-path', tmp_path/'tasks')
+    assert r.returncode == 2 and "unknown task 'hs_locl' (did you mean hs_local?)" in r.stderr and 'Traceback' not in r.stderr, r.stderr
