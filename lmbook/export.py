@@ -13,8 +13,8 @@ from safetensors.torch import save_file, load_file
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'export_hf', 'push_to_hub', 'find_hf_model',
-           'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
+__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template', 'export_hf',
+           'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
 
 # %% ../nbs/10a_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -81,6 +81,19 @@ def shareable(folder:Path) -> Path:
         if f.is_file(): f.chmod(0o666 & ~mask)
     return folder
 
+# %% ../nbs/10a_export.ipynb #88e70350
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+def write_chat_template(tokenizer, out_dir:Path):
+    "Add lmbook's chat format to an exported folder: the tokenizer's `chat_template`, and `<|end|>` as an end of generation."
+    from lmbook.sft import END
+    out_dir, end = Path(out_dir), tokenizer.token_id(END)
+    tc = json.loads((out_dir/'tokenizer_config.json').read_text())
+    (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tc, chat_template=CHAT_TEMPLATE), indent=1))
+    gc = json.loads((out_dir/'generation_config.json').read_text())
+    (out_dir/'generation_config.json').write_text(json.dumps(dict(gc, eos_token_id=[tokenizer.eot_id, end]), indent=1))
+
 # %% ../nbs/10a_export.ipynb #07c9e14a
 def export_hf(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
               out_dir:Path, # the transformers folder to write
@@ -90,7 +103,7 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
               warn=None, # called with a message for each damaged checkpoint skipped
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
-    from lmbook.sample import load_model
+    from lmbook.sample import load_model, is_chat
     out = Path(out_dir)
     if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
@@ -106,6 +119,7 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
         (tmp/'config.json').write_text(json.dumps(cfg, indent=1))
         (tmp/'generation_config.json').write_text(json.dumps(dict(bos_token_id=lm.tokenizer.eot_id, eos_token_id=lm.tokenizer.eot_id), indent=1))
         write_tokenizer(lm.tokenizer, tmp, m.block_size)
+        if is_chat(lm.config): write_chat_template(lm.tokenizer, tmp)
         (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment,
                                                        config=lm.state.get('config')), indent=1))
         shareable(tmp)

@@ -13,9 +13,10 @@ import torch
 from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SHAPE_KEYS
 
 # %% auto #0
-__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'verify_for_inference',
-           'unknown_run', 'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model', 'next_token',
-           'generate', 'prompts_for', 'prompt_text', 'seam', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
+__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CHAT_FALLBACK', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS',
+           'verify_for_inference', 'unknown_run', 'best_base', 'find_checkpoint', 'inference_device', 'Loaded',
+           'load_model', 'next_token', 'generate', 'is_chat', 'chat_prompts', 'chat_text', 'stop_ids', 'clean_text',
+           'prompts_for', 'prompt_text', 'seam', 'sample_texts', 'write_samples', 'sample_run', 'add_cli']
 
 # %% ../nbs/09_sample.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -206,7 +207,7 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
              top_k:int|None=50, # sample among the k most likely tokens
              generator:torch.Generator|None=None, # seeded CPU generator for reproducible samples
              top_p:float=1.0, # nucleus: keep tokens up to this total probability
-             stop_id:int|None=None, # a row is finished once it produces this token
+             stop_id:int|list|None=None, # a row is finished once it produces this token (or one of these)
              cache:bool=True, # keep keys/values (linear cost) instead of rerunning the context
             ) -> torch.Tensor:
     "`idx` extended by up to `max_new_tokens` tokens."
@@ -225,9 +226,45 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
         new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         idx = torch.cat([idx, new], dim=1)
         if stop_id is not None:
-            done |= (new[:, 0] == stop_id).cpu()
+            done |= torch.isin(new[:, 0].cpu(), torch.tensor(stop_id if isinstance(stop_id, (list, tuple)) else [stop_id]))
             if bool(done.all()): break
     return idx
+
+# %% ../nbs/09_sample.ipynb #ae548c38
+CHAT_FALLBACK = ('What can you do?', 'Explain what a list is in one sentence.')  # for a chat run whose file is gone
+
+def is_chat(cfg) -> bool:
+    "Whether `cfg` is a run fine-tuned on chat records, which sampling talks to in its chat format."
+    return bool(cfg.data.sft_data)
+
+def chat_prompts(cfg, n:int=4) -> list[str]:
+    "The first user turns of the `n` shortest held-out examples of a chat run's file (`CHAT_FALLBACK` without it)."
+    from lmbook.sft import record_messages, split_examples
+    try: recs = [json.loads(l) for l in Path(cfg.data.sft_data).read_text(encoding='utf-8').splitlines() if l.strip()]
+    except (OSError, ValueError): recs = []
+    qs = []
+    for r in split_examples(recs, cfg.data.val_ratio, cfg.data.data_seed)[1]:
+        try: qs.append(next(m['content'] for m in record_messages(r) if m['role'] == 'user'))
+        except (ValueError, StopIteration): continue
+    return sorted(dict.fromkeys(q for q in qs if q.strip()), key=len)[:n] or list(CHAT_FALLBACK)
+
+def chat_text(prompt:str) -> str:
+    "What a chat run is given for `prompt`: one user turn and the assistant's tag, unless it holds reserved tokens already."
+    from lmbook.sft import chat_prompt
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    return prompt if any(t in prompt for t in SPECIAL_TOKENS) else chat_prompt(prompt)
+
+def stop_ids(tokenizer, chat:bool=False) -> list[int]:
+    "The tokens that end a sample: end-of-text, and for a chat run the end of the assistant's turn too."
+    from lmbook.sft import END
+    return [tokenizer.eot_id] + ([tokenizer.token_id(END)] if chat and tokenizer.token_id(END) is not None else [])
+
+def clean_text(tokenizer, ids:list[int], stops:list[int]) -> str:
+    "The text of generated `ids` up to the first stop, without reserved tokens or the `�` of a cut character."
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    ids = ids[:next((i for i, t in enumerate(ids) if t in stops), len(ids))]
+    special = {getattr(tokenizer, 'token_id', lambda t: None)(t) for t in SPECIAL_TOKENS}  # none in a stand-in tokenizer
+    return tokenizer.decode([t for t in ids if t not in special]).replace('\ufffd', '')
 
 # %% ../nbs/09_sample.ipynb #3cf8050b
 CORPUS_PROMPTS = {  # a word in the dataset's name -> prompts that read naturally in that corpus
@@ -240,8 +277,9 @@ GENERIC_PROMPTS = ('The', 'In the beginning', 'It is', 'One of the most')
 DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
-    "The prompts a run samples: its `sample_prompts` ('|'-separated), else ones that suit its dataset."
+    "The prompts a run samples: its `sample_prompts` ('|'-separated), else a chat run's questions, else ones that suit its dataset."
     if getattr(cfg.train, 'sample_prompts', ''): return [p.strip() for p in cfg.train.sample_prompts.split('|')]
+    if is_chat(cfg): return chat_prompts(cfg)
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
 
@@ -257,7 +295,9 @@ def seam(prompt:str, text:str) -> str:
 # %% ../nbs/09_sample.ipynb #d18263b5
 def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_new_tokens:int=48,
                  block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
-                 top_p:float=1.0, num_samples:int=1) -> list[dict]:
+                 top_p:float=1.0, num_samples:int=1,
+                 chat:bool=False, # talk to a chat run: `chat_text` prompts, stop at its turn's end, the answer alone
+                ) -> list[dict]:
     "`num_samples` continuations per prompt: `[{'prompt', 'text'}]`, each text ending before end-of-text."
     if temperature < 0: raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
     if not 0 < top_p <= 1: raise ValueError(f"top_p={top_p} must be in (0, 1]")
@@ -269,11 +309,13 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
     res = []
     try:
         for p in prompts:
-            ids = [eot] + tokenizer.encode(prompt_text(p))
+            ids = [eot] + tokenizer.encode(chat_text(p) if chat else prompt_text(p))
             if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
-            out = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g, top_p, eot)
+            stops = stop_ids(tokenizer, chat)
+            out = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g, top_p, stops)
             for row in out[:, len(ids):].tolist():
-                res.append(dict(prompt=p, text=seam(p, tokenizer.decode(row[:row.index(eot)] if eot in row else row))))
+                text = clean_text(tokenizer, row, stops)
+                res.append(dict(prompt=p, text=text.strip(), chat=True) if chat else dict(prompt=p, text=seam(p, text)))
     finally: model.train(was_training)
     return res
 
@@ -285,7 +327,7 @@ def write_samples(run_dir:Path, step:int, samples:list[dict]):
         for s in samples: f.write(json.dumps(dict(step=step, **s)) + '\n')
     with open(run_dir/'samples.md', 'a') as f:
         f.write(f"\n## step {step}\n\n")
-        for s in samples: f.write(f"- **{s['prompt']}**{s['text']}\n".replace('\n\n', '\n'))
+        for s in samples: f.write(f"- **{s['prompt']}**{' → ' if s.get('chat') else ''}{s['text']}\n".replace('\n\n', '\n'))
 
 # %% ../nbs/09_sample.ipynb #d3d76314
 def sample_run(source:str|Path, # checkpoint folder, run folder or experiment name
@@ -295,11 +337,12 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
                device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
                top_p:float=1.0, num_samples:int=1,
                warn=None, # called with a message for each damaged checkpoint skipped
+               chat:bool|None=None, # the chat format (default: for a run fine-tuned on chat records)
               ) -> list[dict]:
-    "Continue `prompts` with the checkpoint `source` names."
+    "Continue `prompts` with the checkpoint `source` names (answer them, for a chat run)."
     lm = load_model(source, root, device, warn=warn)
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
-                        top_k, seed, lm.device, top_p, num_samples)
+                        top_k, seed, lm.device, top_p, num_samples, is_chat(lm.config) if chat is None else chat)
 
 # %% ../nbs/09_sample.ipynb #e27c583c
 def add_cli(sub):
@@ -318,12 +361,13 @@ def add_cli(sub):
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
+    p.add_argument('--raw', action='store_true', help="a chat run's prompt as plain text to continue, not a question to answer")
     def run(args) -> int:
         source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
         source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
         for s in sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
                             args.root, args.device, args.top_p, args.num_samples,
-                            warn=lambda m: print(f"warning: {m}", file=sys.stderr)):
-            print(json.dumps(s) if args.json else f"{s['prompt']}{s['text']}\n---", flush=True)
+                            warn=lambda m: print(f"warning: {m}", file=sys.stderr), chat=False if args.raw else None):
+            print(json.dumps(s) if args.json else f"{s['prompt']}{chr(10) if s.get('chat') else ''}{s['text']}\n---", flush=True)
         return 0
     p.set_defaults(func=run)

@@ -379,11 +379,11 @@ def exit_code(result:dict) -> int:
     return 128 + result['signal'] if result.get('signal') else EXIT_FINISHED
 
 def _samples(r:Run, step:int):
-    from lmbook.sample import sample_texts, write_samples, prompts_for
+    from lmbook.sample import sample_texts, write_samples, prompts_for, is_chat
     from lmbook.tokenizer import load_tokenizer
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
         s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), prompts_for(r.cfg), block_size=r.cfg.model.block_size,
-                         seed=r.cfg.train.seed, device=r.info.device)
+                         seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
         if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:

@@ -148,14 +148,42 @@ def test_ci_path_pretrain_finetune_sample_export(pre):
     r = lmbook_cmd('sample', 'ft-ci', chat_prompt('What does abs do in Python?'), '--max-new-tokens', '8', '--device', 'cpu',
                    '--root', root, '--json')
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['prompt'].startswith('<|user|>'), r.stderr
+    # a plain question to a chat run is asked in its chat format; the answer holds no reserved token or broken character
+    r = lmbook_cmd('sample', 'ft-ci', 'What does abs do in Python?', '--max-new-tokens', '12', '--num-samples', '3', '--device', 'cpu',
+                   '--root', root, '--json', '--temperature', '1.5')
+    outs = [json.loads(l) for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and all(o['chat'] and o['prompt'] == 'What does abs do in Python?' for o in outs), r.stderr
+    assert not any('<|' in o['text'] or '\ufffd' in o['text'] for o in outs), outs
+    raw = json.loads(lmbook_cmd('sample', 'ft-ci', 'What does abs', '--raw', '--max-new-tokens', '4', '--device', 'cpu', '--root', root,
+                                '--json').stdout.splitlines()[0])
+    assert 'chat' not in raw  # --raw continues the text
+    md = (paths_for('ft-ci', root=root).run/'samples.md').read_text()
+    assert '** → ' in md and '**What does ' in md, md  # the run's own samples are questions from its held-out examples
     out = root/'hf-ci'
     r = lmbook_cmd('export', 'ft-ci', out, '--format', 'hf', '--root', root)
     assert r.returncode == 0, r.stderr
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     lm = load_model('ft-ci', root)
     ids = torch.tensor([lm.tokenizer.encode('<|user|>What does len do?<|end|><|assistant|>')])
     with torch.no_grad(): assert torch.allclose(hf(ids).logits, lm.model(ids), atol=1e-4)
+    # transformers renders a conversation with the exported chat template exactly as lmbook does
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    q = [dict(role='user', content='What does len do?')]
+    assert tok.apply_chat_template(q, tokenize=False, add_generation_prompt=True) == '<|endoftext|>' + chat_prompt('What does len do?')
+    talk = [dict(role='system', content='Be brief.'), *q, dict(role='assistant', content='It counts.')]
+    ids, _ = render_chat(talk, lm.tokenizer)
+    got = tok.apply_chat_template(talk, tokenize=True)
+    got = got['input_ids'] if hasattr(got, 'keys') else got  # a BatchEncoding in transformers 5
+    assert list(got) == [lm.tokenizer.eot_id] + ids[:-1]
+    end = lm.tokenizer.token_id('<|end|>')
+    assert end in json.loads((out/'generation_config.json').read_text())['eos_token_id']
+    # and lmbook chat keeps the conversation
+    r = subprocess.run([str(Path(sys.executable).parent/'lmbook'), 'chat', 'ft-ci', '--root', str(root), '--device', 'cpu', '--json',
+                        '--max-new-tokens', '8'], input='What does abs do in Python?\n\nAnd len?\n', capture_output=True, text=True, timeout=300)
+    turns = [json.loads(l) for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and [t['user'] for t in turns] == ['What does abs do in Python?', 'And len?'], r.stdout + r.stderr
+    assert not any('<|' in t['assistant'] for t in turns)
 
 
 def test_finetune_notebook(pre, tmp_path):
