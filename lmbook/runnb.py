@@ -238,7 +238,8 @@ def follow(lines:Iterable[str], # the trainer's output lines
     own = tee is None and echo and not live
     tee = terminal() if own else tee or None
     t0, last = time.time(), 0.0
-    back = '\r\x1b[K' if tee and tee.isatty() else '\r'  # to the line's start, over papermill's progress bar
+    try: back = '\r\x1b[K' if tee and tee.isatty() else '\r'  # to the line's start, over papermill's progress bar
+    except (OSError, ValueError): back = '\r'
     dash = Dashboard(run.name, max_steps) if live else None
     if dash is not None:
         from IPython.display import display
@@ -250,13 +251,17 @@ def follow(lines:Iterable[str], # the trainer's output lines
     try:
         for line in lines:
             if echo: print(line.rstrip('\n'), flush=True)
-            if tee: tee.write(back + line.rstrip('\n') + '\n')
+            if tee:
+                try: tee.write(back + line.rstrip('\n') + '\n')
+                except (OSError, ValueError): tee, own = None, False  # that terminal is gone: the notebook keeps every line
             if dash is not None and time.time() - last > every: redraw(); last = time.time()
     except KeyboardInterrupt:  # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
         if hasattr(lines, 'close'): lines.close()
         raise
     finally:
-        if tee: tee.close() if own else tee.flush()
+        try:
+            if tee: tee.close() if own else tee.flush()
+        except (OSError, ValueError): pass
     if dash is not None: redraw(final=True)
 
 # %% ../nbs/12a_runnb.ipynb #c6f445a8
