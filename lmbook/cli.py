@@ -74,13 +74,13 @@ def _readme(args) -> int:
 
 def _plot(args) -> int:
     from lmbook.analysis import plot_runs
-    for e, pngs in plot_runs(args.experiments, root=args.root).items(): print(e, *map(str, pngs), sep='\n  ')
+    for e, pngs in plot_runs(args.experiments, root=args.root, smooth=args.smooth).items(): print(e, *map(str, pngs), sep='\n  ')
     return 0
 
 # %% ../nbs/12_cli.ipynb #31da40ed
 def build_parser() -> argparse.ArgumentParser:
     "The `lmbook` argument parser with every module's subcommands."
-    from lmbook import data, tokenizer, loader, databench, launch, sft, sample, eval, export, bench, runpod, boot, docs
+    from lmbook import data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs
     from lmbook.core import cli_options
     ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a corpus to plots.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
@@ -91,10 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of writing it')
     p.add_argument('--checkout', default='.', metavar='DIR', help='the lmbook checkout holding nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
-    p = cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'), 'root')
+    p = cli_options(sub.add_parser('plot', help='plot the metrics of one or more experiments against step, and the loss against tokens, time and cost'), 'root')
     p.add_argument('experiments', nargs='+', help='experiment names')
+    p.add_argument('--smooth', type=float, default=0.0, help='>0 (e.g. 0.9): also draw the train loss averaged over ~1/(1-smooth) rows')
     p.set_defaults(func=_plot)
-    for mod in (data, tokenizer, loader, databench, launch, sft, sample, eval, export, bench, runpod, boot, docs): mod.add_cli(sub)
+    for mod in (data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs): mod.add_cli(sub)
     return ap
 
 # %% ../nbs/12_cli.ipynb #de5be98e

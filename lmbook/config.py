@@ -17,9 +17,9 @@ except ImportError: import tomli as tomllib
 # %% auto #0
 __all__ = ['FLAG', 'MAX_SEED', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES', 'Range',
            'at_least', 'above', 'between', 'one_of', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config',
-           'field_index', 'apply_overrides', 'validate', 'parse_assignments', 'count_params', 'flops_per_token',
-           'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
-           'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'parse_assignments', 'count_params',
+           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
+           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class ModelConfig:
     norm_eps: float = 1e-5       # epsilon of LayerNorm/RMSNorm
     dropout: float = 0.0         # dropout in attention and residual paths (pretraining uses 0)
     ce_chunk: int = 0            # >0: the loss computes this many rows of logits at a time (eager memory saver); 0: whole logits, fused by compile
-    attn_backend: str = 'sdpa'   # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster on an H100), 'cudnn', 'flash', 'efficient' or 'math'
+    attn_backend: str = 'sdpa'   # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster on an H100), 'cudnn', 'flash', 'efficient', 'math', or 'flex' (FlexAttention for doc_mask on CUDA, torch 2.5+)
     fused_ce: bool = False       # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else the chunked one)
     bias: bool = False           # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head stays bias-free)
 
@@ -94,7 +94,7 @@ MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 
                     n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1), mlp_hidden=at_least(0),
                     rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True, hi_open=True),
                     dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
-                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math'), fused_ce=FLAG, bias=FLAG)
+                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex'), fused_ce=FLAG, bias=FLAG)
 
 # %% ../nbs/01_config.ipynb #5dda4e23
 @dataclass
@@ -166,6 +166,7 @@ class TrainConfig:
     hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
     hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
     hellaswag_file: str = ''     # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
+    doc_mask: bool = False       # attention stays within each document of a row (block-diagonal causal, documents start at end-of-text); fine-tuning turns it on
 
 TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
                     min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
@@ -185,7 +186,8 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)"),
                     lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True),
                     hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
-                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"))
+                    hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"),
+                    doc_mask=FLAG)
 
 
 # %% ../nbs/01_config.ipynb #7bd88da3
@@ -213,6 +215,13 @@ def field_index() -> dict[str, tuple[str, Any]]:
             idx[f.name] = (sec, f.type)
     return idx
 
+# %% ../nbs/01_config.ipynb #2561a0a4
+def did_you_mean(name:str, choices) -> str:
+    "' (did you mean X?)' for the choice closest to a misspelled `name`, or '' when none is close."
+    import difflib
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ''
+
 # %% ../nbs/01_config.ipynb #42f89c41
 _TYPES = dict(int=int, float=float, str=str, bool=bool)
 
@@ -237,7 +246,7 @@ def apply_overrides(cfg:Config, overrides:dict) -> Config:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), data=dataclasses.replace(cfg.data),
                               train=dataclasses.replace(cfg.train))
     for k, v in overrides.items():
-        if k not in idx: raise ValueError(f"unknown config key {k!r}; valid keys: {', '.join(sorted(idx))}")
+        if k not in idx: raise ValueError(f"unknown config key {k!r}{did_you_mean(k, idx)}; valid keys: {', '.join(sorted(idx))}")
         sec, typ = idx[k]
         setattr(getattr(cfg, sec), k, _coerce(k, v, typ))
     validate(cfg)
@@ -400,5 +409,5 @@ def get_config(profile:str, overrides:dict|None=None) -> Config:
     "The config of a profile name (or config file path) with flat `overrides` applied."
     if profile in PROFILES: cfg = PROFILES[profile]()
     elif Path(profile).suffix in ('.toml', '.yaml', '.yml', '.json'): cfg = load_config_file(Path(profile))
-    else: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)} or give a .toml/.yaml config file")
+    else: raise ValueError(f"unknown profile {profile!r}{did_you_mean(profile, PROFILES)}; choose one of {', '.join(PROFILES)} or give a .toml/.yaml config file")
     return apply_overrides(cfg, overrides or {})

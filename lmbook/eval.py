@@ -6,10 +6,11 @@ Docs: https://lmbook.github.io/lmbook/eval.html.md"""
 
 # %% ../nbs/08_eval.ipynb #fd5bfd4a
 from __future__ import annotations
-import contextlib, json, math, os, sys, time
+import contextlib, functools, json, math, os, sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
+from .model import doc_mask
 
 # %% auto #0
 __all__ = ['LOGITS_AT_ONCE', 'HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag',
@@ -46,6 +47,7 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                   batches:list, # this rank's (x, y) validation batches
                   byte_lengths:torch.Tensor, # from `token_byte_lengths`
                   device:str='cpu', # where the model is
+                  mask_fn=None, # input ids -> attention mask (`model.doc_mask`) for a run that trains with one
                  ) -> dict:
     "`val_loss` (nats per token), `ppl`, `val_bpb` (bits per UTF-8 byte) and counts, summed over ranks."
     was_training = model.training; model.eval()
@@ -56,7 +58,7 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
             rows = max(1, LOGITS_AT_ONCE//(xb.shape[1]*V)) if V else len(xb)
             for s in range(0, len(xb), rows):
                 x, y = xb[s:s+rows].to(device), yb[s:s+rows].to(device)
-                with _autocast(device): logits = model(x)
+                with _autocast(device): logits = model(x, mask=mask_fn(x)) if mask_fn else model(x)
                 keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
                 nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none', ignore_index=-1)
                 b = bl[y.flatten().clamp(0, len(bl) - 1)]*keep
@@ -193,6 +195,14 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
     return dict(hellaswag=acc_norm/max(n, 1), hellaswag_acc=acc/max(n, 1), hellaswag_n=int(n))
 
 # %% ../nbs/08_eval.ipynb #072baf71
+def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
+    "HellaSwag's examples; None, with one line to `note`, when the official file is not cached and cannot be fetched."
+    try: return load_hellaswag(root, path, limit)
+    except FileNotFoundError as e:
+        if path is not None: raise  # a file the user named must be there
+        if note: note(f"HellaSwag skipped: {e} (--no-hellaswag skips it without this note)")
+        return None
+
 def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
@@ -202,6 +212,8 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
              hellaswag_path:Path|None=None, # a HellaSwag JSONL file (default: the cached official one)
              limit:int=0, # HellaSwag examples to use (0: all)
              warn=None, # called with a message for each damaged checkpoint skipped
+             report=None, # called with each part of the result as soon as it is ready (validation first)
+             note=None, # called with one line when HellaSwag is skipped because its file cannot be had
             ) -> dict:
     "Validation loss, perplexity, bits per byte and HellaSwag of a checkpoint."
     from lmbook.core import paths_for
@@ -212,20 +224,24 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
     info = init_distributed(inference_device(device))
     lm = load_model(source, root, info.device, warn=warn if info.is_main else (lambda m: None))
     cfg, res = lm.config, dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment)
+    mask_fn = functools.partial(doc_mask, sep_id=lm.tokenizer.eot_id, backend=cfg.model.attn_backend) if cfg.train.doc_mask else None
     if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
         from lmbook.sft import sft_val_rows, sft_val_batches
         vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer), batch_size or cfg.train.batch_size, batches or cfg.train.eval_steps,
                              info.rank, info.world_size)
-        res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device))
+        res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')
         if not (vdir/'manifest.json').is_file():
             raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e {lm.experiment}` with the run's profile")
         allb = val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches or cfg.train.eval_steps)
-        res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device))
-    if hellaswag:
-        exs = load_hellaswag(root, hellaswag_path, limit)
-        res.update(hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size))
+        res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size], token_byte_lengths(lm.tokenizer), info.device, mask_fn))
+    if report and info.is_main: report(dict(res))
+    exs = _hellaswag_or_skip(root, hellaswag_path, limit, note if info.is_main else None) if hellaswag else None
+    if exs:
+        hs = hellaswag_accuracy(lm.model, lm.tokenizer, exs, info.device, info.rank, info.world_size)
+        res.update(hs)
+        if report and info.is_main: report(hs)
     if info.is_main and lm.run is not None:
         try:
             with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
@@ -234,6 +250,23 @@ def evaluate(source:str|Path, # checkpoint folder, run folder or experiment name
     return res
 
 # %% ../nbs/08_eval.ipynb #1136a1df
+def _show(part:dict):
+    print('\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in part.items()), flush=True)
+
+def _run_tasks(args, tasks:list[str]) -> dict:
+    "`lmbook eval --tasks`: the harness's tasks, lm-eval's `hellaswag` reading --hellaswag-file when one is given."
+    import tempfile
+    from lmbook.lmeval import run_tasks, hellaswag_task
+    with tempfile.TemporaryDirectory() as d:
+        inc = [args.include_path] if args.include_path else []
+        if args.hellaswag_file and 'hellaswag' in tasks: inc.append(hellaswag_task(args.hellaswag_file, d).parent)
+        res = run_tasks(args.source, tasks, args.root, args.device, args.limit, inc or None)
+    if not args.json:
+        for t, m in res.items():
+            print(f"{t:>14} " + ' '.join(f"{k} {v:.4f}" for k, v in m.items() if k in ('acc', 'acc_norm', 'word_perplexity', 'exact_match'))
+                  + f" (n={m.get('n')})", flush=True)
+    return res
+
 def add_cli(sub):
     "Register `lmbook eval`."
     from lmbook.core import cli_options
@@ -243,13 +276,18 @@ def add_cli(sub):
     p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')
     p.add_argument('--hellaswag-file', type=Path, default=None, help='a HellaSwag JSONL file (default: the official one, cached)')
-    p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use (default: all)')
+    p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use, or each task\'s with --tasks (default: all)')
+    p.add_argument('--tasks', default='', metavar='T1,T2', help="lm-evaluation-harness tasks instead of lmbook's HellaSwag, e.g. "
+                   "hellaswag,arc_easy,piqa (pip install 'lmbook[eval]'); results in the run's eval.json")
+    p.add_argument('--include-path', type=Path, default=None, metavar='DIR', help='a folder of task YAML files for --tasks (local data)')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--nproc', type=int, default=1, help='processes to share the work (starts torchrun)')
     cli_options(p, 'root')
     p.add_argument('--json', action='store_true', help='print one JSON object')
     def run(args) -> int:
         if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1: raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
+        tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
+        if tasks and args.nproc > 1: raise ValueError("--tasks runs in one process: leave out --nproc")
         if args.nproc > 1 and 'RANK' not in os.environ:
             import subprocess
             argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size', str(args.batch_size), '--limit', str(args.limit),
@@ -258,21 +296,22 @@ def add_cli(sub):
             cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={args.nproc}', '--no-python',
                    sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
             r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)  # keep the workers' messages, not torchrun's report
-            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:'))))
+            msgs = list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:', 'note:'))))
             if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]: print(out, file=sys.stderr)
             return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
         from lmbook.distributed import cleanup_distributed
         done = False  # every rank ends here together unless one crashed
         try:
-            r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not args.no_hellaswag,
-                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+            r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size, not (args.no_hellaswag or tasks),
+                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}", file=sys.stderr),
+                         report=None if args.json else _show, note=lambda m: print(f"note: {m}", file=sys.stderr, flush=True))
             done = True
         except (ValueError, FileNotFoundError):
             done = True
             if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
             raise
         finally: cleanup_distributed(wait_s=60 if done else 0)
-        if int(os.environ.get('RANK', 0)) == 0:
-            print(json.dumps(r) if args.json else '\n'.join(f"{k:>14} {v:.4f}" if isinstance(v, float) else f"{k:>14} {v}" for k, v in r.items()))
+        if tasks: r['tasks'] = _run_tasks(args, tasks)
+        if args.json and int(os.environ.get('RANK', 0)) == 0: print(json.dumps(r))
         return 0
     p.set_defaults(func=run)

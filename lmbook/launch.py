@@ -14,7 +14,7 @@ from .core import cli_options
 
 # %% auto #0
 __all__ = ['EXIT_CODES', 'WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
-           'TrainingExit', 'run_training', 'detach', 'add_cli']
+           'TrainingExit', 'run_training', 'detach', 'train_epilog', 'add_cli']
 
 # %% ../nbs/06b_launch.ipynb #01c458d7
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -197,9 +197,21 @@ def detach(profile:str, # profile name or config file
     return p.pid, out
 
 # %% ../nbs/06b_launch.ipynb #66c1699e
+def train_epilog(width:int=100) -> str:
+    "The end of `lmbook train --help`: the profiles, and every config key by section."
+    import textwrap
+    from lmbook.config import PROFILES, SECTIONS, field_index
+    profs = [f"  {n:<10} {(fn.__doc__ or '').strip()}" for n, fn in PROFILES.items()]
+    idx = field_index()
+    keys = [textwrap.fill(', '.join(k for k, (s, _) in idx.items() if s == sec), width, initial_indent=f"  {sec}: ",
+                          subsequent_indent=' '*(len(sec) + 4)) for sec in SECTIONS]
+    return '\n'.join(["profiles (--profile NAME, or a .toml/.yaml file such as a run's training.toml; sizes: lmbook profiles):", *profs, '',
+                      "config keys (--set KEY=VALUE ... or KEY=VALUE; what each means and allows: the docs' config page, or lmbook/config.py):", *keys])
+
 def add_cli(sub):
     "Register `lmbook train`."
-    p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)'))
+    p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)', epilog=train_epilog(),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: closing the terminal does not stop it')
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)

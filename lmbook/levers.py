@@ -92,8 +92,11 @@ def loss_kernel(cfg:Config, device:str) -> str:
 def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
     "The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as `model.sdpa` decides."
     m = cfg.model
-    if m.attn_backend != 'auto': return m.attn_backend
     cuda = device.startswith('cuda') and torch.cuda.is_available()
+    if m.attn_backend == 'flex':  # FlexAttention for document masks where it runs, else SDPA
+        from lmbook.model import create_block_mask
+        return 'flex' if cfg.train.doc_mask and cuda and create_block_mask is not None else 'sdpa'
+    if m.attn_backend != 'auto': return m.attn_backend
     plain = m.kv_heads == m.n_head and not (training and m.dropout) and m.head_dim <= 128
     return 'cudnn' if cuda and plain and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'
 

@@ -382,7 +382,8 @@ def _volume_cmd(a) -> int:
 # %% ../nbs/11_runpod.ipynb #db838dbe
 def add_cli(sub):
     "Register `lmbook pod ...` (plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, terminate, volume)."
-    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
+    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods', description='Plan, create, watch and stop RunPod pods. '
+                         'The commands that call RunPod read its API key from RUNPOD_API_KEY (runpod.io > Settings > API Keys).').add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
     p.add_argument('--profile', '-p', required=True); p.add_argument('--gpu', '-g', help='RunPod GPU id or alias, e.g. H100 (default: settings gpu_type)')
     p.add_argument('--gpus', type=int, help='GPUs in the pod (default: settings gpu_count)'); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE')

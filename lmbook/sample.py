@@ -9,15 +9,17 @@ from __future__ import annotations
 import json, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 import torch
 from .checkpoint import CheckpointError, verify_checkpoint, list_checkpoints, SHAPE_KEYS
 from .config import at_least, between
 
 # %% auto #0
-__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'SAMPLE_RANGES',
-           'verify_for_inference', 'best_base', 'find_checkpoint', 'inference_device', 'Loaded', 'load_model',
-           'next_token', 'generate', 'prompts_for', 'TextStream', 'check_sampling', 'sample_texts', 'write_samples',
-           'sample_run', 'add_cli']
+__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'CHAT_FALLBACK', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS',
+           'SAMPLE_RANGES', 'verify_for_inference', 'unknown_run', 'best_base', 'find_checkpoint', 'inference_device',
+           'Loaded', 'load_model', 'next_token', 'generate', 'is_chat', 'chat_prompts', 'chat_text', 'stop_ids',
+           'clean_text', 'prompts_for', 'TextStream', 'streamer', 'prompt_text', 'seam', 'check_sampling',
+           'sample_texts', 'write_samples', 'sample_run', 'add_cli']
 
 # %% ../nbs/09_sample.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -32,6 +34,16 @@ def verify_for_inference(path:Path) -> dict:
         if meta is None: raise CheckpointError(f"{path} has no {name}")
         if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
     return man
+
+# %% ../nbs/09_sample.ipynb #e845f0df
+def unknown_run(name:str, # the experiment asked for
+                runs:Path, # the folder that holds the runs
+               ) -> str:
+    "Why there is no run `name`: the runs there are, the closest first, and how to make one."
+    from lmbook.config import did_you_mean
+    have = sorted(p.name for p in Path(runs).glob('*') if (p/'checkpoints').is_dir()) if Path(runs).is_dir() else []
+    return (f"no run {name!r} in {runs}{did_you_mean(name, have)}; runs with checkpoints there: {', '.join(have) or 'none'} "
+            f"(train one with `lmbook train -e {name}`)")
 
 # %% ../nbs/09_sample.ipynb #240f220d
 BEST_SUFFIX = ':best'  # `EXPERIMENT:best` or `RUN_FOLDER:best`: the checkpoint with the lowest val_loss
@@ -48,7 +60,9 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     if '/' in source or '\\' in source or p.exists():
         raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an experiment name")
     from lmbook.core import paths_for
-    return paths_for(source, root=root).checkpoints, f"experiment {source!r}"
+    ck = paths_for(source, root=root).checkpoints
+    if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
+    return ck, f"experiment {source!r}"
 
 def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
                     root:Path|None=None, # workspace root for an experiment name (default: from settings)
@@ -58,6 +72,8 @@ def find_checkpoint(source:str|Path, # checkpoint folder, run folder (holding ch
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     if (base := best_base(source)) is not None:
         ckdir, what = _ckpt_dir(base, root)
+        if not (ckdir/'best').is_dir() and not list_checkpoints(ckdir):
+            raise FileNotFoundError(f"no checkpoint in {ckdir} ({what}) yet: train it first")
         if not (ckdir/'best').is_dir():
             raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its first validation after a step; "
                                     f"name {base} alone for its newest checkpoint")
@@ -194,7 +210,7 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
              top_k:int|None=50, # sample among the k most likely tokens
              generator:torch.Generator|None=None, # seeded CPU generator for reproducible samples
              top_p:float=1.0, # nucleus: keep tokens up to this total probability
-             stop_id:int|None=None, # a row is finished once it produces this token
+             stop_id:int|list|None=None, # a row is finished once it produces this token (or one of these)
              cache:bool=True, # keep keys/values (linear cost) instead of rerunning the context
              on_step=None, # called with each step's new (B, 1) token ids, as they come
             ) -> torch.Tensor:
@@ -215,9 +231,45 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
         idx = torch.cat([idx, new], dim=1)
         if on_step is not None: on_step(new)
         if stop_id is not None:
-            done |= (new[:, 0] == stop_id).cpu()
+            done |= torch.isin(new[:, 0].cpu(), torch.tensor(stop_id if isinstance(stop_id, (list, tuple)) else [stop_id]))
             if bool(done.all()): break
     return idx
+
+# %% ../nbs/09_sample.ipynb #ae548c38
+CHAT_FALLBACK = ('What can you do?', 'Explain what a list is in one sentence.')  # for a chat run whose file is gone
+
+def is_chat(cfg) -> bool:
+    "Whether `cfg` is a run fine-tuned on chat records, which sampling talks to in its chat format."
+    return bool(cfg.data.sft_data)
+
+def chat_prompts(cfg, n:int=4) -> list[str]:
+    "The first user turns of the `n` shortest held-out examples of a chat run's file (`CHAT_FALLBACK` without it)."
+    from lmbook.sft import record_messages, split_examples
+    try: recs = [json.loads(l) for l in Path(cfg.data.sft_data).read_text(encoding='utf-8').splitlines() if l.strip()]
+    except (OSError, ValueError): recs = []
+    qs = []
+    for r in split_examples(recs, cfg.data.val_ratio, cfg.data.data_seed)[1]:
+        try: qs.append(next(m['content'] for m in record_messages(r) if m['role'] == 'user'))
+        except (ValueError, StopIteration): continue
+    return sorted(dict.fromkeys(q for q in qs if q.strip()), key=len)[:n] or list(CHAT_FALLBACK)
+
+def chat_text(prompt:str) -> str:
+    "What a chat run is given for `prompt`: one user turn and the assistant's tag, unless it holds reserved tokens already."
+    from lmbook.sft import chat_prompt
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    return prompt if any(t in prompt for t in SPECIAL_TOKENS) else chat_prompt(prompt)
+
+def stop_ids(tokenizer, chat:bool=False) -> list[int]:
+    "The tokens that end a sample: end-of-text, and for a chat run the end of the assistant's turn too."
+    from lmbook.sft import END
+    return [tokenizer.eot_id] + ([tokenizer.token_id(END)] if chat and tokenizer.token_id(END) is not None else [])
+
+def clean_text(tokenizer, ids:list[int], stops:list[int]) -> str:
+    "The text of generated `ids` up to the first stop, without reserved tokens or the `�` of a cut character."
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    ids = ids[:next((i for i, t in enumerate(ids) if t in stops), len(ids))]
+    special = {getattr(tokenizer, 'token_id', lambda t: None)(t) for t in SPECIAL_TOKENS}  # none in a stand-in tokenizer
+    return tokenizer.decode([t for t in ids if t not in special]).replace('\ufffd', '')
 
 # %% ../nbs/09_sample.ipynb #3cf8050b
 CORPUS_PROMPTS = {  # a word in the dataset's name -> prompts that read naturally in that corpus
@@ -230,20 +282,26 @@ GENERIC_PROMPTS = ('The', 'In the beginning', 'It is', 'One of the most')
 DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
-    "The prompts a run samples: its `sample_prompts` ('|'-separated), else ones that suit its dataset."
+    "The prompts a run samples: its `sample_prompts` ('|'-separated), else a chat run's questions, else ones that suit its dataset."
     if getattr(cfg.train, 'sample_prompts', ''): return [p.strip() for p in cfg.train.sample_prompts.split('|')]
+    if is_chat(cfg): return chat_prompts(cfg)
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))
 
 # %% ../nbs/09_sample.ipynb #c3397e72
 class TextStream:
-    "Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to `stop_id`."
-    def __init__(self, tokenizer, stop_id:int|None=None):
-        self.tk, self.stop, self.ids, self.ended = tokenizer, stop_id, [], False
+    "Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to a stop token."
+    def __init__(self, tokenizer,
+                 stop_id:int|list|None=None, # the token (or tokens) that end the text
+                 skip:set=frozenset(), # tokens left out of the text (reserved ones)
+                ):
+        stops = stop_id if isinstance(stop_id, (list, tuple, set)) else [stop_id]
+        self.tk, self.stops, self.skip, self.ids, self.ended = tokenizer, set(stops) - {None}, set(skip), [], False
 
     def push(self, i:int) -> str:
-        "The text token `i` completes: '' while a character is still partial, and after `stop_id`."
-        if self.ended or i == self.stop: self.ended = True; return ''
+        "The text token `i` completes: '' while a character is still partial, and after a stop token."
+        if self.ended or i in self.stops: self.ended = True; return ''
+        if i in self.skip: return ''
         self.ids.append(int(i))
         text = self.tk.decode(self.ids)
         if text.endswith('\ufffd'): return ''  # the next token finishes the character
@@ -254,6 +312,31 @@ class TextStream:
         "What is left: a character that never completed, as the replacement character."
         text, self.ids = (self.tk.decode(self.ids) if self.ids else ''), []
         return text
+
+def streamer(out:Callable, # called with each piece of text
+             tokenizer, prompt:str, stops:list[int], chat:bool=False) -> Callable:
+    "`emit(token_id)` for the first sample as `sample_texts` returns its text; `emit(None)` returns what is left."
+    from lmbook.tokenizer import SPECIAL_TOKENS
+    skip = {getattr(tokenizer, 'token_id', lambda t: None)(t) for t in SPECIAL_TOKENS} - {None}
+    ts, first = TextStream(tokenizer, stops, skip), [True]
+    out(prompt + ('\n' if chat else ''))
+    def emit(i):
+        piece = (ts.flush() if i is None else ts.push(i)).replace('\ufffd', '')
+        if first[0] and piece:
+            piece = piece.lstrip() if chat else seam(prompt, piece)
+            first[0] = not piece
+        if i is None: return piece
+        if piece: out(piece)
+    return emit
+
+# %% ../nbs/09_sample.ipynb #ae2c36e9
+def prompt_text(prompt:str) -> str:
+    "What the model is given for `prompt`: without trailing spaces, which belong to the next word's token."
+    return prompt.rstrip(' ')
+
+def seam(prompt:str, text:str) -> str:
+    "`text` to print after `prompt`, with one space between them, not two."
+    return text[1:] if prompt.endswith(' ') and text.startswith(' ') else text
 
 # %% ../nbs/09_sample.ipynb #8f6b648e
 SAMPLE_RANGES = dict(temperature=at_least(0), top_k=at_least(0), top_p=between(0, 1, lo_open=True),
@@ -270,6 +353,7 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
                  block_size:int|None=None, temperature:float=0.8, top_k:int|None=50, seed:int=0, device:str='cpu',
                  top_p:float=1.0, num_samples:int=1,
                  out=None, # called with the text as it is made: prompt, pieces of the first sample, '\n---\n', then the others
+                 chat:bool=False, # talk to a chat run: `chat_text` prompts, stop at its turn's end, the answer alone
                 ) -> list[dict]:
     "`num_samples` continuations per prompt: `[{'prompt', 'text'}]`, each text ending before end-of-text."
     check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
@@ -279,16 +363,16 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
     res = []
     try:
         for p in prompts:
-            ids = [eot] + tokenizer.encode(p)
+            ids = [eot] + tokenizer.encode(chat_text(p) if chat else prompt_text(p))
             if len(ids) > bs: raise ValueError(f"prompt {p[:40]!r} has {len(ids)} tokens (with the start token), more than the context of block_size={bs}: shorten it")
-            ts = TextStream(tokenizer, eot) if out else None
-            if out: out(p)
-            step = (lambda new: out(ts.push(new[0, 0].item()))) if out else None
+            stops = stop_ids(tokenizer, chat)
+            emit = streamer(out, tokenizer, p, stops, chat) if out else None
             gen = generate(model, torch.tensor([ids]*num_samples, device=device), max_new_tokens, bs, temperature, top_k, g,
-                           top_p, eot, on_step=step)
+                           top_p, stops, on_step=emit and (lambda new: emit(new[0, 0].item())))
             for j, row in enumerate(gen[:, len(ids):].tolist()):
-                res.append(dict(prompt=p, text=tokenizer.decode(row[:row.index(eot)] if eot in row else row)))
-                if out: out((ts.flush() if j == 0 else p + res[-1]['text']) + '\n---\n')
+                text = clean_text(tokenizer, row, stops)
+                res.append(dict(prompt=p, text=text.strip(), chat=True) if chat else dict(prompt=p, text=seam(p, text)))
+                if out: out((emit(None) if j == 0 else p + ('\n' if chat else '') + res[-1]['text']) + '\n---\n')
     finally: model.train(was_training)
     return res
 
@@ -300,7 +384,7 @@ def write_samples(run_dir:Path, step:int, samples:list[dict]):
         for s in samples: f.write(json.dumps(dict(step=step, **s)) + '\n')
     with open(run_dir/'samples.md', 'a') as f:
         f.write(f"\n## step {step}\n\n")
-        for s in samples: f.write(f"- **{s['prompt']}**{s['text']}\n".replace('\n\n', '\n'))
+        for s in samples: f.write(f"- **{s['prompt']}**{' → ' if s.get('chat') else ''}{s['text']}\n".replace('\n\n', '\n'))
 
 # %% ../nbs/09_sample.ipynb #d3d76314
 def sample_run(source:str|Path, # checkpoint folder, run folder or experiment name
@@ -311,8 +395,9 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
                top_p:float=1.0, num_samples:int=1,
                warn=None, # called with a message for each damaged checkpoint skipped, and a note on a capped max_new_tokens
                out=None, # called with the text as it is made (see `sample_texts`)
+               chat:bool|None=None, # the chat format (default: for a run fine-tuned on chat records)
               ) -> list[dict]:
-    "Continue `prompts` with the checkpoint `source` names."
+    "Continue `prompts` with the checkpoint `source` names (answer them, for a chat run)."
     check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, num_samples=num_samples)
     lm = load_model(source, root, device, warn=warn)
     if max_new_tokens > (bs := lm.config.model.block_size):
@@ -320,7 +405,7 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
             f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, block_size={bs}")
         max_new_tokens = bs
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None, temperature,
-                        top_k, seed, lm.device, top_p, num_samples, out)
+                        top_k, seed, lm.device, top_p, num_samples, out, is_chat(lm.config) if chat is None else chat)
 
 # %% ../nbs/09_sample.ipynb #e27c583c
 def add_cli(sub):
@@ -339,13 +424,14 @@ def add_cli(sub):
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
+    p.add_argument('--raw', action='store_true', help="a chat run's prompt as plain text to continue, not a question to answer")
     def run(args) -> int:
         source, prompts = (args.experiment, [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
         source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
         show = lambda s: (sys.stdout.write(s), sys.stdout.flush())  # text as it is made, whole characters only
         res = sample_run(source, prompts or None, args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                         args.root, args.device, args.top_p, args.num_samples,
-                         warn=lambda m: print(f"warning: {m}", file=sys.stderr), out=None if args.json else show)
+                         args.root, args.device, args.top_p, args.num_samples, warn=lambda m: print(f"warning: {m}", file=sys.stderr),
+                         out=None if args.json else show, chat=False if args.raw else None)
         for s in res if args.json else []: print(json.dumps(s), flush=True)
         return 0
     p.set_defaults(func=run)

@@ -20,8 +20,8 @@ from .tokenizer import EOT, SPECIAL_TOKENS
 __all__ = ['ROLES', 'END', 'HUB_INIT', 'FINETUNE', 'FINETUNE_PARAMS', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft',
            'pack', 'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init',
            'hub_init_state', 'init_model', 'adopt_init_tokenizer', 'SFTData', 'split_examples', 'sft_val_rows',
-           'prepare_run', 'run_loaders', 'resolve_init', 'builtin_chat', 'write_jsonl', 'finetune_overrides',
-           'finetune_config', 'finetune', 'add_cli']
+           'prepare_run', 'run_loaders', 'resolve_init', 'fit_sft_batch', 'builtin_chat', 'write_jsonl',
+           'finetune_overrides', 'finetune_config', 'finetune', 'add_cli']
 
 # %% ../nbs/06e_sft.ipynb #e17b6ee7
 ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}  # role -> its reserved token
@@ -51,6 +51,7 @@ def record_messages(rec, # one parsed JSONL record
         return out
     if 'prompt' not in rec and 'response' not in rec:
         raise ValueError(f"{where}: a record needs prompt and response, or messages; it has {', '.join(map(repr, rec)) or 'no fields'}")
+    if rec.get('response') is not None: _content(rec['response'], where, 'response')  # text, not a number or a list
     if not isinstance(rec.get('response'), str) or not rec['response'].strip(): raise ValueError(f"{where}: the record has no response")
     out = [dict(role='system', content=_content(rec['system'], where, 'system'))] if rec.get('system') else []
     return out + [dict(role='user', content=_content(rec.get('prompt', ''), where, 'prompt')),
@@ -91,7 +92,8 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
             if not line.strip(): continue
             where = f"{path}:{i}"
             try: rec = json.loads(line)
-            except json.JSONDecodeError as e: raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except json.JSONDecodeError as e:  # e.msg may end in 'at' already ('Unterminated string starting at')
+                raise ValueError(f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
             ids, mask = render_chat(record_messages(rec, where), tokenizer)
             if len(ids) > block_size + 1:
                 cut.append(where); ids, mask = ids[:block_size + 1], mask[:block_size + 1]
@@ -323,6 +325,24 @@ def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
         else: raise
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
 
+# %% ../nbs/06e_sft.ipynb #afc2f278
+def fit_sft_batch(cfg:Config, # the run's config
+                  prepared, # what `prepare_run` returned (only an `SFTData` is looked at)
+                  world_size:int=1, # processes sharing each batch
+                  log:Callable|None=None, # where the one line about a lowered batch_size goes
+                 ) -> Config:
+    "`cfg` with a `batch_size` that a small fine-tuning set fills, else `cfg` as it is."
+    if not isinstance(prepared, SFTData): return cfg
+    rows, B = len(prepared.train[0]), cfg.train.batch_size
+    if rows >= B*world_size: return cfg
+    if rows < world_size:
+        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than the {world_size} processes: "
+                         "add examples or use fewer processes")
+    b = rows//world_size
+    if log: log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} tokens, less than one "
+                f"batch of {world_size}x{B}: batch_size {b}")
+    return apply_overrides(cfg, dict(batch_size=b))
+
 # %% ../nbs/06e_sft.ipynb #92a196db
 def builtin_chat() -> list[dict]:
     "prompt/response records about Python's built-in names, answered from their docstrings."
@@ -347,7 +367,8 @@ def write_jsonl(records:list[dict], path:Path) -> Path:
 
 # %% ../nbs/06e_sft.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1, schedule='cosine', weight_decay=0.0,
-                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)  # fine-tuning's changes to the init run's config
+                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False,
+                doc_mask=True)  # fine-tuning's changes to the init run's config
 
 FINETUNE_PARAMS = dict(  # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
     init_from='',            # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a scratch workspace)
@@ -413,6 +434,9 @@ def add_cli(sub):
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
     p.add_argument('--lora-rank', type=int, default=None, metavar='R', help='train LoRA adapters of rank R on a frozen model (default: every weight)')
     p.add_argument('--lora-alpha', type=float, default=None, metavar='A', help='LoRA scale numerator (default 16)')
+    p.add_argument('--max-steps', type=int, default=None, metavar='N', help=f"optimizer steps (default {FINETUNE['max_steps']})")
+    p.add_argument('--batch-size', type=int, default=None, metavar='B',
+                   help="sequences per step (default: the init run's, lowered to what a small file fills)")
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:
@@ -420,6 +444,8 @@ def add_cli(sub):
         ov = parse_assignments(a.set)
         if a.lora_rank is not None: ov['lora_rank'] = a.lora_rank
         if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
+        if a.max_steps is not None: ov['max_steps'] = a.max_steps
+        if a.batch_size is not None: ov['batch_size'] = a.batch_size
         if a.no_auto_resume: ov['auto_resume'] = False
         try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']
         except NonFiniteError: return 3

@@ -6,17 +6,17 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../nbs/06_trainer.ipynb #a19fd682
 from __future__ import annotations
-import contextlib, gc, json, math, os, resource, signal, threading, time, uuid
+import contextlib, functools, gc, json, math, os, resource, signal, threading, time, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import torch
 from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params, apply_overrides, load_config_file
 from .memory import batch_choices, search_batch, max_batch_size
-from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable
-from .metrics import MetricsLogger, RunLog, format_row, _console
+from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable, on_runpod
+from .metrics import MetricsLogger, RunLog, format_row, format_duration, read_metrics, _console
 from .runlock import RunLock, RunLocked
-from .model import GPT
+from .model import GPT, doc_mask
 from .levers import apply_fp8, apply_act_ckpt
 from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
@@ -61,6 +61,11 @@ class Trainable:
     info: DistInfo = field(default_factory=DistInfo)
     sharded: bool = False         # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
     fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
+    mask_fn: Callable|None = None  # input ids -> attention mask (`model.doc_mask`), None: plain causal attention
+
+    def forward_kw(self, x:torch.Tensor) -> dict:
+        "The keyword arguments of a forward pass over `x` besides targets: the document mask, when the run has one."
+        return dict(mask=self.mask_fn(x)) if self.mask_fn else {}
 
     def autocast(self):
         "The autocast context for forward passes."
@@ -109,7 +114,7 @@ def train_step(t:Trainable, # model, optimizer and settings
         x, y = get_batch()
         x, y = x.to(t.device, non_blocking=True), y.to(t.device, non_blocking=True)
         with grad_sync(t.model, i == t.grad_accum - 1):
-            with t.autocast(): loss = t.model(x, y)/t.grad_accum
+            with t.autocast(): loss = t.model(x, y, **t.forward_kw(x))/t.grad_accum
             loss.backward()
         total += loss.detach()
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0 else float('inf'))
@@ -127,7 +132,8 @@ def evaluate(t:Trainable, batches:list) -> float:
     t.model.eval()
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
-        with t.autocast(): tot += t.model(x.to(t.device), y.to(t.device)).float()
+        x = x.to(t.device)
+        with t.autocast(): tot += t.model(x, y.to(t.device), **t.forward_kw(x)).float()
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
@@ -257,7 +263,7 @@ def _quiet(*a, **k): pass
 
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     "Everything before the first step of `cfg` as `experiment`."
-    from lmbook.sft import prepare_run, run_loaders, resolve_init
+    from lmbook.sft import prepare_run, run_loaders, resolve_init, fit_sft_batch
     from lmbook.validation import hellaswag_examples, train_evals
     tc = cfg.train
     cuda_allocator_defaults()
@@ -275,12 +281,14 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         barrier()
         if info.local_rank != 0: prepared = prepare_run(cfg, paths)
         if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
+        cfg = fit_sft_batch(cfg, prepared, info.world_size, say); tc = cfg.train  # a small fine-tuning file
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
         tps = cfg.tokens_per_step*info.world_size
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
         t = build_trainable(resolve_init(cfg, paths, run_dir), info)
+        if tc.doc_mask: t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
         loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
         evals = train_evals(prepared.tokenizer_dir, hellaswag, tc.hellaswag_every)
     except BaseException:
@@ -290,6 +298,13 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
                total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
 
 # %% ../nbs/06_trainer.ipynb #0f87a5b0
+def _price_env() -> float|None:
+    "USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod pod."
+    v = os.environ.get('LMBOOK_GPU_PRICE', '').strip()
+    if not v: return None
+    try: return float(v)
+    except ValueError: raise ValueError(f"LMBOOK_GPU_PRICE={v!r} must be USD per GPU-hour, e.g. 2.69") from None
+
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     "Rank 0 writes this start's config and `meta.json`; return the config file written."
     r.dir.mkdir(parents=True, exist_ok=True)
@@ -306,6 +321,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                 parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total, tokens_per_step=r.tokens_per_step,
                 n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
+                on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
     return path
@@ -315,6 +331,12 @@ def _mem_gb(device:str) -> float:
     if device.startswith('cuda'): return torch.cuda.max_memory_allocated(device)/1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1e6  # peak RSS (Linux reports KiB)
 
+def _elapsed_before(path:Path) -> float:
+    "The training seconds the rows of `path` (as far as this start kept them) already account for."
+    try: recs = read_metrics(path)
+    except FileNotFoundError: return 0.0
+    return max((r['elapsed_s'] for r in recs if isinstance(r.get('elapsed_s'), (int, float))), default=0.0)
+
 class StepLog:
     "Times the steps of a run and writes its metric rows."
     def __init__(self, r:Run, metrics:MetricsLogger):
@@ -322,6 +344,8 @@ class StepLog:
         dev = r.info.device
         self.peak = peak_flops(torch.cuda.get_device_name(dev) if dev.startswith('cuda') else None)
         self.fpt = flops_per_token(r.cfg.model)
+        self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
+        self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
 
     def timed(self, seconds:float): self.t_train += seconds; self.n += 1
 
@@ -335,9 +359,19 @@ class StepLog:
         self.t_train, self.n = 0.0, 0
         return row
 
+    def eta(self, step:int, now:float|None=None) -> float|None:
+        "Seconds left after `step`, at the pace since the first row this start wrote (None until there is one)."
+        now = time.time() if now is None else now
+        if self.first is None: self.first = (step, now)
+        s0, t0 = self.first
+        return (now - t0)/(step - s0)*(self.r.total - step) if step > s0 and step < self.r.total else None
+
     def write(self, row:dict):
-        "Append `row` to the metrics and log it as one line."
+        "Append `row` to the metrics and log it as one line, ending with the time left."
         extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
+        row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))  # wall time, gaps between starts left out
+        eta = self.eta(row['step'])
+        extra += f" | eta {format_duration(eta)}" if eta is not None else ''
         self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../nbs/06_trainer.ipynb #1705d16e
@@ -351,11 +385,11 @@ def exit_code(result:dict) -> int:
     return 128 + result['signal'] if result.get('signal') else EXIT_FINISHED
 
 def _samples(r:Run, step:int):
-    from lmbook.sample import sample_texts, write_samples, prompts_for
+    from lmbook.sample import sample_texts, write_samples, prompts_for, is_chat
     from lmbook.tokenizer import load_tokenizer
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
         s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir), prompts_for(r.cfg), block_size=r.cfg.model.block_size,
-                         seed=r.cfg.train.seed, device=r.info.device)
+                         seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
         if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:

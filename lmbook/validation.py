@@ -42,7 +42,7 @@ def val_metrics(t, # the run's `Trainable`
                 batches:list, byte_lengths:torch.Tensor) -> dict:
     "`val_loss` and `val_bpb` over `batches` in one pass, summed over ranks."
     from lmbook.eval import bits_per_byte
-    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device)
+    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device, t.mask_fn)
     return dict(val_loss=res['val_loss'], val_bpb=res['val_bpb'])
 
 def validation(r, # the `Run`
