@@ -6,20 +6,36 @@ Docs: https://lmbook.github.io/lmbook/analysis.html.md"""
 
 # %% ../nbs/09_analysis.ipynb #7b375080
 from __future__ import annotations
-import math
+import json, math
 from pathlib import Path
 from .core import paths_for, check_name, check_writable
+from .config import load_config_file
 from .metrics import read_metrics
+from .podplan import gpu_table, find_gpu
 
 # %% auto #0
-__all__ = ['PLOTS', 'OPTIONAL', 'series', 'run_dir', 'plot_runs', 'summarize']
+__all__ = ['GPT2_HELLASWAG', 'PLOTS', 'OPTIONAL', 'SMOOTHED', 'X_AXES', 'series', 'smoothed', 'run_dir', 'run_price',
+           'references', 'read_eval', 'plot_runs', 'summarize']
 
 # %% ../nbs/09_analysis.ipynb #34abc9b1
-def series(recs:list[dict], name:str) -> tuple[list, list]:
-    "Steps and values of metric `name` (records without it, or with a non-finite value, skipped)."
-    pts = [(r['step'], r[name]) for r in recs if isinstance(r.get(name), (int, float))
-           and math.isfinite(r[name])]
+def series(recs:list[dict], name:str, x:str='step') -> tuple[list, list]:
+    ("Values of `x` (the step, or e.g. `tokens`, `elapsed_s`) and of metric `name`, where a record has both, "
+     "finite.")
+    num = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+    pts = [(r[x], r[name]) for r in recs if num(r.get(name)) and num(r.get(x))]
     return [p[0] for p in pts], [p[1] for p in pts]
+
+# %% ../nbs/09_analysis.ipynb #16b3248c
+def smoothed(ys:list[float], smooth:float) -> list[float]:
+    "An exponential moving average of `ys` with weight `smooth` in [0, 1) on the past (0: `ys` as they are)."
+    if not 0 <= smooth < 1:
+        raise ValueError(f"smooth={smooth} must be in [0, 1): 0 draws the values as they are, 0.9 averages "
+                         "~10 points")
+    out, m = [], None
+    for y in ys:
+        m = y if m is None else smooth*m + (1 - smooth)*y
+        out.append(m)
+    return out
 
 # %% ../nbs/09_analysis.ipynb #08a450d8
 def run_dir(experiment:str, root:Path|None=None) -> Path:
@@ -32,35 +48,128 @@ def run_dir(experiment:str, root:Path|None=None) -> Path:
                                 f"{', '.join(runs) or 'none'}")
     return d
 
-# %% ../nbs/09_analysis.ipynb #814f4ee9
-PLOTS = dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',), val_bpb=('val_bpb',),
-             hellaswag=('hellaswag',))
-OPTIONAL = ('val_bpb', 'hellaswag')  # drawn only when a run logged them
+# %% ../nbs/09_analysis.ipynb #eb94e179
+def run_price(run:Path) -> float|None:
+    "USD per hour of the run in folder `run`, all its GPUs together; None where its hours have no price."
+    try: meta = json.loads((Path(run)/'meta.json').read_text())
+    except (OSError, ValueError): return None
+    gpus = meta.get('world_size') or 1
+    if isinstance(meta.get('gpu_price_per_hour'), (int, float)): return meta['gpu_price_per_hour']*gpus
+    if not meta.get('on_runpod'): return None
+    try: card = gpu_table()[find_gpu(str(meta.get('device_name') or ''))]
+    except (ValueError, FileNotFoundError): return None
+    return card['secure']*gpus if isinstance(card.get('secure'), (int, float)) else None
 
-def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -> dict[str, list[Path]]:
-    ("Plot loss/val_loss, grad_norm, lr (and val_bpb, hellaswag when logged) against step for `experiments`; "
-     "return the PNGs written per experiment.")
+GPT2_HELLASWAG = {(12, 768): ('GPT-2 124M', 0.2945), (24, 1024): ('GPT-2 350M', 0.3752), (36,
+        1280): ('GPT-2 774M', 0.4320),
+                  (48, 1600): ('GPT-2 1.5B', 0.4889)}  # (n_layer, n_embd) -> published acc_norm
+
+def references(run:Path) -> dict[str, list[tuple[float, str]]]:
+    "Published values to draw beside the run in folder `run`, by metric name."
+    try: cfg = load_config_file(Path(run)/'training.toml')
+    except (OSError, ValueError): return {}
+    m, out = cfg.model, {}
+    if m.arch == 'gpt2' and (ref := GPT2_HELLASWAG.get((m.n_layer, m.n_embd))):
+        out['hellaswag'] = [(ref[1], f"{ref[0]} (published)")]
+        if ref[0] == 'GPT-2 124M' and cfg.data.tokenizer == 'gpt2' and 'fineweb' in cfg.data.dataset.lower():
+            out['val_loss'] = [(3.28, 'GPT-2 124M quality on FineWeb')]
+    return out
+
+# %% ../nbs/09_analysis.ipynb #814f4ee9
+PLOTS = (dict(loss=('loss', 'val_loss'), grad_norm=('grad_norm',), lr=('lr',), val_bpb=('val_bpb',),
+              hellaswag=('hellaswag',)))
+OPTIONAL = ('val_bpb', 'hellaswag')  # drawn only when a run logged them
+# noisy from step to step: `smooth` draws their average over the raw curve
+SMOOTHED = ('loss', 'grad_norm')
+X_AXES = dict(tokens=('tokens', 'tokens (millions)', 1e6), time=('elapsed_s', 'training time', None),
+              # the loss is also drawn against these, where runs logged them
+              cost=('cost_usd', 'cost (USD)', 1.0))
+
+def _time_unit(runs:dict) -> tuple[float, str]:
+    longest = max((r.get('elapsed_s') or 0 for recs in runs.values() for r in recs), default=0)
+    return (3600, 'hours') if longest > 7200 else (60, 'minutes')
+
+def _figure(plt, runs:dict, names:tuple, x:str, scale:float, smooth:float, refs:dict):
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for i, (e, recs) in enumerate(runs.items()):
+        for n in names:
+            xs, ys = series(recs, n, x)
+            if not xs: continue
+            xs = [v/scale for v in xs]
+            label = n if len(runs) == 1 else f"{e} {n}"
+            kw = dict(color=f"C{i}") if len(runs) > 1 else {}
+            if n in ('val_loss',) + OPTIONAL:
+                ax.plot(xs, ys, 'o--' if len(runs) > 1 else 'o-', ms=3, label=label, **kw)
+            elif smooth and n in SMOOTHED:
+                line, = ax.plot(xs, ys, alpha=0.25, **kw)
+                ax.plot(xs, smoothed(ys, smooth), color=line.get_color(), label=f"{label} (smoothed)")
+            else: ax.plot(xs, ys, label=label, **kw)
+    for n in names:
+        for v, label in dict.fromkeys(r for e in runs for r in refs[e].get(n, [])):
+            ax.axhline(v, color='grey', ls=':', lw=1)
+            ax.annotate(f"{label}: {v:g}", (0.01, v), xycoords=('axes fraction', 'data'),
+                                                                   va='bottom', fontsize=8, color='grey')
+    ax.grid(alpha=0.3)
+    if ax.lines: ax.legend(fontsize=8)
+    return fig, ax
+
+def read_eval(run:Path) -> dict:
+    ("The harness results in the run folder's eval.json (`lmbook eval --tasks`): {task: {metric: value}}, {} "
+     "without one.")
+    try: d = json.loads((Path(run)/'eval.json').read_text())
+    except (OSError, ValueError): return {}
+    return {t: m for t, m in d.items() if isinstance(m, dict)} if isinstance(d, dict) else {}
+
+def _tasks_figure(plt, evals:dict):
+    "One bar per task and run: acc_norm where the task has it, else acc, with its standard error."
+    tasks = sorted({t for ev in evals.values() for t in ev})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    w = 0.8/max(len(evals), 1)
+    for i, (e, ev) in enumerate(evals.items()):
+        key = lambda m: 'acc_norm' if 'acc_norm' in m else 'acc'
+        ys = [ev.get(t, {}).get(key(ev.get(t, {})), float('nan')) for t in tasks]
+        err = [ev.get(t, {}).get(f"{key(ev.get(t, {}))}_stderr") or 0 for t in tasks]
+        ax.bar([j + i*w for j in range(len(tasks))], ys, w, yerr=err, capsize=2, label=e)
+    ax.set_xticks([j + w*(len(evals) - 1)/2 for j in range(len(tasks))], [t for t in tasks], rotation=20,
+                  fontsize=8)
+    ax.set_ylabel('acc_norm (else acc)')
+    ax.set_title('lm-evaluation-harness tasks')
+    ax.grid(alpha=0.3, axis='y')
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on the same axes
+              root:Path|None=None, # workspace root (default: from settings)
+              show:bool=False, # also show the figures (in a notebook)
+              smooth:float=0.0, # >0: draw loss and grad_norm averaged (see `smoothed`) over their raw curves
+             ) -> dict[str, list[Path]]:
+    ("Plot every metric against step, and the loss against tokens, training time and cost; return each "
+     "experiment's PNGs.")
     import matplotlib  # slow to import: plots only
     if not show: matplotlib.use('Agg', force=False)
     import matplotlib.pyplot as plt  # slow to import: plots only
     exps = [experiments] if isinstance(experiments, str) else list(experiments)
     if not exps: raise ValueError("give at least one experiment name to plot")
-    runs = {e: read_metrics(run_dir(e, root)) for e in exps}
+    smoothed([], smooth)  # a bad smooth fails before any work
+    dirs = {e: run_dir(e, root) for e in exps}
     check_writable(*(paths_for(e, root=root).plots for e in exps),
                    fix='plots go into the run folder: make it writable, or plot a copy')
-    written = {e: [] for e in exps}
-    figs = []
-    for fname, names in PLOTS.items():
-        if fname in OPTIONAL and not any(series(recs, n)[0] for recs in runs.values()
-                                         for n in names): continue
-        fig, ax = plt.subplots(figsize=(6.4, 3.6))
-        for e, recs in runs.items():
-            for n in names:
-                xs, ys = series(recs, n)
-                if xs: ax.plot(xs, ys, marker='o' if n in ('val_loss',) + OPTIONAL else None, ms=3,
-                               label=n if len(exps) == 1 else f"{e} {n}")
-        ax.set_xlabel('step'); ax.set_ylabel(fname); ax.grid(alpha=0.3)
-        if fname == 'loss' or len(exps) > 1: ax.legend()
+    runs, refs = {e: read_metrics(d) for e, d in dirs.items()}, {e: references(d) for e, d in dirs.items()}
+    for e, d in dirs.items():
+        if price := run_price(d):
+            runs[e] = ([dict(r, cost_usd=r['elapsed_s']/3600*price) if 'elapsed_s' in r else r
+                        for r in runs[e]])
+    plan = [(f, names, 'step', 1.0, 'step') for f, names in PLOTS.items()]
+    for k, (x, label, scale) in X_AXES.items():
+        if scale is None: scale, unit = _time_unit(runs); label = f"{label} ({unit})"
+        plan.append((f"loss_{k}", PLOTS['loss'], x, scale, label))
+    written, figs = {e: [] for e in exps}, []
+    for fname, names, x, scale, xlabel in plan:
+        # nobody logged it
+        if not any(series(recs, n, x)[0] for recs in runs.values() for n in names): continue
+        fig, ax = _figure(plt, runs, names, x, scale, smooth, refs)
+        ax.set_xlabel(xlabel); ax.set_ylabel('loss' if fname.startswith('loss') else fname)
         ax.set_title(f"{fname} — {', '.join(exps)}")
         fig.tight_layout()
         for e in exps:
@@ -69,6 +178,13 @@ def plot_runs(experiments:list[str]|str, root:Path|None=None, show:bool=False) -
             stem = fname if len(exps) == 1 else f"{fname}-vs-{'-'.join(x for x in exps if x != e)}"[:120]
             fig.savefig(out/f"{stem}.png", dpi=110)
             written[e].append(out/f"{stem}.png")
+        figs.append(fig)
+    if any(read_eval(d) for d in dirs.values()):
+        fig = _tasks_figure(plt, {e: read_eval(d) for e, d in dirs.items()})
+        for e in exps:
+            stem = 'tasks' if len(exps) == 1 else f"tasks-vs-{'-'.join(x for x in exps if x != e)}"[:120]
+            fig.savefig(paths_for(e, root=root).plots/f"{stem}.png", dpi=110)
+            written[e].append(paths_for(e, root=root).plots/f"{stem}.png")
         figs.append(fig)
     if show: plt.show()
     for f in figs: plt.close(f)

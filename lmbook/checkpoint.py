@@ -66,6 +66,7 @@ def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
     ("Full (unsharded) model and optimizer state dicts, keyed by parameter name (on the CPU unless not "
      "`cpu_offload`).")
     # slow to import (~0.8 s): checkpoints only
+    # slow to import (~0.8 s): checkpoints only
     from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, StateDictOptions
     opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
     if optimizer is None: return get_model_state_dict(model, options=opts), None
@@ -73,6 +74,7 @@ def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
 
 def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, msd:dict, osd:dict|None):
     "Load full state dicts (every rank passes them) into a plain, DDP or FSDP2 model and its optimizer."
+    # slow to import (~0.8 s): checkpoints only
     # slow to import (~0.8 s): checkpoints only
     from torch.distributed.checkpoint.state_dict import set_state_dict, set_model_state_dict, StateDictOptions
     opts = StateDictOptions(full_state_dict=True)

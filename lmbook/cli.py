@@ -8,8 +8,8 @@ Docs: https://lmbook.github.io/lmbook/cli.html.md"""
 from __future__ import annotations
 import argparse, json, sys
 from pathlib import Path
-from . import data, tokenizer, loader, databench, launch, finetune, sample, eval, export, bench, runpod
-from . import boot, docs
+from . import data, tokenizer, loader, databench, launch, finetune, sample, chat, eval, export, bench
+from . import runpod, boot, docs
 from .core import cli_options, EXIT_USER_ERROR
 from .config import PROFILES, count_params, flops_per_token
 from .memory import estimate_memory
@@ -80,16 +80,20 @@ def _readme(args) -> int:
     return 0
 
 def _plot(args) -> int:
-    for e, pngs in plot_runs(args.experiments, root=args.root).items(): print(e, *map(str, pngs), sep='\n  ')
+    for e, pngs in plot_runs(args.experiments, root=args.root, smooth=args.smooth).items():
+        print(e, *map(str, pngs), sep='\n  ')
     return 0
 
 # %% ../nbs/10_cli.ipynb #31da40ed
 def add_user_cli(sub):
     "Register the commands of a run's life, in its order: data, training, its results, pods."
-    for mod in (loader, data, tokenizer, launch, finetune, sample, eval, export): mod.add_cli(sub)
-    p = (cli_options(sub.add_parser('plot', help='plot loss, grad norm and lr of one or more experiments'),
-                     'root'))
+    for mod in (loader, data, tokenizer, launch, finetune, sample, chat, eval, export): mod.add_cli(sub)
+    p = cli_options(sub.add_parser('plot', help='plot the metrics of one or more experiments against step, '
+                                   'and '
+                                   'the loss against tokens, time and cost'), 'root')
     p.add_argument('experiments', nargs='+', help='experiment names')
+    p.add_argument('--smooth', type=float, default=0.0,
+                   help='>0 (e.g. 0.9): also draw the train loss averaged over ~1/(1-smooth) rows')
     p.set_defaults(func=_plot)
     p = sub.add_parser('profiles', help='list the profiles with parameter counts and memory estimates')
     p.add_argument('--json', action='store_true', help='print JSON instead of a table')

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/config.html.md"""
 
 # %% ../nbs/01_config.ipynb #ec2b06d0
 from __future__ import annotations
-import dataclasses, json, math, re
+import dataclasses, difflib, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable
@@ -17,10 +17,10 @@ except ImportError: import tomli as tomllib
 # %% auto #0
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
            'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
-           'TrainConfig', 'Config', 'field_index', 'apply_overrides', 'validate', 'config_fields', 'resume_rules',
-           'field_help', 'field_option', 'fields_table', 'parse_assignments', 'parse_overrides', 'count_params',
-           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
-           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'TrainConfig', 'Config', 'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'config_fields',
+           'resume_rules', 'field_help', 'field_option', 'fields_table', 'parse_assignments', 'parse_overrides',
+           'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b',
+           'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def field_ranges(cls) -> dict[str, Range]:
     return {f.name: f.metadata['allowed'] for f in fields(cls)}
 
 # %% ../nbs/01_config.ipynb #e3569f03
-_ATTN_BACKEND = one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math')
+_ATTN_BACKEND = one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex')
 
 @dataclass
 class ModelConfig:
@@ -106,7 +106,8 @@ class ModelConfig:
                            "(eager memory saver); 0: whole logits, fused by compile")
     attn_backend: str = cfield('sdpa', _ATTN_BACKEND, 'free', "attention kernel: 'sdpa' (torch's "
                                "choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster "
-                               "on an H100), 'cudnn', 'flash', 'efficient' or 'math'")
+                               "on an H100), 'cudnn', 'flash', 'efficient', 'math', or 'flex' (FlexAttention "
+                               "for doc_mask on CUDA, torch 2.5+)")
     fused_ce: bool = cfield(False, FLAG, 'free', "loss as one fused linear + cross-entropy that never holds "
                             "the logits (liger-kernel if installed, else the chunked one)")
     bias: bool = cfield(False, FLAG, 'shape', "gpt2 only: biases in the blocks' Linear layers and in every "
@@ -254,6 +255,9 @@ class TrainConfig:
                                   "them)")
     hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
                                  "validation file, cached in the workspace)")
+    doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a row "
+                            "(block-diagonal causal, documents start at end-of-text); fine-tuning turns it "
+                            "on")
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 
@@ -282,6 +286,12 @@ def field_index() -> dict[str, tuple[str, Any]]:
             idx[f.name] = (sec, f.type)
     return idx
 
+# %% ../nbs/01_config.ipynb #2561a0a4
+def did_you_mean(name:str, choices) -> str:
+    "' (did you mean X?)' for the choice closest to a misspelled `name`, or '' when none is close."
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ''
+
 # %% ../nbs/01_config.ipynb #42f89c41
 _TYPES = dict(int=int, float=float, str=str, bool=bool)
 
@@ -306,7 +316,9 @@ def apply_overrides(cfg:Config, overrides:dict) -> Config:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), data=dataclasses.replace(cfg.data),
                               train=dataclasses.replace(cfg.train))
     for k, v in overrides.items():
-        if k not in idx: raise ValueError(f"unknown config key {k!r}; valid keys: {', '.join(sorted(idx))}")
+        if k not in idx:
+            raise ValueError(f"unknown config key {k!r}{did_you_mean(k, idx)}; valid keys: "
+                             f"{', '.join(sorted(idx))}")
         sec, typ = idx[k]
         setattr(getattr(cfg, sec), k, _coerce(k, v, typ))
     validate(cfg)
@@ -528,6 +540,7 @@ def get_config(profile:str, overrides:dict|None=None) -> Config:
     "The config of a profile name (or config file path) with flat `overrides` applied."
     if profile in PROFILES: cfg = PROFILES[profile]()
     elif Path(profile).suffix in ('.toml', '.yaml', '.yml', '.json'): cfg = load_config_file(Path(profile))
-    else: raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)} or give a "
-                           ".toml/.yaml config file")
+    else:
+        raise ValueError(f"unknown profile {profile!r}{did_you_mean(profile, PROFILES)}; choose one of "
+                         f"{', '.join(PROFILES)} or give a .toml/.yaml config file")
     return apply_overrides(cfg, overrides or {})

@@ -103,7 +103,7 @@ def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo,
     check_parallel(parallel, info.device)
     if parallel == 'ddp':
         # slow to import (~0.5 s): several processes only
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel as DDP  # slow to import
         ids = [torch.device(info.device).index] if info.device.startswith('cuda') else None
         return DDP(model, device_ids=ids)
     if parallel == 'fsdp':

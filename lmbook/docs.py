@@ -6,13 +6,14 @@ Docs: https://lmbook.github.io/lmbook/docs.html.md"""
 
 # %% ../nbs/09b_docs.ipynb #e89e8853
 from __future__ import annotations
-import ast, contextlib, functools, http.server, json, os, re, shutil, sys, tempfile, warnings
+import ast, contextlib, functools, hashlib, http.server, json, os, re, shutil, sys, tempfile, warnings
 from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['DOCS_FILE_RE', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links', 'sidebar', 'stage_site',
-           'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'serve', 'add_dev_cli']
+__all__ = ['DOCS_FILE_RE', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links', 'sidebar', 'stage_site',
+           'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'docs_inputs', 'site_folder', 'site_current',
+           'serve', 'add_dev_cli']
 
 # %% ../nbs/09b_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -210,7 +211,31 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
         # e.g. --out is a folder that is not a site
         except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None
     markdown_copies(out); offline_css(out); member_links(out)
+    (out/STAMP).write_text(json.dumps(dict(inputs=docs_inputs(checkout))))
     return out, list(site.warnings)
+
+# %% ../nbs/09b_docs.ipynb #f9f6899a
+STAMP = '.lmbook-docs.json'  # in the site folder: the hash of what it was built from
+
+def docs_inputs(checkout:Path) -> str:
+    "A hash of what the site of `checkout` is built from (nbs/, the package's modules, pyproject.toml)."
+    checkout, h = Path(checkout).resolve(), hashlib.sha256()
+    files = [f for f in (checkout/'nbs').rglob('*') if f.is_file() and '.ipynb_checkpoints' not in f.parts]
+    files += [*(checkout/'lmbook').glob('*.py'), checkout/'pyproject.toml']
+    for f in sorted(files):
+        h.update(str(f.relative_to(checkout)).encode() + b'\0' + f.read_bytes() + b'\0')
+    return h.hexdigest()
+
+def site_folder(checkout:Path='.', out:Path|None=None) -> Path:
+    "The folder `lmbook docs` writes: `out`, else nbdev's doc_path."
+    from nbdev.config import get_config  # developer tool: the docs only
+    if out: return Path(out).resolve()
+    with _in_dir(Path(checkout).resolve()): return Path(get_config().doc_path)
+
+def site_current(checkout:Path='.', out:Path|None=None) -> bool:
+    "Whether the site of `checkout` was built from the files as they are now."
+    try: return json.loads((site_folder(checkout, out)/STAMP).read_text())['inputs'] == docs_inputs(checkout)
+    except (OSError, ValueError, KeyError, TypeError): return False
 
 # %% ../nbs/09b_docs.ipynb #7e040256
 def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
@@ -232,7 +257,15 @@ def add_dev_cli(sub):
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')
     p.add_argument('--serve', action='store_true', help='then serve it on 127.0.0.1 until Ctrl-C')
     p.add_argument('--port', type=int, default=8000, help='the port for --serve')
+    p.add_argument('--rebuild', action='store_true', help='with --serve: build even when the site is up to '
+                   'date')
     def run(a) -> int:
+        if a.serve and not a.rebuild and site_current(a.checkout, a.out):
+            out = site_folder(a.checkout, a.out)
+            print(f"{out} is up to date with the notebooks: serving it as it is (--rebuild builds it again)",
+                  flush=True)
+            serve(out, a.port)
+            return 0
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
         n = len(list(out.glob('*.html')))

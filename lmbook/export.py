@@ -13,11 +13,12 @@ from safetensors.torch import save_file, load_file
 from .core import check_writable, cli_options
 from .config import ModelConfig
 from .tokenizer import EOT, hub_file
-from .sample import load_model
+from .sft import END
+from .sample import load_model, is_chat
 
 # %% auto #0
-__all__ = ['hf_config', 'hf_state_dict', 'write_tokenizer', 'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json',
-           'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
+__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template', 'export_hf',
+           'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
 
 # %% ../nbs/05c_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -92,6 +93,31 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
                                                                      **special), indent=1))
     (out_dir/'special_tokens_map.json').write_text(json.dumps(special, indent=1))
 
+# %% ../nbs/05c_export.ipynb #6567c872
+def shareable(folder:Path) -> Path:
+    "Give `folder` and the files in it the permissions the process's umask gives new files and folders."
+    mask = os.umask(0); os.umask(mask)
+    folder = Path(folder)
+    folder.chmod(0o777 & ~mask)
+    for f in folder.iterdir():
+        if f.is_file(): f.chmod(0o666 & ~mask)
+    return folder
+
+# %% ../nbs/05c_export.ipynb #88e70350
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + "
+                 "'<|end|>' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+
+def write_chat_template(tokenizer, out_dir:Path):
+    ("Add lmbook's chat format to an exported folder: the tokenizer's `chat_template`, and `<|end|>` as an "
+     "end of generation.")
+    out_dir, end = Path(out_dir), tokenizer.token_id(END)
+    tc = json.loads((out_dir/'tokenizer_config.json').read_text())
+    (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tc, chat_template=CHAT_TEMPLATE), indent=1))
+    gc = json.loads((out_dir/'generation_config.json').read_text())
+    (out_dir/'generation_config.json').write_text(json.dumps(dict(gc, eos_token_id=[tokenizer.eot_id, end]),
+                                                             indent=1))
+
 # %% ../nbs/05c_export.ipynb #07c9e14a
 # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
 def export_hf(source:str|Path,
@@ -128,9 +154,11 @@ def export_hf(source:str|Path,
                                                                   eos_token_id=lm.tokenizer.eot_id),
                                                                       indent=1))
         write_tokenizer(lm.tokenizer, tmp, m.block_size)
+        if is_chat(lm.config): write_chat_template(lm.tokenizer, tmp)
         (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step,
                                                        experiment=lm.experiment,
                                                        config=lm.state.get('config')), indent=1))
+        shareable(tmp)
         if out.exists():
             old = out.with_name(f'.{out.name}.old-{os.getpid()}')
             os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)

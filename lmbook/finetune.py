@@ -22,8 +22,8 @@ __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'finetune_overrides', 'finetune_config
 # %% ../nbs/07b_finetune.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1,
                 schedule='cosine', weight_decay=0.0,
-                # fine-tuning's changes to the init run's config
-                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False)
+                eval_every=50, ckpt_every=100, sample_every=0, lora_rank=0, allow_config_change=False,
+                doc_mask=True)  # fine-tuning's changes to the init run's config
 
 # the parameters of nbs/finetune.ipynb, with their defaults: a small CPU run unless init_from is given
 FINETUNE_PARAMS = dict(
@@ -77,8 +77,9 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
     check_name(experiment)
     cfg = finetune_config(init_from, data, overrides, root)
     ck, state = init_checkpoint(init_from, root)
-    if paths_for(experiment, root=root).run == run_of(ck): raise ValueError(f"experiment {experiment!r} is "
-        "the init run itself: give the fine-tuned run a new name")
+    if paths_for(experiment, root=root).run == run_of(ck):
+        raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
+                         "name")
     check_init_shape(cfg, state, ck)
     read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root),
              cfg.model.block_size)  # bad lines fail before any folder is made
@@ -87,8 +88,8 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
 # %% ../nbs/07b_finetune.ipynb #ae034cd3
 def add_cli(sub):
     "Register `lmbook finetune`."
-    p = sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat '
-                       'records (loss on responses only)')
+    p = (sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat '
+                        'records (loss on responses only)'))
     p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run: experiment '
                    'name, run folder or checkpoint folder')
     p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or '
@@ -96,12 +97,18 @@ def add_cli(sub):
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
     field_option(p, 'lora_rank', metavar='R')
     field_option(p, 'lora_alpha', metavar='A')
+    p.add_argument('--max-steps', type=int, default=None, metavar='N', help="optimizer steps (default "
+                   f"{FINETUNE['max_steps']})")
+    p.add_argument('--batch-size', type=int, default=None, metavar='B',
+                   help="sequences per step (default: the init run's, lowered to what a small file fills)")
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:
         ov = parse_assignments(a.set)
         if a.lora_rank is not None: ov['lora_rank'] = a.lora_rank
         if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
+        if a.max_steps is not None: ov['max_steps'] = a.max_steps
+        if a.batch_size is not None: ov['batch_size'] = a.batch_size
         if a.no_auto_resume: ov['auto_resume'] = False
         try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']
         except NonFiniteError: return EXIT_DIVERGED

@@ -6,12 +6,12 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../nbs/07a_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, json, os, shlex, signal, subprocess, sys, tempfile, threading
+import argparse, json, os, shlex, signal, subprocess, sys, tempfile, textwrap, threading
 from pathlib import Path
 from typing import Iterator
 from .core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from .core import EXIT_CODES, EXIT_DIVERGED, EXIT_USER_ERROR
-from .config import get_config, parse_assignments, field_option
+from .config import get_config, parse_assignments, field_option, PROFILES, SECTIONS, field_index
 from .distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from .metrics import RunLog
 from .runstart import prepare_run
@@ -19,7 +19,7 @@ from .trainer import NonFiniteError, exit_code, train
 
 # %% auto #0
 __all__ = ['WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
-           'TrainingExit', 'run_training', 'detach', 'add_cli']
+           'TrainingExit', 'run_training', 'detach', 'train_epilog', 'add_cli']
 
 # %% ../nbs/07a_launch.ipynb #01c458d7
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -208,9 +208,23 @@ def detach(profile:str, # profile name or config file
     return p.pid, out
 
 # %% ../nbs/07a_launch.ipynb #66c1699e
+def train_epilog(width:int=100) -> str:
+    "The end of `lmbook train --help`: the profiles, and every config key by section."
+    profs = [f"  {n:<10} {(fn.__doc__ or '').strip()}" for n, fn in PROFILES.items()]
+    idx = field_index()
+    keys = [textwrap.fill(', '.join(k for k, (s, _) in idx.items() if s == sec), width,
+                          initial_indent=f"  {sec}: ",
+                          subsequent_indent=' '*(len(sec) + 4)) for sec in SECTIONS]
+    return '\n'.join(["profiles (--profile NAME, or a .toml/.yaml file such as a run's training.toml; "
+                      "sizes: lmbook profiles):", *profs, '',
+                      "config keys (--set KEY=VALUE ... or KEY=VALUE; what each means and allows: the docs' "
+                          "config page, or lmbook/config.py):", *keys])
+
 def add_cli(sub):
     "Register `lmbook train`."
-    p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)'))
+    p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)',
+                                  epilog=train_epilog(),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter))
     p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: '
                    'closing the terminal does not stop it')
     def run(a) -> int:
@@ -222,10 +236,11 @@ def add_cli(sub):
                   f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
                   f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
             return 0
-        if cfg.train.nproc == 1 and not a.torchrun_args: return train_process(cfg, experiment, a.root,
-                                                                              a.prepare_only)
-        try: run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args,
-                          prepare_only=a.prepare_only,
+        if cfg.train.nproc == 1 and not a.torchrun_args:
+            return train_process(cfg, experiment, a.root, a.prepare_only)
+        try:
+            run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args,
+                         prepare_only=a.prepare_only,
                           forward_signals=True)
         except TrainingExit as e:
             # the run's own lines said the rest

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 from .config import Config
-from .model import _liger_flce
+from .model import _liger_flce, create_block_mask
 
 # %% auto #0
 __all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'keep_matmuls', 'checkpointed',
@@ -37,6 +37,7 @@ def fp8_eligible(mod:nn.Module, fqn:str) -> bool:
 def convert_fp8(model:nn.Module, recipe:str) -> int:
     ("Swap the eligible linear layers of `model` for torchao's `Float8Linear` (`recipe`: 'tensorwise' or "
      "'rowwise'); returns how many.")
+    # optional: float8 through torchao
     # optional: float8 through torchao
     from torchao.float8 import convert_to_float8_training, Float8LinearConfig
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())
@@ -103,8 +104,10 @@ def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
     ("The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as "
      "`model.sdpa` decides.")
     m = cfg.model
-    if m.attn_backend != 'auto': return m.attn_backend
     cuda = device.startswith('cuda') and torch.cuda.is_available()
+    if m.attn_backend == 'flex':  # FlexAttention for document masks where it runs, else SDPA
+        return 'flex' if cfg.train.doc_mask and cuda and create_block_mask is not None else 'sdpa'
+    if m.attn_backend != 'auto': return m.attn_backend
     plain = m.kv_heads == m.n_head and not (training and m.dropout) and m.head_dim <= 128
     return 'cudnn' if cuda and plain and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'
 

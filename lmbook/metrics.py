@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Callable
 
 # %% auto #0
-__all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'read_metrics', 'repair_metrics', 'set_aside', 'MetricsLogger',
-           'RunLog']
+__all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
+           'MetricsLogger', 'RunLog']
 
 # %% ../nbs/04a_metrics.ipynb #bbe24bdc
 METRICS = 'metrics.jsonl'
@@ -40,6 +40,12 @@ def format_row(row:dict, total:int) -> str:
     if row.get('mfu'): parts.append(f"mfu {100*row['mfu']:.1f}%")
     if row.get('skipped'): parts.append(f"skipped {row['skipped']}")
     return ' | '.join(parts)
+
+# %% ../nbs/04a_metrics.ipynb #c50bd6a5
+def format_duration(s:float) -> str:
+    "Seconds as '42s', '3m05s' or '2h07m'."
+    s = int(max(s, 0))
+    return f"{s//3600}h{s%3600//60:02d}m" if s >= 3600 else f"{s//60}m{s%60:02d}s" if s >= 60 else f"{s}s"
 
 # %% ../nbs/04a_metrics.ipynb #8209cc00
 def read_metrics(path:Path) -> list[dict]:
@@ -103,6 +109,7 @@ class MetricsLogger:
         if not enabled: return
         if tensorboard:
             try:
+                # slow to import: only a run that logs to TensorBoard
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(Path(run_dir)/'tensorboard'))

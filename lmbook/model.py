@@ -10,11 +10,13 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+try: from torch.nn.attention.flex_attention import flex_attention, create_block_mask  # torch 2.5 and newer
+except ImportError: flex_attention = create_block_mask = None
 from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE',
-           'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT']
+           'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
 
 # %% ../nbs/03_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
@@ -24,7 +26,8 @@ def _cudnn_suits(q, k, kw) -> bool:
     ("Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel "
      "applies.")
     return (q.is_cuda and torch.cuda.get_device_properties(q.device).major >= 9 and not kw.get('enable_gqa')
-            and not kw.get('dropout_p') and q.shape == k.shape and q.shape[-1] <= 128)
+            and not kw.get('dropout_p') and kw.get('attn_mask') is None and q.shape == k.shape
+                and q.shape[-1] <= 128)
 
 def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
     ("`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN "
@@ -32,7 +35,7 @@ def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
     if backend == 'auto': backend = 'cudnn' if _cudnn_suits(q, k, kw) else 'sdpa'
     if backend == 'sdpa': return F.scaled_dot_product_attention(q, k, v, **kw)
     # pulls in torch._dynamo (~1 s): a chosen kernel only
-    from torch.nn.attention import sdpa_kernel, SDPBackend
+    from torch.nn.attention import sdpa_kernel, SDPBackend  # pulls in torch._dynamo
     with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend]), SDPBackend.MATH]):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
@@ -62,26 +65,31 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout, self.backend = cfg.dropout, cfg.attn_backend
 
-    def forward(self, x, rope=None, kv=None):
+    def forward(self, x, rope=None, kv=None, mask=None):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split([self.nh*self.hd, self.nkv*self.hd, self.nkv*self.hd], dim=-1)
-        q, k, v = q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv,
-                                                                                          self.hd)
+        q, k, v = (q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv,
+                                                                                           self.hd))
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
-        mask = None
         if kv is not None:  # generation: store this step's keys/values after the cached ones, attend over all
             kbuf, vbuf, pos = kv
             kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
             k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
-            if T > 1: mask = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos)  # (T, pos+T)
+            # (T, pos+T)
+            mask = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos) if T > 1 else None
         gqa = self.nkv != self.nh
         if gqa and not _SDPA_GQA:
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
+        # a FlexAttention BlockMask (`doc_mask`)
+        if mask is not None and kv is None and not isinstance(mask, torch.Tensor):
+            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         kw = dict(enable_gqa=True) if gqa and _SDPA_GQA else {}
-        if kv is not None: kw['attn_mask'] = mask
-        y = sdpa(q, k, v, self.backend, is_causal=kv is None, dropout_p=self.dropout if self.training
-                 else 0.0, **kw)
+        if mask is not None: kw['attn_mask'] = mask  # the cache's window, or `doc_mask`'s documents
+        be = 'sdpa' if self.backend == 'flex' else self.backend  # flex serves document masks only
+        y = (sdpa(q, k, v, be, is_causal=mask is None and kv is None, dropout_p=self.dropout if self.training
+                  else 0.0, **kw))
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 # %% ../nbs/03_model.ipynb #e4bc1f39
@@ -114,8 +122,8 @@ class Block(nn.Module):
                                                      make_norm(cfg), MLP(cfg))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, rope=None, kv=None):
-        x = x + self.drop(self.attn(self.ln_1(x), rope, kv))
+    def forward(self, x, rope=None, kv=None, mask=None):
+        x = x + self.drop(self.attn(self.ln_1(x), rope, kv, mask))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
 # %% ../nbs/03_model.ipynb #9b4e3b0e
@@ -177,6 +185,7 @@ def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
 def _liger_flce():
     "liger-kernel's fused linear + cross-entropy function, or None when it cannot be imported."
     try:  # an optional GPU package
+        # optional: the fused loss through liger-kernel
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
     # an optional GPU package: missing, or built for another torch/triton (the run's row names the kernel
     # used)
@@ -207,9 +216,12 @@ class GPT(nn.Module):
     "A decoder-only transformer language model."
     def __init__(self, cfg:ModelConfig):
         super().__init__()
-        if cfg.bias and cfg.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
-                                                             "arch='gpt2', or bias=False for "
-                                                                 f"arch={cfg.arch!r}")
+        if cfg.attn_backend == 'flex' and flex_attention is None:
+            raise ValueError(f"attn_backend='flex' needs FlexAttention, which torch {torch.__version__} "
+                             "lacks (2.5+ has it): use attn_backend='sdpa'")
+        if cfg.bias and cfg.arch != 'gpt2':
+            raise ValueError("bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for "
+                             f"arch={cfg.arch!r}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == 'gpt2' else None
@@ -234,7 +246,9 @@ class GPT(nn.Module):
             if isinstance(m, (nn.LayerNorm, nn.RMSNorm)): nn.init.ones_(m.weight)
             if isinstance(m, (nn.LayerNorm, nn.Linear)) and m.bias is not None: nn.init.zeros_(m.bias)
 
-    def forward(self, idx:torch.Tensor, targets:torch.Tensor|None=None, cache:KVCache|None=None):
+    def forward(self, idx:torch.Tensor, targets:torch.Tensor|None=None, cache:KVCache|None=None,
+                mask=None, # from `doc_mask`: positions attend only within their own document
+               ):
         B, T = idx.shape
         pos = cache.pos if cache is not None else 0  # position of idx's first token
         if pos + T > self.cfg.block_size:
@@ -244,14 +258,34 @@ class GPT(nn.Module):
         if self.wpe is not None: x = x + self.wpe(torch.arange(pos, pos + T, device=idx.device))
         else: rope = (self.rope_cos[pos:pos+T], self.rope_sin[pos:pos+T])
         x = self.drop(x)
-        for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i))
+        for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i), mask)
         if cache is not None: cache.pos += T
         x = self.ln_f(x)
         if targets is None: return self.lm_head(x)[..., :self.cfg.vocab_size]
-        if self.cfg.fused_ce: return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight,
-                                                                targets.reshape(-1), self.cfg.ce_chunk
-                                                                    or 8192)
-        if self.cfg.ce_chunk: return chunked_cross_entropy(x.view(B*T, -1), self.lm_head.weight,
-                                                           targets.reshape(-1), self.cfg.ce_chunk)
+        if self.cfg.fused_ce:
+            return fused_linear_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1),
+                                              self.cfg.ce_chunk or 8192)
+        if self.cfg.ce_chunk:
+            return chunked_cross_entropy(x.view(B*T, -1), self.lm_head.weight, targets.reshape(-1),
+                                         self.cfg.ce_chunk)
         logits = self.lm_head(x).float()
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+# %% ../nbs/03_model.ipynb #4e235282
+def doc_ids(idx:torch.Tensor, # (B, T) token ids
+            sep_id:int, # the token that starts a document (end-of-text)
+           ) -> torch.Tensor:
+    "(B, T) the number of the document each position is in, counting the `sep_id` tokens up to it."
+    return (idx == sep_id).cumsum(1)
+
+def doc_mask(idx:torch.Tensor, # (B, T) token ids, documents separated by `sep_id`
+             sep_id:int, # the token that starts a document (end-of-text)
+             backend:str='sdpa', # the model's `attn_backend`: 'flex' gives a BlockMask where it can
+            ):
+    "Block-diagonal causal attention for `idx`: each position sees the earlier positions of its own document."
+    docs, (B, T) = doc_ids(idx, sep_id), idx.shape
+    if backend == 'flex' and create_block_mask is not None and idx.is_cuda:
+        def same_doc(b, h, q, kv): return (q >= kv) & (docs[b, q] == docs[b, kv])
+        return create_block_mask(same_doc, B, None, T, T, device=idx.device)
+    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    return ((docs[:, :, None] == docs[:, None, :]) & causal)[:, None]

@@ -103,7 +103,7 @@ class Muon(torch.optim.Optimizer):
                     # every rank computed the same full update; keep this rank's shard
                     if hasattr(p, 'device_mesh'):
                         # slow to import (~0.7 s): FSDP2 only
-                        from torch.distributed.tensor import distribute_tensor
+                        from torch.distributed.tensor import distribute_tensor  # slow to import: FSDP2 only
                         o = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
                     p.add_(o.to(p.dtype), alpha=-lr)
 

@@ -6,20 +6,21 @@ Docs: https://lmbook.github.io/lmbook/runnb.html.md"""
 
 # %% ../nbs/09a_runnb.ipynb #96e1a441
 from __future__ import annotations
-import html, io, json, os, socket, time
+import html, io, json, os, socket, sys, time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
-from .config import get_config, Config, parse_overrides
+from .config import get_config, Config, did_you_mean, parse_overrides
 from .runlock import pid_alive
-from .metrics import read_metrics, format_row
+from .metrics import format_duration, read_metrics, format_row
+from .launch import TrainingExit
 from .analysis import series
 
 # %% auto #0
-__all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'check_params', 'train_overrides', 'train_config', 'config_table', 'progress_stats',
-           'progress_line', 'interactive', 'last_sample', 'run_length', 'plot_png', 'Dashboard', 'follow', 'run_state',
-           'watch']
+__all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'USER_ERRORS', 'check_params', 'one_line_errors', 'train_overrides', 'train_config',
+           'config_table', 'progress_stats', 'progress_line', 'interactive', 'terminal', 'last_sample', 'run_length',
+           'plot_png', 'Dashboard', 'follow', 'run_state', 'watch']
 
 # %% ../nbs/09a_runnb.ipynb #2355721c
 TRAIN_PARAMS = dict(
@@ -38,6 +39,8 @@ TRAIN_PARAMS = dict(
 ANALYSIS_PARAMS = dict(
     experiments='smoke-demo',  # one experiment, or several separated by commas
     refresh=0,              # seconds between redraws while a run is going (0: draw once)
+    # >0 (e.g. 0.9): also draw the train loss averaged over the last ~1/(1-smooth) rows
+    smooth=0.0,
 )
 
 _IPY_NAMES = {'In', 'Out', 'get_ipython', 'exit', 'quit', 'open'}
@@ -47,10 +50,11 @@ def check_params(ns:dict, declared:dict) -> dict:
     "The notebook parameters found in namespace `ns`, after refusing unknown names and wrong types."
     # what papermill injects
     literal = lambda v: v is None or isinstance(v, (str, int, float, bool, list, dict, tuple))
-    unknown = sorted(k for k, v in ns.items() if not k.startswith('_') and k not in _IPY_NAMES
-                     and k not in declared and literal(v))
-    if unknown: raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; this notebook takes: "
-                                 f"{', '.join(declared)}")
+    unknown = (sorted(k for k, v in ns.items() if not k.startswith('_') and k not in _IPY_NAMES
+                      and k not in declared and literal(v)))
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)}{did_you_mean(unknown[0], declared)}; "
+                                 f"this notebook takes: {', '.join(declared)}")
     out = {}
     for k, default in declared.items():
         v = ns.get(k, default)
@@ -59,6 +63,23 @@ def check_params(ns:dict, declared:dict) -> dict:
             raise ValueError(f"parameter {k}={v!r} should be a {type(default).__name__}")
         out[k] = v
     return out
+
+# %% ../nbs/09a_runnb.ipynb #367cf50d
+# what the CLI and the run notebooks show as one line
+USER_ERRORS = (ValueError, FileNotFoundError, TrainingExit)
+
+def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
+    stb = [f"error: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); nothing happens without one)
+                   ):
+    "Show `USER_ERRORS` raised in this kernel's cells as one `error:` line, as the `lmbook` command does."
+    if shell is None:
+        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        except ImportError: return
+    if shell is not None: shell.set_custom_exc(USER_ERRORS, _one_line)
 
 # %% ../nbs/09a_runnb.ipynb #ce1a3517
 def train_overrides(p:dict) -> dict:
@@ -81,10 +102,6 @@ def config_table(cfg:Config) -> str:
     return '\n'.join(rows)
 
 # %% ../nbs/09a_runnb.ipynb #19296448
-def _fmt_time(s:float) -> str:
-    s = int(s)
-    return f"{s//3600}h{s%3600//60:02d}m" if s >= 3600 else f"{s//60}m{s%60:02d}s"
-
 def progress_stats(recs:list[dict], max_steps:int, elapsed:float|None) -> dict:
     "The numbers a progress display shows: step, fraction done, seconds left and the newest metrics."
     train = [r for r in recs if 'loss' in r]
@@ -100,7 +117,7 @@ def progress_line(recs:list[dict], max_steps:int, elapsed:float|None) -> str:
     "A bar, the newest metrics (the trainer's row format, with the newest val_loss) and the time left."
     s = progress_stats(recs, max_steps, elapsed)
     bar = '█'*int(20*s['frac']) + '░'*(20 - int(20*s['frac']))
-    eta = f" | eta {_fmt_time(s['eta'])}" if s['eta'] else ''
+    eta = f" | eta {format_duration(s['eta'])}" if s['eta'] else ''
     return f"{bar} {format_row({k: v for k, v in s.items() if k not in ('frac', 'eta')}, max_steps)}{eta}"
 
 # %% ../nbs/09a_runnb.ipynb #b9f96e12
@@ -125,6 +142,27 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
     try: cell_id = (kernel.get_parent() or {}).get('metadata', {}).get('cellId')
     except Exception: cell_id = None
     return bool(cell_id) or 'JPY_SESSION_NAME' in env
+
+# %% ../nbs/09a_runnb.ipynb #bf98fd71
+def terminal(env:dict|None=None, # the environment (default: os.environ)
+             shell=None, # the IPython shell (default: get_ipython())
+            ):
+    ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
+     "add.")
+    env = os.environ if env is None else env
+    if shell is None:
+        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        except ImportError: return None
+    # a script or nbdev's tests: stdout is the terminal
+    if getattr(shell, 'kernel', None) is None: return None
+    cmd = _parent_cmd(int(env.get('JPY_PARENT_PID') or 0))
+    if 'papermill' not in cmd or '--log-output' in cmd: return None
+    try: fd = sys.stderr.fileno()  # ipykernel's copy of the terminal, kept behind its capture of fd 2
+    except (AttributeError, OSError, ValueError):
+        if getattr(sys.stderr, '_should_watch', False): return None
+        fd = 2  # an ipykernel that leaves fd 2 alone (older ones; any under pytest): fd 2 is the terminal
+    try: return open(os.dup(fd), 'w', buffering=1)
+    except OSError: return None
 
 # %% ../nbs/09a_runnb.ipynb #7739c909
 def _jsonl(path:Path) -> list[dict]:
@@ -174,8 +212,8 @@ class Dashboard:
         self.stats = W.HTML()
         self.plots = W.Image(format='png', layout=W.Layout(max_width='900px'))
         self.sample = W.HTML()
-        self.widget = W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([self.bar, self.status]),
-                              self.stats, self.plots, self.sample])
+        self.widget = (W.VBox([W.HTML(f"<b>{html.escape(title)}</b>"), W.HBox([self.bar, self.status]),
+                               self.stats, self.plots, self.sample]))
 
     def update(self, recs:list[dict], elapsed:float|None, sample:dict|None=None, max_steps:int|None=None,
                force:bool=False):
@@ -184,16 +222,16 @@ class Dashboard:
         s = progress_stats(recs, self.max_steps or 0, elapsed)
         self.bar.value, self.bar.description = s['frac'], f"{100*s['frac']:.0f}%"
         self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
-        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {_fmt_time(s['eta'])}"
-                                                                           if s['eta'] else '')
+        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {format_duration(s['eta'])}" if s['eta'] else '')
         cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'),
                                                                                           '.2e'),
                  ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None,
                                                          '.1f')]
-        self.stats.value = ' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
-                                                  for k, v, f in cells if v is not None)
-        if sample: self.sample.value = (f"<i>sample at step {sample.get('step')}:</i> "
-                                        f"<b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}")
+        self.stats.value = (' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
+                                                   for k, v, f in cells if v is not None))
+        if sample:
+            self.sample.value = (f"<i>sample at step {sample.get('step')}:</i> "
+                                 f"<b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}")
         if force or time.time() - self._plotted >= self.plot_every:
             if any('loss' in r for r in recs): self.plots.value = plot_png(recs)
             self._plotted = time.time()
@@ -205,33 +243,44 @@ def follow(lines:Iterable[str], # the trainer's output lines
            every:float=2.0, # seconds between redraws of the dashboard
            echo:bool=True, # print the lines
            live:bool|None=None, # the dashboard (default: where a person watches, see `interactive`)
-           plain_every:float=30.0, # seconds between plain progress lines
+           # a text stream that gets the lines too (default: `terminal()` when there is no dashboard)
+           tee=None,
           ) -> None:
-    "Print `lines` as they come and keep a progress display of the run in `run` up to date."
+    ("Print `lines` as they come, each once, and keep the dashboard of the run in `run` up to date where "
+     "there is one.")
     run = Path(run)
     live = interactive() if live is None else live
-    t0, last, last_plain = time.time(), 0.0, time.time()
+    own = tee is None and echo and not live
+    tee = terminal() if own else tee or None
+    t0, last = time.time(), 0.0
+    # to the line's start, over papermill's progress bar
+    try: back = '\r\x1b[K' if tee and tee.isatty() else '\r'
+    except (OSError, ValueError): back = '\r'
     dash = Dashboard(run.name, max_steps) if live else None
     if dash is not None:
         from IPython.display import display  # notebook kernels only
         display(dash.widget)
     def redraw(final=False):
-        nonlocal last_plain
         try: recs = read_metrics(run/'metrics.jsonl')
         except FileNotFoundError: return
-        n = run_length(run) or max_steps
-        if dash is not None: dash.update(recs, time.time()-t0, last_sample(run), n, force=final)
-        elif final or time.time() - last_plain >= plain_every:
-            print(progress_line(recs, n or 0, time.time()-t0), flush=True); last_plain = time.time()
+        dash.update(recs, time.time()-t0, last_sample(run), run_length(run) or max_steps, force=final)
     try:
         for line in lines:
             if echo: print(line.rstrip('\n'), flush=True)
-            if time.time() - last > every: redraw(); last = time.time()
+            if tee:
+                try: tee.write(back + line.rstrip('\n') + '\n')
+                # that terminal is gone: the notebook keeps every line
+                except (OSError, ValueError): tee, own = None, False
+            if dash is not None and time.time() - last > every: redraw(); last = time.time()
     # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
     except KeyboardInterrupt:
         if hasattr(lines, 'close'): lines.close()
         raise
-    redraw(final=True)
+    finally:
+        try:
+            if tee: tee.close() if own else tee.flush()
+        except (OSError, ValueError): pass
+    if dash is not None: redraw(final=True)
 
 # %% ../nbs/09a_runnb.ipynb #c6f445a8
 def _seconds(t) -> float|None:

@@ -286,6 +286,7 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
     if (backend or load_settings().api) == 'graphql':
         # optional backend: the runpod SDK (GraphQL)
         # optional backend: the runpod SDK (GraphQL)
+        # optional backend: the runpod SDK (GraphQL)
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
         q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True,
                                              True, spec.data_center or None, None,
@@ -556,7 +557,10 @@ def add_volumes_cli(pod):
 def add_cli(sub):
     ("Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
      "terminate, volume.")
-    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods')
+    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods',
+                         description='Plan, create, watch and stop RunPod pods. The commands that call '
+                             'RunPod '
+                         'read its API key from RUNPOD_API_KEY (runpod.io > Settings > API Keys).')
     pod = pod.add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     add_plan_cli(pod)
     add_create_cli(pod)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json, warnings
 from pathlib import Path
 from .core import paths_for, sha256_file
+from .config import did_you_mean
 from .tokenizer import load_tokenizer
 from .checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
 
 # %% auto #0
-__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'best_base', 'find_checkpoint', 'run_of', 'experiment_of',
-           'find_tokenizer']
+__all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'unknown_run', 'best_base', 'find_checkpoint', 'run_of',
+           'experiment_of', 'find_tokenizer']
 
 # %% ../nbs/05_runs.ipynb #8a799915
 INFERENCE_FILES = ('model.safetensors', 'state.json')
@@ -31,6 +32,17 @@ def verify_for_inference(path:Path) -> dict:
                                                                            "sha256 (corrupt)")
     return man
 
+# %% ../nbs/05_runs.ipynb #e845f0df
+def unknown_run(name:str, # the experiment asked for
+                runs:Path, # the folder that holds the runs
+               ) -> str:
+    "Why there is no run `name`: the runs there are, the closest first, and how to make one."
+    have = sorted(p.name for p in Path(runs).glob('*')
+                  if (p/'checkpoints').is_dir()) if Path(runs).is_dir() else []
+    return (f"no run {name!r} in {runs}{did_you_mean(name, have)}; runs with checkpoints there: "
+            f"{', '.join(have) or 'none'} "
+            f"(train one with `lmbook train -e {name}`)")
+
 # %% ../nbs/05_runs.ipynb #240f220d
 BEST_SUFFIX = ':best'  # `EXPERIMENT:best` or `RUN_FOLDER:best`: the checkpoint with the lowest val_loss
 
@@ -46,7 +58,9 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     if '/' in source or '\\' in source or p.exists():
         raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an "
                                 "experiment name")
-    return paths_for(source, root=root).checkpoints, f"experiment {source!r}"
+    ck = paths_for(source, root=root).checkpoints
+    if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
+    return ck, f"experiment {source!r}"
 
 # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
 def find_checkpoint(source:str|Path,
@@ -57,6 +71,8 @@ def find_checkpoint(source:str|Path,
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     if (base := best_base(source)) is not None:
         ckdir, what = _ckpt_dir(base, root)
+        if not (ckdir/'best').is_dir() and not list_checkpoints(ckdir):
+            raise FileNotFoundError(f"no checkpoint in {ckdir} ({what}) yet: train it first")
         if not (ckdir/'best').is_dir():
             raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its "
                                     "first validation after a step; "

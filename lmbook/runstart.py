@@ -22,15 +22,15 @@ from .memory import batch_choices, max_batch_size, search_batch
 from .distributed import DistInfo, all_reduce
 from .checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from .runs import experiment_of, find_checkpoint, find_tokenizer, run_of
-from .sample import load_model
 from .sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
+from .sample import load_model
 from .export import gpt2_from_hf
 from .step import Trainable, is_oom, make_trainable, train_step
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_init_state', 'init_model',
-           'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'run_loaders', 'resolve_init', 'build_trainable',
-           'fits_card', 'fit_batch', 'fitted_config']
+           'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'run_loaders', 'resolve_init', 'fit_sft_batch',
+           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
 
 # %% ../nbs/06a_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -182,6 +182,27 @@ def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
         if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''
         else: raise
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
+
+# %% ../nbs/06a_runstart.ipynb #afc2f278
+def fit_sft_batch(cfg:Config, # the run's config
+                  prepared, # what `prepare_run` returned (only an `SFTData` is looked at)
+                  world_size:int=1, # processes sharing each batch
+                  log:Callable|None=None, # where the one line about a lowered batch_size goes
+                 ) -> Config:
+    "`cfg` with a `batch_size` that a small fine-tuning set fills, else `cfg` as it is."
+    if not isinstance(prepared, SFTData): return cfg
+    rows, B = len(prepared.train[0]), cfg.train.batch_size
+    if rows >= B*world_size: return cfg
+    if rows < world_size:
+        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than the {world_size} "
+                         "processes: "
+                         "add examples or use fewer processes")
+    b = rows//world_size
+    if log:
+        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} tokens, less "
+            "than one "
+                f"batch of {world_size}x{B}: batch_size {b}")
+    return apply_overrides(cfg, dict(batch_size=b))
 
 # %% ../nbs/06a_runstart.ipynb #52192cbe
 def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None) -> Trainable:

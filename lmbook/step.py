@@ -53,6 +53,13 @@ class Trainable:
     # parameters sharded across ranks (FSDP2): full state and grad norm need collectives
     sharded: bool = False
     fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
+    # input ids -> attention mask (`model.doc_mask`), None: plain causal attention
+    mask_fn: Callable|None = None
+
+    def forward_kw(self, x:torch.Tensor) -> dict:
+        ("The keyword arguments of a forward pass over `x` besides targets: the document mask, when the run "
+         "has one.")
+        return dict(mask=self.mask_fn(x)) if self.mask_fn else {}
 
     def autocast(self):
         "The autocast context for forward passes."
@@ -101,7 +108,7 @@ def train_step(t:Trainable, # model, optimizer and settings
         x, y = get_batch()
         x, y = x.to(t.device, non_blocking=True), y.to(t.device, non_blocking=True)
         with grad_sync(t.model, i == t.grad_accum - 1):
-            with t.autocast(): loss = t.model(x, y)/t.grad_accum
+            with t.autocast(): loss = t.model(x, y, **t.forward_kw(x))/t.grad_accum
             loss.backward()
         total += loss.detach()
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0

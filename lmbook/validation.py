@@ -53,6 +53,8 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                   batches:list, # this rank's (x, y) validation batches
                   byte_lengths:torch.Tensor, # from `token_byte_lengths`
                   device:str='cpu', # where the model is
+                  # input ids -> attention mask (`model.doc_mask`) for a run that trains with one
+                  mask_fn=None,
                  ) -> dict:
     "`val_loss` (nats per token), `ppl`, `val_bpb` (bits per UTF-8 byte) and counts, summed over ranks."
     was_training = model.training; model.eval()
@@ -63,7 +65,7 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
             rows = max(1, LOGITS_AT_ONCE//(xb.shape[1]*V)) if V else len(xb)
             for s in range(0, len(xb), rows):
                 x, y = xb[s:s+rows].to(device), yb[s:s+rows].to(device)
-                with _autocast(device): logits = model(x)
+                with _autocast(device): logits = model(x, mask=mask_fn(x)) if mask_fn else model(x)
                 keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
                 nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none',
                                       ignore_index=-1)
@@ -244,7 +246,7 @@ def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEva
 def val_metrics(t, # the run's `Trainable`
                 batches:list, byte_lengths:torch.Tensor) -> dict:
     "`val_loss` and `val_bpb` over `batches` in one pass, summed over ranks."
-    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device)
+    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device, t.mask_fn)
     return dict(val_loss=res['val_loss'], val_bpb=res['val_bpb'])
 
 def validation(r, # the `Run`
@@ -254,9 +256,10 @@ def validation(r, # the `Run`
     tc, ev, out = r.cfg.train, r.evals, {}
     edge = step == 0 or step == r.total
     if edge or step % tc.eval_every == 0:
+        # a run built without `TrainEvals`: the loss alone
         out = val_metrics(r.t, r.val, ev.byte_lengths) if ev else dict(val_loss=mean_loss(r.t, r.val))
     if ev and ev.hellaswag is not None and (edge or step % ev.every == 0):
-        hs = hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag,
-                                r.t.device, r.info.rank, r.info.world_size)
+        hs = (hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag,
+                                 r.t.device, r.info.rank, r.info.world_size))
         out.update(hellaswag=hs['hellaswag'], hellaswag_acc=hs['hellaswag_acc'])
     return out

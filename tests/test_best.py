@@ -86,7 +86,7 @@ def test_sample_and_export_the_best(ws, run, tmp_path):
     r = lmbook_cmd('export', 'ovf:best', tmp_path/'hf', '--format', 'hf', '--root', ws)
     assert r.returncode == 0 and (tmp_path/'hf'/'config.json').is_file(), r.stderr
     r = lmbook_cmd('eval', 'no-such-run:best', '--root', ws, '--no-hellaswag')
-    assert r.returncode == 2 and 'no best checkpoint' in r.stderr, r.stderr
+    assert r.returncode == 2 and "no run 'no-such-run'" in r.stderr and 'runs with checkpoints there: ovf' in r.stderr, r.stderr
 
 def test_hellaswag_every_n_steps(ws, hs, tmp_path, monkeypatch):
     res = train(cfg(max_steps=10, eval_every=5, ckpt_every=10, hellaswag_every=4, hellaswag_file=str(hs), hellaswag_limit=5), 'hs',

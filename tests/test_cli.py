@@ -36,6 +36,28 @@ def test_unknown_command_and_bad_profile_are_one_line_errors(workspace):
     assert 'smoke' in r.stderr
 
 
+def test_misspellings_get_the_closest_name(workspace):
+    r = lmbook_cmd('train', '--profile', 'smok', '--experiment', 'x')
+    assert "unknown profile 'smok' (did you mean smoke?)" in r.stderr, r.stderr
+    r = lmbook_cmd('train', '--experiment', 'x', '--set', 'n_layers=2')
+    assert r.returncode == 2 and "unknown config key 'n_layers' (did you mean n_layer?)" in r.stderr, r.stderr
+
+
+def test_help_names_the_profiles_the_keys_and_the_api_key():
+    h = lmbook_cmd('train', '--help').stdout
+    assert all(p in h for p in ('smoke', 'm3_medium', 'gpt2_124m', 'runpod_4b')) and 'config keys' in h
+    assert all(k in h for k in ('n_layer', 'warmup_steps', 'sft_data', 'hellaswag_file')), h
+    assert 'RUNPOD_API_KEY' in lmbook_cmd('pod', '--help').stdout
+
+
+def test_sampling_an_unknown_run_names_the_runs_there(workspace):
+    (workspace/'runs'/'smoke-demo'/'checkpoints').mkdir(parents=True)
+    for src in ('smoke-dem:best', 'smoke-dem'):
+        r = lmbook_cmd('sample', src, 'The')
+        assert r.returncode == 2 and "no run 'smoke-dem'" in r.stderr and '(did you mean smoke-demo?)' in r.stderr, r.stderr
+        assert 'name smoke-dem alone' not in r.stderr  # no advice that fails the same way
+
+
 def test_model_import_pulls_in_no_cloud_notebook_or_dataset_library():
     code = ("import sys, lmbook.model; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', 'nbdev', 'matplotlib', 'tokenizers') "
             "if m in sys.modules]; print(bad)")

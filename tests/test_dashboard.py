@@ -38,8 +38,7 @@ def test_follow_live_and_plain(tmp_path, capsys):
     run = tmp_path/'demo'
     write_run(run, FAKE, 200)
     follow(iter(['a line']), run, live=False)
-    out = capsys.readouterr().out
-    assert out.startswith('a line\n') and 'step 100/200' in out and 'eta' in out
+    assert capsys.readouterr().out == 'a line\n'   # the trainer's lines carry the progress: no second line for a step
     follow(iter([]), run, live=True)   # outside a notebook, display() prints the widget's repr
     assert 'VBox' in capsys.readouterr().out
     drawn = []

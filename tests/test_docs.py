@@ -56,6 +56,21 @@ def test_pages_match_docstring_links(site):
     assert not (site/'train.html').exists()   # run notebooks are not pages
 
 
+def test_serve_an_up_to_date_site_without_rebuilding(site):
+    "`lmbook docs --serve` with nothing changed since the build serves the site at once."
+    import sys, urllib.request
+    p = subprocess.Popen([str(Path(sys.executable).parent/'lmbook'), 'docs', '--out', str(site), '--serve', '--port', '0'],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.time()
+        first, second = p.stdout.readline(), p.stdout.readline()
+        assert 'is up to date' in first and second.startswith('serving') and time.time() - t0 < 15, (first, second)
+        port = int(re.search(r':(\d+)/', second).group(1))
+        assert urllib.request.urlopen(f'http://127.0.0.1:{port}/index.html', timeout=10).status == 200
+    finally:
+        p.terminate(); p.wait(10)
+
+
 def test_refuses_to_empty_a_folder_that_is_not_a_site(site, tmp_path):
     mine = tmp_path/'mine'; mine.mkdir(); (mine/'notes.txt').write_text('keep')
     r = lmbook_cmd('docs', '--out', mine)

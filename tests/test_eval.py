@@ -38,11 +38,21 @@ def test_malformed_hellaswag_line(ws, run, hs):
     assert r.returncode == 2 and f'{hs}, line 8: not a JSON line' in r.stderr and 'Traceback' not in r.stderr, r.stderr
 
 def test_offline_without_cached_file(ws, run):
-    for extra in ([], ['--nproc', '2']):  # under torchrun too: every rank stops, rank 0 says why
+    "Offline without HellaSwag's file: the validation numbers, then one line saying HellaSwag was skipped and how to get it."
+    for extra in ([], ['--nproc', '2']):  # under torchrun too: rank 0 says it once
         r = ev(ws, *extra)
-        assert r.returncode != 0 and 'downloads are off (HF_HUB_OFFLINE=1)' in r.stderr and 'hellaswag_val.jsonl' in r.stderr, r.stderr
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1])['val_tokens'] == 2*4*64
+        notes = [l for l in r.stderr.splitlines() if 'HellaSwag' in l]
+        assert len(notes) == 1 and notes[0].startswith('note: HellaSwag skipped'), r.stderr
+        assert all(w in notes[0] for w in ('downloads are off (HF_HUB_OFFLINE=1)', 'hellaswag_val.jsonl', '--hellaswag-file')), notes
         assert 'Traceback' not in r.stderr
-    assert json.loads(ev(ws, '--no-hellaswag').stdout)['val_tokens'] == 2*4*64
+    r = lmbook_cmd('eval', 'tiny', '--root', ws, '--device', 'cpu')  # as printed: loss, perplexity and bits per byte first
+    names = [l.split()[0] for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and names[:6] == ['checkpoint', 'step', 'experiment', 'val_loss', 'ppl', 'val_bpb'], r.stdout
+    assert ev(ws, '--no-hellaswag').stderr.strip() == ''
+    r = ev(ws, '--hellaswag-file', ws/'missing.jsonl')  # a file the user names must exist
+    assert r.returncode == 2 and 'missing.jsonl does not exist' in r.stderr
 
 def test_two_ranks_give_one_rank_numbers(ws, run, hs):
     one, two = ev(ws, '--hellaswag-file', hs), ev(ws, '--hellaswag-file', hs, '--nproc', '2')
@@ -50,3 +60,19 @@ def test_two_ranks_give_one_rank_numbers(ws, run, hs):
     a, b = json.loads(one.stdout), json.loads(two.stdout.strip().splitlines()[-1])
     assert a['hellaswag_n'] == b['hellaswag_n'] == 7 and a['hellaswag'] == b['hellaswag'] and a['hellaswag_acc'] == b['hellaswag_acc']
     assert a['val_tokens'] == b['val_tokens'] and abs(a['val_loss'] - b['val_loss']) < 1e-6 and abs(a['val_bpb'] - b['val_bpb']) < 1e-6
+
+def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path):
+    "lmbook eval --tasks: a task defined on a local JSONL and lm-eval's own hellaswag on --hellaswag-file, results in eval.json."
+    from lmbook.lmeval import local_task
+    local_task('hs_local', hs, tmp_path/'tasks')
+    r = ev(ws, '--tasks', 'hs_local,hellaswag', '--include-path', tmp_path/'tasks', '--hellaswag-file', hs)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 'val_loss' in res and 'hellaswag_n' not in res  # the validation numbers, and the harness's HellaSwag instead of lmbook's
+    assert res['tasks']['hs_local']['n'] == res['tasks']['hellaswag']['n'] == 7 and 0 <= res['tasks']['hellaswag']['acc_norm'] <= 1
+    ours = json.loads(ev(ws, '--hellaswag-file', hs).stdout)
+    assert res['tasks']['hs_local']['acc'] == ours['hellaswag_acc']  # the same examples scored the same way: the same choices
+    saved = json.loads((run/'eval.json').read_text())
+    assert saved['hs_local']['acc'] == res['tasks']['hs_local']['acc'] and saved['hellaswag']['step'] == 8
+    r = ev(ws, '--tasks', 'hs_locl', '--include-path', tmp_path/'tasks')
+    assert r.returncode == 2 and "unknown task 'hs_locl' (did you mean hs_local?)" in r.stderr and 'Traceback' not in r.stderr, r.stderr

@@ -1,5 +1,5 @@
 "The run notebooks, executed headless through papermill as a user would, on the smoke profile."
-import json, os, subprocess, sys
+import json, os, re, subprocess, sys
 from pathlib import Path
 import papermill
 import pytest
@@ -30,14 +30,29 @@ def test_smoke_run_then_plots(workspace):
     run.mkdir(parents=True)
     r = papermill_run('train.ipynb', run/'train.ipynb', ('profile', 'smoke'), ('experiment', 'smoke-demo'))
     assert r.returncode == 0, r.stderr[-3000:]
+    # the terminal shows the progress as it happens: step, loss, tok/s and the time left
+    shown = [l for l in r.stderr.splitlines() if re.match(r'step +\d+/300 ', l)]
+    assert len(shown) == 31 and re.search(r'^step  10/300 \| loss [\d.]+ \| .* tok/s \| .* \| eta \d', shown[1]), r.stderr[-3000:]
+    # and the executed notebook holds each step's line once
+    streams = ''.join(''.join(o.get('text', '')) for c in json.loads((run/'train.ipynb').read_text())['cells']
+                      for o in c.get('outputs', []) if o.get('output_type') == 'stream')
+    assert [l for l in streams.splitlines() if re.search(r'step +\d+/300 ', l)] == shown
+    # the README shows these lines as they are: the same fields in the same order, step by step
+    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T', f.strip())) for f in l.split('|')]
+    readme = (ROOT/'README.md').read_text().split('```text\n', 1)[1].split('```', 1)[0].splitlines()
+    ours = {int(re.match(r'step +(\d+)', l).group(1)): l for l in shown}
+    steps = [l for l in readme if l.startswith('step')]
+    assert len(steps) >= 3 and all(labels(l) == labels(ours[int(l.split()[1].split('/')[0])]) for l in steps), steps
     for f in ('training.toml', 'training.yaml', 'meta.json', 'metrics.jsonl', 'samples.md', 'train.ipynb'):
         assert (run/f).is_file(), f
     assert any((run/'checkpoints').iterdir())
     s = summarize(read_metrics(run))
     assert s['last_val_loss'] < s['first_val_loss'] - 1.0, s   # clearly learned
-    r = papermill_run('analysis.ipynb', run/'analysis.ipynb', ('experiments', 'smoke-demo'))
+    r = papermill_run('analysis.ipynb', run/'analysis.ipynb', ('experiments', 'smoke-demo'), ('smooth', 0.9))
     assert r.returncode == 0, r.stderr[-3000:]
-    for f in ('loss.png', 'grad_norm.png', 'lr.png'): assert (run/'plots'/f).stat().st_size > 1000
+    for f in ('loss.png', 'grad_norm.png', 'lr.png', 'loss_tokens.png', 'loss_time.png'): assert (run/'plots'/f).stat().st_size > 1000
+    assert not (run/'plots'/'loss_cost.png').exists()  # a CPU off RunPod has no price
+    assert all(r['elapsed_s'] > 0 for r in read_metrics(run) if r['step'] > 0)
     nb = json.loads((run/'analysis.ipynb').read_text())
     assert any('image/png' in o.get('data', {}) for c in nb['cells'] for o in c.get('outputs', []))
 
@@ -56,6 +71,25 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
     assert msg in r.stderr + out.read_text()
     assert not (workspace/'runs'/'bad-input').exists()
     assert not (workspace/'datasets').exists()
+    # the notebook's part of it is the one line the CLI prints, in the notebook and after papermill's own lines
+    errs = error_outputs(out)
+    assert len(errs) == 1 and len(errs[0].splitlines()) <= 3 and errs[0].startswith('error: ') and msg in errs[0], errs
+    assert errs[0] in r.stderr and 'Traceback' not in r.stderr.split('Exception encountered')[-1]
+
+
+def error_outputs(nb_path) -> list[str]:
+    "The text of each error output of an executed notebook, ANSI colours removed."
+    nb = json.loads(Path(nb_path).read_text())
+    return [re.sub(r'\x1b\[[0-9;]*m', '', '\n'.join(o['traceback'])) for c in nb['cells'] for o in c.get('outputs', [])
+            if o.get('output_type') == 'error']
+
+
+def test_bad_profile_reads_the_same_in_the_notebook_and_the_cli(workspace):
+    out = workspace/'out.ipynb'
+    r = papermill_run('train.ipynb', out, ('profile', 'smok'), timeout=300)
+    cli = subprocess.run([str(Path(sys.executable).parent/'lmbook'), 'train', '--profile', 'smok'], capture_output=True, text=True)
+    assert r.returncode != 0 and cli.returncode == 2
+    assert error_outputs(out) == [cli.stderr.strip()], (error_outputs(out), cli.stderr)
 
 
 def test_analysis_names_the_runs_that_exist(workspace):

@@ -60,11 +60,11 @@ def test_no_source_samples_the_default_experiment(ws, run):
     r = lmbook_cmd('sample', '--root', ws, '--max-new-tokens', 2, '--device', 'cpu', '--json', env=dict(RUN_EXPERIMENT='tiny'))
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['text'] is not None, r.stderr
     r = lmbook_cmd('sample', '--root', ws, env=dict(RUN_EXPERIMENT='never-trained'))
-    assert r.returncode == 2 and "experiment 'never-trained'" in r.stderr and 'train it first' in r.stderr, r.stderr
+    assert r.returncode == 2 and "no run 'never-trained'" in r.stderr and 'lmbook train -e never-trained' in r.stderr, r.stderr
 
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
-    assert r.returncode == 2 and 'no usable checkpoint' in r.stderr and 'train it first' in r.stderr
+    assert r.returncode == 2 and "no run 'no-such-run'" in r.stderr and 'lmbook train -e no-such-run' in r.stderr, r.stderr
 
 def test_greedy_cache_matches_no_cache(ws, run):
     lm = load_model('tiny', root=ws)
@@ -117,3 +117,8 @@ def test_stream_ends_on_whole_characters():
     ts, text = TextStream(ByteTok(), 0), 'naïve — 日本語 🙂'
     pieces = [ts.push(b) for b in text.encode()]
     assert ''.join(pieces) + ts.flush() == text and all('\ufffd' not in p for p in pieces)
+def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
+    r = lmbook_cmd('sample', 'tiny', 'Return the ', '--max-new-tokens', 6, '--num-samples', 4, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(l) for l in r.stdout.splitlines()]
+    assert all(o['prompt'] == 'Return the ' and not o['text'].startswith(' ') for o in out), out

@@ -150,14 +150,42 @@ def test_ci_path_pretrain_finetune_sample_export(pre):
     r = lmbook_cmd('sample', 'ft-ci', chat_prompt('What does abs do in Python?'), '--max-new-tokens', '8', '--device', 'cpu',
                    '--root', root, '--json')
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['prompt'].startswith('<|user|>'), r.stderr
+    # a plain question to a chat run is asked in its chat format; the answer holds no reserved token or broken character
+    r = lmbook_cmd('sample', 'ft-ci', 'What does abs do in Python?', '--max-new-tokens', '12', '--num-samples', '3', '--device', 'cpu',
+                   '--root', root, '--json', '--temperature', '1.5')
+    outs = [json.loads(l) for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and all(o['chat'] and o['prompt'] == 'What does abs do in Python?' for o in outs), r.stderr
+    assert not any('<|' in o['text'] or '\ufffd' in o['text'] for o in outs), outs
+    raw = json.loads(lmbook_cmd('sample', 'ft-ci', 'What does abs', '--raw', '--max-new-tokens', '4', '--device', 'cpu', '--root', root,
+                                '--json').stdout.splitlines()[0])
+    assert 'chat' not in raw  # --raw continues the text
+    md = (paths_for('ft-ci', root=root).run/'samples.md').read_text()
+    assert '** → ' in md and '**What does ' in md, md  # the run's own samples are questions from its held-out examples
     out = root/'hf-ci'
     r = lmbook_cmd('export', 'ft-ci', out, '--format', 'hf', '--root', root)
     assert r.returncode == 0, r.stderr
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     lm = load_model('ft-ci', root)
     ids = torch.tensor([lm.tokenizer.encode('<|user|>What does len do?<|end|><|assistant|>')])
     with torch.no_grad(): assert torch.allclose(hf(ids).logits, lm.model(ids), atol=1e-4)
+    # transformers renders a conversation with the exported chat template exactly as lmbook does
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    q = [dict(role='user', content='What does len do?')]
+    assert tok.apply_chat_template(q, tokenize=False, add_generation_prompt=True) == '<|endoftext|>' + chat_prompt('What does len do?')
+    talk = [dict(role='system', content='Be brief.'), *q, dict(role='assistant', content='It counts.')]
+    ids, _ = render_chat(talk, lm.tokenizer)
+    got = tok.apply_chat_template(talk, tokenize=True)
+    got = got['input_ids'] if hasattr(got, 'keys') else got  # a BatchEncoding in transformers 5
+    assert list(got) == [lm.tokenizer.eot_id] + ids[:-1]
+    end = lm.tokenizer.token_id('<|end|>')
+    assert end in json.loads((out/'generation_config.json').read_text())['eos_token_id']
+    # and lmbook chat keeps the conversation
+    r = subprocess.run([str(Path(sys.executable).parent/'lmbook'), 'chat', 'ft-ci', '--root', str(root), '--device', 'cpu', '--json',
+                        '--max-new-tokens', '8'], input='What does abs do in Python?\n\nAnd len?\n', capture_output=True, text=True, timeout=300)
+    turns = [json.loads(l) for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and [t['user'] for t in turns] == ['What does abs do in Python?', 'And len?'], r.stdout + r.stderr
+    assert not any('<|' in t['assistant'] for t in turns)
 
 
 def test_finetune_notebook(pre, tmp_path):
@@ -203,6 +231,27 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
     "`lmbook eval` of a fine-tuning run gives the validation loss its trainer logged (responses only), not a pretraining set's."
     root, data = pre
     res = finetune('pre', data, 'ft-eval', FT, root=root, log=quiet)
+    from lmbook.config import load_config_file
+    assert load_config_file(paths_for('ft-eval', root=root).run/'training.toml').train.doc_mask  # packed examples see only themselves
     r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)['val_loss'] - res['val_loss']) < 1e-5, (r.stdout, res['val_loss'])
+
+
+def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
+    "Eight short records pack into fewer rows than a batch of 16 (the smoke profile's): a note and a batch they fill, not a refusal."
+    root, _ = pre
+    words = 'one two three four five six seven eight'.split()
+    small = write_jsonl([dict(prompt=f'Say {w}.', response=f'{w.title()}!') for w in words], root/'small.jsonl')
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small', '--root', root, '--max-steps', '3',
+                   '--batch-size', '16', '--set', 'eval_steps=1', 'ckpt_async=false')
+    assert r.returncode == 0, r.stderr[-2000:]
+    note = [l for l in r.stdout.splitlines() if l.startswith('note: the fine-tuning data packs into')]
+    assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
+    from lmbook.config import load_config_file
+    c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
+    assert c.max_steps == 3 and 1 <= c.batch_size < 16 and str(c.batch_size) == note[0].rsplit(' ', 1)[1]
+    assert find_checkpoint(paths_for('ft-small', root=root).run).name == 'step_00000003'
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root, '--max-steps', '2',
+                   '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
+    assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
