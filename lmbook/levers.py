@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 from .config import Config
-from .model import _liger_flce, create_block_mask
+from .model import liger_flce, create_block_mask
 
 # %% auto #0
 __all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'keep_matmuls', 'checkpointed',
@@ -97,7 +97,7 @@ def loss_kernel(cfg:Config, device:str) -> str:
     "The loss implementation `cfg` gets on `device`: 'liger', 'chunked' or 'logits' (whole logits)."
     m = cfg.model
     if m.fused_ce:
-        return 'liger' if device.startswith('cuda') and _liger_flce() is not None else 'chunked'
+        return 'liger' if device.startswith('cuda') and liger_flce() is not None else 'chunked'
     return 'chunked' if m.ce_chunk else 'logits'
 
 def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:

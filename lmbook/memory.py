@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 from .config import Config, ModelConfig, count_params
-from .model import _liger_flce
+from .model import liger_flce
 
 # %% auto #0
 __all__ = ['state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'block_matrix_params', 'logits_bytes',
@@ -51,7 +51,7 @@ def block_matrix_params(m:ModelConfig) -> int:
             if m.arch != 'gpt2' else 2)*m.n_embd*m.hidden)
 
 def _liger_ok() -> bool:
-    return _liger_flce() is not None
+    return liger_flce() is not None
 
 def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
     ("Bytes the loss holds for `tokens` tokens: bf16 logits, the compiled chunked loss's measured 4.4 bytes "

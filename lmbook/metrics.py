@@ -12,7 +12,7 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
-           'MetricsLogger', 'RunLog']
+           'MetricsLogger', 'console', 'RunLog']
 
 # %% ../nbs/04a_metrics.ipynb #bbe24bdc
 METRICS = 'metrics.jsonl'
@@ -145,7 +145,9 @@ class MetricsLogger:
         if self.wb: self.wb.finish()
 
 # %% ../nbs/04a_metrics.ipynb #ae132a7a
-def _console(line:str): print(line, flush=True)
+def console(line:str):
+    "Print `line` at once: where a run's lines go by default."
+    print(line, flush=True)
 
 def _detach_stdout():
     "Point stdout (and stderr when it shares the pipe) at /dev/null after the reader went away."
@@ -159,7 +161,7 @@ def _detach_stdout():
 
 class RunLog:
     "A log function: every line to `train.log` once `open`ed, and to `out` while that works."
-    def __init__(self, out:Callable|None=_console): self.out, self.file, self.pending = out, None, []
+    def __init__(self, out:Callable|None=console): self.out, self.file, self.pending = out, None, []
 
     def open(self, path:Path):
         "Start writing to the log file at `path` (appending), beginning with the lines logged so far."
@@ -180,7 +182,7 @@ class RunLog:
         try: self.out(line)
         except OSError as e:
             if not isinstance(e, BrokenPipeError) and e.errno not in (errno.EPIPE, errno.EIO): raise
-            if self.out is _console: _detach_stdout()
+            if self.out is console: _detach_stdout()
             self.out = None
 
     def close(self):

@@ -16,7 +16,7 @@ from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE',
-           'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
+           'chunked_cross_entropy', 'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
 
 # %% ../nbs/03_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
@@ -182,7 +182,7 @@ def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
     return tot/(targets != -1).sum().clamp(min=1)
 
 # %% ../nbs/03_model.ipynb #85ab3a02
-def _liger_flce():
+def liger_flce():
     "liger-kernel's fused linear + cross-entropy function, or None when it cannot be imported."
     try:  # an optional GPU package
         # optional: the fused loss through liger-kernel
@@ -200,7 +200,7 @@ def fused_linear_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
                               ) -> torch.Tensor:
     ("Mean cross-entropy of `x @ weight.T` without the logits: liger-kernel's kernel on CUDA when installed, "
      "else `chunked_cross_entropy`.")
-    fn = _liger_flce() if x.is_cuda else None
+    fn = liger_flce() if x.is_cuda else None
     if fn is None: return chunked_cross_entropy(x, weight, targets, chunk)
     # its gradient is kept in this dtype
     if torch.is_autocast_enabled('cuda'): x = x.to(torch.get_autocast_dtype('cuda'))

@@ -12,8 +12,9 @@ from .core import load_settings
 from .podplan import image_cuda
 
 # %% auto #0
-__all__ = ['STATUSES', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError', 'RateLimited', 'masked',
-           'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'gql_view', 'GraphQL', 'RunPodAPI']
+__all__ = ['SAFE_VALUES', 'STATUSES', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError', 'RateLimited',
+           'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'gql_view', 'GraphQL',
+           'RunPodAPI']
 
 # %% ../nbs/08a_podapi.ipynb #c06b0c1f
 class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
@@ -31,7 +32,7 @@ def masked(text:str, hidden:set) -> str:
     for v in sorted(hidden, key=len, reverse=True): text = text.replace(v, f"…({len(v)} chars hidden)")
     return text
 
-_SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}',
+SAFE_VALUES = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}',
              image=r'[A-Za-z0-9][A-Za-z0-9._/:@-]{0,199}',
              id=r'[A-Za-z0-9][A-Za-z0-9_-]{0,63}', env_key=r'[A-Za-z_][A-Za-z0-9_]{0,63}',
                  data_center=r'[A-Za-z0-9][A-Za-z0-9_-]{0,31}')
@@ -39,8 +40,8 @@ _SAFE = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-Za-z0-
 def check_safe(value:str, kind:str, what:str|None=None) -> str:
     ("Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a "
      "one-line error.")
-    if not isinstance(value, str) or not re.fullmatch(_SAFE[kind], value):
-        raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {_SAFE[kind]}")
+    if not isinstance(value, str) or not re.fullmatch(SAFE_VALUES[kind], value):
+        raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {SAFE_VALUES[kind]}")
     return value
 
 # %% ../nbs/08a_podapi.ipynb #589eda04

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
 from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
-                           rest_body, _SAFE)
+                           rest_body, SAFE_VALUES)
 from . import podsync
 from .core import load_settings, check_name, package_dir, cli_options
 from .config import get_config, parse_assignments
@@ -118,7 +118,7 @@ class PodSpec:
                                  "the same (the pod trains what env says)")
         for k, v in self.secrets.items():
             check_safe(k, 'env_key', 'secret variable name')
-            if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(_SAFE['env_key'], v[4:]))
+            if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(SAFE_VALUES['env_key'], v[4:]))
                     or _SECRET_REF.match(v)):
                 raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use "
                                  f"'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the "

@@ -6,24 +6,26 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../nbs/07_trainer.ipynb #a19fd682
 from __future__ import annotations
-import json, resource, signal, threading, time, uuid
+import functools, json, os, resource, signal, threading, time, uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
 from . import checkpoint as ckpt
 from .core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable
-from .core import EXIT_FINISHED
+from .core import on_runpod, EXIT_FINISHED
 from .config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
 from .runlock import RunLock, RunLocked
 from .tokenizer import load_tokenizer
+from .model import doc_mask
 from .optim import schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, all_reduce, barrier
-from .metrics import MetricsLogger, RunLog, format_row, _console
+from .metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
 from .checkpoint import Checkpointer
-from .sample import prompts_for, sample_texts, write_samples
+from .sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
 from .runstart import build_trainable, fitted_config, prepare_run, resolve_init, run_loaders
+from .runstart import fit_sft_batch
 from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
 
 # %% auto #0
@@ -120,6 +122,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         barrier()
         if info.local_rank != 0: prepared = prepare_run(cfg, paths)
         if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
+        cfg = fit_sft_batch(cfg, prepared, info.world_size, say); tc = cfg.train  # a small fine-tuning file
         if prepared.vocab_size > cfg.model.vocab_size:
             raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
                              f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
@@ -127,6 +130,8 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
         t = build_trainable(resolve_init(cfg, paths, run_dir), info)
+        if tc.doc_mask:
+            t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
         loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
         evals = train_evals(prepared.tokenizer_dir, hellaswag, tc.hellaswag_every)
     except BaseException:
@@ -137,6 +142,15 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
                total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
 
 # %% ../nbs/07_trainer.ipynb #0f87a5b0
+def _price_env() -> float|None:
+    ("USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod "
+     "pod.")
+    v = os.environ.get('LMBOOK_GPU_PRICE', '').strip()
+    if not v: return None
+    try: return float(v)
+    except ValueError:
+        raise ValueError(f"LMBOOK_GPU_PRICE={v!r} must be USD per GPU-hour, e.g. 2.69") from None
+
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     "Rank 0 writes this start's config and `meta.json`; return the config file written."
     r.dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +168,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                     tokens_per_step=r.tokens_per_step,
                 n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
+                on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
     return path
@@ -163,6 +178,12 @@ def _mem_gb(device:str) -> float:
     if device.startswith('cuda'): return torch.cuda.max_memory_allocated(device)/1e9
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1e6  # peak RSS (Linux reports KiB)
 
+def _elapsed_before(path:Path) -> float:
+    "The training seconds the rows of `path` (as far as this start kept them) already account for."
+    try: recs = read_metrics(path)
+    except FileNotFoundError: return 0.0
+    return max((r['elapsed_s'] for r in recs if isinstance(r.get('elapsed_s'), (int, float))), default=0.0)
+
 class StepLog:
     "Times the steps of a run and writes its metric rows."
     def __init__(self, r:Run, metrics:MetricsLogger):
@@ -170,6 +191,8 @@ class StepLog:
         dev = r.info.device
         self.peak = peak_flops(torch.cuda.get_device_name(dev) if dev.startswith('cuda') else None)
         self.fpt = flops_per_token(r.cfg.model)
+        self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
+        self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
 
     def timed(self, seconds:float): self.t_train += seconds; self.n += 1
 
@@ -185,9 +208,21 @@ class StepLog:
         self.t_train, self.n = 0.0, 0
         return row
 
+    def eta(self, step:int, now:float|None=None) -> float|None:
+        ("Seconds left after `step`, at the pace since the first row this start wrote (None until there is "
+         "one).")
+        now = time.time() if now is None else now
+        if self.first is None: self.first = (step, now)
+        s0, t0 = self.first
+        return (now - t0)/(step - s0)*(self.r.total - step) if step > s0 and step < self.r.total else None
+
     def write(self, row:dict):
-        "Append `row` to the metrics and log it as one line."
+        "Append `row` to the metrics and log it as one line, ending with the time left."
         extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
+        # wall time, gaps between starts left out
+        row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
+        eta = self.eta(row['step'])
+        extra += f" | eta {format_duration(eta)}" if eta is not None else ''
         self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../nbs/07_trainer.ipynb #1705d16e
@@ -203,7 +238,7 @@ def _samples(r:Run, step:int):
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
         s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir),
                          prompts_for(r.cfg), block_size=r.cfg.model.block_size,
-                         seed=r.cfg.train.seed, device=r.info.device)
+                         seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
         if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
@@ -245,7 +280,7 @@ def train(cfg:Config, # the resolved config
           log:Callable=print, # where progress lines go (rank 0), besides train.log
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
-    rlog = log if isinstance(log, RunLog) else RunLog(_console if log is print else log)
+    rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
     r = setup_run(cfg, experiment, root, rlog)
     try: return _train(r, experiment)
     finally:

@@ -216,7 +216,8 @@ def mean_loss(t,  # the run's `Trainable`
     t.model.eval()
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
-        with t.autocast(): tot += t.model(x.to(t.device), y.to(t.device)).float()
+        x = x.to(t.device)
+        with t.autocast(): tot += t.model(x, y.to(t.device), **t.forward_kw(x)).float()
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 

@@ -74,6 +74,17 @@ def test_package_imports_at_top():
     assert not silent, "lazy imports without their reason:\n" + '\n'.join(silent)
 
 
+def test_no_private_names_across_modules():
+    "A module uses another's public names only: a private one (`_name`) may change without notice."
+    used = []
+    for m, p in modules().items():
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and (n.level or (n.module or '').startswith('lmbook')):
+                used += [f"{m} imports {a.name} from {n.module}" for a in n.names
+                         if a.name.startswith('_') and not a.name.startswith('__')]
+    assert not used, '\n'.join(used)
+
+
 def generated_lines(path:Path) -> set[int]:
     "Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__` (wrapped at 120)."
     tree = ast.parse(path.read_text())
