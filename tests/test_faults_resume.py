@@ -25,7 +25,7 @@ def copy_run(ws, src, dst):
 # must be sorted into FREE_KEYS, FIXED_KEYS, SHAPE_KEYS or here (test_every_allowed_field_is_listed says so).
 NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, fused_ce=True, grad_accum=2, lr=1e-3, min_lr_ratio=0.2, warmup_steps=1,
            schedule='wsd', weight_decay=0.05, beta1=0.8, beta2=0.99, grad_clip=0.5, dtype='bfloat16', decay_frac=0.3, fp8='tensorwise',
-           optimizer='muon', muon_lr=0.03, muon_momentum=0.9, sample_prompts='The|A', init_from='chg-base', lora_alpha=8.0)
+           optimizer='muon', muon_lr=0.03, muon_momentum=0.9, sample_prompts='The|A', init_from='chg-base', lora_alpha=8.0, doc_mask=True)
 HYPER = dict(beta1=lambda g: g['betas'][0], beta2=lambda g: g['betas'][1], weight_decay=lambda g: g['weight_decay'],
              muon_momentum=lambda g: g['momentum'], muon_lr=lambda g: g['lr_scale']*1e-3 if g.get('muon') else None)
 
