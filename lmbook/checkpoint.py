@@ -314,8 +314,8 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
     return None
 
 # %% ../nbs/07_checkpoint.ipynb #b77052a4
-SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'tie_embeddings', 'bias')
-SHAPE_DEFAULTS = {'bias': False}  # a key that older checkpoints lack, with the value they were trained with
+SHAPE_KEYS = ('arch', 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'tie_embeddings', 'bias', 'qkv_bias')
+SHAPE_DEFAULTS = {'bias': False, 'qkv_bias': False}  # a key that older checkpoints lack, with the value they were trained with
 
 def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''):
     "Raise `ValueError` when a checkpoint's model shape (`SHAPE_KEYS`) or tokenizer differs from the run's."

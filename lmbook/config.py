@@ -78,6 +78,8 @@ class ModelConfig:
     attn_backend: str = 'sdpa'   # attention kernel: 'sdpa' (torch's choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster on an H100), 'cudnn', 'flash', 'efficient', 'math', or 'flex' (FlexAttention for doc_mask on CUDA, torch 2.5+)
     fused_ce: bool = False       # loss as one fused linear + cross-entropy that never holds the logits (liger-kernel if installed, else the chunked one)
     bias: bool = False           # gpt2 only: biases in the blocks' Linear layers and in every LayerNorm, as published GPT-2 has (the head stays bias-free)
+    qkv_bias: bool = False       # llama only: biases on the query, key and value projections, as Qwen2 has
+    rope_scaling: str = ''       # RoPE frequencies of a long-context model: '' (none), 'linear:F' or Llama 3.1's 'llama3:F:LOW:HIGH:CONTEXT'
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -90,11 +92,14 @@ class ModelConfig:
         if self.mlp_hidden: return self.mlp_hidden
         return 4*self.n_embd if self.arch == 'gpt2' else math.ceil(8*self.n_embd/3/256)*256
 
+_NUM = r'[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?'
+_ROPE_SCALING = f'|linear:{_NUM}|llama3:{_NUM}:{_NUM}:{_NUM}:[0-9]+'  # '' or a scaling rule and its numbers
 MODEL_RANGES = dict(arch=one_of('llama', 'gpt2'), vocab_size=between(1, 2**31 - 1), block_size=between(1, 2**24),
                     n_layer=at_least(1), n_head=at_least(1), n_kv_head=at_least(0), n_embd=at_least(1), mlp_hidden=at_least(0),
                     rope_theta=above(0), tie_embeddings=FLAG, norm_eps=between(0, 1, lo_open=True, hi_open=True),
                     dropout=between(0, 1, hi_open=True), ce_chunk=at_least(0),
-                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex'), fused_ce=FLAG, bias=FLAG)
+                    attn_backend=one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex'), fused_ce=FLAG, bias=FLAG,
+                    qkv_bias=FLAG, rope_scaling=Range(pattern=_ROPE_SCALING, hint="'', 'linear:F' or 'llama3:F:LOW:HIGH:CONTEXT'"))
 
 # %% ../nbs/01_config.ipynb #5dda4e23
 @dataclass
@@ -163,11 +168,15 @@ class TrainConfig:
     init_from: str = ''          # start from this run's weights (experiment name, run folder or checkpoint folder) and its tokenizer, or from published GPT-2 weights in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer
     lora_rank: int = 0           # rank of LoRA adapters on the attention and MLP projections, base weights frozen (0: train every weight)
     lora_alpha: float = 16.0     # LoRA scale numerator: the adapters' update is multiplied by lora_alpha/lora_rank
+    lora_targets: str = 'q,k,v,o,mlp'  # the projections LoRA adapts, comma-separated: q, k, v, o (attention) and mlp
+    quant: str = 'none'          # 'nf4': a LoRA run's frozen base weights in 4 bits (QLoRA; bitsandbytes kernels on CUDA)
+    mirror: str = ''             # copy each checkpoint off the volume in the background: 'hf://USER/REPO' or 's3://BUCKET/PREFIX'
     hellaswag_every: int = 0     # steps between HellaSwag evaluations during training (0: off)
     hellaswag_limit: int = 0     # HellaSwag examples per evaluation (0: all of them)
     hellaswag_file: str = ''     # a HellaSwag JSONL file ('': the official validation file, cached in the workspace)
     doc_mask: bool = False       # attention stays within each document of a row (block-diagonal causal, documents start at end-of-text); fine-tuning turns it on
 
+_TARGET = '(q|k|v|o|mlp)'  # a projection LoRA can adapt
 TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at_least(1), lr=between(0, 1, lo_open=True, hi_open=True),
                     min_lr_ratio=between(0, 1), warmup_steps=at_least(0), schedule=one_of('cosine', 'wsd'), weight_decay=at_least(0),
                     beta1=between(0, 1, hi_open=True), beta2=between(0, 1, hi_open=True), grad_clip=at_least(0),
@@ -185,10 +194,13 @@ TRAIN_RANGES = dict(batch_size=at_least(1), grad_accum=at_least(1), max_steps=at
                     ckpt_async=FLAG, allow_config_change=FLAG,
                     init_from=Range(pattern=f'({_TEXT})?', hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)"),
                     lora_rank=between(0, 4096), lora_alpha=between(0, 1e6, lo_open=True),
+                    lora_targets=Range(pattern=f'{_TARGET}(,{_TARGET})*', hint="some of q, k, v, o, mlp, comma-separated"),
+                    quant=one_of('none', 'nf4'),
+                    mirror=Range(pattern=r'|hf://[A-Za-z0-9][\w.-]*/[\w.-]+|s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\s]*)?',
+                                 hint="'', hf://USER/REPO or s3://BUCKET/PREFIX"),
                     hellaswag_every=at_least(0), hellaswag_limit=at_least(0),
                     hellaswag_file=Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces"),
                     doc_mask=FLAG)
-
 
 # %% ../nbs/01_config.ipynb #7bd88da3
 @dataclass
@@ -266,7 +278,10 @@ def validate(cfg:Config) -> Config:
     if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by n_kv_head={m.kv_heads}")
     if m.arch == 'llama' and m.head_dim % 2: raise ValueError(f"RoPE needs an even head size, got n_embd/n_head={m.head_dim}")
     if m.bias and m.arch != 'gpt2': raise ValueError(f"bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for arch={m.arch!r}")
+    if m.arch == 'gpt2' and (m.qkv_bias or m.rope_scaling):
+        raise ValueError("qkv_bias and rope_scaling belong to arch='llama' (gpt2 has learned positions and biases everywhere)")
     t = cfg.train
+    if t.quant != 'none' and not t.lora_rank: raise ValueError(f"quant={t.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
     if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip() for q in t.sample_prompts.split('|'))):
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by '|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
@@ -289,6 +304,7 @@ def count_params(m:ModelConfig, embeddings:bool=True) -> int:
     if m.arch == 'gpt2': mlp, norms, pos = 2*d*m.hidden, 2*d, m.block_size*d
     else: mlp, norms, pos = 3*d*m.hidden, 2*d, 0
     if m.bias: attn, mlp, norms = attn + (m.n_head + 2*m.kv_heads)*hd + d, mlp + m.hidden + d, 2*norms  # LayerNorm: gain and bias
+    if m.qkv_bias: attn += (m.n_head + 2*m.kv_heads)*hd
     wte = V*d
     head = 0 if m.tie_embeddings else V*d
     n = m.n_layer*(attn + mlp + norms) + (2 if m.bias else 1)*d + wte + head

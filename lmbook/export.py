@@ -14,8 +14,9 @@ from .config import ModelConfig
 from .core import check_writable
 
 # %% auto #0
-__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template', 'export_hf',
-           'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
+__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template',
+           'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf',
+           'add_cli']
 
 # %% ../nbs/10a_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -27,11 +28,21 @@ def hf_config(m:ModelConfig, eot_id:int) -> dict:
         return dict(architectures=['GPT2LMHeadModel'], model_type='gpt2', n_embd=m.n_embd, n_layer=m.n_layer, n_head=m.n_head,
                     n_inner=m.hidden, n_positions=m.block_size, n_ctx=m.block_size, activation_function='gelu_new',
                     layer_norm_epsilon=m.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, scale_attn_weights=True, **common)
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', hidden_size=m.n_embd, num_hidden_layers=m.n_layer,
+    kind = dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', use_sliding_window=False) if m.qkv_bias else \
+           dict(architectures=['LlamaForCausalLM'], model_type='llama', attention_bias=False, mlp_bias=False)
+    return dict(**kind, hidden_size=m.n_embd, num_hidden_layers=m.n_layer,
                 num_attention_heads=m.n_head, num_key_value_heads=m.kv_heads, head_dim=m.head_dim, intermediate_size=m.hidden,
                 max_position_embeddings=m.block_size, hidden_act='silu', rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-                rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta), attention_bias=False, mlp_bias=False,
-                attention_dropout=0.0, **common)
+                rope_parameters=hf_rope(m), attention_dropout=0.0, **common)
+
+def hf_rope(m:ModelConfig) -> dict:
+    "transformers' `rope_parameters` of `m`'s RoPE: its base and scaling."
+    kind, *v = m.rope_scaling.split(':') if m.rope_scaling else ('default',)
+    out = dict(rope_type=kind, rope_theta=m.rope_theta)
+    if kind == 'linear': out['factor'] = float(v[0])
+    if kind == 'llama3': out.update(factor=float(v[0]), low_freq_factor=float(v[1]), high_freq_factor=float(v[2]),
+                                    original_max_position_embeddings=int(v[3]))
+    return out
 
 # %% ../nbs/10a_export.ipynb #ba0c32f2
 def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
@@ -53,6 +64,9 @@ def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
         for i in range(L):
             p, h = f'h.{i}.', f'model.layers.{i}.'
             wq, wk, wv = sd[p+'attn.c_attn.weight'].split([q, kv, kv])
+            if m.qkv_bias:
+                bq, bk, bv = sd[p+'attn.c_attn.bias'].split([q, kv, kv])
+                out.update({h+'self_attn.q_proj.bias': bq, h+'self_attn.k_proj.bias': bk, h+'self_attn.v_proj.bias': bv})
             fc = sd[p+'mlp.c_fc.weight']
             out.update({h+'input_layernorm.weight': sd[p+'ln_1.weight'], h+'post_attention_layernorm.weight': sd[p+'ln_2.weight'],
                         h+'self_attn.q_proj.weight': wq, h+'self_attn.k_proj.weight': wk, h+'self_attn.v_proj.weight': wv,

@@ -15,8 +15,8 @@ try: from torch.nn.attention.flex_attention import flex_attention, create_block_
 except ImportError: flex_attention = create_block_mask = None
 
 # %% auto #0
-__all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE',
-           'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
+__all__ = ['sdpa', 'rope_cache', 'scale_rope', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache',
+           'ChunkedLinearCE', 'chunked_cross_entropy', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
 
 # %% ../nbs/04_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION', math='MATH')
@@ -35,11 +35,25 @@ def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 # %% ../nbs/04_model.ipynb #d220792e
-def rope_cache(head_dim:int, block_size:int, theta:float=10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cache(head_dim:int, block_size:int, theta:float=10000.0,
+               scaling:str='', # `ModelConfig.rope_scaling`: '', 'linear:F' or 'llama3:F:LOW:HIGH:CONTEXT'
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     "cos and sin tables, each (block_size, head_dim/2)."
-    inv = 1.0/(theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32)/head_dim))
+    inv = scale_rope(1.0/(theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32)/head_dim)), scaling)
     ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv)
     return ang.cos(), ang.sin()
+
+def scale_rope(inv:torch.Tensor, scaling:str) -> torch.Tensor:
+    "RoPE's inverse frequencies `inv` stretched as a long-context model was trained: linearly, or Llama 3.1's way."
+    if not scaling: return inv
+    kind, *v = scaling.split(':')
+    if kind == 'linear': return inv/float(v[0])
+    factor, low, high, ctx = map(float, v)  # llama3: long wavelengths slowed by `factor`, short ones kept, a blend between
+    wavelen = 2*math.pi/inv
+    slow = torch.where(wavelen > ctx/low, inv/factor, inv)
+    smooth = (ctx/wavelen - low)/(high - low)
+    mid = (wavelen >= ctx/high) & (wavelen <= ctx/low)
+    return torch.where(mid, (1 - smooth)*slow/factor + smooth*slow, slow)
 
 def apply_rope(x:torch.Tensor, cos:torch.Tensor, sin:torch.Tensor) -> torch.Tensor:
     "Rotate channel pairs (first half, second half) of `x` (B, T, nh, hd) by position."
@@ -56,7 +70,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg:ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=cfg.bias or cfg.qkv_bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout, self.backend = cfg.dropout, cfg.attn_backend
 
@@ -207,7 +221,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings: self.lm_head.weight = self.wte.weight
         if cfg.arch != 'gpt2':
-            cos, sin = rope_cache(cfg.head_dim, cfg.block_size, cfg.rope_theta)
+            cos, sin = rope_cache(cfg.head_dim, cfg.block_size, cfg.rope_theta, cfg.rope_scaling)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
         self.init_weights()

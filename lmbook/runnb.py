@@ -44,7 +44,11 @@ _IPY_NAMES = {'In', 'Out', 'get_ipython', 'exit', 'quit', 'open'}
 # %% ../nbs/12a_runnb.ipynb #a169472b
 def parse_overrides(s:str) -> dict:
     "`'a=1,b=x'` -> `{'a': '1', 'b': 'x'}` (values typed later by the config)."
-    return parse_assignments([p.strip() for p in (s or '').split(',') if p.strip()])
+    parts = []
+    for p in (s or '').split(','):
+        if '=' not in p and parts and p.strip(): parts[-1] += ',' + p.strip()  # a value with commas: lora_targets=q,v
+        elif p.strip(): parts.append(p.strip())
+    return parse_assignments(parts)
 
 def check_params(ns:dict, declared:dict) -> dict:
     "The notebook parameters found in namespace `ns`, after refusing unknown names and wrong types."
