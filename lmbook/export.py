@@ -114,19 +114,20 @@ def export_hf(source:str|Path, # checkpoint folder, run folder or experiment nam
               out_dir:Path, # the transformers folder to write
               root:Path|None=None, # workspace root (default: from settings)
               overwrite:bool=False, # replace an existing non-empty `out_dir`
-              dtype:str='float32', # weights as 'float32' or 'bfloat16' (half the size)
+              dtype:str|None=None, # weights as 'float32' or 'bfloat16' (default: bfloat16 for a 4-bit run, else float32)
               warn=None, # called with a message for each damaged checkpoint skipped
               reuse:bool=False, # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
     from lmbook.sample import load_model, is_chat
     out = Path(out_dir)
-    if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
+    if dtype not in (None, 'float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
     check_writable(out.parent if out.exists() else out, fix='choose another folder')  # a file in the way, a read-only folder
     taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
     if taken and not (overwrite or reuse):
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn)
+    dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')  # QLoRA: dequantized, merged, bf16
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
         raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or pass --overwrite")
@@ -249,7 +250,8 @@ def add_cli(sub):
     p.add_argument('out_dir', type=Path, help='the folder to write')
     p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
-    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision (bfloat16 halves the size)')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default=None,
+                   help='weight precision (default: bfloat16 for a 4-bit run, else float32; bfloat16 halves the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true', help='create the Hub repository public (default: private)')
     cli_options(p, 'root')

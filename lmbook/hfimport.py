@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from .config import Config, ModelConfig
-from .tokenizer import EOT, Tokenizer, adopt_tokenizer
+from tokenizers import Tokenizer as HFTokenizer
+from .tokenizer import EOT, SPECIAL_TOKENS, Tokenizer, load_tokenizer, save_bundle
 from .model import GPT
 from .lora import LoRALinear, add_lora, quantize
 from .model import rope_cache
@@ -19,8 +20,8 @@ from .export import find_hf_model
 from .sft import END
 
 # %% auto #0
-__all__ = ['HF_TYPES', 'hf_folder', 'unsupported', 'hf_model_config', 'HFWeights', 'hf_state', 'adopt_hf_tokenizer',
-           'new_token_rows', 'init_new_tokens', 'frozen_dtype', 'hf_init_model']
+__all__ = ['HF_TYPES', 'hf_folder', 'unsupported', 'hf_model_config', 'hf_kind', 'check_hf_shape', 'HFWeights', 'hf_state',
+           'hf_tokenizer', 'adopt_hf_tokenizer', 'new_token_rows', 'init_new_tokens', 'frozen_dtype', 'hf_init_model']
 
 # %% ../nbs/05d_hfimport.ipynb #a8479e4a
 def hf_folder(source:str|Path) -> Path:
@@ -64,7 +65,7 @@ def unsupported(c:dict, block_size:int) -> list[str]:
 
 # %% ../nbs/05d_hfimport.ipynb #1edf7957
 def hf_model_config(folder:Path, # a transformers folder (config.json)
-                    block_size:int|None=None, # the context to train and sample with (default: the model's, at most 4096)
+                    block_size:int|None=None, # the context to train and sample with (default and most: the model's, at most 4096)
                     vocab_size:int|None=None, # at least the model's; larger when the tokenizer gained tokens
                    ) -> ModelConfig:
     "lmbook's `ModelConfig` of the published Llama-family model in `folder`, or a one-line refusal."
@@ -72,7 +73,7 @@ def hf_model_config(folder:Path, # a transformers folder (config.json)
     mt = c.get('model_type')
     if mt not in HF_TYPES:
         raise ValueError(f"{folder} holds a {mt!r} model: lmbook imports {', '.join(HF_TYPES)} (and gpt2) checkpoints")
-    bs = block_size or min(c.get('max_position_embeddings', 4096), 4096)
+    bs = min(block_size or 4096, c.get('max_position_embeddings', 4096))
     if bad := unsupported(c, bs): raise ValueError(f"{folder} uses what lmbook's llama does not compute: {', '.join(bad)}")
     theta, scaling = _rope(c)
     if vocab_size is not None and vocab_size < c['vocab_size']:
@@ -83,7 +84,21 @@ def hf_model_config(folder:Path, # a transformers folder (config.json)
                        tie_embeddings=bool(c.get('tie_word_embeddings', False)), norm_eps=float(c.get('rms_norm_eps', 1e-6)),
                        qkv_bias=mt == 'qwen2', rope_scaling=scaling)
 
-# %% ../nbs/05d_hfimport.ipynb #a934a741
+# %% ../nbs/05d_hfimport.ipynb #9ae52049
+def hf_kind(folder:Path) -> str:
+    "The `model_type` of the published model in `folder`."
+    return json.loads((Path(folder)/'config.json').read_text()).get('model_type', '')
+
+def check_hf_shape(cfg:Config, folder:Path, vocab_size:int):
+    "Refuse a run config whose model differs from `folder`'s (any context up to its own), naming the values to set."
+    want = hf_model_config(folder, cfg.model.block_size, vocab_size)
+    diff = {k: getattr(want, k) for k in ('arch', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden',
+                                          'rope_theta', 'tie_embeddings', 'norm_eps', 'qkv_bias', 'rope_scaling')
+            if getattr(want, k) != getattr(cfg.model, k)}
+    if diff: raise ValueError(f"init_from={cfg.train.init_from} is another model than this config's: set "
+                              + ' '.join(f"{k}={v}" for k, v in diff.items()))
+
+# %% ../nbs/05d_hfimport.ipynb #26952ede
 class HFWeights:
     "The tensors of a transformers folder, read one at a time from its safetensors file(s)."
     def __init__(self, folder:Path):
@@ -116,20 +131,33 @@ def hf_state(folder:Path, m:ModelConfig):
     yield 'ln_f.weight', w['model.norm.weight']
     if not m.tie_embeddings: yield 'lm_head.weight', pad(w['lm_head.weight'])
 
-# %% ../nbs/05d_hfimport.ipynb #66513102
-def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
-    "The tokenizer of `folder` as an lmbook bundle in `out_dir`, with `<|endoftext|>` and the chat tokens added."
+# %% ../nbs/05d_hfimport.ipynb #bfa16e5b
+def hf_tokenizer(folder:Path) -> tuple[Tokenizer, list[str]]:
+    "The tokenizer of `folder` with `<|endoftext|>` and the chat tokens it lacks added, and the tokens added."
     if not (Path(folder)/'tokenizer.json').is_file():
         raise FileNotFoundError(f"{folder} has no tokenizer.json: lmbook reads fast (tokenizers) tokenizers; save one with "
                                 "transformers' AutoTokenizer.from_pretrained(...).save_pretrained(FOLDER)")
-    return adopt_tokenizer(Path(folder)/'tokenizer.json', out_dir, hf_model=str(Path(folder).resolve()))
+    tok = HFTokenizer.from_file(str(Path(folder)/'tokenizer.json'))
+    added = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+    tok.add_special_tokens(added)
+    return Tokenizer(tok), added
 
-def new_token_rows(tk:Tokenizer, folder:Path) -> dict[int, tuple[list[int], list[int]]]:
-    "Per token the bundle added to `folder`'s tokenizer: (rows its embedding averages, rows its head row averages)."
-    c = json.loads((Path(folder)/'config.json').read_text())
+def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
+    "The tokenizer of `folder` as an lmbook bundle in `out_dir` (`hf_tokenizer`'s), reused when it is there already."
+    tk, added = hf_tokenizer(folder)
+    if (Path(out_dir)/'tokenizer.json').is_file():
+        have = load_tokenizer(out_dir)
+        if have.sha256 != tk.sha256: raise ValueError(f"{out_dir} holds another tokenizer than {folder}'s: use a new experiment")
+        return have
+    save_bundle(tk, out_dir, hf_model=str(Path(folder).resolve()), added_tokens=added)
+    return load_tokenizer(out_dir)
+
+def new_token_rows(folder:Path) -> dict[int, tuple[list[int], list[int]]]:
+    "Per token `hf_tokenizer` adds to `folder`'s tokenizer: (rows its embedding averages, rows its head row averages)."
+    c, (tk, added) = json.loads((Path(folder)/'config.json').read_text()), hf_tokenizer(folder)
     first = lambda v: v[0] if isinstance(v, list) else v
     bos, eos, out = first(c.get('bos_token_id')), first(c.get('eos_token_id')), {}
-    for t in json.loads((Path(tk.path).parent/'meta.json').read_text()).get('added_tokens', []):
+    for t in added:
         pieces = [p for p in tk.encode(t.strip('<|>')) if p < c['vocab_size']] or [0]
         rows_in = [bos] if t == EOT and bos is not None else [eos] if t == END and eos is not None else pieces
         out[tk.token_id(t)] = rows_in, ([eos] if t in (EOT, END) and eos is not None else pieces)
@@ -142,7 +170,7 @@ def init_new_tokens(model:GPT, rows:dict):
         model.wte.weight[i] = model.wte.weight[rin].mean(0)
         if not model.cfg.tie_embeddings: model.lm_head.weight[i] = model.lm_head.weight[rout].mean(0)
 
-# %% ../nbs/05d_hfimport.ipynb #d6993934
+# %% ../nbs/05d_hfimport.ipynb #6e588e18
 def frozen_dtype(cfg:Config, device:str) -> torch.dtype:
     "The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA (unless dtype=float32), else float32."
     low = cfg.train.lora_rank and device.startswith('cuda') and cfg.train.dtype != 'float32'
@@ -158,7 +186,6 @@ def _place(model:GPT, name:str, t:torch.Tensor, device:str, dtype:torch.dtype, q
 def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_config`)
                   folder:Path, # the published model's folder
                   device:str='cpu', # where it trains
-                  rows:dict|None=None, # new tokens' rows (`new_token_rows`)
                  ) -> GPT:
     "The GPT of `cfg` with `folder`'s weights on `device`, and LoRA or QLoRA adapters when `cfg.train` asks."
     tc, dtype = cfg.train, frozen_dtype(cfg, device)
@@ -166,7 +193,7 @@ def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_con
     if tc.lora_rank: add_lora(model, tc.lora_rank, tc.lora_alpha, tc.lora_targets)
     for name, t in hf_state(folder, cfg.model): _place(model, name, t, device, dtype, tc.quant, not tc.lora_rank)
     if cfg.model.tie_embeddings: model.lm_head.weight = model.wte.weight
-    init_new_tokens(model, rows or {})
+    init_new_tokens(model, new_token_rows(folder) if (Path(folder)/'tokenizer.json').is_file() else {})
     for mod in model.modules():
         if isinstance(mod, LoRALinear): mod.init_adapters(device)
     cos, sin = rope_cache(cfg.model.head_dim, cfg.model.block_size, cfg.model.rope_theta, cfg.model.rope_scaling)

@@ -14,14 +14,15 @@ import numpy as np
 import torch
 from .config import Config, apply_overrides, config_from_dict
 from .runlock import data_lock
-from .tokenizer import EOT, SPECIAL_TOKENS
+from .tokenizer import EOT, HUB_ALIASES, SPECIAL_TOKENS
 
 # %% auto #0
-__all__ = ['ROLES', 'END', 'HUB_INIT', 'FINETUNE', 'FINETUNE_PARAMS', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft',
-           'pack', 'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init',
-           'hub_init_state', 'init_model', 'adopt_init_tokenizer', 'SFTData', 'split_examples', 'sft_val_rows',
-           'prepare_run', 'run_loaders', 'resolve_init', 'fit_sft_batch', 'builtin_chat', 'write_jsonl',
-           'finetune_overrides', 'finetune_config', 'finetune', 'add_cli']
+__all__ = ['ROLES', 'END', 'HUB_INIT', 'FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'record_messages', 'render_chat',
+           'chat_prompt', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'init_checkpoint', 'shape_of',
+           'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state', 'init_model', 'adopt_init_tokenizer',
+           'SFTData', 'split_examples', 'sft_val_rows', 'prepare_run', 'run_loaders', 'resolve_init', 'fit_sft_batch',
+           'builtin_chat', 'write_jsonl', 'finetune_overrides', 'finetune_config', 'hub_finetune_config', 'finetune',
+           'add_cli']
 
 # %% ../nbs/06e_sft.ipynb #e17b6ee7
 ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}  # role -> its reserved token
@@ -196,12 +197,23 @@ def hub_init(init_from:str) -> str:
     "The Hub id in an `init_from` such as 'hf:gpt2', else ''."
     return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
 
+def hub_llama(init_from:str) -> Path|None:
+    "The folder of the Llama-family model an `init_from` such as 'hf:meta-llama/Llama-2-7b-hf' names, else None."
+    from lmbook.hfimport import hf_folder, hf_kind, HF_TYPES
+    if not hub_init(init_from) or hub_init(init_from) in HUB_ALIASES or hub_init(init_from).startswith('openai-community/'):
+        return None
+    folder = hf_folder(hub_init(init_from))
+    return folder if hf_kind(folder) in HF_TYPES else None
+
 def hub_init_state(cfg:Config) -> dict:
     "The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape and tokenizer."
     from lmbook.export import gpt2_from_hf
     from lmbook.tokenizer import hub_names
     name = hub_init(cfg.train.init_from)
     if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights ({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
+    if folder := hub_llama(cfg.train.init_from):  # Llama, Mistral, Qwen2: weights read as the model is built
+        from lmbook.hfimport import check_hf_shape, hf_tokenizer
+        return check_hf_shape(cfg, folder, hf_tokenizer(folder)[0].vocab_size)
     if cfg.data.sft_data:
         raise ValueError(f"fine-tuning data needs an lmbook run to start from: train from init_from={cfg.train.init_from} first, "
                          "then fine-tune that run (lmbook finetune --init-from EXP)")
@@ -218,6 +230,9 @@ def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of `cfg.train.init_from` and LoRA adapters when asked."
     from lmbook.model import GPT
     from lmbook.lora import add_lora
+    if folder := hub_llama(cfg.train.init_from):
+        from lmbook.hfimport import hf_init_model
+        return hf_init_model(cfg, folder, device)  # built on the meta device, each weight placed (4-bit) as it is read
     with torch.device(device): model = GPT(cfg.model)  # made where it trains: a 4B model's init takes a minute on a CPU
     if hub_init(cfg.train.init_from):
         with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
@@ -228,7 +243,9 @@ def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
         with torch.random.fork_rng(devices=[]):  # building the source model draws no numbers from this run's streams
             src = load_model(ck, device='cpu', tokenizer=False).model
         with torch.no_grad(): model.load_state_dict(src.state_dict())
-    if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha)
+    if cfg.train.quant != 'none': raise ValueError(f"quant={cfg.train.quant} loads a published model 4-bit as it is read: "
+                                                   "use init_from=hf:PATH_OR_ID")
+    if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lora_targets)
     return model
 
 # %% ../nbs/06e_sft.ipynb #6bee2f97
@@ -289,6 +306,8 @@ def _prepare_run(cfg:Config, paths, log:Callable|None):
     if cfg.data.sft_data and not cfg.train.init_from:
         raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to fine-tune (lmbook finetune --init-from EXP)")
     if not cfg.train.init_from: return prepare_data(cfg, paths)
+    if folder := hub_llama(cfg.train.init_from):
+        return _prepare_hub(cfg, paths, folder, log)
     if hub_init(cfg.train.init_from):
         hub_init_state(cfg)  # shape, tokenizer and weights checked before any data is written
         return prepare_data(cfg, paths)
@@ -301,6 +320,18 @@ def _prepare_run(cfg:Config, paths, log:Callable|None):
     tk = _find_tokenizer(ck, state, _experiment_of(_run_of(ck)), paths.root)
     examples = read_sft(cfg.data.sft_data, tk, cfg.model.block_size, log)  # every line checked before anything is written
     tk = adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root)
+    tr, va = split_examples(examples, cfg.data.val_ratio, cfg.data.data_seed)
+    train, val = pack(tr, cfg.model.block_size, tk.eot_id), pack(va, cfg.model.block_size, tk.eot_id)
+    return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(), val[0].numel(), len(examples))
+
+def _prepare_hub(cfg:Config, paths, folder:Path, log:Callable|None):
+    "The data of a run that starts from a published Llama-family model: its tokenizer adopted, then either kind."
+    from lmbook.hfimport import adopt_hf_tokenizer, hf_tokenizer
+    from lmbook.loader import prepare_data
+    hub_init_state(cfg)  # the shape, before anything is written
+    examples = read_sft(cfg.data.sft_data, hf_tokenizer(folder)[0], cfg.model.block_size, log) if cfg.data.sft_data else None
+    tk = adopt_hf_tokenizer(folder, paths.tokenizer)
+    if examples is None: return prepare_data(cfg, paths)
     tr, va = split_examples(examples, cfg.data.val_ratio, cfg.data.data_seed)
     train, val = pack(tr, cfg.model.block_size, tk.eot_id), pack(va, cfg.model.block_size, tk.eot_id)
     return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(), val[0].numel(), len(examples))
@@ -395,14 +426,25 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
                     root:Path|None=None, # workspace root
                    ) -> Config:
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
+    if hub_llama(init_from): return hub_finetune_config(init_from, data, overrides)
     if hub_init(init_from):
-        raise ValueError(f"fine-tuning starts from an lmbook run, not {init_from}: first train from it "
+        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from}: first train from it "
                          f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then --init-from NAME")
     ck, state = init_checkpoint(init_from, root)
     base = config_from_dict(state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src, 'sft_data': str(Path(data).resolve()),
                                   **(overrides or {})})
+
+HUB_FINETUNE = dict(block_size=2048, batch_size=4, lr=2e-4, device='auto', dtype='auto', grad_clip=1.0)  # a published model's run
+
+def hub_finetune_config(init_from:str, data:str|Path, overrides:dict|None=None) -> Config:
+    "The config of fine-tuning the published model `init_from` (hf:...): its shape, `FINETUNE` and `HUB_FINETUNE`."
+    from lmbook.hfimport import hf_model_config, hf_tokenizer
+    folder, ov = hub_llama(init_from), {**HUB_FINETUNE, **(overrides or {})}
+    m = hf_model_config(folder, int(ov.pop('block_size')), hf_tokenizer(folder)[0].vocab_size)
+    return apply_overrides(Config(model=m), {**FINETUNE, **HUB_FINETUNE, 'block_size': m.block_size, 'init_from': init_from,
+                                             'sft_data': str(Path(data).resolve()), 'tokenizer': '', **ov})
 
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
              data:str|Path, # the .jsonl of prompt/response or messages records
@@ -417,6 +459,7 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
     from lmbook.sample import _find_tokenizer, _run_of, _experiment_of
     check_name(experiment)
     cfg = finetune_config(init_from, data, overrides, root)
+    if hub_llama(init_from): return train(cfg, experiment, root=root, log=log)  # its data is checked before any folder
     ck, state = init_checkpoint(init_from, root)
     if paths_for(experiment, root=root).run == _run_of(ck): raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new name")
     check_init_shape(cfg, state, ck)
@@ -429,11 +472,14 @@ def add_cli(sub):
     from lmbook.core import cli_options
     from lmbook.config import parse_assignments
     p = sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses only)')
-    p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run: experiment name, run folder or checkpoint folder')
+    p.add_argument('--init-from', required=True, metavar='SOURCE',
+                   help='the pretrained run (experiment name, run folder or checkpoint folder), or hf:PATH_OR_ID of a Llama-family model')
     p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or {"messages": [{"role", "content"}, ...]}, one per line')
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
     p.add_argument('--lora-rank', type=int, default=None, metavar='R', help='train LoRA adapters of rank R on a frozen model (default: every weight)')
     p.add_argument('--lora-alpha', type=float, default=None, metavar='A', help='LoRA scale numerator (default 16)')
+    p.add_argument('--lora-targets', default=None, metavar='T,..', help='the projections LoRA adapts: some of q,k,v,o,mlp (default all)')
+    p.add_argument('--quant', choices=['none', 'nf4'], default=None, help="nf4: QLoRA, the frozen base in 4 bits (init from hf:...)")
     p.add_argument('--max-steps', type=int, default=None, metavar='N', help=f"optimizer steps (default {FINETUNE['max_steps']})")
     p.add_argument('--batch-size', type=int, default=None, metavar='B',
                    help="sequences per step (default: the init run's, lowered to what a small file fills)")
@@ -445,6 +491,8 @@ def add_cli(sub):
         if a.lora_rank is not None: ov['lora_rank'] = a.lora_rank
         if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
         if a.max_steps is not None: ov['max_steps'] = a.max_steps
+        if a.lora_targets is not None: ov['lora_targets'] = a.lora_targets
+        if a.quant is not None: ov['quant'] = a.quant
         if a.batch_size is not None: ov['batch_size'] = a.batch_size
         if a.no_auto_resume: ov['auto_resume'] = False
         try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']

@@ -76,3 +76,26 @@ def test_unknown_features_refused_by_name(folders, tmp_path, change, named):
     (tmp_path/'config.json').write_text(json.dumps(c))
     with pytest.raises(ValueError, match=named) as e: hf_model_config(tmp_path)
     assert '\n' not in str(e.value)
+
+
+def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
+    "lmbook finetune --init-from hf:FOLDER with QLoRA, then lmbook export: a merged bf16 transformers model."
+    import subprocess, sys
+    from conftest import lmbook_cmd, ROOT
+    from lmbook.sft import builtin_chat, write_jsonl
+    from lmbook.sample import load_model
+    subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/tiny_llama.py'), str(tmp_path/'tiny')], check=True)
+    write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
+    r = lmbook_cmd('finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'q', '--lora-rank', 4,
+                   '--quant', 'nf4', '--lora-targets', 'q,k,v,o', '--max-steps', 4,
+                   '--set', 'block_size=128', 'batch_size=2', 'act_ckpt=full', 'eval_every=2', 'device=cpu')
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = lmbook_cmd('export', 'q', tmp_path/'out')
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path/'out'/'config.json').read_text())
+    assert cfg['torch_dtype'] == 'bfloat16' and cfg['model_type'] == 'llama'
+    ours = load_model('q').model
+    idx = torch.randint(0, 512, (1, 16))
+    with torch.no_grad(): want = ours(idx).float()
+    got = logits(tmp_path/'out', idx)
+    assert (got - want).abs().max().item() < 0.1  # bf16 weights
