@@ -80,7 +80,7 @@ def _plot(args) -> int:
 # %% ../nbs/12_cli.ipynb #31da40ed
 def build_parser() -> argparse.ArgumentParser:
     "The `lmbook` argument parser with every module's subcommands."
-    from lmbook import data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs
+    from lmbook import data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs, serve
     from lmbook.core import cli_options
     ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a corpus to plots.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('experiments', nargs='+', help='experiment names')
     p.add_argument('--smooth', type=float, default=0.0, help='>0 (e.g. 0.9): also draw the train loss averaged over ~1/(1-smooth) rows')
     p.set_defaults(func=_plot)
-    for mod in (data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs): mod.add_cli(sub)
+    for mod in (data, tokenizer, loader, databench, launch, sft, sample, chat, eval, export, bench, runpod, boot, docs, serve):
+        mod.add_cli(sub)
     return ap
 
 # %% ../nbs/12_cli.ipynb #de5be98e

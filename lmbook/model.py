@@ -84,7 +84,9 @@ class CausalSelfAttention(nn.Module):
             kbuf, vbuf, pos = kv
             kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
             k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
-            mask = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos) if T > 1 else None  # (T, pos+T)
+            win = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos) if T > 1 else None  # (T, pos+T)
+            if mask is not None: mask = mask[..., :pos+T] if win is None else mask[..., :pos+T] & win  # (B, 1, 1, ...) keys kept
+            else: mask = win
         gqa = self.nkv != self.nh
         if gqa and not _SDPA_GQA:
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
