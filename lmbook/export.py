@@ -174,7 +174,7 @@ def push_to_hub(folder:Path, # an exported folder
     api = hh.HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type='model')
     api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type='model', commit_message='Upload from lmbook')
-    return f"https://huggingface.co/{repo_id}"
+    return f"{hh.constants.ENDPOINT}/{repo_id}"  # huggingface.co, or the endpoint HF_ENDPOINT names
 
 # %% ../nbs/10a_export.ipynb #1efb8008
 def find_hf_model(repo_id:str='openai-community/gpt2', # a Hub model id, looked up in the local cache only
