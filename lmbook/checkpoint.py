@@ -385,6 +385,7 @@ class Checkpointer:
         self.thread, self.error, self.prep = None, None, None  # the write in flight, its error, the buffers being made
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
         self.slow_wait, self.warned_slow = 5.0, False  # seconds a save may wait for the previous write before a warning
+        self.on_written = None  # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps, at the end, and when stopping."
@@ -440,6 +441,7 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         t1 = time.perf_counter()
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
+            if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
             if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, val_loss=best), self.keep, log=self.log, name=BEST)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
@@ -451,6 +453,11 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     else: write()
     rec['stall_s'] = time.perf_counter() - t0
     if self.error: self.wait()
+
+def _tell(fn:Callable, path:Path, log:Callable):
+    "Hand a written checkpoint to `fn` (the mirror); its failure is a warning, never the checkpoint's."
+    try: fn(path)
+    except Exception as e: log(f"warning: after writing {path.name}: {type(e).__name__}: {e}")
 
 def _wait(self:Checkpointer):
     "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."

@@ -22,6 +22,7 @@ from .optim import make_optimizer, schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, wrap_model, unwrap, grad_sync, all_reduce, barrier
 from . import checkpoint as ckpt
 from .checkpoint import Checkpointer
+from .mirror import Mirror
 from .validation import TrainEvals
 
 # %% auto #0
@@ -437,6 +438,8 @@ def _train(r:Run, experiment:str) -> dict:
     from lmbook.validation import validation
     tc, info, t = r.cfg.train, r.info, r.t
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, info, r.log)
+    mirror = Mirror(tc.mirror, experiment, r.dir/'.mirror', r.log) if tc.mirror and info.is_main else None
+    ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
     step = resumed['state']['step'] if resumed else 0
     lineage = (resumed['state'].get('lineage') if resumed else None) or uuid.uuid4().hex[:12]  # one id from step 0 on
@@ -487,6 +490,7 @@ def _train(r:Run, experiment:str) -> dict:
             if ck.best_step > 0: r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
     finally:
         ck.close()
+        if mirror: mirror.close(0 if signum else None)  # the last checkpoint's copy, unless the pod is going away
         metrics.close()
     barrier()
     res = dict(run_dir=r.dir, step=step, total_steps=r.total, tokens=tokens, first_val_loss=first_val, val_loss=last_val,
