@@ -17,9 +17,9 @@ from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, NotF
 from . import podsync
 
 # %% auto #0
-__all__ = ['PORTS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source', 'start_script',
-           'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'create_pod_retrying', 'wait_running',
-           'format_status', 'add_cli']
+__all__ = ['PORTS', 'SERVE_PORT', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source',
+           'start_script', 'start_command', 'pod_spec', 'serve_spec', 'proxy_urls', 'request_text',
+           'create_pod_retrying', 'wait_running', 'format_status', 'check_available', 'add_cli']
 
 # %% ../nbs/11_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -73,11 +73,17 @@ class PodSpec:
     env: dict = field(default_factory=dict)      # plain environment variables
     secrets: dict = field(default_factory=dict)  # env name -> 'generate', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
     start: str = ''               # container start command (the boot pipeline)
+    template_id: str = ''         # a RunPod template the pod starts from ('' : none; the image then comes from it unless given)
+    min_vcpu: int = 0             # vCPUs the machine must have at least (0 : RunPod's default; GraphQL backend only)
+    min_memory_gb: int = 0        # system memory in GB the machine must have at least (0 : RunPod's default; GraphQL backend only)
 
     def validate(self) -> 'PodSpec':
         "Check every field that reaches the request, and the combinations RunPod or the run would regret."
         check_safe(self.name, 'name', 'pod name'); check_name(self.experiment)
-        check_safe(self.gpu_type, 'gpu', 'GPU type'); check_safe(self.image, 'image', 'image')
+        check_safe(self.gpu_type, 'gpu', 'GPU type')
+        if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
+        if self.template_id: check_safe(self.template_id, 'id', 'template id')
+        if self.min_vcpu < 0 or self.min_memory_gb < 0: raise ValueError("--min-vcpu and --min-memory must be >= 0 (0: RunPod's default)")
         if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
         if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
         if self.cloud_type not in ('SECURE', 'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose SECURE or COMMUNITY")
@@ -224,6 +230,27 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     spec.start = start_command()
     return spec.validate()
 
+SERVE_PORT = 8000  # the port `lmbook serve` listens on in an endpoint pod
+
+def serve_spec(export:str, # the served model's path on the volume: an export folder, a run or checkpoint folder
+               gpu:str, gpus:int=1, volume_id:str='', image:str|None=None, cloud_type:str='SECURE', data_center:str='',
+               repo:str='', commit:str='', extra_env:dict|None=None) -> PodSpec:
+    "A checked `PodSpec` of an endpoint pod: `lmbook serve EXPORT` on port 8000 instead of the training boot."
+    if not export.startswith('/workspace/'):
+        raise ValueError(f"--serve {export!r}: give the model's path on the volume, e.g. /workspace/exports/NAME "
+                         "(lmbook pod push copies a folder there)")
+    name = re.sub(r'[^A-Za-z0-9._-]', '-', Path(export.rstrip('/')).name)[:40] or 'model'
+    env = dict(RUN_SERVE=export, SERVE_PORT=str(SERVE_PORT), RUN_EXPERIMENT=f'serve-{name}', LMBOOK_WORKSPACE='/workspace',
+               LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit, PYTHONUNBUFFERED='1', **(extra_env or {}))
+    gpu_type = find_gpu(gpu)
+    s = load_settings()
+    spec = PodSpec(name=f"serve-{name}-{secrets.token_hex(3)}", profile='', experiment=f'serve-{name}', gpu_type=gpu_type,
+                   gpu_count=gpus, image=image or card_image(gpu_type, s.image), cloud_type=cloud_type, volume_id=volume_id,
+                   volume_gb=s.volume_gb, container_disk_gb=s.container_disk_gb, data_center=data_center,
+                   ports=f'{PORTS},{SERVE_PORT}/http', env=env, secrets=dict(JUPYTER_PASSWORD='generate'))
+    spec.start = start_command()
+    return spec.validate()
+
 def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab", tensorboard=f"https://{pod_id}-6006.proxy.runpod.net/")
@@ -234,8 +261,9 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
     if (backend or load_settings().api) == 'graphql':
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
         q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True, True, spec.data_center or None, None,
-                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb, 1, 1, spec.start,
-                                             spec.ports, spec.volume_mount, env, None, spec.volume_id or None)
+                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb,
+                                             spec.min_vcpu or 1, spec.min_memory_gb or 1, spec.start,
+                                             spec.ports, spec.volume_mount, env, spec.template_id or None, spec.volume_id or None)
         return masked(q, hidden)
     return masked('POST /v2/pods\n' + json.dumps(rest_body(spec, env), indent=1), hidden)
 
@@ -295,7 +323,9 @@ def _plan_cmd(a) -> int:
 def _spec_from_args(a) -> PodSpec:
     s = load_settings()
     gpu, gpus = a.gpu or s.gpu_type, a.gpus or s.gpu_count
-    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or --manifest FILE)")
+    if a.serve: return _machine(a, serve_spec(a.serve, gpu, gpus, a.volume or '', a.image, a.cloud_type or s.cloud_type,
+                                             a.data_center or '', *code_source(a.repo, a.commit)[:2], parse_assignments(a.env)))
+    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or --manifest FILE, or --serve EXPORT)")
     ov = parse_assignments(a.set)
     cloud = a.cloud_type or s.cloud_type
     if not Path(a.profile).suffix:  # refuses what does not fit, or a card the image cannot drive, before anything is rented
@@ -303,8 +333,15 @@ def _spec_from_args(a) -> PodSpec:
     autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
     repo, commit, warn = code_source(a.repo, a.commit)
     if warn: print(warn, file=sys.stderr)
-    return pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard, a.hf_token or '',
-                    parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars)
+    return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard, a.hf_token or '',
+                                parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure, a.max_hours,
+                                a.max_dollars))
+
+def _machine(a, spec:PodSpec) -> PodSpec:
+    "`spec` with the template and machine minimums of the command line; a template brings its image unless --image is given."
+    spec.template_id, spec.min_vcpu, spec.min_memory_gb = a.template or '', a.min_vcpu, a.min_memory
+    if spec.template_id and not a.image: spec.image = ''
+    return spec.validate()
 
 def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     "Check the volume and GPU type against the API; the pod goes to the volume's data center."
@@ -318,7 +355,20 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
     most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
     if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
+    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec)
     spec.validate()
+
+def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}, None: not asked
+                    spec:PodSpec, log=print):
+    "Refuse a create that RunPod's catalog says cannot be placed now: none of the GPUs free in the pod's data center."
+    if a is None: return
+    n, where = f"{spec.gpu_count} x {spec.gpu_type}", spec.data_center
+    level = a['data_centers'].get(where, 'NONE') if where else a['overall'] or 'NONE'
+    others = ', '.join(f"{k} ({v})" for k, v in sorted(a['data_centers'].items()) if v != 'NONE' and k != where) or 'none'
+    if level == 'NONE':
+        raise CapacityError(f"RunPod's catalog has no {n} free in {where or 'any data center'} now: try later, fewer GPUs or "
+                            f"another card" + (f", or a volume in a data center that has them: {others}" if where else ''))
+    if level == 'LOW': log(f"note: RunPod's catalog says few {n} are free in {where or 'its data centers'} (LOW): the create may wait")
 
 def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
@@ -337,6 +387,7 @@ def _create_cmd(a) -> int:
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
           f"{'your $JUPYTER_PASSWORD' if spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:') else 'generated, in the pod settings on runpod.io'}")
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
+    if spec.env.get('RUN_SERVE'): print(f"  openai api   https://{pod['id']}-{SERVE_PORT}.proxy.runpod.net/v1")
     print(f"  logs         lmbook pod logs {pod['id']}")
     if a.wait: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
     return 0
@@ -395,6 +446,10 @@ def add_cli(sub):
     p.add_argument('--gpus', type=int, help='default: settings gpu_count'); p.add_argument('--volume', help='network volume id, mounted at /workspace')
     p.add_argument('--image', help="image (default: settings.ini, or the card's own)"); p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
     p.add_argument('--data-center', help="data center id (default: the volume's)"); p.add_argument('--set', '-s', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='config overrides')
+    p.add_argument('--template', metavar='ID', help="start from this RunPod template (its image too, unless --image is given)")
+    p.add_argument('--min-vcpu', type=int, default=0, metavar='N', help="vCPUs the machine must have (GraphQL backend: api = graphql)")
+    p.add_argument('--min-memory', type=int, default=0, metavar='GB', help="system memory the machine must have (GraphQL backend)")
+    p.add_argument('--serve', metavar='EXPORT', help='an endpoint pod: `lmbook serve EXPORT` (its path on the volume) on port 8000')
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE', help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true', help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
     p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
