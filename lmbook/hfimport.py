@@ -17,11 +17,12 @@ from .model import GPT
 from .lora import LoRALinear, add_lora, quantize
 from .model import rope_cache
 from .export import find_hf_model
-from .sft import END
+from .sft import END, builtin_chat
 
 # %% auto #0
-__all__ = ['HF_TYPES', 'hf_folder', 'unsupported', 'hf_model_config', 'hf_kind', 'check_hf_shape', 'HFWeights', 'hf_state',
-           'hf_tokenizer', 'adopt_hf_tokenizer', 'new_token_rows', 'init_new_tokens', 'frozen_dtype', 'hf_init_model']
+__all__ = ['HF_TYPES', 'PUBLISHED_PARAMS', 'hf_folder', 'unsupported', 'hf_model_config', 'hf_kind', 'check_hf_shape',
+           'HFWeights', 'hf_state', 'hf_tokenizer', 'adopt_hf_tokenizer', 'new_token_rows', 'init_new_tokens',
+           'frozen_dtype', 'hf_init_model', 'tiny_llama']
 
 # %% ../nbs/05d_hfimport.ipynb #a8479e4a
 def hf_folder(source:str|Path) -> Path:
@@ -66,7 +67,7 @@ def unsupported(c:dict, block_size:int) -> list[str]:
 # %% ../nbs/05d_hfimport.ipynb #1edf7957
 def hf_model_config(folder:Path, # a transformers folder (config.json)
                     block_size:int|None=None, # the context to train and sample with (default and most: the model's, at most 4096)
-                    vocab_size:int|None=None, # at least the model's; larger when the tokenizer gained tokens
+                    vocab_size:int|None=None, # the tokenizer's: the model's rows grow to hold its tokens when it has more
                    ) -> ModelConfig:
     "lmbook's `ModelConfig` of the published Llama-family model in `folder`, or a one-line refusal."
     c = json.loads((Path(folder)/'config.json').read_text())
@@ -76,9 +77,7 @@ def hf_model_config(folder:Path, # a transformers folder (config.json)
     bs = min(block_size or 4096, c.get('max_position_embeddings', 4096))
     if bad := unsupported(c, bs): raise ValueError(f"{folder} uses what lmbook's llama does not compute: {', '.join(bad)}")
     theta, scaling = _rope(c)
-    if vocab_size is not None and vocab_size < c['vocab_size']:
-        raise ValueError(f"vocab_size={vocab_size} is smaller than {folder}'s {c['vocab_size']}")
-    return ModelConfig(arch='llama', vocab_size=vocab_size or c['vocab_size'], block_size=bs, n_layer=c['num_hidden_layers'],
+    return ModelConfig(arch='llama', vocab_size=max(vocab_size or 0, c['vocab_size']), block_size=bs, n_layer=c['num_hidden_layers'],
                        n_head=c['num_attention_heads'], n_kv_head=c.get('num_key_value_heads') or 0,
                        n_embd=c['hidden_size'], mlp_hidden=c['intermediate_size'], rope_theta=theta,
                        tie_embeddings=bool(c.get('tie_word_embeddings', False)), norm_eps=float(c.get('rms_norm_eps', 1e-6)),
@@ -200,3 +199,38 @@ def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_con
     model.register_buffer('rope_cos', cos.to(device), persistent=False)
     model.register_buffer('rope_sin', sin.to(device), persistent=False)
     return model
+
+# %% ../nbs/05d_hfimport.ipynb #7f7469e6
+PUBLISHED_PARAMS = dict(  # the parameters of nbs/finetune_published.ipynb, with their defaults: all of it on a CPU in a minute
+    model='',                # a transformers folder or a cached Hub id ('': a tiny random Llama written in a scratch workspace)
+    data='',                 # the .jsonl of chat records ('': `builtin_chat`)
+    experiment=None,         # the fine-tuned run: runs/<experiment> (None: '<model folder>-qlora')
+    root='',                 # workspace root ('': the settings' one; a scratch folder when model is '')
+    lora_rank=16,            # LoRA rank
+    lora_targets='q,k,v,o',  # the adapted projections
+    quant='nf4',             # 'nf4' (QLoRA) or 'none' (LoRA on the bf16 base on CUDA)
+    max_steps=None,          # optimizer steps (None: 200, or 30 for the tiny model)
+    block_size=None,         # context (None: 2048, capped at the model's)
+    device='auto',           # 'auto' (CUDA, else MPS, else CPU), 'cpu' or 'cuda'
+    overrides='',            # any other config fields: 'act_ckpt=full,batch_size=8'
+    export_dir='',           # where the merged bf16 model goes ('': exports/<experiment> in the workspace)
+)
+
+def tiny_llama(out:Path, vocab:int=512, layers:int=2, width:int=64, context:int=256, seed:int=0) -> Path:
+    "A random fp32 Llama folder (config.json, model.safetensors, tokenizer.json) standing in for a published one."
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, LlamaConfig  # optional (the hf extra): only the stand-in needs it
+    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+    tok = HFTokenizer(models.BPE()); tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = [r['prompt'] + ' ' + r['response'] for r in builtin_chat()]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=['<unk>', '<s>', '</s>'],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.save(str(out/'tokenizer.json'))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=2*width, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, bos_token_id=1,
+                          eos_token_id=2, tie_word_embeddings=False)
+        AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    return out

@@ -102,13 +102,16 @@ class LoRALinear(nn.Module):
         "The frozen layer's output: a plain matmul, or a 4-bit one after `quantize`."
         if self.quant is None: return F.linear(x, self.weight, self.bias)
         if torch.is_autocast_enabled(x.device.type): x = x.to(torch.get_autocast_dtype(x.device.type))
-        y = NF4Matmul.apply(x, self.weight_nf4, self.weight_absmax, self.quant)
+        y = _nf4_matmul(x, self.weight_nf4, self.weight_absmax, self.quant)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def merged_weight(self) -> torch.Tensor:
         "`weight + scale * lora_B @ lora_A`, computed in float32 (from the dequantized weight after `quantize`)."
         w = self.weight if self.quant is None else nf4_dequantize(self.weight_nf4, self.weight_absmax, self.quant)
         return (w.float() + self.delta()).to(self.lora_A.dtype if self.quant else self.weight.dtype)
+
+@torch.compiler.disable  # bitsandbytes' kernel and the custom backward stay outside a compiled graph
+def _nf4_matmul(x, packed, absmax, shape): return NF4Matmul.apply(x, packed, absmax, shape)
 
 def _block_mask(parts, adapt, rank, device) -> torch.Tensor:
     "(out, n_adapted*rank) ones where a part's rows meet its own adapter's columns."
