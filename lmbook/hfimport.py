@@ -185,9 +185,10 @@ def _place(model:GPT, name:str, t:torch.Tensor, device:str, dtype:torch.dtype, q
 def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_config`)
                   folder:Path, # the published model's folder
                   device:str='cpu', # where it trains
+                  dtype:torch.dtype|None=None, # the weights' dtype (default: `frozen_dtype`'s)
                  ) -> GPT:
     "The GPT of `cfg` with `folder`'s weights on `device`, and LoRA or QLoRA adapters when `cfg.train` asks."
-    tc, dtype = cfg.train, frozen_dtype(cfg, device)
+    tc, dtype = cfg.train, dtype or frozen_dtype(cfg, device)
     with torch.device('meta'): model = GPT(cfg.model)
     if tc.lora_rank: add_lora(model, tc.lora_rank, tc.lora_alpha, tc.lora_targets)
     for name, t in hf_state(folder, cfg.model): _place(model, name, t, device, dtype, tc.quant, not tc.lora_rank)

@@ -44,8 +44,8 @@ def load_served(source:str, # experiment, run or checkpoint folder (NAME:best), 
         meta = json.loads((p/'lmbook.json').read_text()) if (p/'lmbook.json').is_file() else {}
         cfg = Config(model=hf_model_config(p, vocab_size=tk.vocab_size))
         chat = bool(((meta.get('config') or {}).get('data') or {}).get('sft_data'))
-        model = hf_init_model(cfg, p, device)
-        return Served(model.to(dt).eval(), tk, p.name, chat, device)
+        model = hf_init_model(cfg, p, device, dt)  # read straight into bf16 on CUDA
+        return Served(model.eval(), tk, p.name, chat, device)
     lm = load_model(source, device=device)
     return Served(lm.model.to(dt).eval(), lm.tokenizer, lm.experiment or Path(str(source)).name, is_chat(lm.config), device)
 
