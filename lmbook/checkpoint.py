@@ -328,7 +328,8 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
         state = json.loads((path/'state.json').read_text())
         rank_state = read_rank_state(path, rank)
     except Exception as e:  # safetensors, unpickler and JSON errors all mean: do not use this checkpoint
-        raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        first = str(e).splitlines()[0][:200] if str(e) else ''
+        raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {first}") from None
     return dict(path=path, model=msd, optim=osd, state=state, rank_state=rank_state)
 
 # %% ../nbs/04b_checkpoint.ipynb #37e98427
@@ -349,7 +350,8 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
 
 # %% ../nbs/04b_checkpoint.ipynb #b77052a4
 SHAPE_KEYS = tuple(k for k, (r, _) in resume_rules().items() if r == 'shape')  # in the config's order
-SHAPE_DEFAULTS = {'bias': False}  # a key that older checkpoints lack, with the value they were trained with
+# a key that older checkpoints lack, with the value they were trained with
+SHAPE_DEFAULTS = {'bias': False, 'qkv_bias': False}
 
 def check_compatible(state:dict, model_cfg:dict, tok:dict|None, path:Path|str=''):
     "Raise `ValueError` when a checkpoint's model shape (`SHAPE_KEYS`) or tokenizer differs from the run's."
@@ -421,6 +423,8 @@ class Checkpointer:
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
         # seconds a save may wait for the previous write before a warning
         self.slow_wait, self.warned_slow = 5.0, False
+        # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
+        self.on_written = None
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps, at the end, and when stopping."
@@ -488,6 +492,7 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         t1 = time.perf_counter()
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
+            if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
             if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state,
                     val_loss=best), self.keep, log=self.log, name=BEST)
         except BaseException as e: self.error = e
@@ -501,6 +506,11 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     else: write()
     rec['stall_s'] = time.perf_counter() - t0
     if self.error: self.wait()
+
+def _tell(fn:Callable, path:Path, log:Callable):
+    "Hand a written checkpoint to `fn` (the mirror); its failure is a warning, never the checkpoint's."
+    try: fn(path)
+    except Exception as e: log(f"warning: after writing {path.name}: {type(e).__name__}: {e}")
 
 def _wait(self:Checkpointer):
     "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."

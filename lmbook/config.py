@@ -80,6 +80,10 @@ def field_ranges(cls) -> dict[str, Range]:
 
 # %% ../nbs/01_config.ipynb #e3569f03
 _ATTN_BACKEND = one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex')
+_NUM = r'[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?'
+# '' or a rule and its numbers
+_ROPE_SCALING = Range(pattern=f'|linear:{_NUM}|llama3:{_NUM}:{_NUM}:{_NUM}:[0-9]+',
+                      hint="'', 'linear:F' or 'llama3:F:LOW:HIGH:CONTEXT'")
 
 @dataclass
 class ModelConfig:
@@ -112,6 +116,10 @@ class ModelConfig:
                             "the logits (liger-kernel if installed, else the chunked one)")
     bias: bool = cfield(False, FLAG, 'shape', "gpt2 only: biases in the blocks' Linear layers and in every "
                         "LayerNorm, as published GPT-2 has (the head stays bias-free)")
+    qkv_bias: bool = cfield(False, FLAG, 'shape', "llama only: biases on the query, key and value "
+                            "projections, as Qwen2 has")
+    rope_scaling: str = cfield('', _ROPE_SCALING, 'ask', "RoPE frequencies of a long-context model: '' "
+                               "(none), 'linear:F' or Llama 3.1's 'llama3:F:LOW:HIGH:CONTEXT'")
 
     @property
     def kv_heads(self) -> int: return self.n_kv_head or self.n_head
@@ -171,6 +179,10 @@ _SAMPLE_PROMPTS = Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?',
 _INIT_FROM = Range(pattern=f'({_TEXT})?',
                    hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)")
 _HELLASWAG_FILE = Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces")
+_TARGET = '(q|k|v|o|mlp)'  # a projection LoRA can adapt
+_LORA_TARGETS = Range(pattern=f'{_TARGET}(,{_TARGET})*', hint="some of q, k, v, o, mlp, comma-separated")
+_MIRROR = Range(pattern=r'|hf://[A-Za-z0-9][\w.-]*/[\w.-]+|s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\s]*)?',
+                hint="'', hf://USER/REPO or s3://BUCKET/PREFIX")
 
 @dataclass
 class TrainConfig:
@@ -242,13 +254,23 @@ class TrainConfig:
     allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
                                        "checkpoint's (the change is logged)")
     init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, run "
-                            "folder or checkpoint folder) and its tokenizer, or from published GPT-2 weights "
-                            "in the Hugging Face cache (hf:gpt2), at step 0 with a fresh optimizer")
+                            "folder or checkpoint folder) and its tokenizer, or from published weights: "
+                                "GPT-2 "
+                            "(hf:gpt2) or a Llama-family model (hf:PATH_OR_ID, a folder or the Hugging Face "
+                            "cache), at step 0 with a fresh optimizer")
     lora_rank: int = cfield(0, between(0, 4096), 'fixed', "rank of LoRA adapters on the attention and MLP "
                             "projections, base weights frozen (0: train every weight)",
                             why="the checkpoint's adapters have the old rank")
     lora_alpha: float = cfield(16.0, between(0, 1e6, lo_open=True), 'ask', "LoRA scale numerator: the "
                                "adapters' update is multiplied by lora_alpha/lora_rank")
+    lora_targets: str = cfield('q,k,v,o,mlp', _LORA_TARGETS, 'fixed', "the projections LoRA adapts, "
+                               "comma-separated: q, k, v, o (attention) and mlp",
+                               why="the checkpoint's adapters sit on the old projections")
+    quant: str = cfield('none', one_of('none', 'nf4'), 'fixed', "'nf4': a LoRA run's frozen base weights in "
+                        "4 bits (QLoRA; bitsandbytes kernels on CUDA)",
+                        why="the checkpoint holds the base weights in the old precision")
+    mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
+                         "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
     hellaswag_every: int = cfield(0, at_least(0), 'free', "steps between HellaSwag evaluations during "
                                   "training (0: off)")
     hellaswag_limit: int = cfield(0, at_least(0), 'free', "HellaSwag examples per evaluation (0: all of "
@@ -341,7 +363,12 @@ def validate(cfg:Config) -> Config:
                                                               f"n_embd/n_head={m.head_dim}")
     if m.bias and m.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
                                                      f"arch='gpt2', or bias=False for arch={m.arch!r}")
+    if m.arch == 'gpt2' and (m.qkv_bias or m.rope_scaling):
+        raise ValueError("qkv_bias and rope_scaling belong to arch='llama' (gpt2 has learned positions and "
+                         "biases everywhere)")
     t = cfg.train
+    if t.quant != 'none' and not t.lora_rank:
+        raise ValueError(f"quant={t.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
     if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip()
                                                                  for q in t.sample_prompts.split('|'))):
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by "
@@ -409,6 +436,7 @@ def count_params(m:ModelConfig, embeddings:bool=True) -> int:
     else: mlp, norms, pos = 3*d*m.hidden, 2*d, 0
     # LayerNorm: gain and bias
     if m.bias: attn, mlp, norms = attn + (m.n_head + 2*m.kv_heads)*hd + d, mlp + m.hidden + d, 2*norms
+    if m.qkv_bias: attn += (m.n_head + 2*m.kv_heads)*hd
     wte = V*d
     head = 0 if m.tie_embeddings else V*d
     n = m.n_layer*(attn + mlp + norms) + (2 if m.bias else 1)*d + wte + head

@@ -17,8 +17,9 @@ from .sft import END
 from .sample import load_model, is_chat
 
 # %% auto #0
-__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template', 'export_hf',
-           'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'add_cli']
+__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template',
+           'export_hf', 'push_to_hub', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf',
+           'add_cli']
 
 # %% ../nbs/05c_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -35,15 +36,23 @@ def hf_config(m:ModelConfig, eot_id:int) -> dict:
                         activation_function='gelu_new',
                     layer_norm_epsilon=m.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         scale_attn_weights=True, **common)
-    return dict(architectures=['LlamaForCausalLM'], model_type='llama', hidden_size=m.n_embd,
-                num_hidden_layers=m.n_layer,
+    llama = dict(architectures=['LlamaForCausalLM'], model_type='llama', attention_bias=False, mlp_bias=False)
+    qwen2 = dict(architectures=['Qwen2ForCausalLM'], model_type='qwen2', use_sliding_window=False)
+    return dict(**(qwen2 if m.qkv_bias else llama), hidden_size=m.n_embd, num_hidden_layers=m.n_layer,
                 num_attention_heads=m.n_head, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
-                    intermediate_size=m.hidden,
-                max_position_embeddings=m.block_size, hidden_act='silu', rms_norm_eps=m.norm_eps,
-                    rope_theta=m.rope_theta,
-                rope_parameters=dict(rope_type='default', rope_theta=m.rope_theta), attention_bias=False,
-                    mlp_bias=False,
+                intermediate_size=m.hidden, max_position_embeddings=m.block_size, hidden_act='silu',
+                rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta, rope_parameters=hf_rope(m),
                 attention_dropout=0.0, **common)
+
+def hf_rope(m:ModelConfig) -> dict:
+    "transformers' `rope_parameters` of `m`'s RoPE: its base and scaling."
+    kind, *v = m.rope_scaling.split(':') if m.rope_scaling else ('default',)
+    out = dict(rope_type=kind, rope_theta=m.rope_theta)
+    if kind == 'linear': out['factor'] = float(v[0])
+    if kind == 'llama3':
+        out.update(factor=float(v[0]), low_freq_factor=float(v[1]), high_freq_factor=float(v[2]),
+                   original_max_position_embeddings=int(v[3]))
+    return out
 
 # %% ../nbs/05c_export.ipynb #ba0c32f2
 def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
@@ -70,6 +79,10 @@ def hf_state_dict(sd:dict, m:ModelConfig) -> dict:
         for i in range(L):
             p, h = f'h.{i}.', f'model.layers.{i}.'
             wq, wk, wv = sd[p+'attn.c_attn.weight'].split([q, kv, kv])
+            if m.qkv_bias:
+                bq, bk, bv = sd[p+'attn.c_attn.bias'].split([q, kv, kv])
+                out.update({h+'self_attn.q_proj.bias': bq, h+'self_attn.k_proj.bias': bk,
+                            h+'self_attn.v_proj.bias': bv})
             fc = sd[p+'mlp.c_fc.weight']
             out.update({h+'input_layernorm.weight': sd[p+'ln_1.weight'],
                         h+'post_attention_layernorm.weight': sd[p+'ln_2.weight'],
@@ -124,20 +137,24 @@ def export_hf(source:str|Path,
               out_dir:Path, # the transformers folder to write
               root:Path|None=None, # workspace root (default: from settings)
               overwrite:bool=False, # replace an existing non-empty `out_dir`
-              dtype:str='float32', # weights as 'float32' or 'bfloat16' (half the size)
+              # weights as 'float32' or 'bfloat16' (default: bfloat16 for a 4-bit run, else float32)
+              dtype:str|None=None,
               warn=None, # called with a message for each damaged checkpoint skipped
               # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
               reuse:bool=False,
              ) -> Path:
     "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
     out = Path(out_dir)
-    if dtype not in ('float32', 'bfloat16'): raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
+    if dtype not in (None, 'float32', 'bfloat16'):
+        raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
     # a file in the way, a read-only folder
     check_writable(out.parent if out.exists() else out, fix='choose another folder')
     taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
     if taken and not (overwrite or reuse):
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn)
+    # QLoRA: dequantized, merged, bf16
+    dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
         raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
@@ -192,7 +209,7 @@ def push_to_hub(folder:Path, # an exported folder
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type='model')
     api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type='model',
                       commit_message='Upload from lmbook')
-    return f"https://huggingface.co/{repo_id}"
+    return f"{hh.constants.ENDPOINT}/{repo_id}"  # huggingface.co, or the endpoint HF_ENDPOINT names
 
 # %% ../nbs/05c_export.ipynb #1efb8008
 def find_hf_model(repo_id:str='openai-community/gpt2', # a Hub model id, looked up in the local cache only
@@ -295,8 +312,9 @@ def add_cli(sub):
     p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or '
                    'LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
-    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default='float32', help='weight precision '
-                   '(bfloat16 halves the size)')
+    p.add_argument('--dtype', choices=['float32', 'bfloat16'], default=None,
+                   help='weight precision (default: bfloat16 for a 4-bit run, else float32; bfloat16 halves '
+                   'the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model '
                    'repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true',

@@ -13,11 +13,13 @@ from .config import Config, apply_overrides, config_from_dict, parse_assignments
 from .config import field_option
 from .runs import experiment_of, find_tokenizer, run_of
 from .sft import read_sft
-from .runstart import check_init_shape, hub_init, init_checkpoint
+from .hfimport import hf_model_config, hf_tokenizer
+from .runstart import check_init_shape, hub_init, hub_llama, init_checkpoint
 from .trainer import NonFiniteError, train
 
 # %% auto #0
-__all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'finetune_overrides', 'finetune_config', 'finetune', 'add_cli']
+__all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'finetune_overrides', 'finetune_config', 'hub_finetune_config',
+           'finetune', 'add_cli']
 
 # %% ../nbs/07b_finetune.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1,
@@ -54,8 +56,10 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
                     root:Path|None=None, # workspace root
                    ) -> Config:
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
+    if hub_llama(init_from): return hub_finetune_config(init_from, data, overrides)
     if hub_init(init_from):
-        raise ValueError(f"fine-tuning starts from an lmbook run, not {init_from}: first train from it "
+        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from}: "
+                         "first train from it "
                          f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then "
                              "--init-from NAME")
     ck, state = init_checkpoint(init_from, root)
@@ -64,6 +68,18 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
                                   'sft_data': str(Path(data).resolve()),
                                   **(overrides or {})})
+
+# a published model's fine-tuning run
+HUB_FINETUNE = dict(block_size=2048, batch_size=4, lr=2e-4, device='auto', dtype='auto', grad_clip=1.0)
+
+def hub_finetune_config(init_from:str, data:str|Path, overrides:dict|None=None) -> Config:
+    ("The config of fine-tuning the published model `init_from` (hf:...): its shape, `FINETUNE` and "
+     "`HUB_FINETUNE`.")
+    folder, ov = hub_llama(init_from), {**HUB_FINETUNE, **(overrides or {})}
+    m = hf_model_config(folder, int(ov.pop('block_size')), hf_tokenizer(folder)[0].vocab_size)
+    return apply_overrides(Config(model=m), {**FINETUNE, **HUB_FINETUNE, 'block_size': m.block_size,
+                                             'init_from': init_from, 'sft_data': str(Path(data).resolve()),
+                                             'tokenizer': '', **ov})
 
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
              data:str|Path, # the .jsonl of prompt/response or messages records
@@ -76,6 +92,7 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
      "return its result.")
     check_name(experiment)
     cfg = finetune_config(init_from, data, overrides, root)
+    if hub_llama(init_from): return train(cfg, experiment, root=root, log=log)  # its data is checked first
     ck, state = init_checkpoint(init_from, root)
     if paths_for(experiment, root=root).run == run_of(ck):
         raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
@@ -90,13 +107,15 @@ def add_cli(sub):
     "Register `lmbook finetune`."
     p = (sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat '
                         'records (loss on responses only)'))
-    p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run: experiment '
-                   'name, run folder or checkpoint folder')
+    p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run (experiment '
+                   'name, run folder or checkpoint folder), or hf:PATH_OR_ID of a Llama-family model')
     p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or '
                    '{"messages": [{"role", "content"}, ...]}, one per line')
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
     field_option(p, 'lora_rank', metavar='R')
     field_option(p, 'lora_alpha', metavar='A')
+    field_option(p, 'lora_targets', metavar='T,..')
+    field_option(p, 'quant')
     p.add_argument('--max-steps', type=int, default=None, metavar='N', help="optimizer steps (default "
                    f"{FINETUNE['max_steps']})")
     p.add_argument('--batch-size', type=int, default=None, metavar='B',
@@ -109,6 +128,8 @@ def add_cli(sub):
         if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
         if a.max_steps is not None: ov['max_steps'] = a.max_steps
         if a.batch_size is not None: ov['batch_size'] = a.batch_size
+        if a.lora_targets is not None: ov['lora_targets'] = a.lora_targets
+        if a.quant is not None: ov['quant'] = a.quant
         if a.no_auto_resume: ov['auto_resume'] = False
         try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']
         except NonFiniteError: return EXIT_DIVERGED

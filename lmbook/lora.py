@@ -1,4 +1,4 @@
-"""Low-rank adapters on a GPT's attention and MLP projections: a few trainable matrices beside frozen weights, merged back into plain weights for sampling and export.
+"""Low-rank adapters on a GPT's attention and MLP projections: a few trainable matrices beside frozen weights (in 4 bits for QLoRA), merged back into plain weights for sampling and export.
 
 Docs: https://lmbook.github.io/lmbook/lora.html.md"""
 
@@ -12,49 +12,162 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['LORA_TARGETS', 'LoRALinear', 'add_lora', 'lora_counts', 'merge_lora_state', 'merge_lora']
+__all__ = ['NF4', 'NF4_BLOCK', 'LORA_TARGETS', 'nf4_quantize', 'nf4_dequantize', 'NF4Matmul', 'LoRALinear', 'quantize',
+           'lora_parts', 'add_lora', 'lora_counts', 'merge_lora_state', 'merge_lora']
 
 # %% ../nbs/03a_lora.ipynb #bdd49e4a
-class LoRALinear(nn.Module):
-    ("A bias-free linear layer whose frozen `weight` gets a trainable low-rank update `lora_B @ lora_A` "
-     "scaled by alpha/rank.")
-    def __init__(self, base:nn.Linear, # the pretrained layer (its weight is kept, frozen)
-                 rank:int,             # rank of the update
-                 alpha:float=16.0):    # the update is scaled by alpha/rank
-        super().__init__()
-        if base.bias is not None: raise ValueError("LoRALinear adapts bias-free linear layers only")
-        self.weight = base.weight
-        self.weight.requires_grad_(False)
-        out_f, in_f = base.weight.shape
-        self.lora_A = nn.Parameter(torch.empty(rank, in_f, device=base.weight.device,
-                                               dtype=base.weight.dtype))
-        self.lora_B = nn.Parameter(torch.zeros(out_f, rank, device=base.weight.device,
-                                               dtype=base.weight.dtype))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.scale = alpha/rank
+# the 16 NormalFloat4 levels (bitsandbytes' table)
+NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0])
+NF4_BLOCK = 64  # weights that share one absmax
 
-    def forward(self, x): return F.linear(x, self.weight) + F.linear(F.linear(x, self.lora_A),
-                                                                     self.lora_B)*self.scale
+def nf4_quantize(w:torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    "(packed uint8 codes, two a byte, first in the high half; float32 absmax per block of 64) of `w`."
+    if w.numel() % NF4_BLOCK:
+        raise ValueError(f"a {tuple(w.shape)} weight does not split into blocks of {NF4_BLOCK}: "
+                         "quant=nf4 cannot hold it")
+    x = w.detach().float().reshape(-1, NF4_BLOCK)
+    absmax = x.abs().amax(1, keepdim=True)
+    code = NF4.to(w.device)
+    idx = torch.bucketize(x/absmax.clamp_min(1e-30), (code[1:] + code[:-1])/2).to(torch.uint8).flatten()
+    return idx[0::2] << 4 | idx[1::2], absmax.flatten()
 
-    def merged_weight(self) -> torch.Tensor:
-        "`weight + scale * lora_B @ lora_A`, computed in float32."
-        return (self.weight.float() + self.scale*(self.lora_B.float() @ self.lora_A.float())).to(self.weight.dtype)
+def _bnb_dequantize(packed, absmax, shape, dtype):
+    "bitsandbytes' CUDA kernel for `nf4_dequantize`, or None where it cannot run."
+    try: import bitsandbytes.functional as bf  # optional: QLoRA on CUDA (pip install bitsandbytes)
+    except ImportError: return None
+    st = bf.QuantState(absmax=absmax, shape=torch.Size(shape), code=NF4.to(packed.device),
+                       blocksize=NF4_BLOCK, quant_type='nf4', dtype=dtype)
+    return bf.dequantize_4bit(packed.view(-1, 1), st)
+
+def nf4_dequantize(packed:torch.Tensor, absmax:torch.Tensor, shape:tuple,
+                   dtype=torch.float32) -> torch.Tensor:
+    "The weight of shape `shape` that `nf4_quantize` packed (bitsandbytes' kernel on CUDA, where installed)."
+    if packed.is_cuda and (w := _bnb_dequantize(packed, absmax, shape, dtype)) is not None: return w
+    code = NF4.to(packed.device)
+    idx = torch.stack([packed >> 4, packed & 15], 1).flatten().long()
+    return (code[idx].reshape(-1, NF4_BLOCK)*absmax[:, None]).reshape(shape).to(dtype)
 
 # %% ../nbs/03a_lora.ipynb #128b6673
-# the projections of a block that get adapters
-LORA_TARGETS = ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_proj')
+class NF4Matmul(torch.autograd.Function):
+    "`x @ W.T` for a 4-bit `W` that is dequantized in the forward and again in the backward, never kept."
+    @staticmethod
+    def forward(ctx, x, packed, absmax, shape):
+        ctx.save_for_backward(packed, absmax); ctx.shape = shape
+        return x @ nf4_dequantize(packed, absmax, shape, x.dtype).t()
 
-def add_lora(model:nn.Module, # a GPT (its blocks in `model.h`)
+    @staticmethod
+    def backward(ctx, g):
+        packed, absmax = ctx.saved_tensors
+        return g @ nf4_dequantize(packed, absmax, ctx.shape, g.dtype), None, None, None
+
+# %% ../nbs/03a_lora.ipynb #ea18d1da
+class LoRALinear(nn.Module):
+    "A frozen linear layer plus a trainable low-rank update `lora_B @ lora_A`, scaled by alpha/rank."
+    def __init__(self, base:nn.Linear, # the pretrained layer (its weight and bias are kept, frozen)
+                 rank:int,             # rank of each part's update
+                 alpha:float=16.0,     # the update is scaled by alpha/rank
+                 parts:tuple=(),       # sizes of a fused projection's parts, e.g. (q, k, v); () one part
+                 adapt:tuple=(),       # which parts get an adapter, e.g. (True, False, True); () all of them
+                ):
+        super().__init__()
+        self.weight, self.bias = base.weight, base.bias
+        for p in (self.weight, self.bias): p is not None and p.requires_grad_(False)
+        out_f, in_f = base.weight.shape
+        parts = parts or (out_f,); adapt = adapt or (True,)*len(parts)
+        assert sum(parts) == out_f and len(adapt) == len(parts) and any(adapt), (parts, adapt, out_f)
+        kw, n = dict(device=base.weight.device, dtype=base.weight.dtype), sum(adapt)
+        self.lora_A = nn.Parameter(torch.empty(n*rank, in_f, **kw))
+        self.lora_B = nn.Parameter(torch.zeros(out_f, n*rank, **kw))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        if len(parts) > 1 or not adapt[0]:
+            self.register_buffer('lora_mask', _block_mask(parts, adapt, rank, kw['device']))
+        else: self.lora_mask = None
+        self.scale, self.quant, self.parts, self.adapt = alpha/rank, None, parts, adapt
+
+    def init_adapters(self, device=None):
+        "Fresh float32 adapters (random `lora_A`, zero `lora_B`) on `device`: for a layer built on `meta`."
+        A, B = torch.empty(self.lora_A.shape, device=device), torch.zeros(self.lora_B.shape, device=device)
+        nn.init.kaiming_uniform_(A, a=math.sqrt(5))
+        self.lora_A, self.lora_B = nn.Parameter(A), nn.Parameter(B)
+        if self.lora_mask is not None:
+            self.lora_mask = _block_mask(self.parts, self.adapt, A.shape[0]//sum(self.adapt), device)
+
+    def delta(self) -> torch.Tensor:
+        "The update `scale * (lora_B * lora_mask) @ lora_A`, in float32."
+        B = self.lora_B.float() if self.lora_mask is None else self.lora_B.float()*self.lora_mask
+        return self.scale*(B @ self.lora_A.float())
+
+    def forward(self, x):
+        B = self.lora_B if self.lora_mask is None else self.lora_B*self.lora_mask
+        return self.base(x) + F.linear(F.linear(x, self.lora_A), B)*self.scale
+
+    def base(self, x):
+        "The frozen layer's output: a plain matmul, or a 4-bit one after `quantize`."
+        if self.quant is None: return F.linear(x, self.weight, self.bias)
+        if torch.is_autocast_enabled(x.device.type): x = x.to(torch.get_autocast_dtype(x.device.type))
+        y = _nf4_matmul(x, self.weight_nf4, self.weight_absmax, self.quant)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def merged_weight(self) -> torch.Tensor:
+        "`weight + scale * lora_B @ lora_A`, in float32 (from the dequantized weight after `quantize`)."
+        w = (self.weight if self.quant is None
+             else nf4_dequantize(self.weight_nf4, self.weight_absmax, self.quant))
+        return (w.float() + self.delta()).to(self.lora_A.dtype if self.quant else self.weight.dtype)
+
+@torch.compiler.disable  # bitsandbytes' kernel and the custom backward stay outside a compiled graph
+def _nf4_matmul(x, packed, absmax, shape): return NF4Matmul.apply(x, packed, absmax, shape)
+
+def _block_mask(parts, adapt, rank, device) -> torch.Tensor:
+    "(out, n_adapted*rank) ones where a part's rows meet its own adapter's columns."
+    m, col, row = torch.zeros(sum(parts), sum(adapt)*rank, device=device), 0, 0
+    for size, on in zip(parts, adapt):
+        if on: m[row:row+size, col:col+rank] = 1; col += rank
+        row += size
+    return m
+
+# %% ../nbs/03a_lora.ipynb #08d34a27
+@torch.no_grad()
+def quantize(lin:LoRALinear) -> LoRALinear:
+    "Hold `lin`'s frozen weight in NF4 (QLoRA), in place."
+    if lin.quant is not None: return lin
+    packed, absmax = nf4_quantize(lin.weight)
+    lin.quant = tuple(lin.weight.shape)
+    del lin.weight
+    lin.register_buffer('weight_nf4', packed); lin.register_buffer('weight_absmax', absmax)
+    return lin
+
+# %% ../nbs/03a_lora.ipynb #bee20c2b
+LORA_TARGETS = ('q', 'k', 'v', 'o', 'mlp')  # the names `lora_targets` may list
+
+def lora_parts(cfg, targets:str) -> dict[str, tuple[tuple, tuple]]:
+    "Per projection of a block (`attn.c_attn`, ...), its parts' sizes and which of them `targets` adapts."
+    t = [s.strip() for s in targets.split(',') if s.strip()]
+    if bad := [s for s in t if s not in LORA_TARGETS] or not t:
+        raise ValueError(f"lora_targets={targets!r}: choose some of {', '.join(LORA_TARGETS)}, "
+                         "comma-separated" + (f" ({bad[0]!r} is none of them)" if bad else ''))
+    q, kv, mlp = cfg.n_head*cfg.head_dim, cfg.kv_heads*cfg.head_dim, 'mlp' in t
+    fc = 2 if cfg.arch != 'gpt2' else 1  # SwiGLU's c_fc holds the gate and up halves
+    out = {'attn.c_attn': ((q, kv, kv), tuple(p in t for p in 'qkv')),
+           'attn.c_proj': ((cfg.n_embd,), ('o' in t,)), 'mlp.c_fc': ((cfg.hidden,)*fc, (mlp,)*fc),
+           'mlp.c_proj': ((cfg.n_embd,), (mlp,))}
+    return {k: v for k, v in out.items() if any(v[1])}
+
+def add_lora(model:nn.Module, # a GPT (its blocks in `model.h`, its config in `model.cfg`)
              rank:int,        # rank of the adapters
              alpha:float=16.0, # update scale numerator (scale = alpha/rank)
+             targets:str='q,k,v,o,mlp', # the projections to adapt (`LORA_TARGETS`)
             ) -> nn.Module:
-    "Freeze `model` and give each block's projections (`LORA_TARGETS`) trainable LoRA adapters, in place."
+    "Freeze `model` and give the projections `targets` names in each block trainable LoRA adapters, in place."
     if rank < 1: raise ValueError(f"lora_rank={rank}: give a rank of at least 1 (0 means no LoRA)")
+    parts = lora_parts(model.cfg, targets)
     for p in model.parameters(): p.requires_grad_(False)
     for block in model.h:
-        for name in LORA_TARGETS:
+        for name, (sizes, adapt) in parts.items():
             parent, attr = block.get_submodule(name.split('.')[0]), name.split('.')[1]
-            setattr(parent, attr, LoRALinear(getattr(parent, attr), rank, alpha))
+            setattr(parent, attr, LoRALinear(getattr(parent, attr), rank, alpha, sizes, adapt))
     return model
 
 def lora_counts(model:nn.Module) -> tuple[int, int]:
@@ -62,28 +175,37 @@ def lora_counts(model:nn.Module) -> tuple[int, int]:
     ps = {id(p): p for p in model.parameters()}.values()
     return sum(p.numel() for p in ps if p.requires_grad), sum(p.numel() for p in ps)
 
-# %% ../nbs/03a_lora.ipynb #105f27de
+# %% ../nbs/03a_lora.ipynb #a3d65ed1
 def merge_lora_state(sd:dict, # a state dict, possibly with `*.lora_A`/`*.lora_B` entries
                      alpha:float=16.0, # the lora_alpha the adapters were trained with
                     ) -> dict:
     ("A plain state dict: every adapter pair folded into the weight beside it (float32 arithmetic), then "
      "dropped.")
-    out = {k: v for k, v in sd.items() if not k.endswith(('.lora_A', '.lora_B'))}
+    ends = ('.lora_A', '.lora_B', '.lora_mask', '.weight_nf4', '.weight_absmax')
+    out = {k: v for k, v in sd.items() if not k.endswith(ends)}
     for k in sd:
         if not k.endswith('.lora_A'): continue
         pre = k[:-len('lora_A')]
-        A, B, W = sd[k].float(), sd[pre + 'lora_B'].float(), sd[pre + 'weight']
-        out[pre + 'weight'] = (W.float() + (alpha/A.shape[0])*(B @ A)).to(W.dtype)
+        A, B, mask = sd[k].float(), sd[pre + 'lora_B'].float(), sd.get(pre + 'lora_mask')
+        # the columns of one part's adapter
+        rank = A.shape[0] if mask is None else int((mask == mask[:, :1]).all(0).sum())
+        if mask is not None: B = B*mask.float()
+        W = sd.get(pre + 'weight')
+        if W is None:
+            W = nf4_dequantize(sd[pre + 'weight_nf4'], sd[pre + 'weight_absmax'], (B.shape[0], A.shape[1]))
+        out[pre + 'weight'] = (W.float() + (alpha/rank)*(B @ A)).to(W.dtype)
     return out
 
-# %% ../nbs/03a_lora.ipynb #09a43be9
+# %% ../nbs/03a_lora.ipynb #34ea1d8c
 def merge_lora(model:nn.Module) -> nn.Module:
     "Replace every `LoRALinear` in `model` by a plain `nn.Linear` holding its merged weight, in place."
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, LoRALinear): continue
         parent, attr = model.get_submodule(name.rpartition('.')[0]), name.rpartition('.')[2]
-        lin = nn.Linear(mod.weight.shape[1], mod.weight.shape[0], bias=False, device=mod.weight.device,
-                        dtype=mod.weight.dtype)
-        with torch.no_grad(): lin.weight.copy_(mod.merged_weight())
+        w = mod.merged_weight()
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=mod.bias is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            if mod.bias is not None: lin.bias.copy_(mod.bias)
         setattr(parent, attr, lin)
     return model

@@ -15,8 +15,9 @@ except ImportError: flex_attention = create_block_mask = None
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['sdpa', 'rope_cache', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE',
-           'chunked_cross_entropy', 'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
+__all__ = ['sdpa', 'rope_cache', 'scale_rope', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache',
+           'ChunkedLinearCE', 'chunked_cross_entropy', 'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids',
+           'doc_mask']
 
 # %% ../nbs/03_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
@@ -40,11 +41,26 @@ def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
 # %% ../nbs/03_model.ipynb #d220792e
-def rope_cache(head_dim:int, block_size:int, theta:float=10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cache(head_dim:int, block_size:int, theta:float=10000.0,
+               scaling:str='', # `ModelConfig.rope_scaling`: '', 'linear:F' or 'llama3:F:LOW:HIGH:CONTEXT'
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     "cos and sin tables, each (block_size, head_dim/2)."
-    inv = 1.0/(theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32)/head_dim))
+    inv = scale_rope(1.0/(theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32)/head_dim)), scaling)
     ang = torch.outer(torch.arange(block_size, dtype=torch.float32), inv)
     return ang.cos(), ang.sin()
+
+def scale_rope(inv:torch.Tensor, scaling:str) -> torch.Tensor:
+    "Inverse frequencies `inv` stretched as a long-context model was trained: linearly or Llama 3.1's way."
+    if not scaling: return inv
+    kind, *v = scaling.split(':')
+    if kind == 'linear': return inv/float(v[0])
+    # llama3: long wavelengths slowed by `factor`, short ones kept, a blend between
+    factor, low, high, ctx = map(float, v)
+    wavelen = 2*math.pi/inv
+    slow = torch.where(wavelen > ctx/low, inv/factor, inv)
+    smooth = (ctx/wavelen - low)/(high - low)
+    mid = (wavelen >= ctx/high) & (wavelen <= ctx/low)
+    return torch.where(mid, (1 - smooth)*slow/factor + smooth*slow, slow)
 
 def apply_rope(x:torch.Tensor, cos:torch.Tensor, sin:torch.Tensor) -> torch.Tensor:
     "Rotate channel pairs (first half, second half) of `x` (B, T, nh, hd) by position."
@@ -61,7 +77,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg:ModelConfig):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.n_embd, (self.nh + 2*self.nkv)*self.hd, bias=cfg.bias or cfg.qkv_bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout, self.backend = cfg.dropout, cfg.attn_backend
 
@@ -77,7 +93,10 @@ class CausalSelfAttention(nn.Module):
             kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
             k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
             # (T, pos+T)
-            mask = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos) if T > 1 else None
+            win = torch.ones(T, pos+T, dtype=torch.bool, device=x.device).tril(pos) if T > 1 else None
+            if mask is not None:  # (B, 1, 1, ...) keys kept
+                mask = mask[..., :pos+T] if win is None else mask[..., :pos+T] & win
+            else: mask = win
         gqa = self.nkv != self.nh
         if gqa and not _SDPA_GQA:
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
@@ -231,7 +250,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings: self.lm_head.weight = self.wte.weight
         if cfg.arch != 'gpt2':
-            cos, sin = rope_cache(cfg.head_dim, cfg.block_size, cfg.rope_theta)
+            cos, sin = rope_cache(cfg.head_dim, cfg.block_size, cfg.rope_theta, cfg.rope_scaling)
             self.register_buffer('rope_cos', cos, persistent=False)
             self.register_buffer('rope_sin', sin, persistent=False)
         self.init_weights()

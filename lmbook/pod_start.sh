@@ -52,7 +52,9 @@ install() {  # stage 1: the checkout and its virtualenv on the volume, at the co
   "$V/bin/lmbook" boot --help > /dev/null || { stop_pod "lmbook does not start from $V"; return 1; }
 }
 
-( install >> "$L" 2>&1 && exec "$V/bin/lmbook" boot >> "$L" 2>&1 ) &
+# an endpoint pod (RUN_SERVE: pod create --serve) serves a model instead of training one
+if [ -n "${RUN_SERVE:-}" ]; then set -- serve "$RUN_SERVE" --host 0.0.0.0 --port "${SERVE_PORT:-8000}"; else set -- boot; fi
+( install >> "$L" 2>&1 && exec "$V/bin/lmbook" "$@" >> "$L" 2>&1 ) &
 B=$!
 "${LMBOOK_START:-/start.sh}" &  # the image's own start script: sshd, JupyterLab, RunPod's proxy
 I=$!

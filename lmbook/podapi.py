@@ -97,9 +97,15 @@ def rest_body(spec, env:dict) -> dict:
     if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
     mounts = (dict(network=[dict(volumeId=spec.volume_id, path=spec.volume_mount)]) if spec.volume_id
               else dict(persistent=dict(size=spec.volume_gb, path=spec.volume_mount)))
+    if getattr(spec, 'min_vcpu', 0) or getattr(spec, 'min_memory_gb', 0):
+        raise ValueError("RunPod's REST API v2 takes no vCPU or memory minimum for a GPU pod "
+                         "(CreatePodRequest has none): drop --min-vcpu/--min-memory, or send them through "
+                         "the GraphQL backend (LMBOOK_RUNPOD_API=graphql)")
     body = dict(name=spec.name, image=spec.image, cloud=spec.cloud_type, gpu=gpu, args=spec.start,
-                disk=spec.container_disk_gb,
-                ports=spec.ports.split(','), env=dict(env), mounts=mounts, startSsh=True, startJupyter=True)
+                disk=spec.container_disk_gb, ports=spec.ports.split(','), env=dict(env), mounts=mounts,
+                startSsh=True, startJupyter=True)
+    if not spec.image: del body['image']  # the template's
+    if getattr(spec, 'template_id', ''): body['templateId'] = spec.template_id
     if spec.data_center: body['dataCenterIds'] = [spec.data_center]
     return body
 
@@ -130,10 +136,15 @@ class RestV2:
         except NotFound: return None
     def pods(self) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
     def pod(self, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
-    def gpu(self, gpu_id:str) -> dict|None: return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id,
-                                                                                                   safe=''))
-    def create_pod(self, spec, env:dict) -> dict: return pod_view(self.call('POST', '/pods', rest_body(spec,
-                                                                                                       env)))
+    def gpu(self, gpu_id:str) -> dict|None:
+        return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
+    def availability(self, gpu_id:str, count:int, cloud:str) -> dict|None:
+        q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud))
+        g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
+        return g and dict(overall=g.get('availability'),
+                          data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
+    def create_pod(self, spec, env:dict) -> dict:
+        return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
     def action(self, pod_id:str, action:str) -> dict|None:
         p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
         return p and pod_view(p)
@@ -205,15 +216,18 @@ class GraphQL:
         p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
         return p and gql_view(p)
     def gpu(self, gpu_id:str) -> dict|None: return dict(id=gpu_id)  # the SDK's create checks the type itself
+    # the catalog's stock is a REST v2 query
+    def availability(self, gpu_id:str, count:int, cloud:str) -> None: return None
     def create_pod(self, spec, env:dict) -> dict:
         try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
                             gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
                             gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
                             container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
-                                ports=spec.ports,
-                            volume_mount_path=spec.volume_mount, env=env, network_volume_id=spec.volume_id
-                                or None,
-                            data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True)
+                            ports=spec.ports, volume_mount_path=spec.volume_mount, env=env,
+                            network_volume_id=spec.volume_id or None,
+                            data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True,
+                            min_vcpu_count=spec.min_vcpu or 1, min_memory_in_gb=spec.min_memory_gb or 1,
+                            template_id=spec.template_id or None)
         except RunPodError: raise
         except ValueError as e:  # the SDK's own check of the GPU type
             if 'GPU' not in str(e): raise
@@ -277,6 +291,9 @@ class RunPodAPI:
         return next((p for p in self.pods() if p['name'] == name), None)
     def gpu(self, gpu_id:str) -> dict|None: return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu',
                                                                                      'GPU type'))
+    def availability(self, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
+        "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
+        return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
     def create_pod(self, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,
                                                                     only=RateLimited)
     def action(self, pod_id:str, action:str):

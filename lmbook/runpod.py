@@ -18,10 +18,10 @@ from .config import get_config, parse_assignments
 from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card_image
 
 # %% auto #0
-__all__ = ['PORTS', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env', 'code_source',
-           'start_script', 'start_command', 'pod_spec', 'proxy_urls', 'request_text', 'create_pod_retrying',
-           'wait_running', 'format_status', 'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands',
-           'add_volumes_cli', 'add_cli']
+__all__ = ['PORTS', 'SERVE_PORT', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env',
+           'code_source', 'start_script', 'start_command', 'pod_spec', 'serve_spec', 'proxy_urls', 'request_text',
+           'create_pod_retrying', 'wait_running', 'format_status', 'check_available', 'add_plan_cli', 'add_create_cli',
+           'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../nbs/08e_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -86,11 +86,19 @@ class PodSpec:
     # env name -> 'generate', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
     secrets: dict = field(default_factory=dict)
     start: str = ''               # container start command (the boot pipeline)
+    # a RunPod template the pod starts from ('' : none); the image comes from it unless one is given
+    template_id: str = ''
+    min_vcpu: int = 0             # vCPUs the machine must have at least (0 : RunPod's default; GraphQL only)
+    min_memory_gb: int = 0        # system memory in GB the machine must have at least (0 : as min_vcpu)
 
     def validate(self) -> 'PodSpec':
         "Check every field that reaches the request, and the combinations RunPod or the run would regret."
         check_safe(self.name, 'name', 'pod name'); check_name(self.experiment)
-        check_safe(self.gpu_type, 'gpu', 'GPU type'); check_safe(self.image, 'image', 'image')
+        check_safe(self.gpu_type, 'gpu', 'GPU type')
+        if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
+        if self.template_id: check_safe(self.template_id, 'id', 'template id')
+        if self.min_vcpu < 0 or self.min_memory_gb < 0:
+            raise ValueError("--min-vcpu and --min-memory must be >= 0 (0: RunPod's default)")
         if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
         if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
         if self.cloud_type not in ('SECURE',
@@ -275,6 +283,36 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     spec.start = start_command()
     return spec.validate()
 
+SERVE_PORT = 8000  # the port `lmbook serve` listens on in an endpoint pod
+
+def serve_spec(export:str, # the served model's path on the volume: an export, run or checkpoint folder
+               gpu:str, # RunPod GPU id or alias
+               gpus:int=1, # GPUs in the pod
+               volume_id:str='', # network volume id (the volume that holds `export`)
+               image:str|None=None, # image (default: settings.ini [runpod] image, or the card's own)
+               cloud_type:str='SECURE', # SECURE or COMMUNITY
+               data_center:str='', # data center id ('' : the volume's)
+               repo:str='', # git URL of lmbook the pod clones (see `code_source`)
+               commit:str='', # the full commit the pod checks out
+               extra_env:dict|None=None, # more environment variables
+              ) -> PodSpec:
+    "A checked `PodSpec` of an endpoint pod: `lmbook serve EXPORT` on port 8000 instead of the training boot."
+    if not export.startswith('/workspace/'):
+        raise ValueError(f"--serve {export!r}: give the model's path on the volume, e.g. "
+                         "/workspace/exports/NAME (lmbook pod push copies a folder there)")
+    name = re.sub(r'[^A-Za-z0-9._-]', '-', Path(export.rstrip('/')).name)[:40] or 'model'
+    env = dict(RUN_SERVE=export, SERVE_PORT=str(SERVE_PORT), RUN_EXPERIMENT=f'serve-{name}',
+               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit,
+               PYTHONUNBUFFERED='1', **(extra_env or {}))
+    gpu_type, s = find_gpu(gpu), load_settings()
+    spec = PodSpec(name=f"serve-{name}-{secrets.token_hex(3)}", profile='', experiment=f'serve-{name}',
+                   gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
+                   cloud_type=cloud_type, volume_id=volume_id, volume_gb=s.volume_gb,
+                   container_disk_gb=s.container_disk_gb, data_center=data_center,
+                   ports=f'{PORTS},{SERVE_PORT}/http', env=env, secrets=dict(JUPYTER_PASSWORD='generate'))
+    spec.start = start_command()
+    return spec.validate()
+
 def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab",
@@ -285,14 +323,13 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
     "The create request for `spec` as the backend would send it, secrets masked."
     if (backend or load_settings().api) == 'graphql':
         # optional backend: the runpod SDK (GraphQL)
-        # optional backend: the runpod SDK (GraphQL)
-        # optional backend: the runpod SDK (GraphQL)
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
         q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True,
-                                             True, spec.data_center or None, None,
-                                             spec.gpu_count, 0 if spec.volume_id else spec.volume_gb,
-                                                 spec.container_disk_gb, 1, 1, spec.start,
-                                             spec.ports, spec.volume_mount, env, None, spec.volume_id or None)
+                                             True, spec.data_center or None, None, spec.gpu_count,
+                                             0 if spec.volume_id else spec.volume_gb, spec.container_disk_gb,
+                                             spec.min_vcpu or 1, spec.min_memory_gb or 1, spec.start,
+                                             spec.ports, spec.volume_mount, env, spec.template_id or None,
+                                             spec.volume_id or None)
         return masked(q, hidden)
     return masked('POST /v2/pods\n' + json.dumps(rest_body(spec, env), indent=1), hidden)
 
@@ -365,8 +402,9 @@ def _plan_cmd(a) -> int:
 def _spec_from_args(a) -> PodSpec:
     s = load_settings()
     gpu, gpus = a.gpu or s.gpu_type, a.gpus or s.gpu_count
+    if a.serve: return _machine(a, _serve_spec_from_args(a, gpu, gpus))
     if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or "
-                                                          "--manifest FILE)")
+                                                          "--manifest FILE, or --serve EXPORT)")
     ov = parse_assignments(a.set)
     cloud = a.cloud_type or s.cloud_type
     # refuses what does not fit, or a card the image cannot drive, before anything is rented
@@ -375,10 +413,22 @@ def _spec_from_args(a) -> PodSpec:
     autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
     repo, commit, warn = code_source(a.repo, a.commit)
     if warn: print(warn, file=sys.stderr)
-    return pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill, a.shard,
-                    a.hf_token or '',
-                    parse_assignments(a.env), cloud, a.data_center or '', repo, commit, a.on_failure,
-                        a.max_hours, a.max_dollars)
+    return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
+                                a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
+                                a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars))
+
+def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
+    "The endpoint pod of `pod create --serve EXPORT`."
+    repo, commit, warn = code_source(a.repo, a.commit)
+    if warn: print(warn, file=sys.stderr)
+    return serve_spec(a.serve, gpu, gpus, a.volume or '', a.image, a.cloud_type or load_settings().cloud_type,
+                      a.data_center or '', repo, commit, parse_assignments(a.env))
+
+def _machine(a, spec:PodSpec) -> PodSpec:
+    "`spec` with the command line's template and machine minimums (a template brings its image too)."
+    spec.template_id, spec.min_vcpu, spec.min_memory_gb = a.template or '', a.min_vcpu, a.min_memory
+    if spec.template_id and not a.image: spec.image = ''
+    return spec.validate()
 
 def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     "Check the volume and GPU type against the API; the pod goes to the volume's data center."
@@ -396,7 +446,26 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
     if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
         f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
+    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec)
     spec.validate()
+
+def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
+                    spec:PodSpec, # the pod about to be created
+                    log=print, # where a note on few free GPUs goes
+                   ):
+    "Refuse a create that RunPod's catalog says cannot be placed now: none of these GPUs free where it goes."
+    if a is None: return  # not known (the GraphQL backend does not ask)
+    n, where = f"{spec.gpu_count} x {spec.gpu_type}", spec.data_center
+    level = a['data_centers'].get(where, 'NONE') if where else a['overall'] or 'NONE'
+    others = ', '.join(f"{k} ({v})" for k, v in sorted(a['data_centers'].items())
+                       if v != 'NONE' and k != where) or 'none'
+    if level == 'NONE':
+        raise CapacityError(f"RunPod's catalog has no {n} free in {where or 'any data center'} now: try "
+                            "later, fewer GPUs or another card"
+                            + (f", or a volume in a data center that has them: {others}" if where else ''))
+    if level == 'LOW':
+        log(f"note: RunPod's catalog says few {n} are free in {where or 'its data centers'} (LOW): "
+            "the create may wait")
 
 def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
@@ -417,6 +486,8 @@ def _create_cmd(a) -> int:
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
           f"{'your $JUPYTER_PASSWORD' if spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:') else 'generated, in the pod settings on runpod.io'}")
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
+    if spec.env.get('RUN_SERVE'):
+        print(f"  openai api   https://{pod['id']}-{SERVE_PORT}.proxy.runpod.net/v1")
     print(f"  logs         lmbook pod logs {pod['id']}")
     if a.wait: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
     return 0
@@ -480,7 +551,8 @@ def add_plan_cli(pod):
 
 def add_create_cli(pod):
     "Register `lmbook pod create`: what the pod is, then how it guards its spend and how long to wait for it."
-    p = pod.add_parser('create', help='create a training pod (prints the request instead with --dry-run)')
+    p = pod.add_parser('create', help='create a training pod, or an endpoint pod with --serve (prints the '
+                       'request instead with --dry-run)')
     cli_options(p, 'profile', 'experiment', 'set')
     p.add_argument('--gpu', '-g', help='default: settings gpu_type')
     p.add_argument('--gpus', type=int, help='default: settings gpu_count')
@@ -488,6 +560,14 @@ def add_create_cli(pod):
     p.add_argument('--image', help="image (default: settings.ini, or the card's own)")
     p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
     p.add_argument('--data-center', help="data center id (default: the volume's)")
+    p.add_argument('--template', metavar='ID',
+                   help="start from this RunPod template (its image too, unless --image is given)")
+    p.add_argument('--min-vcpu', type=int, default=0, metavar='N',
+                   help="vCPUs the machine must have (GraphQL backend: api = graphql)")
+    p.add_argument('--min-memory', type=int, default=0, metavar='GB',
+                   help="system memory the machine must have (GraphQL backend)")
+    p.add_argument('--serve', metavar='EXPORT',
+                   help='an endpoint pod: `lmbook serve EXPORT` (its path on the volume) on port 8000')
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
                    help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true',

@@ -14,7 +14,7 @@ import torch
 from .core import pick_device
 from .config import Config, apply_overrides, load_config_file
 from .runlock import data_lock
-from .tokenizer import hub_names, load_tokenizer
+from .tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from .loader import TokenLoader, prepare_data, val_batches
 from .model import GPT
 from .lora import add_lora
@@ -25,12 +25,14 @@ from .runs import experiment_of, find_checkpoint, find_tokenizer, run_of
 from .sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
 from .sample import load_model
 from .export import gpt2_from_hf
+from .hfimport import (HF_TYPES, adopt_hf_tokenizer, check_hf_shape, hf_folder, hf_init_model, hf_kind,
+                             hf_tokenizer)
 from .step import Trainable, is_oom, make_trainable, train_step
 
 # %% auto #0
-__all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_init_state', 'init_model',
-           'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'run_loaders', 'resolve_init', 'fit_sft_batch',
-           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
+__all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state', 'init_model',
+           'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'sft_data', 'prepare_hub', 'run_loaders', 'resolve_init',
+           'fit_sft_batch', 'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
 
 # %% ../nbs/06a_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -62,12 +64,22 @@ def hub_init(init_from:str) -> str:
     "The Hub id in an `init_from` such as 'hf:gpt2', else ''."
     return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
 
+def hub_llama(init_from:str) -> Path|None:
+    ("The folder of the Llama-family model an `init_from` such as 'hf:meta-llama/Llama-2-7b-hf' names, "
+     "else None.")
+    name = hub_init(init_from)
+    if not name or name in HUB_ALIASES or name.startswith('openai-community/'): return None
+    folder = hf_folder(name)
+    return folder if hf_kind(folder) in HF_TYPES else None
+
 def hub_init_state(cfg:Config) -> dict:
     ("The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape "
      "and tokenizer.")
     name = hub_init(cfg.train.init_from)
     if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights "
                                   f"({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
+    if folder := hub_llama(cfg.train.init_from):  # Llama, Mistral, Qwen2: weights read as the model is built
+        return check_hf_shape(cfg, folder, hf_tokenizer(folder)[0].vocab_size)
     if cfg.data.sft_data:
         raise ValueError("fine-tuning data needs an lmbook run to start from: train from "
                          f"init_from={cfg.train.init_from} first, "
@@ -85,6 +97,9 @@ def hub_init_state(cfg:Config) -> dict:
 # %% ../nbs/06a_runstart.ipynb #6609495e
 def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of `cfg.train.init_from` and LoRA adapters when asked."
+    if folder := hub_llama(cfg.train.init_from):
+        # built on the meta device, each weight placed (4-bit) as it is read
+        return hf_init_model(cfg, folder, device)
     # made where it trains: a 4B model's init takes a minute on a CPU
     with torch.device(device): model = GPT(cfg.model)
     if hub_init(cfg.train.init_from):
@@ -96,7 +111,10 @@ def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
         with torch.random.fork_rng(devices=[]):
             src = load_model(ck, device='cpu', tokenizer=False).model
         with torch.no_grad(): model.load_state_dict(src.state_dict())
-    if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha)
+    if cfg.train.quant != 'none':
+        raise ValueError(f"quant={cfg.train.quant} loads a published model 4-bit as it is read: "
+                         "use init_from=hf:PATH_OR_ID")
+    if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lora_targets)
     return model
 
 # %% ../nbs/06a_runstart.ipynb #6bee2f97
@@ -146,6 +164,7 @@ def _prepare_run(cfg:Config, paths, log:Callable|None):
         raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to "
                          "fine-tune (lmbook finetune --init-from EXP)")
     if not cfg.train.init_from: return prepare_data(cfg, paths)
+    if folder := hub_llama(cfg.train.init_from): return prepare_hub(cfg, paths, folder, log)
     if hub_init(cfg.train.init_from):
         hub_init_state(cfg)  # shape, tokenizer and weights checked before any data is written
         return prepare_data(cfg, paths)
@@ -157,11 +176,23 @@ def _prepare_run(cfg:Config, paths, log:Callable|None):
     tk = find_tokenizer(ck, state, experiment_of(run_of(ck)), paths.root)
     # every line checked before anything is written
     examples = read_sft(cfg.data.sft_data, tk, cfg.model.block_size, log)
-    tk = adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root)
+    return sft_data(cfg, paths, examples, adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root))
+
+def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
+    "The packed `SFTData` of `examples`, tokenized by the run's tokenizer `tk`."
     tr, va = split_examples(examples, cfg.data.val_ratio, cfg.data.data_seed)
     train, val = pack(tr, cfg.model.block_size, tk.eot_id), pack(va, cfg.model.block_size, tk.eot_id)
     return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
                    val[0].numel(), len(examples))
+
+def prepare_hub(cfg:Config, paths, folder:Path, log:Callable|None):
+    ("The data of a run that starts from a published Llama-family model: its tokenizer adopted, then "
+     "either kind.")
+    hub_init_state(cfg)  # the shape, before anything is written
+    examples = (read_sft(cfg.data.sft_data, hf_tokenizer(folder)[0], cfg.model.block_size, log)
+                if cfg.data.sft_data else None)
+    tk = adopt_hf_tokenizer(folder, paths.tokenizer)
+    return prepare_data(cfg, paths) if examples is None else sft_data(cfg, paths, examples, tk)
 
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."

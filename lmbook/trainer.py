@@ -22,6 +22,7 @@ from .optim import schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, all_reduce, barrier
 from .metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
 from .checkpoint import Checkpointer
+from .mirror import Mirror
 from .sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
 from .runstart import build_trainable, fitted_config, prepare_run, resolve_init, run_loaders
@@ -363,6 +364,8 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
+    mirror = Mirror(tc.mirror, experiment, r.dir/'.mirror', r.log) if tc.mirror and r.info.is_main else None
+    ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
     slog = StepLog(r, metrics)
     if not resumed:
@@ -379,6 +382,8 @@ def _train(r:Run, experiment:str) -> dict:
                 r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
     finally:
         ck.close()
+        # the last checkpoint's copy, unless the pod is going away
+        if mirror: mirror.close(0 if signum else None)
         metrics.close()
     barrier()
     res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,

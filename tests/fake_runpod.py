@@ -86,7 +86,8 @@ class FakeRunPod:
         if 'podFindAndDeployOnDemand' in q:
             inp = input_of(q, 'podFindAndDeployOnDemand')
             known = {'name', 'imageName', 'cloudType', 'startSsh', 'gpuTypeId', 'supportPublicIp', 'gpuCount', 'volumeInGb', 'minVcpuCount',
-                     'minMemoryInGb', 'dataCenterId', 'dockerArgs', 'containerDiskInGb', 'ports', 'volumeMountPath', 'env', 'networkVolumeId'}
+                     'minMemoryInGb', 'dataCenterId', 'dockerArgs', 'containerDiskInGb', 'ports', 'volumeMountPath', 'env', 'networkVolumeId',
+                     'templateId'}
             if set(inp) - known: raise GqlSyntaxError(f"unknown input fields {sorted(set(inp) - known)}")
             if inp['gpuTypeId'] not in GPUS: raise LookupError(f"gpu type {inp['gpuTypeId']} not found")
             if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]: raise LookupError("Network volume not found")

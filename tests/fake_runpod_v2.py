@@ -71,6 +71,8 @@ class FakeRunPodV2:
         self.ssh = ('203.0.113.7', 40022)  # the public address of a running pod's sshd
         self.n = 0
         self.lock = threading.Lock()
+        self.stock = {}                 # (GPU id, data center) -> AvailabilityLevel of a pod of one GPU (default: HIGH everywhere)
+        self.query = {}                 # the query of the call being answered
 
     def calls(self, method=None, path=None):
         "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
@@ -97,6 +99,7 @@ class FakeRunPodV2:
                 spec = CONTRACT['operations'][op]
                 unknown = set(urllib.parse.parse_qs(query)) - set(spec.get('query', []))
                 if unknown: raise Problem(422, 'Request validation failed.', [f"query: unknown parameter '{k}'" for k in sorted(unknown)])
+                self.query = {k: v[-1] for k, v in urllib.parse.parse_qs(query).items()}
                 if 'body' in spec:
                     errs = violations({'$ref': spec['body']}, body) if body is not None else ['$: request body is required']
                     if errs: raise Problem(422, 'Request validation failed.', errs)
@@ -200,7 +203,20 @@ class FakeRunPodV2:
     def get_catalog_gpus(self, body=None): return 200, dict(gpus=[self.gpu(k) for k in GPUS])
     def get_catalog_gpus_id(self, gid, body=None):
         if gid not in GPUS: raise Problem(404, 'gpu type not found')
-        return 200, self.gpu(gid)
+        q, g = self.query, self.gpu(gid)
+        if 'include' not in q:
+            if set(q) & {'product', 'count', 'cloud', 'countryCodes', 'cudaVersions', 'minCudaVersion'}:
+                raise Problem(400, 'product, count, cloud and the other availability filters are valid only with include=AVAILABILITY')
+            return 200, g
+        if q['include'] not in ENUMS['CatalogInclude'] or q.get('product') not in ENUMS['Product']:
+            raise Problem(400, 'include=AVAILABILITY requires product (POD, CLUSTER or SERVERLESS)')
+        if q.get('cloud', 'SECURE') not in ENUMS['GpuCloudFilter'] or not q.get('count', '1').isdigit() or int(q.get('count', '1')) < 1:
+            raise Problem(400, 'cloud must be SECURE or COMMUNITY and count an integer >= 1')
+        levels = ENUMS['AvailabilityLevel']
+        dcs = [dict(id=dc, name=dc, availability=self.stock.get((gid, dc), 'HIGH')) for dc in DATA_CENTERS]
+        dcs = [d for d in dcs if d['availability'] != 'NONE']
+        best = max((levels.index(d['availability']) for d in dcs), default=0)
+        return 200, dict(g, availability=levels[best], **(dict(dataCenters=dcs) if dcs else {}))
     def gpu(self, gid):
         mem, price, most = GPUS[gid]
         return dict(id=gid, name=gid.split()[-1], pool=None, manufacturer='NVIDIA', memory=mem, secure=True, community=True,

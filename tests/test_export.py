@@ -179,3 +179,21 @@ def test_push_fails_after_the_export(workspace, monkeypatch, capsys):
     assert main(argv) == 0 and calls == ['create', str(out)]
     assert 'uploaded to https://huggingface.co/me/tiny' in capsys.readouterr().out
     assert (out/'model.safetensors').stat().st_mtime_ns == written  # only the upload ran again
+
+
+def test_push_to_a_stand_in_hub(workspace, tmp_path):
+    "huggingface_hub itself uploads the export to a local stand-in (HF_ENDPOINT): every file arrives, the token goes only "
+    "in the Authorization header, and no file anywhere under the workspace or HF_HOME holds it."
+    from fake_hub import FakeHub
+    exp, out, hub = tiny_run(workspace, 'e-hub'), workspace/'hf'/'hub', FakeHub()
+    try:
+        r = lmbook_cmd('export', exp, out, '--push-to-hub', 'me/tiny',
+                       env=dict(HF_TOKEN=FAKE_HF, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path/'hfhome'), HF_HUB_OFFLINE='0'))
+    finally: hub.close()
+    assert r.returncode == 0, r.stderr
+    assert f'uploaded to {hub.url}/me/tiny' in r.stdout
+    assert {p for (repo, p) in hub.files if repo == 'me/tiny'} == {f.name for f in out.iterdir()}
+    assert hub.files[('me/tiny', 'model.safetensors')] == (out/'model.safetensors').read_bytes()
+    assert f'Bearer {FAKE_HF}' in hub.auth
+    for f in [*workspace.rglob('*'), *tmp_path.rglob('*')]:
+        assert not f.is_file() or FAKE_HF.encode() not in f.read_bytes(), f

@@ -26,7 +26,7 @@ def copy_run(ws, src, dst):
 NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, grad_accum=2, lr=1e-3, min_lr_ratio=0.2, warmup_steps=1,
            schedule='wsd', weight_decay=0.05, beta1=0.8, beta2=0.99, grad_clip=0.5, dtype='bfloat16', decay_frac=0.3, fp8='tensorwise',
            optimizer='muon', muon_lr=0.03, muon_momentum=0.9, init_from='chg-base', lora_alpha=8.0,
-           doc_mask=True)
+           doc_mask=True, rope_scaling='linear:2.0')
 # The loss kernel and the sampled prompts touch no saved state: free on resume (they needed --allow-config-change before).
 FREE_NOW = dict(fused_ce=True, sample_prompts='The|A')
 HYPER = dict(beta1=lambda g: g['betas'][0], beta2=lambda g: g['betas'][1], weight_decay=lambda g: g['weight_decay'],

@@ -98,3 +98,19 @@ def test_analysis_names_the_runs_that_exist(workspace):
     out = workspace/'out.ipynb'
     r = papermill_run('analysis.ipynb', out, ('experiments', 'real-rum'), timeout=300)
     assert r.returncode != 0 and "runs there: real-run" in r.stderr + out.read_text()
+
+
+def test_finetune_published_journey(tmp_path):
+    "nbs/finetune_published.ipynb with its defaults: a tiny random Llama imported, QLoRA-tuned, sampled, exported, served."
+    from lmbook.hfimport import PUBLISHED_PARAMS
+    found = papermill.inspect_notebook(str(ROOT/'nbs'/'finetune_published.ipynb'))
+    assert list(found) == list(PUBLISHED_PARAMS) and all(found[k]['default'] == repr(v) for k, v in PUBLISHED_PARAMS.items())
+    out = tmp_path/'out.ipynb'
+    r = papermill_run('finetune_published.ipynb', out, ('root', tmp_path/'ws'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = json.dumps(json.loads(out.read_text())['cells'])
+    assert 'done: 30 steps' in text and "'bfloat16'" in text and 'completion_tokens' in text
+    run = tmp_path/'ws'/'runs'/'tiny-llama-qlora'
+    vals = [r['val_loss'] for r in map(json.loads, (run/'metrics.jsonl').read_text().splitlines()) if 'val_loss' in r]
+    assert vals[-1] < vals[0] - 0.1, vals  # it learned
+    assert (tmp_path/'ws'/'exports'/'tiny-llama-qlora'/'model.safetensors').is_file()

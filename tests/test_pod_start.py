@@ -110,3 +110,26 @@ def test_a_container_stop_reaches_the_trainer_which_checkpoints(api, tmp_path, h
     assert 'passing SIGTERM on to lmbook boot' in log and 'passing the SIGTERM boot got on to the trainer' in log
     assert 'not firing, the run was stopped by a signal' in log and stops(api) == []  # a stopped run is no reason to stop the pod again
     assert not subprocess.run(['pgrep', '-f', str(run)], capture_output=True).stdout.strip()  # nothing of the run is left behind
+
+
+def test_an_endpoint_pod_serves_the_model(api, tmp_path):
+    "RUN_SERVE (pod create --serve): the start command runs `lmbook serve` on SERVE_PORT instead of the training boot."
+    import socket, urllib.request
+    sys.path.insert(0, str(ROOT/'nbs'/'benchmarks'))
+    from tiny_llama import tiny_llama
+    model = tiny_llama(tmp_path/'workspace'/'exports'/'tiny')
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
+    env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT), LMBOOK_VENV=str(volume_venv(tmp_path/'venv')),
+                    RUN_SERVE=str(model), SERVE_PORT=str(port), RUN_EXPERIMENT='serve-tiny')
+    p = pid1(env)
+    try:
+        def answer():
+            req = urllib.request.Request(f'http://127.0.0.1:{port}/v1/completions', b'{"prompt": "What", "max_tokens": 3}',
+                                         {'Content-Type': 'application/json'})
+            try: return json.loads(urllib.request.urlopen(req, timeout=5).read())
+            except OSError: return None
+        r = wait_for(answer, 120, 'the endpoint to answer')
+        assert r['object'] == 'text_completion' and r['model'] == 'tiny'
+        assert not (tmp_path/'workspace'/'runs').exists()  # nothing trained
+    finally:
+        os.killpg(p.pid, signal.SIGKILL); p.wait()

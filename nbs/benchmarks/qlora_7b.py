@@ -1,0 +1,170 @@
+"""QLoRA and LoRA at Llama-2-7B's shape on one GPU: lmbook against transformers + peft + bitsandbytes, one call.
+
+A random model of Llama-2-7B's shape (32 layers, 4096 wide, 11008 MLP, 32 heads, vocabulary 32000; the Hub cannot be
+reached) is written once as a transformers folder, with a byte-level BPE trained on the built-in chat records. Each
+row then runs in a fresh process, so its peak memory is its own, on the same packed rows of those chat records
+(sequence 2048, micro-batch 1, AdamW at lr 2e-4, LoRA rank 16 and alpha 16 on q, k, v, o):
+
+- `lmbook-qlora`: `lmbook finetune --init-from hf:DIR --quant nf4` (4-bit base, bf16 compute), activation
+  checkpointing as `--ckpt` says (default: none, then full);
+- `lmbook-lora-bf16`: the same without `--quant` (the frozen base in bf16);
+- `hf-peft-bnb`: the usual recipe: `AutoModelForCausalLM.from_pretrained(DIR, quantization_config=BitsAndBytesConfig(
+  load_in_4bit, nf4, double quantization, bf16 compute))`, `prepare_model_for_kbit_training` (gradient
+  checkpointing on), `get_peft_model(LoraConfig(r=16, alpha=16, q/k/v/o_proj))`, a plain loop with torch's AdamW.
+
+Each row: peak GPU memory of its whole process (allocated and reserved, GB), tokens/s over the steps after the
+first `--warmup`, and the training loss at its first and last step (it must fall). Rows go to OUT as JSON.
+Usage (repo root): python3 nbs/benchmarks/qlora_7b.py OUT.json [--steps 30] [--warmup 5] [--seq 2048]
+                   python3 nbs/benchmarks/qlora_7b.py OUT.json --tiny      (a tiny model on the CPU: the script's check)
+"""
+import argparse, json, os, subprocess, sys, tempfile, time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHAPE_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
+SHAPE_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0)
+LORA = dict(r=16, alpha=16.0, targets=('q_proj', 'k_proj', 'v_proj', 'o_proj'), lr=2e-4)
+
+
+def make_model(folder:Path, shape:dict, device:str) -> Path:
+    "A random bf16 Llama of `shape` with a BPE of the built-in chat records, saved as a transformers folder."
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    sys.path.insert(0, str(HERE))
+    from tiny_llama import tiny_llama
+    tiny_llama(folder, vocab=min(shape['vocab_size']//2, 8192))  # the tokenizer (a tiny model too, replaced below);
+    # its added tokens (<|endoftext|>, the chat tokens) land on rows the model has, as in every row here
+    cfg = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device): m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    for f in folder.glob('model*.safetensors*'): f.unlink()
+    m.save_pretrained(folder, max_shard_size='5GB')
+    return folder
+
+
+def chat_rows(folder:Path, seq:int):
+    "The packed (inputs, targets) rows of the built-in chat records, as lmbook's fine-tuning makes them."
+    from lmbook.sft import builtin_chat, record_messages, render_chat, pack
+    from lmbook.hfimport import hf_tokenizer
+    tk = hf_tokenizer(folder)[0]
+    ex = [render_chat(record_messages(r), tk) for r in builtin_chat()]
+    return pack([(i[:seq + 1], m[:seq + 1]) for i, m in ex], seq, tk.eot_id), tk
+
+
+def peak(dev:str) -> dict:
+    import torch
+    if not dev.startswith('cuda'): return dict(peak_alloc_gb=None, peak_reserved_gb=None)
+    return dict(peak_alloc_gb=round(torch.cuda.max_memory_allocated()/1e9, 2),
+                peak_reserved_gb=round(torch.cuda.max_memory_reserved()/1e9, 2))
+
+
+def run_lmbook(folder:Path, data:Path, a, quant:str, ckpt:str) -> dict:
+    "One lmbook fine-tuning run; its rows read back from metrics.jsonl."
+    import torch
+    from lmbook.finetune import finetune
+    ws = Path(tempfile.mkdtemp(prefix='lmbook-ws-'))
+    ov = dict(lora_rank=LORA['r'], lora_alpha=LORA['alpha'], lora_targets='q,k,v,o', quant=quant, block_size=a.seq,
+              batch_size=1, grad_accum=1, max_steps=a.steps, warmup_steps=1, lr=a.lr, min_lr_ratio=1.0, log_every=1,
+              eval_every=10**6, eval_steps=1, ckpt_every=10**6, keep_ckpts=1, act_ckpt=ckpt, device=a.device,
+              compile=a.compile, tensorboard=False, doc_mask=False, val_ratio=0.02)
+    res = finetune(f'hf:{folder}', data, 'bench', ov, root=ws, log=lambda s: print(s, flush=True))
+    rows = [json.loads(l) for l in (Path(res['run_dir'])/'metrics.jsonl').read_text().splitlines()]
+    train = [r for r in rows if 'loss' in r and 'tok_per_s' in r]
+    timed = [r for r in train if r['step'] > a.warmup] or train
+    return dict(**peak(a.device), tok_per_s=round(sum(r['tok_per_s'] for r in timed)/len(timed), 1),
+                **falls([r['loss'] for r in train]))
+
+
+def falls(losses:list) -> dict:
+    "The loss at the start and end of a row: the mean of its first and of its last three steps."
+    k = min(3, len(losses)//2) or 1
+    return dict(loss_first=round(sum(losses[:k])/k, 4), loss_last=round(sum(losses[-k:])/k, 4), steps=len(losses))
+
+
+def run_hf(folder:Path, a) -> dict:
+    "The transformers + peft + bitsandbytes recipe on the same rows."
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    (x, y), _ = chat_rows(folder, a.seq)
+    cuda = a.device.startswith('cuda')
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.bfloat16) if cuda else None  # bitsandbytes' 4-bit layers need CUDA
+    m = AutoModelForCausalLM.from_pretrained(folder, quantization_config=q, dtype=torch.bfloat16 if cuda else torch.float32,
+                                             device_map={'': a.device})
+    m = prepare_model_for_kbit_training(m, use_gradient_checkpointing=True) if cuda else m
+    if not cuda: m.gradient_checkpointing_enable(); m.enable_input_require_grads()
+    m = get_peft_model(m, LoraConfig(r=LORA['r'], lora_alpha=LORA['alpha'], target_modules=list(LORA['targets']),
+                                     lora_dropout=0.0, bias='none', task_type='CAUSAL_LM'))
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=a.lr, weight_decay=0.0)
+    m.train(); losses, times = [], []
+    for step in range(a.steps):
+        i = step % len(x)
+        ids, lab = x[i:i+1].to(a.device), y[i:i+1].to(a.device)
+        labels = torch.cat([torch.full_like(lab[:, :1], -100), lab[:, :-1].masked_fill(lab[:, :-1] < 0, -100)], 1)
+        t0 = time.perf_counter()
+        loss = m(input_ids=ids, labels=labels).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # syncs
+        times.append(time.perf_counter() - t0)
+    timed = times[a.warmup:] or times
+    return dict(**peak(a.device), tok_per_s=round(a.seq/(sum(timed)/len(timed)), 1), **falls(losses))
+
+
+def child(a) -> dict:
+    "One row, in this (fresh) process."
+    folder, data = Path(a.dir), Path(a.dir)/'chat.jsonl'
+    t0 = time.time()
+    if a.row == 'hf-peft-bnb': r = run_hf(folder, a)
+    else:
+        quant, ckpt = ('nf4' if a.row.startswith('lmbook-qlora') else 'none'), a.row.rsplit('-ckpt-', 1)[-1]
+        r = run_lmbook(folder, data, a, quant, ckpt)
+    return dict(row=a.row, seconds=round(time.time() - t0, 1), **r)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('out', type=Path)
+    ap.add_argument('--steps', type=int, default=30); ap.add_argument('--warmup', type=int, default=5)
+    ap.add_argument('--lr', type=float, default=LORA['lr'], help='AdamW learning rate of every row')
+    ap.add_argument('--seq', type=int, default=2048); ap.add_argument('--tiny', action='store_true')
+    ap.add_argument('--ckpt', default='none,full', help='act_ckpt values of the lmbook QLoRA rows')
+    ap.add_argument('--compile', default='false', help="lmbook's compile setting (true, false, auto)")
+    ap.add_argument('--rows', default='', help='only these rows (comma-separated names)')
+    ap.add_argument('--row', help=argparse.SUPPRESS); ap.add_argument('--dir', help=argparse.SUPPRESS)
+    ap.add_argument('--device', default='', help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.row: print('ROW ' + json.dumps(child(a)), flush=True); return
+    import torch
+    a.device = 'cuda' if torch.cuda.is_available() and not a.tiny else 'cpu'
+    if a.tiny: a.seq, a.steps, a.warmup, a.lr = 128, min(a.steps, 8), 1, 1e-2  # a loss that visibly falls in 8 steps
+    work = Path(tempfile.mkdtemp(prefix='qlora7b-'))
+    t0 = time.time()
+    make_model(work, SHAPE_TINY if a.tiny else SHAPE_7B, a.device)
+    from lmbook.sft import builtin_chat, write_jsonl
+    write_jsonl(builtin_chat(), work/'chat.jsonl')
+    made = round(time.time() - t0, 1)
+    names = [f'lmbook-qlora-ckpt-{c}' for c in a.ckpt.split(',')] + ['lmbook-lora-bf16-ckpt-full', 'hf-peft-bnb']
+    names = [n for n in names if not a.rows or n in a.rows.split(',')]
+    card = torch.cuda.get_device_name() if a.device == 'cuda' else 'cpu'
+    out = dict(card=card, date=time.strftime('%Y-%m-%d'), torch=torch.__version__, shape='tiny' if a.tiny else 'Llama-2-7B',
+               seq=a.seq, batch=1, steps=a.steps, warmup=a.warmup, lora=dict(LORA, lr=a.lr), compile=a.compile, model_written_s=made, rows=[])
+    for n in names:
+        cmd = [sys.executable, __file__, str(a.out), '--row', n, '--dir', str(work), '--device', a.device, '--steps', str(a.steps),
+               '--warmup', str(a.warmup), '--seq', str(a.seq), '--compile', a.compile, '--lr', str(a.lr)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+        rows = [json.loads(l[4:]) for l in p.stdout.splitlines() if l.startswith('ROW ')]
+        out['rows'].append(rows[0] if rows else dict(row=n, error=(p.stderr.strip().splitlines() or ['?'])[-1][:300]))
+        print(json.dumps(out['rows'][-1]), flush=True)
+        a.out.write_text(json.dumps(out, indent=1) + '\n')
+    versions = {}
+    for mod in ('transformers', 'peft', 'bitsandbytes'):
+        try: versions[mod] = __import__(mod).__version__
+        except Exception: versions[mod] = None
+    out['versions'] = versions
+    a.out.write_text(json.dumps(out, indent=1) + '\n')
+
+
+if __name__ == '__main__': main()

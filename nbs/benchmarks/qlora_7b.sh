@@ -1,0 +1,15 @@
+#!/bin/bash
+# The QLoRA/LoRA rows of nbs/benchmarks.md on ONE H100, one call of about 8 minutes, from the repo root:
+#   bash nbs/benchmarks/qlora_7b.sh            (rows to $OUT/qlora_7b.json; extra arguments go to qlora_7b.py)
+# The GPU machine has torch, transformers and peft but no package index: bitsandbytes comes as a wheel in .whl/,
+# fetched where an index is reachable with
+#   python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
+# (one 43 MB py3-none wheel; it needs only torch, numpy and packaging, which the machine has). Carry .whl in the call.
+set -e
+if ls .whl/bitsandbytes-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/bitsandbytes-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c 'import bitsandbytes, peft, transformers; print("bitsandbytes", bitsandbytes.__version__, "peft", peft.__version__, "transformers", transformers.__version__)'
+python3 nbs/benchmarks/qlora_7b.py "${OUT:-.}/qlora_7b.json" "$@"

@@ -1,0 +1,64 @@
+"""`pod create --template/--min-vcpu/--min-memory`, the catalog's GPU availability in the volume's data center before
+a create, and `pod create --serve`: each sent only where RunPod's API takes it, checked by the fakes (REST v2 against
+the contract written from RunPod's OpenAPI document; GraphQL against the SDK's mutation)."""
+import pytest
+from lmbook.podapi import RunPodAPI, RunPodError
+from test_runpod import fake, run, create, one_line_error, posts, HEAD
+from test_runpod_graphql import gql
+from fake_runpod_v2 import violations
+
+H100 = 'NVIDIA H100 80GB HBM3'
+
+
+def test_template_replaces_the_image(fake, capsys):
+    rc, out, err = run(capsys, *create(fake, '--template', 'tmpl42abc'))
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    assert pod['body']['templateId'] == 'tmpl42abc' and 'image' not in pod['body']
+    assert violations({'$ref': 'CreatePodRequest'}, pod['body']) == []
+    run(capsys, *create(fake, '--template', 'tmpl42abc', '--image', 'me/img:1'))
+    assert posts(fake)[-1][2]['image'] == 'me/img:1'
+
+
+def test_machine_minimums_are_refused_over_rest(fake, capsys):
+    one_line_error(*run(capsys, *create(fake, '--min-vcpu', 16)), 'REST API v2 takes no vCPU or memory minimum', 'graphql')
+    one_line_error(*run(capsys, *create(fake, '--min-memory', 64, '--dry-run')), 'no vCPU or memory minimum')
+    assert not posts(fake)
+
+
+def test_machine_minimums_and_template_over_graphql(gql, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--volume',
+                       'vol123abc', '--retry-wait', '0', '--repo', gql.repo, '--min-vcpu', 16, '--min-memory', 64, '--template', 'tp1')
+    assert rc == 0, err
+    (pod,) = gql.pods.values()
+    assert (pod['input']['minVcpuCount'], pod['input']['minMemoryInGb'], pod['input']['templateId']) == (16, 64, 'tp1')
+
+
+def test_no_gpu_free_in_the_volumes_data_center(fake, capsys):
+    fake.stock[(H100, 'EU-RO-1')] = 'NONE'
+    one_line_error(*run(capsys, *create(fake)), 'no 2 x NVIDIA H100 80GB HBM3 free in EU-RO-1', 'US-KS-2 (HIGH)')
+    assert not posts(fake)
+    fake.stock[(H100, 'EU-RO-1')] = 'LOW'
+    rc, out, err = run(capsys, *create(fake))
+    assert rc == 0 and 'few 2 x NVIDIA H100 80GB HBM3 are free in EU-RO-1 (LOW)' in out and len(posts(fake)) == 1, err
+
+
+def test_availability_query_follows_the_contract(fake):
+    "The fake refuses what the OpenAPI document refuses, so the query lmbook sends is one RunPod takes."
+    api = RunPodAPI()
+    assert api.availability(H100, 2, 'SECURE')['data_centers']['EU-RO-1'] == 'HIGH'
+    with pytest.raises(RunPodError, match='valid only with include'): api.b.call('GET', '/catalog/gpus/NVIDIA%20B200?count=2')
+    with pytest.raises(RunPodError, match='requires product'): api.b.call('GET', '/catalog/gpus/NVIDIA%20B200?include=AVAILABILITY')
+
+
+def test_serve_pod(fake, capsys):
+    rc, out, err = run(capsys, 'pod', 'create', '--serve', '/workspace/exports/chat-7b', '--gpu', 'H100', '--volume', 'vol123abc',
+                       '--retry-wait', '0', '--repo', fake.repo)
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    body = pod['body']
+    assert violations({'$ref': 'CreatePodRequest'}, body) == []
+    assert body['env']['RUN_SERVE'] == '/workspace/exports/chat-7b' and body['env']['LMBOOK_COMMIT'] == HEAD
+    assert '8000/http' in body['ports'] and 'RUN_CONFIG' not in body['env'] and pod['name'].startswith('serve-chat-7b-')
+    assert f"https://{pod['id']}-8000.proxy.runpod.net/v1" in out
+    one_line_error(*run(capsys, 'pod', 'create', '--serve', 'exports/x', '--gpu', 'H100', '--repo', fake.repo), '/workspace/exports/NAME')
