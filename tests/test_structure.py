@@ -98,7 +98,7 @@ def generated_lines(path:Path) -> set[int]:
 # What is still over the limits, written down so that it can only shrink: each entry goes when its code is split
 # into named steps or reworded by hand (a tool wrapped every line it could prove unchanged).
 WIDE_LEFT = {'checkpoint': 1, 'cli': 1, 'export': 1, 'lora': 1, 'podapi': 2, 'runnb': 4, 'runpod': 5, 'sft': 2}
-LONG_LEFT = {'eval.add_cli': 63, 'runpod.pod_spec': 59}
+LONG_LEFT = {'runpod.pod_spec': 59}
 
 
 def test_readable_width_and_length():
