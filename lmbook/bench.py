@@ -95,6 +95,49 @@ def eager_val_loss(t, # a `trainer.Trainable`
 def _is_oom(e:BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
 
+def _bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:str,
+               inductor:dict|None) -> dict:
+    "What a benchmark row measures: the date, model shape, batch, parallelism, compile settings and card."
+    m, tc = cfg.model, cfg.train
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d'), arch=m.arch,
+                n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head, n_kv_head=m.kv_heads,
+                vocab_size=m.vocab_size, params=count_params(m), batch_size=tc.batch_size,
+                block_size=m.block_size, grad_accum=tc.grad_accum, world_size=world,
+                parallel=tc.parallel if world > 1 else 'none', tokens_per_step=cfg.tokens_per_step*world,
+                ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile,
+                compile_mode=compile_mode, inductor=inductor or {},
+                alloc_conf=os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''),
+                dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
+                torch=torch.__version__, cuda=torch.version.cuda)
+
+def _time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[list, float, list]:
+    "`warmup` untimed steps, then `steps` timed ones from a fresh peak-memory count; (losses, warmup_s, dts)."
+    t0 = time.perf_counter()
+    losses = [step(batches, lr(i)).item() for i in range(warmup)]
+    _sync(device); warmup_s = round(time.perf_counter() - t0, 2)
+    if device.startswith('cuda'): torch.cuda.reset_peak_memory_stats(device)
+    dts = []
+    for i in range(warmup, warmup + steps):
+        t = time.perf_counter()
+        losses.append(step(batches, lr(i)).item())
+        _sync(device); dts.append(time.perf_counter() - t)
+    return losses, warmup_s, dts
+
+def _timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card:str) -> dict:
+    "The row's speed, MFU, peak memory and losses from the timed steps' seconds `dts`."
+    cuda, steps = device.startswith('cuda'), len(dts)
+    total = all_reduce(sum(dts), 'max', device)  # the slowest rank sets the pace
+    tok_s = cfg.tokens_per_step*world*steps/total
+    peak = peak_flops(card)
+    return dict(steps=steps, dt_ms=round(1000*statistics.median(dts), 2), tok_per_s=round(tok_s, 1),
+                tok_per_s_per_gpu=round(tok_s/world, 1),
+                mfu=round(tok_s/world*flops_per_token(cfg.model)/peak, 4) if peak and cuda else None,
+                mem_gb=round(torch.cuda.max_memory_allocated(device)/1e9, 3) if cuda else None,
+                mem_reserved_gb=round(torch.cuda.max_memory_reserved(device)/1e9, 3) if cuda else None,
+                loss_first=round(losses[0], 4), loss=round(losses[-1], 4),
+                loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses],
+                oom=False)
+
 def measure(cfg:Config, # the config to train (batch_size, grad_accum, model shape, compile, ...)
             steps:int=10, # timed optimizer steps
             warmup:int=2, # untimed steps first (compilation happens here)
@@ -111,19 +154,8 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
     "Train `cfg` for `warmup` + `steps` optimizer steps and return one benchmark row."
     device = device or pick_device(cfg.train.device)
     info = info or DistInfo(device=device)
-    m, tc = cfg.model, cfg.train
-    world = info.world_size
-    row = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d'), arch=m.arch,
-               n_layer=m.n_layer,
-               n_embd=m.n_embd, n_head=m.n_head, n_kv_head=m.kv_heads, vocab_size=m.vocab_size,
-                   params=count_params(m),
-               batch_size=tc.batch_size, block_size=m.block_size, grad_accum=tc.grad_accum, world_size=world,
-               parallel=tc.parallel if world > 1 else 'none', tokens_per_step=cfg.tokens_per_step*world,
-               ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile,
-                   compile_mode=compile_mode,
-               inductor=inductor or {}, alloc_conf=os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''),
-               dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
-               torch=torch.__version__, cuda=torch.version.cuda)
+    m, tc, world = cfg.model, cfg.train, info.world_size
+    row = _bench_row(cfg, device, world, data, compile_mode, inductor)
     cuda = device.startswith('cuda')
     try:
         torch.manual_seed(tc.seed + info.rank)
@@ -133,26 +165,8 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         batches = (file_batches(data, tc.batch_size, m.block_size, device, info.rank, world) if data else
                    synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device,
                                      seed=tc.seed + info.rank))
-        t0 = time.perf_counter()
-        losses = [step(batches, lr(i)).item() for i in range(warmup)]
-        _sync(device); row['warmup_s'] = round(time.perf_counter() - t0, 2)
-        if cuda: torch.cuda.reset_peak_memory_stats(device)
-        dts = []
-        for i in range(warmup, warmup + steps):
-            t = time.perf_counter()
-            losses.append(step(batches, lr(i)).item())
-            _sync(device); dts.append(time.perf_counter() - t)
-        total = all_reduce(sum(dts), 'max', device)  # the slowest rank sets the pace
-        tok_s = cfg.tokens_per_step*world*steps/total
-        peak = peak_flops(row['card'])
-        row.update(steps=steps, dt_ms=round(1000*statistics.median(dts), 2), tok_per_s=round(tok_s, 1),
-                   tok_per_s_per_gpu=round(tok_s/world, 1),
-                   mfu=round(tok_s/world*flops_per_token(m)/peak, 4) if peak and cuda else None,
-                   mem_gb=round(torch.cuda.max_memory_allocated(device)/1e9, 3) if cuda else None,
-                   mem_reserved_gb=round(torch.cuda.max_memory_reserved(device)/1e9, 3) if cuda else None,
-                   loss_first=round(losses[0], 4), loss=round(losses[-1], 4),
-                   loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses],
-                       oom=False)
+        losses, row['warmup_s'], dts = _time_steps(step, batches, lr, warmup, steps, device)
+        row.update(_timed_figures(cfg, losses, dts, world, device, row['card']))
         if val_data is not None:
             row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size,
                                                                       eval_batches, info.rank, world)), 4)

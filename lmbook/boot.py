@@ -116,7 +116,8 @@ def stage_install(o:BootOptions, log) -> str|None:
     subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--user', '--name', 'lmbook',
                     '--display-name', 'lmbook (volume venv)'],
                    check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.f)
-    where = 'the image' if not Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve()) else 'the venv'
+    in_venv = Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve())
+    where = 'the venv' if in_venv else 'the image'
     log(f"stage 1/4 install: lmbook {commit and commit[:10]} in {sys.prefix}; torch {torch.__version__} "
         f"from {where}; kernel 'lmbook'")
     return 'lmbook'
@@ -326,8 +327,9 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     if rc == 0 and not finished_checkpoint(paths):
         log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): "
             "treating the run as unfinished"); rc = 1
-    log("stage 4/4 train: "
-        f"{'finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent else f'failed with exit code {rc}'}")
+    how = ('finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent
+           else f'failed with exit code {rc}')
+    log(f"stage 4/4 train: {how}")
     return rc, spent
 
 # %% ../nbs/08f_boot.ipynb #24cecd1d
@@ -429,8 +431,8 @@ def slurm_script(profile:str, # profile name or config file
     "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
     check_name(experiment); get_config(profile)
     if nodes < 1 or gpus_per_node < 1: raise ValueError("nodes and gpus_per_node must be >= 1")
-    if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+',
-                        time_limit): raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
+    if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit):
+        raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
     if partition and not re.fullmatch(r'[A-Za-z0-9_.,-]+', partition): raise ValueError("SLURM partition "
         f"{partition!r}: letters, digits, . _ - and commas only")
     # pasted into double quotes: $VAR expands, nothing else is special

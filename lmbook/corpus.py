@@ -43,8 +43,8 @@ def builtin_docs(min_chars:int=40, root:Path|None=None) -> Iterator[str]:
         for node in ast.parse(f.read_bytes()).body:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
                 for k, v in zip(node.value.keys, node.value.values):
-                    if isinstance(v, ast.Constant) and isinstance(v.value,
-                                                                  str) and len(v.value) >= min_chars: yield v.value.strip()
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and len(v.value) >= min_chars:
+                        yield v.value.strip()
     for f in files:
         if f not in topics: yield from _docstrings(f.read_bytes(), min_chars)
 
@@ -70,8 +70,8 @@ def pysource_files(roots:list[Path]|None=None) -> list[Path]:
                             and not d.startswith('.'))
             for f in sorted(fns):
                 p = Path(dp)/f
-                if f.endswith(PYSOURCE_SUFFIXES) and p not in seen and p.is_file() and 0 < p.stat().st_size <= MAX_FILE_BYTES:
-                    seen.add(p); out.append(p)
+                if not f.endswith(PYSOURCE_SUFFIXES) or p in seen: continue
+                if p.is_file() and 0 < p.stat().st_size <= MAX_FILE_BYTES: seen.add(p); out.append(p)
     return out
 
 def pysource_docs(roots:list[Path]|None=None) -> Iterator[str]:

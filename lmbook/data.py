@@ -242,6 +242,82 @@ def _truncate(folder:Path, m:dict, pos:int):
     for s in m['shards'][len(keep):]: (folder/s['name']).unlink(missing_ok=True)
     m['shards'] = keep; m.update(source_docs=pos, **_totals(keep))
 
+# %% ../nbs/02a_data.ipynb #77196b69
+def _check_shard_args(mode:str, split:str, take:int, val_dir:Path|None, val_ratio:float, lines_per_shard:int):
+    "Refuse arguments `shard_corpus` cannot honour, each with its fix."
+    if mode not in ('smoke', 'prod', 'split'):
+        raise ValueError(f"mode={mode!r}: choose one of smoke, prod, split")
+    if split not in ('train', 'val'): raise ValueError(f"split={split!r}: choose train or val")
+    if mode == 'smoke' and take <= 0:
+        raise ValueError("smoke mode stops after --take documents: pass --take N (N > 0)")
+    if mode == 'split' and val_dir is None:
+        raise ValueError("split mode writes train and val: give both folders")
+    if not 0 <= val_ratio < 1: raise ValueError(f"val_ratio={val_ratio} must be in [0, 1)")
+    if lines_per_shard <= 0: raise ValueError(f"lines_per_shard={lines_per_shard} must be positive")
+
+def _resume_point(dirs:dict, ms:dict) -> tuple[int, dict|None]:
+    "How far into the source every split has read, and the stream's state there; shards past it dropped."
+    for d in dirs.values():
+        for p in d.glob('.*.tmp'): p.unlink()  # left by an interrupted run
+    pos = min(m['source_docs'] for m in ms.values())
+    state = next(m.get('source_state') for m in ms.values() if m['source_docs'] == pos) if pos else None
+    for k, m in ms.items(): _truncate(dirs[k], m, pos)
+    return pos, state
+
+def _source_docs(dataset:str, src:dict, ms:dict, pos:int, state:dict|None, take:int, hf_cache:Path|None,
+                 progress:bool, docs:Iterable[str]|None) -> tuple[Iterator[str], SourceStats, HFDocs|None]:
+    "The documents after source position `pos`: (documents, their skip counts, the HF stream or None)."
+    hf, skip = None, pos
+    if docs is not None: docs, stats = iter(docs), SourceStats()
+    elif src['kind'] == 'hf':  # a stream continues from its saved state instead of re-reading `pos` documents
+        hf = HFDocs(dataset, src['config'], src['hf_split'], src['text_field'], hf_cache, state)
+        stats = SourceStats(**ms[next(iter(ms))].get('skipped', {})) if state else SourceStats()
+        docs, skip = non_empty(hf, stats), 0 if state else pos
+    else:
+        stats = SourceStats()  # re-reading the first `pos` documents counts their skips again
+        docs = iter_docs(dataset, src['config'], src['hf_split'], src['text_field'], hf_cache, stats,
+                         src['kind'])
+    docs = itertools.islice(docs, skip, skip + take - pos if take else None)
+    if progress:
+        from tqdm.auto import tqdm  # slow to import (~0.3 s): progress bars only
+        docs = tqdm(docs, unit='doc', initial=pos, total=take or None)
+    return docs, stats, hf
+
+def _split_of(i:int, args:dict) -> str:
+    "The split document `i` goes to: drawn by `_route_val` in split mode, else the one split asked for."
+    if args['mode'] != 'split': return args['split']
+    return 'val' if _route_val(i, args['seed'], args['val_ratio']) else 'train'
+
+def _close_shards(ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, i:int, final:bool=False):
+    "Close every split's open shard at source position `i`, with the skip counts and the stream's state."
+    for m in ms.values(): m['skipped'] = dict(vars(stats))
+    st = hf.state() if hf else None
+    for w in ws.values(): w.close(i, final=final, state=st)
+
+def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, pos:int,
+                args:dict) -> int:
+    "Write `docs` to their splits' shards, all splits closing together; the source position reached."
+    i = pos
+    try:
+        for doc in docs:
+            w = ws[_split_of(i, args)]
+            w.add(doc); i += 1
+            if w.full: _close_shards(ws, ms, stats, hf, i)
+    except BaseException:
+        for w in ws.values(): w.abort()
+        raise
+    return i
+
+def _check_read(dataset:str, i:int, stats:SourceStats, args:dict, ms:dict, ws:dict):
+    "Refuse a source that gave no document, or none for validation when some should go there."
+    if i == 0 and stats.bad_bytes:
+        raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; "
+                         "convert it to UTF-8")
+    if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
+    if args['mode'] == 'split' and args['val_ratio'] > 0 and not (ms['val']['docs'] or ws['val'].n):
+        raise ValueError(f"{dataset} gave {i} documents and none went to validation "
+                         f"(val_ratio={args['val_ratio']}): add documents or raise val_ratio")
+
 # %% ../nbs/02a_data.ipynb #e5506063
 def shard_corpus(train_dir:Path,              # folder of train shards (smoke/prod modes: of `split`'s shards)
                  val_dir:Path|None=None,      # folder of validation shards
@@ -264,15 +340,7 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                 ) -> dict:
     ("Shard `dataset` into `train_dir` (and `val_dir`); resumable and idempotent. Returns the manifests by "
      "split.")
-    if mode not in ('smoke', 'prod', 'split'): raise ValueError(f"mode={mode!r}: choose one of smoke, prod, "
-                                                                "split")
-    if split not in ('train', 'val'): raise ValueError(f"split={split!r}: choose train or val")
-    if mode == 'smoke' and take <= 0: raise ValueError("smoke mode stops after --take documents: pass "
-                                                       "--take N (N > 0)")
-    if mode == 'split' and val_dir is None: raise ValueError("split mode writes train and val: give both "
-                                                             "folders")
-    if not 0 <= val_ratio < 1: raise ValueError(f"val_ratio={val_ratio} must be in [0, 1)")
-    if lines_per_shard <= 0: raise ValueError(f"lines_per_shard={lines_per_shard} must be positive")
+    _check_shard_args(mode, split, take, val_dir, val_ratio, lines_per_shard)
     src = dict(dataset=str(dataset), kind=source_kind(dataset, kind), config=config, hf_split=hf_split,
                text_field=text_field)
     args = dict(mode=mode, take=take, lines_per_shard=lines_per_shard, gzip=gz,
@@ -282,47 +350,12 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
     meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None)
     ms = {k: _open_split(d, k, meta) for k, d in dirs.items()}
     if all(m['complete'] for m in ms.values()): return ms
-    for d in dirs.values():
-        for p in d.glob('.*.tmp'): p.unlink()  # left by an interrupted run
-    pos = min(m['source_docs'] for m in ms.values())
-    state = next(m.get('source_state') for m in ms.values() if m['source_docs'] == pos) if pos else None
-    for k, m in ms.items(): _truncate(dirs[k], m, pos)
+    pos, state = _resume_point(dirs, ms)
     ws = {k: _ShardWriter(dirs[k], m, lines_per_shard, gz) for k, m in ms.items()}
-    hf, skip = None, pos
-    if docs is not None: docs, stats = iter(docs), SourceStats()
-    elif src['kind'] == 'hf':  # a stream continues from its saved state instead of re-reading `pos` documents
-        hf = HFDocs(dataset, config, hf_split, text_field, hf_cache, state)
-        stats = SourceStats(**ms[next(iter(ms))].get('skipped', {})) if state else SourceStats()
-        docs, skip = non_empty(hf, stats), 0 if state else pos
-    else:
-        stats = SourceStats()  # re-reading the first `pos` documents counts their skips again
-        docs = iter_docs(dataset, config, hf_split, text_field, hf_cache, stats, src['kind'])
-    docs = itertools.islice(docs, skip, skip + take - pos if take else None)
-    if progress:
-        from tqdm.auto import tqdm  # slow to import (~0.3 s): progress bars only
-        docs = tqdm(docs, unit='doc', initial=pos, total=take or None)
-    i = pos
-    try:
-        for doc in docs:
-            w = ws['val'] if mode == 'split' and _route_val(i, seed, val_ratio) else ws['train'
-                    if mode == 'split' else split]
-            w.add(doc); i += 1
-            if w.full:
-                for m in ms.values(): m['skipped'] = dict(vars(stats))
-                st = hf.state() if hf else None
-                for v in ws.values(): v.close(i, state=st)
-    except BaseException:
-        for w in ws.values(): w.abort()
-        raise
-    if i == 0 and stats.bad_bytes: raise ValueError(f"{dataset} is not UTF-8 text: none of its "
-                                                    f"{stats.bad_bytes} documents decode; convert it to UTF-8")
-    if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
-    if mode == 'split' and val_ratio > 0 and not (ms['val']['docs'] or ws['val'].n):
-        raise ValueError(f"{dataset} gave {i} documents and none went to validation "
-                         f"(val_ratio={val_ratio}): add documents or raise val_ratio")
-    for m in ms.values(): m['skipped'] = dict(vars(stats))
-    st = hf.state() if hf else None
-    for w in ws.values(): w.close(i, final=True, state=st)
+    docs, stats, hf = _source_docs(dataset, src, ms, pos, state, take, hf_cache, progress, docs)
+    i = _write_docs(docs, ws, ms, stats, hf, pos, args)
+    _check_read(dataset, i, stats, args, ms, ws)
+    _close_shards(ws, ms, stats, hf, i, final=True)
     return ms
 
 # %% ../nbs/02a_data.ipynb #e047bd4f

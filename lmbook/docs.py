@@ -113,8 +113,9 @@ def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
     sources = [s for s in sources if is_page(s)]
     names = {}
     for s in sources:
-        if s.endswith('.ipynb') and (of := output_file(json.loads((dest/s).read_text()))) and Path(of).stem != Path(s).stem:
-            names[s] = Path(of).stem + '.ipynb'
+        if not s.endswith('.ipynb'): continue
+        of = output_file(json.loads((dest/s).read_text()))
+        if of and Path(of).stem != Path(s).stem: names[s] = Path(of).stem + '.ipynb'
     if len(set(names.values()) | (set(sources) - set(names))) < len(sources):
         raise ValueError("two notebooks in nbs/ give the same page name: rename one "
                          f"({', '.join(sorted(names))})")

@@ -99,6 +99,49 @@ def _run_tasks(args, tasks:list[str]) -> dict:
                   + f" (n={m.get('n')})", flush=True)
     return res
 
+def _eval_torchrun(args) -> int:
+    ("`lmbook eval --nproc N` outside torchrun: the same command on N workers, their one-line messages "
+     "kept; their exit code.")
+    argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size',
+            str(args.batch_size), '--limit', str(args.limit),
+            '--device', args.device] + ['--no-hellaswag']*args.no_hellaswag + ['--json']*args.json
+    argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file
+             else []) + (['--root', str(args.root)] if args.root else [])
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+           f'--nproc_per_node={args.nproc}', '--no-python',
+           sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
+    # keep the workers' messages, not torchrun's report
+    r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    said = [l for l in r.stderr.splitlines() if l.startswith(('error:', 'warning:', 'note:'))]
+    msgs = list(dict.fromkeys(said))
+    if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]:
+        print(out, file=sys.stderr)
+    return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
+
+def _eval_cmd(args) -> int:
+    "`lmbook eval`: a checkpoint's validation numbers and HellaSwag, or the harness's tasks; on N processes."
+    if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1:
+        raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
+    tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
+    if tasks and args.nproc > 1: raise ValueError("--tasks runs in one process: leave out --nproc")
+    if args.nproc > 1 and 'RANK' not in os.environ: return _eval_torchrun(args)
+    done = False  # every rank ends here together unless one crashed
+    try:
+        r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size,
+                     not (args.no_hellaswag or tasks), args.hellaswag_file, args.limit,
+                     warn=lambda m: print(f"warning: {m}", file=sys.stderr),
+                     report=None if args.json else _show,
+                     note=lambda m: print(f"note: {m}", file=sys.stderr, flush=True))
+        done = True
+    except (ValueError, FileNotFoundError):
+        done = True
+        if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
+        raise
+    finally: cleanup_distributed(wait_s=60 if done else 0)
+    if tasks: r['tasks'] = _run_tasks(args, tasks)
+    if args.json and int(os.environ.get('RANK', 0)) == 0: print(json.dumps(r))
+    return 0
+
 def add_cli(sub):
     "Register `lmbook eval`."
     p = (sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a '
@@ -123,42 +166,4 @@ def add_cli(sub):
     p.add_argument('--nproc', type=int, default=1, help='processes to share the work (starts torchrun)')
     cli_options(p, 'root')
     p.add_argument('--json', action='store_true', help='print one JSON object')
-    def run(args) -> int:
-        if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1:
-            raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
-        tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
-        if tasks and args.nproc > 1: raise ValueError("--tasks runs in one process: leave out --nproc")
-        if args.nproc > 1 and 'RANK' not in os.environ:
-            argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size',
-                    str(args.batch_size), '--limit', str(args.limit),
-                    '--device', args.device] + ['--no-hellaswag']*args.no_hellaswag + ['--json']*args.json
-            argv += (['--hellaswag-file', str(args.hellaswag_file)] if args.hellaswag_file
-                     else []) + (['--root', str(args.root)] if args.root else [])
-            cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
-                   f'--nproc_per_node={args.nproc}', '--no-python',
-                   sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', *argv]
-            # keep the workers' messages, not torchrun's report
-            r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
-            msgs = (list(dict.fromkeys(l for l in r.stderr.splitlines() if l.startswith(('error:',
-                    'warning:', 'note:')))))
-            if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]:
-                print(out, file=sys.stderr)
-            return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
-        done = False  # every rank ends here together unless one crashed
-        try:
-            r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size,
-                         not (args.no_hellaswag or tasks),
-                         args.hellaswag_file, args.limit, warn=lambda m: print(f"warning: {m}",
-                                                                               file=sys.stderr),
-                         report=None if args.json else _show, note=lambda m: print(f"note: {m}",
-                                 file=sys.stderr, flush=True))
-            done = True
-        except (ValueError, FileNotFoundError):
-            done = True
-            if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
-            raise
-        finally: cleanup_distributed(wait_s=60 if done else 0)
-        if tasks: r['tasks'] = _run_tasks(args, tasks)
-        if args.json and int(os.environ.get('RANK', 0)) == 0: print(json.dumps(r))
-        return 0
-    p.set_defaults(func=run)
+    p.set_defaults(func=_eval_cmd)

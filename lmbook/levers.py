@@ -32,12 +32,12 @@ def fp8_support(device:str) -> str:
 
 def fp8_eligible(mod:nn.Module, fqn:str) -> bool:
     "A plain `nn.Linear` other than the output head, with both dimensions divisible by 16."
-    return type(mod) is nn.Linear and fqn.split('.')[-1] != 'lm_head' and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+    if type(mod) is not nn.Linear or fqn.split('.')[-1] == 'lm_head': return False
+    return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
 def convert_fp8(model:nn.Module, recipe:str) -> int:
     ("Swap the eligible linear layers of `model` for torchao's `Float8Linear` (`recipe`: 'tensorwise' or "
      "'rowwise'); returns how many.")
-    # optional: float8 through torchao
     # optional: float8 through torchao
     from torchao.float8 import convert_to_float8_training, Float8LinearConfig
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())

@@ -155,8 +155,8 @@ def run_tasks(source:str|Path,
                                      log_samples=False, bootstrap_iters=1000, verbosity='ERROR')
     except (ConnectionError, OSError) as e:
         raise FileNotFoundError(f"a task's dataset cannot be loaded ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0][:160]}): "
-                                "fetch it where there is internet, or use a local task (--include-path)") from None
+                                f"{str(e).splitlines()[0][:160]}): fetch it where there is internet, "
+                                "or use a local task (--include-path)") from None
     res = ({t: dict(_metrics(v), n=r.get('n-samples', {}).get(t, {}).get('effective')) for t,
             v in r['results'].items()})
     if save and lm.run is not None: save_results(lm.run, res, lm.step, str(lm.path))

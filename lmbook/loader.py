@@ -118,8 +118,8 @@ class TokenLoader:
 
     def load_state_dict(self, d:dict):
         "Continue exactly where the loader that saved `d` stopped."
-        if d.get('block_size') != self.T or d.get('files') != [p.name for p,
-                                                               _ in self.files] or d.get('n_tokens') != self.n_tokens:
+        names = [p.name for p, _ in self.files]
+        if d.get('block_size') != self.T or d.get('files') != names or d.get('n_tokens') != self.n_tokens:
             raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size "
                              f"{d.get('block_size')}) "
                              f"than {self.token_dir} ({self.n_tokens} tokens, block_size {self.T}): resume "

@@ -64,8 +64,8 @@ def wait_run(proc:subprocess.Popen, run_dir:Path, timeout_s:float=1800, poll_s:f
 # %% ../nbs/08c_podguard.ipynb #6faea1d7
 class Stopped(Exception):
     "Boot was asked to stop (`signum`) outside training."
-    def __init__(self,
-                 signum:int): super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
+    def __init__(self, signum:int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
 
 class StopSignals:
     ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
@@ -113,7 +113,8 @@ class SpendGuard:
         "Why the pod must stop now, or None."
         lim = self.limit_h()
         if lim is None or (h := self.hours()) < lim: return None
-        what = f"--max-hours {self.max_hours:g}" if self.max_hours and lim == self.max_hours else f"--max-dollars {self.max_dollars:g} at ${self.price:.2f}/h"
+        if self.max_hours and lim == self.max_hours: what = f"--max-hours {self.max_hours:g}"
+        else: what = f"--max-dollars {self.max_dollars:g} at ${self.price:.2f}/h"
         return f"spend guard: the pod has run {h:.2f} h (~${h*self.price:.2f}), over {what}"
 
 # %% ../nbs/08c_podguard.ipynb #9a37044e

@@ -91,9 +91,9 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     if not same: how += f"; no row at this shape: nearest measured model ({row['params']/1e6:.0f}M params)"
     if row['card'] != gpu: how += (f"; never measured on {gpu}: scaled by peak bf16 FLOP/s "
                                    f"({table[row['card']]['peak_tflops']:.0f} -> {peak/1e12:.0f} TFLOP/s)")
-    if multi: how += f" with {row['world_size']} GPUs ({tc.parallel})" + ("; the same per GPU assumed on "
-                                                                          f"{gpus}"
-                                                                                  if row['world_size'] != gpus else '')
+    if multi:
+        how += f" with {row['world_size']} GPUs ({tc.parallel})"
+        if row['world_size'] != gpus: how += f"; the same per GPU assumed on {gpus}"
     elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
     exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)

@@ -97,8 +97,8 @@ def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
     return out
 
 def _push_cmd(a) -> int: print(f"{a.path} -> pod {a.pod_id}:{push(a.path, a.pod_id, a.dest or '')}"); return 0
-def _fetch_cmd(a) -> int: print(f"pod {a.pod_id} -> "
-                                f"{fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
+def _fetch_cmd(a) -> int:
+    print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
 def _logs_cmd(a) -> int:
     p = _pod(a.pod_id)
     opts, host = ssh_target(p)
@@ -109,7 +109,8 @@ def _logs_cmd(a) -> int:
 # %% ../nbs/08b_podsync.ipynb #70c10709
 def s3_endpoint(data_center:str) -> str:
     "RunPod's S3-compatible endpoint for a data center (or `$LMBOOK_S3_ENDPOINT`)."
-    return os.environ.get('LMBOOK_S3_ENDPOINT') or f"https://s3api-{check_safe(data_center, 'data_center', 'data center id').lower()}.runpod.io/"
+    if ep := os.environ.get('LMBOOK_S3_ENDPOINT'): return ep
+    return f"https://s3api-{check_safe(data_center, 'data_center', 'data center id').lower()}.runpod.io/"
 
 def upload(path:str, # local file or folder
            volume_id:str, # network volume id (the bucket)

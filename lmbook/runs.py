@@ -49,7 +49,8 @@ BEST_SUFFIX = ':best'  # `EXPERIMENT:best` or `RUN_FOLDER:best`: the checkpoint 
 def best_base(source:str|Path) -> str|None:
     "The experiment or run folder `source` names with `:best`, else None."
     s = str(source)
-    return s[:-len(BEST_SUFFIX)] if s.endswith(BEST_SUFFIX) and len(s) > len(BEST_SUFFIX) and not Path(s).exists() else None
+    named = s.endswith(BEST_SUFFIX) and len(s) > len(BEST_SUFFIX) and not Path(s).exists()
+    return s[:-len(BEST_SUFFIX)] if named else None
 
 def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     "The checkpoints folder of a run folder or experiment name, and how to name it in an error."

@@ -369,8 +369,8 @@ def add_cli(sub):
     p.add_argument('--raw', action='store_true', help="a chat run's prompt as plain text to continue, not a "
                    "question to answer")
     def run(args) -> int:
-        source, prompts = (args.experiment,
-                           [args.source]*bool(args.source) + args.prompts) if args.experiment else (args.source, args.prompts)
+        if args.experiment: source, prompts = args.experiment, [args.source]*bool(args.source) + args.prompts
+        else: source, prompts = args.source, args.prompts
         source = source or default_experiment()  # nothing named: the experiment `lmbook train` would use
         # text as it is made, whole characters only
         show = lambda s: (sys.stdout.write(s), sys.stdout.flush())

@@ -292,6 +292,57 @@ def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, o
             if on_chunk is not None: on_chunk(docs[i:i+chunk], out[-1])
     return np.concatenate(out) if out else np.zeros(0, dtype)
 
+# %% ../nbs/02b_tokenizer.ipynb #47140193
+def _token_manifest(out_dir:Path, tk:Tokenizer, dt, shard_dir:Path) -> dict:
+    "The token manifest of `out_dir` to continue, or a new one; token files of another tokenizer refused."
+    tok_sha = tk.sha256
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m = read_manifest(out_dir)
+    if m is None:
+        if any(p for p in out_dir.iterdir() if not p.name.startswith('.')):
+            raise ValueError(f"{out_dir} holds files but no {MANIFEST}: use another experiment or empty "
+                             "that folder")
+        m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
+                 eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
+    elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
+        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} "
+                         "to tokenize again")
+    return m
+
+def _token_file_ok(out_dir:Path, f:dict|None, name:str) -> bool:
+    "Whether the manifest's entry `f` is token file `name`, there in `out_dir` with the tokens it records."
+    return (f is not None and f['name'] == name and (out_dir/name).is_file()
+            and read_header(out_dir/name)['tokens'] == f['tokens'])
+
+def _tokens_done(m:dict, sm:dict, out_dir:Path) -> bool:
+    "Whether token manifest `m` is finished for the shards of `sm`, every token file there and whole."
+    same = [f['shard_sha256'] for f in m['files']] == [s['sha256'] for s in sm['shards']]
+    return bool(m.get('complete')) and same and all(_token_file_ok(out_dir, f, f['name']) for f in m['files'])
+
+def _token_progress(total:int, on:bool) -> tuple:
+    "A bar over `total` documents (None unless `on`) and the `on_chunk` callback that moves it, with tok/s."
+    bar = None
+    if on:
+        from tqdm.auto import tqdm  # slow to import (~0.3 s): progress bars only
+        bar = tqdm(total=total, unit='doc', unit_scale=True, desc='tokenize')
+    t0, ntok = time.time(), 0
+    def tick(docs, toks):
+        nonlocal ntok
+        ntok += len(toks)
+        if bar is not None:
+            bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
+    return bar, tick
+
+def _tokenize_shard(shard_dir:Path, s:dict, tk:Tokenizer, dt, dest:Path, on_chunk=None) -> dict:
+    "Tokenize the shard of manifest entry `s` into the token file `dest`; the token manifest's entry for it."
+    docs = _shard_lines(shard_dir/s['name'], s['sha256'])
+    if len(docs) != s['docs']: raise ValueError(f"shard {s['name']} holds {len(docs)} documents, "
+                                                f"its manifest says {s['docs']}: shard again")
+    toks = encode_docs(tk, docs, dt, on_chunk=on_chunk)
+    write_tokens(dest, toks, len(docs))
+    return dict(name=dest.name, shard=s['name'], shard_sha256=s['sha256'], tokens=len(toks), docs=len(docs),
+                bytes=dest.stat().st_size)
+
 # %% ../nbs/02b_tokenizer.ipynb #44b197c9
 def tokenize_split(shard_dir:Path,             # folder of text shards with their manifest
                    tokenizer:Tokenizer|Path,   # a `Tokenizer` or a bundle folder
@@ -305,47 +356,17 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
     tk = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     sm = check_shards(shard_dir, checksums=False)
     dt = token_dtype(tk.vocab_size, dtype)
-    tok_sha = tk.sha256
-    out_dir.mkdir(parents=True, exist_ok=True)
-    m = read_manifest(out_dir)
-    if m is None:
-        if any(p for p in out_dir.iterdir() if not p.name.startswith('.')):
-            raise ValueError(f"{out_dir} holds files but no {MANIFEST}: use another experiment or empty "
-                             "that folder")
-        m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
-                 eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
-    elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
-        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} "
-                         "to tokenize again")
-    done = {f['shard_sha256']: f for f in m['files']}
-    if m.get('complete') and [f['shard_sha256'] for f in m['files']] == [s['sha256']
-                                                                         for s in sm['shards']] and \
-       all((out_dir/f['name']).is_file() and read_header(out_dir/f['name'])['tokens'] == f['tokens']
-           for f in m['files']):
-        return m  # nothing to do, and nothing written (other ranks may be reading)
+    m = _token_manifest(out_dir, tk, dt, shard_dir)
+    # nothing to do, and nothing written (other ranks may be reading)
+    if _tokens_done(m, sm, out_dir): return m
     for p in out_dir.glob('.*.tmp'): p.unlink()  # left by an interrupted run
     m['complete'] = False  # until every shard has its token file
-    files, bar = [], None
-    if progress:
-        from tqdm.auto import tqdm  # slow to import (~0.3 s): progress bars only
-        bar = tqdm(total=sum(s['docs'] for s in sm['shards']), unit='doc', unit_scale=True, desc='tokenize')
-    t0, ntok = time.time(), 0
-    def tick(docs, toks):
-        nonlocal ntok
-        ntok += len(toks)
-        if bar is not None:
-            bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
+    done, files = {f['shard_sha256']: f for f in m['files']}, []
+    bar, tick = _token_progress(sum(s['docs'] for s in sm['shards']), progress)
     for s in sm['shards']:
         name = s['name'].split('.')[0] + '.bin'
         f = done.get(s['sha256'])
-        if f is None or f['name'] != name or not (out_dir/name).is_file() or read_header(out_dir/name)['tokens'] != f['tokens']:
-            docs = _shard_lines(shard_dir/s['name'], s['sha256'])
-            if len(docs) != s['docs']: raise ValueError(f"shard {s['name']} holds {len(docs)} documents, "
-                                                        f"its manifest says {s['docs']}: shard again")
-            toks = encode_docs(tk, docs, dt, on_chunk=tick)
-            write_tokens(out_dir/name, toks, len(docs))
-            f = dict(name=name, shard=s['name'], shard_sha256=s['sha256'], tokens=len(toks), docs=len(docs),
-                     bytes=(out_dir/name).stat().st_size)
+        if not _token_file_ok(out_dir, f, name): f = _tokenize_shard(shard_dir, s, tk, dt, out_dir/name, tick)
         elif bar is not None: bar.update(f['docs'])
         files.append(f)
         # finished so far; files of an earlier run not yet reached are found again in `done`

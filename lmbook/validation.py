@@ -89,8 +89,8 @@ def _problem(ex) -> str|None:
         return "needs 'endings': a list of at least two non-empty strings"
     lab = ex.get('label')
     if isinstance(lab, str) and lab.isdigit(): lab = int(lab)
-    if not isinstance(lab, int) or isinstance(lab, bool) or not 0 <= lab < len(e): return ("has 'label' "
-                                                                                           f"{ex.get('label')!r}, not an index into its {len(e)} endings")
+    if not isinstance(lab, int) or isinstance(lab, bool) or not 0 <= lab < len(e):
+        return f"has 'label' {ex.get('label')!r}, not an index into its {len(e)} endings"
 
 def read_hellaswag(path:Path) -> list[dict]:
     "The examples (`ctx`, `endings`, `label`) of a HellaSwag JSONL file, every line checked."
@@ -145,9 +145,8 @@ def load_hellaswag(root:Path|None=None, # workspace root (default: from settings
         if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
             try: hellaswag_file(root)
             except FileNotFoundError as e: err = e
-        if all_reduce(float(err is not None), 'max') > 0: raise err or FileNotFoundError("rank 0 could not "
-                                                                                         "fetch HellaSwag's "
-                                                                                             "validation file")
+        if all_reduce(float(err is not None), 'max') > 0:
+            raise err or FileNotFoundError("rank 0 could not fetch HellaSwag's validation file")
         path = hellaswag_file(root)
     return read_hellaswag(path)[:limit or None]
 
