@@ -60,7 +60,8 @@ def render_readme(nb_path:Path) -> str:
             if any(l.strip() in ('#| hide', '#|hide') for l in lines): continue
             code = '\n'.join(l for l in lines if not l.startswith('#|')).strip()
             if code: out.append(f"```python\n{code}\n```")
-    return '<!-- generated from nbs/index.ipynb by `lmbook readme`: edit the notebook, not this file -->\n\n' + '\n\n'.join(out) + '\n'
+    head = '<!-- generated from nbs/index.ipynb by `lmbook readme`: edit the notebook, not this file -->'
+    return head + '\n\n' + '\n\n'.join(out) + '\n'
 
 # %% ../nbs/10_cli.ipynb #3d720e23
 def _profiles(args) -> int:

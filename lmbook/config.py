@@ -425,7 +425,12 @@ def parse_assignments(items:list[str]) -> dict[str, str]:
 
 def parse_overrides(s:str) -> dict:
     "`'a=1,b=x'` -> `{'a': '1', 'b': 'x'}` (values typed later by the config)."
-    return parse_assignments([p.strip() for p in (s or '').split(',') if p.strip()])
+    parts = []
+    for p in (s or '').split(','):
+        # a value with commas: lora_targets=q,v
+        if '=' not in p and parts and p.strip(): parts[-1] += ',' + p.strip()
+        elif p.strip(): parts.append(p.strip())
+    return parse_assignments(parts)
 
 # %% ../nbs/01_config.ipynb #19407375
 def count_params(m:ModelConfig, embeddings:bool=True) -> int:

@@ -275,9 +275,8 @@ def gpt2_from_hf(folder:Path|str,
     if c.get('scale_attn_by_inverse_layer_idx') or not c.get('scale_attn_weights', True):
         raise ValueError(f"{folder} scales attention scores otherwise than by 1/sqrt(head size), as "
                          "lmbook's gpt2 does: it cannot be imported exactly")
-    if vocab_size is not None and vocab_size < c['vocab_size']: raise ValueError(f"vocab_size={vocab_size} "
-                                                                                 "is smaller than "
-                                                                                     f"{folder}'s {c['vocab_size']}")
+    if vocab_size is not None and vocab_size < c['vocab_size']:
+        raise ValueError(f"vocab_size={vocab_size} is smaller than {folder}'s {c['vocab_size']}")
     hf = {k.removeprefix('transformer.'): v for k, v in load_file(folder/'model.safetensors').items()}
     # (attn.bias is a mask, not a weight)
     bias = any(v.abs().max().item() > 0 for k, v in hf.items() if k.endswith('.bias') and v.dim() == 1)

@@ -210,8 +210,9 @@ class GraphQL:
     def _gql(self, query:str) -> dict:
         from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
         return self._call(run_graphql_query, query)['data']
-    def pods(self) -> list[dict]: return [gql_view(p)
-                                          for p in self._gql(f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}')['myself']['pods']]
+    def pods(self) -> list[dict]:
+        q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
+        return [gql_view(p) for p in self._gql(q)['myself']['pods']]
     def pod(self, pod_id:str) -> dict|None:
         p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
         return p and gql_view(p)
@@ -246,7 +247,8 @@ class GraphQL:
     def volume(self, vol_id:str) -> dict|None: return next((v for v in self.volumes() if v['id'] == vol_id),
                                                            None)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        q = f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}'
+        q = (f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, '
+             f'dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}')
         v = self._gql(q)['createNetworkVolume']
         return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
     # not asked over GraphQL: the volume's own data center is checked instead

@@ -110,7 +110,8 @@ def progress_stats(recs:list[dict], max_steps:int, elapsed:float|None) -> dict:
     frac = min(1.0, row['step']/max_steps) if max_steps else 0.0
     eta = None
     if 0 < frac < 1:  # from the trainer's time per step, else from the time this display has watched
-        eta = (max_steps - row['step'])*row['dt_ms']/1000 if row.get('dt_ms') else elapsed*(1-frac)/frac if elapsed else None
+        if row.get('dt_ms'): eta = (max_steps - row['step'])*row['dt_ms']/1000
+        elif elapsed: eta = elapsed*(1 - frac)/frac
     return dict(row, frac=frac, eta=eta)
 
 def progress_line(recs:list[dict], max_steps:int, elapsed:float|None) -> str:
@@ -222,7 +223,8 @@ class Dashboard:
         s = progress_stats(recs, self.max_steps or 0, elapsed)
         self.bar.value, self.bar.description = s['frac'], f"{100*s['frac']:.0f}%"
         self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
-        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + (f" · eta {format_duration(s['eta'])}" if s['eta'] else '')
+        eta = f" · eta {format_duration(s['eta'])}" if s['eta'] else ''
+        self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + eta
         cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'),
                                                                                           '.2e'),
                  ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None,
@@ -230,8 +232,8 @@ class Dashboard:
         self.stats.value = (' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
                                                    for k, v, f in cells if v is not None))
         if sample:
-            self.sample.value = (f"<i>sample at step {sample.get('step')}:</i> "
-                                 f"<b>{html.escape(str(sample.get('prompt', '')))}</b>{html.escape(str(sample.get('text', '')))}")
+            prompt, text = (html.escape(str(sample.get(k, ''))) for k in ('prompt', 'text'))
+            self.sample.value = f"<i>sample at step {sample.get('step')}:</i> <b>{prompt}</b>{text}"
         if force or time.time() - self._plotted >= self.plot_every:
             if any('loss' in r for r in recs): self.plots.value = plot_png(recs)
             self._plotted = time.time()
@@ -304,8 +306,9 @@ def run_state(run:Path, # the run folder
     if lock.is_file():
         try: info = json.loads(lock.read_text())
         except (OSError, json.JSONDecodeError): info = {}
-        if info.get('host') == socket.gethostname() and isinstance(info.get('pid'),
-                                                                   int) and not pid_alive(info['pid']): return 'stopped'
+        pid = info.get('pid')
+        if info.get('host') == socket.gethostname() and isinstance(pid, int) and not pid_alive(pid):
+            return 'stopped'
         hb = _seconds(info.get('heartbeat'))
         if hb is not None: return 'running' if now - hb < stale_s else 'stopped'
     # metrics, meta, the notebook papermill saves

@@ -19,9 +19,10 @@ from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card
 
 # %% auto #0
 __all__ = ['PORTS', 'SERVE_PORT', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env',
-           'code_source', 'start_script', 'start_command', 'pod_spec', 'serve_spec', 'proxy_urls', 'request_text',
-           'create_pod_retrying', 'wait_running', 'format_status', 'check_available', 'add_plan_cli', 'add_create_cli',
-           'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+           'code_source', 'start_script', 'start_command', 'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec',
+           'serve_spec', 'proxy_urls', 'request_text', 'create_pod_retrying', 'wait_running', 'format_status',
+           'check_available', 'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands',
+           'add_volumes_cli', 'add_cli']
 
 # %% ../nbs/08e_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -54,8 +55,8 @@ _PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.inval
 def check_repo(url:str) -> str:
     ("A git URL a pod can clone (https, ssh, git@host:path, file or an absolute path), not a placeholder; "
      "else a one-line error.")
-    if not isinstance(url,
-                      str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+', url):
+    git_url = r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+'
+    if not isinstance(url, str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(git_url, url):
         raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook "
                          "repository (--repo), "
                          "e.g. https://github.com/NAME/lmbook.git")
@@ -146,9 +147,8 @@ class PodSpec:
         path = Path(path)
         if not path.is_file(): raise FileNotFoundError(f"pod manifest {path} does not exist")
         d = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(d, dict) or d.pop('kind', None) != 'lmbook-pod': raise ValueError(f"{path} is not "
-                                                                                            "a pod manifest "
-                                                                                                "(kind: lmbook-pod)")
+        if not isinstance(d, dict) or d.pop('kind', None) != 'lmbook-pod':
+            raise ValueError(f"{path} is not a pod manifest (kind: lmbook-pod)")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown: raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))} in {path}")
         return cls(**d).validate()
@@ -223,6 +223,35 @@ def start_command(script:Path|None=None) -> str:
     return check_env_value('start', cmd, limit=8192)
 
 # %% ../nbs/08e_runpod.ipynb #41ea1803
+def check_pod_args(profile:str, overrides:dict|None, autokill:str, on_failure:str, max_hours:float,
+                   max_dollars:float):
+    "Refuse, in one line, a profile that does not resolve and choices a pod cannot take (`pod_spec`'s)."
+    # a profile name must resolve here; a config file lives on the volume
+    if not Path(profile).suffix: get_config(profile, overrides)
+    elif not profile.startswith('/workspace/'):
+        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. "
+                         f"/workspace/configs/{Path(profile).name} (copy it onto the volume first)")
+    if autokill not in ('', 'stop', 'terminate'):
+        raise ValueError(f"autokill={autokill!r}: choose stop or terminate")
+    if on_failure not in ('stop', 'keep'): raise ValueError(f"on_failure={on_failure!r}: choose stop or keep")
+    if max_hours < 0 or max_dollars < 0:
+        raise ValueError("--max-hours and --max-dollars must be positive (0: no limit)")
+
+def run_overrides(ov:dict) -> str:
+    "The `RUN_OVERRIDES` value (k=v,k=v) of the config overrides `ov`; a value with a comma is refused."
+    for k, v in ov.items():
+        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
+                                           "(k=v,k=v) cannot carry: rename the path or use a config file")
+    return ','.join(f'{k}={v}' for k, v in ov.items())
+
+def spend_env(gpu_type:str, gpus:int, cloud_type:str|None, max_hours:float, max_dollars:float) -> dict:
+    "The spend guard's environment: `MAX_HOURS`, and `MAX_DOLLARS` with the pod's price per hour."
+    env = dict(MAX_HOURS=f'{max_hours:g}') if max_hours else {}
+    if max_dollars:
+        price = (gpu_table()[gpu_type].get('community' if cloud_type == 'COMMUNITY' else 'secure') or 0)*gpus
+        env |= dict(MAX_DOLLARS=f'{max_dollars:g}', PRICE_PER_HOUR=f'{price:g}')
+    return env
+
 def pod_spec(profile:str, # profile name, or a config file path on the volume
              experiment:str, # run name
              gpu:str, # RunPod GPU id or alias
@@ -248,38 +277,20 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     s = load_settings()
     check_name(experiment)
     gpu_type = find_gpu(gpu)
-    # a profile name must resolve here; a config file lives on the volume
-    if not Path(profile).suffix: get_config(profile, overrides)
-    elif not profile.startswith('/workspace/'):
-        raise ValueError(f"config file {profile!r}: give its path on the pod, e.g. "
-                         f"/workspace/configs/{Path(profile).name} (copy it onto the volume first)")
-    if autokill not in ('', 'stop', 'terminate'): raise ValueError(f"autokill={autokill!r}: choose stop or "
-                                                                   "terminate")
-    if on_failure not in ('stop', 'keep'): raise ValueError(f"on_failure={on_failure!r}: choose stop or keep")
-    if max_hours < 0 or max_dollars < 0: raise ValueError("--max-hours and --max-dollars must be positive "
-                                                          "(0: no limit)")
+    check_pod_args(profile, overrides, autokill, on_failure, max_hours, max_dollars)
     ov = pod_overrides(profile, gpus, overrides) if not Path(profile).suffix else dict(overrides or {})
-    for k, v in ov.items():
-        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
-                                           "(k=v,k=v) cannot carry: rename the path or use a config file")
     env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_SHARD='1' if shard else '0',
-               RUN_OVERRIDES=','.join(f'{k}={v}' for k, v in ov.items()),
-               LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit,
-                   ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
+               RUN_OVERRIDES=run_overrides(ov), LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo),
+               LMBOOK_COMMIT=commit, ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
     if autokill: env['AUTOKILL'] = autokill
-    if max_hours: env['MAX_HOURS'] = f'{max_hours:g}'
-    if max_dollars:
-        price = (gpu_table()[gpu_type].get('community' if cloud_type == 'COMMUNITY' else 'secure') or 0)*gpus
-        env |= dict(MAX_DOLLARS=f'{max_dollars:g}', PRICE_PER_HOUR=f'{price:g}')
+    env |= spend_env(gpu_type, gpus, cloud_type, max_hours, max_dollars)
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if os.environ.get('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
     spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment,
-                   gpu_type=gpu_type,
-                   gpu_count=gpus, image=image or card_image(gpu_type, s.image), cloud_type=cloud_type
-                       or s.cloud_type, volume_id=volume_id,
-                   volume_gb=s.volume_gb, container_disk_gb=s.container_disk_gb, data_center=data_center,
-                       env=env, secrets=sec)
+                   gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
+                   cloud_type=cloud_type or s.cloud_type, volume_id=volume_id, volume_gb=s.volume_gb,
+                   container_disk_gb=s.container_disk_gb, data_center=data_center, env=env, secrets=sec)
     spec.start = start_command()
     return spec.validate()
 
@@ -483,8 +494,9 @@ def _create_cmd(a) -> int:
               + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR')
                  else ''))
         return 0
+    mine = spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:')
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
-          f"{'your $JUPYTER_PASSWORD' if spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:') else 'generated, in the pod settings on runpod.io'}")
+          + ('your $JUPYTER_PASSWORD' if mine else 'generated, in the pod settings on runpod.io'))
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
     if spec.env.get('RUN_SERVE'):
         print(f"  openai api   https://{pod['id']}-{SERVE_PORT}.proxy.runpod.net/v1")
@@ -501,7 +513,8 @@ def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
     if not yes:
         if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes it ({keeps}): add "
                                                     "--yes to confirm")
-        if input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ").strip().lower() not in ('y', 'yes'):
+        answer = input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ")
+        if answer.strip().lower() not in ('y', 'yes'):
             print('not terminated'); return 1
     api.terminate(pod_id)
     print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run"
@@ -519,9 +532,10 @@ def _pods_cmd(a) -> int:
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     if a.pod_cmd == 'status': print(format_status(p)); return 0
     api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
-    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + dict(resume='; the boot pipeline resumes the run',
-                                                     restart='; the container restarts and boots again',
-                                                     stop='; the GPU is released, the disks stay (and bill)').get(a.pod_cmd, ''))
+    after = dict(resume='; the boot pipeline resumes the run',
+                 restart='; the container restarts and boots again',
+                 stop='; the GPU is released, the disks stay (and bill)')
+    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + after.get(a.pod_cmd, ''))
     return 0
 
 def _volume_cmd(a) -> int:

@@ -104,7 +104,8 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
             try: rec = json.loads(line)
             # e.msg may end in 'at' already ('Unterminated string starting at')
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
+                msg = e.msg.removesuffix(' at')
+                raise ValueError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
             ids, mask = render_chat(record_messages(rec, where), tokenizer)
             if len(ids) > block_size + 1:
                 cut.append(where); ids, mask = ids[:block_size + 1], mask[:block_size + 1]
@@ -180,7 +181,8 @@ class SFTLoader:
         if d.get('kind') != 'sft' or d.get('rows') != len(self.x) or d.get('block_size') != self.T:
             raise ValueError(f"loader state is for other data ({d.get('rows')} rows of "
                              f"{d.get('block_size')}) than this fine-tuning set "
-                             f"({len(self.x)} rows of {self.T}): resume with the same sft_data and block_size")
+                             f"({len(self.x)} rows of {self.T}): resume with the same sft_data and "
+                             "block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
