@@ -21,8 +21,8 @@ from .step import cuda_allocator_defaults, resolve_compile, train_step
 from .runstart import build_trainable, fit_batch
 
 # %% auto #0
-__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'eager_val_loss', 'measure', 'bench', 'format_rows', 'add_cli',
-           'main']
+__all__ = ['synthetic_batches', 'file_batches', 'make_step', 'eager_val_loss', 'bench_row', 'time_steps', 'timed_figures',
+           'measure', 'bench', 'format_rows', 'add_cli', 'main']
 
 # %% ../nbs/07d_bench.ipynb #2dcf3f3e
 def synthetic_batches(vocab_size:int, # token ids are drawn from [0, vocab_size)
@@ -95,7 +95,7 @@ def eager_val_loss(t, # a `trainer.Trainable`
 def _is_oom(e:BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
 
-def _bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:str,
+def bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:str,
                inductor:dict|None) -> dict:
     "What a benchmark row measures: the date, model shape, batch, parallelism, compile settings and card."
     m, tc = cfg.model, cfg.train
@@ -110,7 +110,7 @@ def _bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:s
                 dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
                 torch=torch.__version__, cuda=torch.version.cuda)
 
-def _time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[list, float, list]:
+def time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[list, float, list]:
     "`warmup` untimed steps, then `steps` timed ones from a fresh peak-memory count; (losses, warmup_s, dts)."
     t0 = time.perf_counter()
     losses = [step(batches, lr(i)).item() for i in range(warmup)]
@@ -123,7 +123,7 @@ def _time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[l
         _sync(device); dts.append(time.perf_counter() - t)
     return losses, warmup_s, dts
 
-def _timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card:str) -> dict:
+def timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card:str) -> dict:
     "The row's speed, MFU, peak memory and losses from the timed steps' seconds `dts`."
     cuda, steps = device.startswith('cuda'), len(dts)
     total = all_reduce(sum(dts), 'max', device)  # the slowest rank sets the pace
@@ -155,7 +155,7 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
     device = device or pick_device(cfg.train.device)
     info = info or DistInfo(device=device)
     m, tc, world = cfg.model, cfg.train, info.world_size
-    row = _bench_row(cfg, device, world, data, compile_mode, inductor)
+    row = bench_row(cfg, device, world, data, compile_mode, inductor)
     cuda = device.startswith('cuda')
     try:
         torch.manual_seed(tc.seed + info.rank)
@@ -165,8 +165,8 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         batches = (file_batches(data, tc.batch_size, m.block_size, device, info.rank, world) if data else
                    synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device,
                                      seed=tc.seed + info.rank))
-        losses, row['warmup_s'], dts = _time_steps(step, batches, lr, warmup, steps, device)
-        row.update(_timed_figures(cfg, losses, dts, world, device, row['card']))
+        losses, row['warmup_s'], dts = time_steps(step, batches, lr, warmup, steps, device)
+        row.update(timed_figures(cfg, losses, dts, world, device, row['card']))
         if val_data is not None:
             row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size,
                                                                       eval_batches, info.rank, world)), 4)

@@ -19,7 +19,7 @@ from .validation import bits_per_byte, hellaswag_accuracy, load_hellaswag, token
 from .lmeval import hellaswag_task, run_tasks
 
 # %% auto #0
-__all__ = ['evaluate', 'add_cli']
+__all__ = ['evaluate', 'eval_torchrun', 'eval_cmd', 'add_cli']
 
 # %% ../nbs/07e_eval.ipynb #072baf71
 def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
@@ -99,7 +99,7 @@ def _run_tasks(args, tasks:list[str]) -> dict:
                   + f" (n={m.get('n')})", flush=True)
     return res
 
-def _eval_torchrun(args) -> int:
+def eval_torchrun(args) -> int:
     ("`lmbook eval --nproc N` outside torchrun: the same command on N workers, their one-line messages "
      "kept; their exit code.")
     argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size',
@@ -118,13 +118,13 @@ def _eval_torchrun(args) -> int:
         print(out, file=sys.stderr)
     return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
 
-def _eval_cmd(args) -> int:
+def eval_cmd(args) -> int:
     "`lmbook eval`: a checkpoint's validation numbers and HellaSwag, or the harness's tasks; on N processes."
     if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1:
         raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
     tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
     if tasks and args.nproc > 1: raise ValueError("--tasks runs in one process: leave out --nproc")
-    if args.nproc > 1 and 'RANK' not in os.environ: return _eval_torchrun(args)
+    if args.nproc > 1 and 'RANK' not in os.environ: return eval_torchrun(args)
     done = False  # every rank ends here together unless one crashed
     try:
         r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size,
@@ -166,4 +166,4 @@ def add_cli(sub):
     p.add_argument('--nproc', type=int, default=1, help='processes to share the work (starts torchrun)')
     cli_options(p, 'root')
     p.add_argument('--json', action='store_true', help='print one JSON object')
-    p.set_defaults(func=_eval_cmd)
+    p.set_defaults(func=eval_cmd)
