@@ -198,6 +198,10 @@ def test_site_in_a_browser(site, tmp_path):
             assert facts[page]['headings'], f"{page} shows no content"
             bad = [i['src'] for i in facts[page]['imgs'] if not i['ok']]
             assert not bad, f"{page}: images that do not load: {bad}"
+            # code never scrolls sideways in a 1280 px window: long lines wrap (styles.css)
+            wide = tab.js("[...document.querySelectorAll('pre.sourceCode')]"
+                          ".filter(p => p.scrollWidth > p.clientWidth + 1).length")
+            assert not wide, f"{page}: {wide} code block(s) scroll sideways at 1280 px"
         # each module's API reference: a heading per exported function and class
         for mod, page in module_pages().items():
             missing = set(api_names(mod)) - set(facts[f'{page}.html']['headings'])
