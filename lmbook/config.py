@@ -143,30 +143,32 @@ _TOKENIZER = Range(pattern=f'({_HUB_ID}/)?{_HUB_ID}|',
                    hint="'' or a Hub model id such as gpt2 or openai-community/gpt2")
 _SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no surrounding spaces)")
 
+_DATA_MOVED = "the loader's position is in the old data"  # why a data field cannot change on resume
+
 @dataclass
 class DataConfig:
     "Where the tokens come from."
     dataset: str = cfield('builtin', _DATASET, 'fixed', "'builtin' (this Python's docstrings), "
                           "'pysource' (its installed source and docs), a Hugging Face dataset id, or a local "
                           "file/folder",
-                          why="the loader's position is in the old data")
+                          why=_DATA_MOVED)
     dataset_config: str = cfield('', _DATASET_CONFIG, 'fixed', "Hugging Face dataset config (e.g. "
                                  "'sample-10BT')",
-                                 why="the loader's position is in the old data")
+                                 why=_DATA_MOVED)
     take: int = cfield(0, at_least(0), 'fixed', "documents to read from the source; 0 means all",
-                       why="the loader's position is in the old data")
+                       why=_DATA_MOVED)
     val_ratio: float = cfield(0.05, between(0, 1, hi_open=True), 'fixed', "fraction of documents routed to "
                               "validation",
-                              why="the loader's position is in the old data")
+                              why=_DATA_MOVED)
     data_seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of the train/validation split",
-                            why="the loader's position is in the old data")
+                            why=_DATA_MOVED)
     tokenizer: str = cfield('', _TOKENIZER, 'fixed', "'' trains a BPE on the corpus; a Hub model id "
                             "('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, "
                             "downloaded when online)",
                             why="the checkpoint's embeddings belong to the old tokenizer's vocabulary")
     sft_data: str = cfield('', _SFT_DATA, 'fixed', "a JSONL of prompt/response or chat records to "
                            "fine-tune on ('' trains on `dataset`); needs init_from",
-                           why="the loader's position is in the old data")
+                           why=_DATA_MOVED)
 
 DATA_RANGES = field_ranges(DataConfig)
 
