@@ -24,9 +24,8 @@ from .checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from .runs import experiment_of, find_checkpoint, find_tokenizer, run_of
 from .sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
 from .sample import load_model
-from .export import gpt2_from_hf
-from .hfimport import (HF_TYPES, adopt_hf_tokenizer, check_hf_shape, hf_folder, hf_init_model, hf_kind,
-                             hf_tokenizer)
+from .hfimport import (HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder, hf_init_model,
+                             hf_kind, hf_tokenizer)
 from .step import Trainable, is_oom, make_trainable, train_step
 
 # %% auto #0

@@ -10,7 +10,7 @@ from lmbook.checkpoint import save_checkpoint, tokenizer_ref
 from lmbook.tokenizer import train_bpe, save_bundle
 from lmbook.model import GPT
 from lmbook.sample import load_model
-from lmbook import export
+from lmbook import export, hfimport
 from conftest import lmbook_cmd
 
 TEXT = 'The cat ate the mat. The dog sat on the bone.'
@@ -94,13 +94,13 @@ def test_gpt2_weights_in(tmp_path, monkeypatch):
     hf = random_gpt2()
     folder = fake_hub(tmp_path/'hf', 'models--gpt2', {})
     hf.save_pretrained(folder)
-    assert export.hf_gpt2_folder('gpt2') == export.hf_gpt2_folder('openai-community/gpt2') == folder
-    m, sd = export.gpt2_from_hf('gpt2')
+    assert hfimport.hf_gpt2_folder('gpt2') == hfimport.hf_gpt2_folder('openai-community/gpt2') == folder
+    m, sd = hfimport.gpt2_from_hf('gpt2')
     assert m.bias and m.vocab_size == 100 and m.mlp_hidden == 0
     ours = GPT(m).eval(); ours.load_state_dict(sd)
     x = torch.randint(0, 100, (2, 16))
     with torch.no_grad(): assert torch.allclose(ours(x), hf(x).logits, atol=1e-4), (ours(x) - hf(x).logits).abs().max()
-    m2, sd2 = export.gpt2_from_hf(folder, vocab_size=128)  # room for added tokens: the extra rows are zeros
+    m2, sd2 = hfimport.gpt2_from_hf(folder, vocab_size=128)  # room for added tokens: the extra rows are zeros
     assert m2.vocab_size == 128 and sd2['wte.weight'][100:].abs().sum() == 0
     wide = GPT(m2).eval(); wide.load_state_dict(sd2)
     with torch.no_grad(): assert torch.allclose(wide(x)[..., :100], hf(x).logits, atol=1e-4) and wide(x)[..., 100:].abs().max() == 0
@@ -109,13 +109,13 @@ def test_gpt2_weights_in(tmp_path, monkeypatch):
         for n, p in hf.named_parameters():
             if n.endswith('.bias'): p.zero_()
     hf.save_pretrained(folder_nb)
-    assert not export.gpt2_from_hf(folder_nb)[0].bias  # lmbook's own bias-free exports come back bias-free
+    assert not hfimport.gpt2_from_hf(folder_nb)[0].bias  # lmbook's own bias-free exports come back bias-free
 
 def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
     "GPT-2 imported, saved as an lmbook checkpoint and exported again is the same transformers model."
     hf = random_gpt2(1, vocab_size=300)
     hf.save_pretrained(tmp_path/'src')
-    m, sd = export.gpt2_from_hf(tmp_path/'src')
+    m, sd = hfimport.gpt2_from_hf(tmp_path/'src')
     paths = paths_for('from-gpt2', root=workspace)
     save_bundle(train_bpe(['The cat sat on the mat. The dog ate the bone.']*50, 300), paths.tokenizer)
     cfg = get_config('smoke', dict(arch='gpt2', bias=True, vocab_size=300, block_size=16, n_layer=2, n_head=4, n_embd=32))
@@ -131,12 +131,12 @@ def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
         if k in b: assert torch.equal(v, b[k]), k
 
 def test_gpt2_not_in_cache(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError, match='not in the local Hugging Face cache'): export.find_hf_model('openai-community/gpt2', tmp_path)
+    with pytest.raises(FileNotFoundError, match='not in the local Hugging Face cache'): hfimport.find_hf_model('openai-community/gpt2', tmp_path)
     monkeypatch.setenv('HF_HOME', str(tmp_path/'hf')); monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path/'xdg'))
-    with pytest.raises(FileNotFoundError, match='huggingface-cli download gpt2 config.json model.safetensors'): export.gpt2_from_hf('gpt2')
+    with pytest.raises(FileNotFoundError, match='huggingface-cli download gpt2 config.json model.safetensors'): hfimport.gpt2_from_hf('gpt2')
     fake_hub(tmp_path/'hf', 'models--gpt2', {'tokenizer.json': lambda p: p.write_text('{}')})  # the tokenizer alone is not the weights
-    with pytest.raises(FileNotFoundError, match='weights of gpt2 are not in the local'): export.hf_gpt2_folder('gpt2')
-    with pytest.raises(FileNotFoundError, match='is not a folder'): export.gpt2_from_hf(tmp_path/'nope')
+    with pytest.raises(FileNotFoundError, match='weights of gpt2 are not in the local'): hfimport.hf_gpt2_folder('gpt2')
+    with pytest.raises(FileNotFoundError, match='is not a folder'): hfimport.gpt2_from_hf(tmp_path/'nope')
 
 def test_bias_needs_gpt2():
     with pytest.raises(ValueError, match="bias=True is published GPT-2's layout: set arch='gpt2'"): get_config('smoke', dict(bias=True))

@@ -123,7 +123,7 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     from lmbook.runstart import init_model
-    from lmbook.export import gpt2_from_hf
+    from lmbook.hfimport import gpt2_from_hf
     tok, path = hub('models--gpt2')
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2))
