@@ -20,11 +20,12 @@ from .distributed import DistInfo, all_reduce, barrier
 
 # %% auto #0
 __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'BEST', 'CheckpointError',
-           'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'full_state',
-           'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes',
-           'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
-           'prune_checkpoints', 'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint',
-           'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'Checkpointer']
+           'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'has_frozen',
+           'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot',
+           'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint', 'save_checkpoint',
+           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'read_rank_state',
+           'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys', 'config_changes',
+           'check_config_change', 'Checkpointer']
 
 # %% ../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -61,23 +62,37 @@ def set_rng_state(st:dict):
         torch.cuda.set_rng_state_all(st['cuda'])
 
 # %% ../nbs/04b_checkpoint.ipynb #27191c4e
+def has_frozen(model:torch.nn.Module) -> bool:
+    "Whether some parameters of `model` do not train (a LoRA run's frozen base): its checkpoints skip them."
+    return any(not p.requires_grad for p in model.parameters())
+
+def trainable_names(model:torch.nn.Module) -> set[str]:
+    "The names of `model`'s trainable parameters as state dicts give them (no DDP or compile prefix)."
+    drop = lambda k: '.'.join(p for p in k.split('.') if p not in ('module', '_orig_mod'))
+    return {drop(k) for k, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+
 def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
                cpu_offload:bool=True) -> tuple[dict, dict|None]:
-    ("Full (unsharded) model and optimizer state dicts, keyed by parameter name (on the CPU unless not "
-     "`cpu_offload`).")
-    # slow to import (~0.8 s): checkpoints only
+    "Full (unsharded) model and optimizer state dicts by name; where some weights are frozen, the others."
     # slow to import (~0.8 s): checkpoints only
     from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, StateDictOptions
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
-    if optimizer is None: return get_model_state_dict(model, options=opts), None
-    return get_state_dict(model, optimizer, options=opts)
+    frozen = has_frozen(model)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, ignore_frozen_params=frozen)
+    msd, osd = (get_model_state_dict(model, options=opts), None) if optimizer is None else \
+        get_state_dict(model, optimizer, options=opts)
+    # (a head tied to a frozen embedding is in `msd` otherwise)
+    if frozen: msd = {k: msd[k] for k in trainable_names(model) & msd.keys()}
+    return msd, osd
 
 def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, msd:dict, osd:dict|None):
     "Load full state dicts (every rank passes them) into a plain, DDP or FSDP2 model and its optimizer."
     # slow to import (~0.8 s): checkpoints only
-    # slow to import (~0.8 s): checkpoints only
     from torch.distributed.checkpoint.state_dict import set_state_dict, set_model_state_dict, StateDictOptions
-    opts = StateDictOptions(full_state_dict=True)
+    frozen = has_frozen(model)
+    if frozen and (missing := sorted(trainable_names(model) - msd.keys())):
+        raise CheckpointError(f"the checkpoint lacks {len(missing)} trained tensors of this model, first "
+                              f"{missing[0]}: it is not this run's")
+    opts = StateDictOptions(full_state_dict=True, strict=not frozen)  # a frozen base is not in it
     if optimizer is None or osd is None: set_model_state_dict(model, msd, options=opts)
     else: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=opts)
 

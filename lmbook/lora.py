@@ -12,8 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['NF4', 'NF4_BLOCK', 'LORA_TARGETS', 'nf4_quantize', 'nf4_dequantize', 'NF4Matmul', 'LoRALinear', 'quantize',
-           'lora_parts', 'add_lora', 'lora_counts', 'merge_lora_state', 'merge_lora']
+__all__ = ['NF4', 'NF4_BLOCK', 'LORA_TARGETS', 'nf4_quantize', 'nf4_dequantize', 'bnb_functional', 'NF4Matmul', 'LoRALinear',
+           'quantize', 'lora_parts', 'add_lora', 'lora_counts', 'merge_lora_state', 'merge_lora', 'lora_state',
+           'load_adapters']
 
 # %% ../nbs/03a_lora.ipynb #bdd49e4a
 # the 16 NormalFloat4 levels (bitsandbytes' table)
@@ -34,21 +35,18 @@ def nf4_quantize(w:torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     idx = torch.bucketize(x/absmax.clamp_min(1e-30), (code[1:] + code[:-1])/2).to(torch.uint8).flatten()
     return idx[0::2] << 4 | idx[1::2], absmax.flatten()
 
-def _bnb_dequantize(packed, absmax, shape, dtype):
-    "bitsandbytes' CUDA kernel for `nf4_dequantize`, or None where it cannot run."
-    try: import bitsandbytes.functional as bf  # optional: QLoRA on CUDA (pip install bitsandbytes)
-    except ImportError: return None
-    st = bf.QuantState(absmax=absmax, shape=torch.Size(shape), code=NF4.to(packed.device),
-                       blocksize=NF4_BLOCK, quant_type='nf4', dtype=dtype)
-    return bf.dequantize_4bit(packed.view(-1, 1), st)
-
 def nf4_dequantize(packed:torch.Tensor, absmax:torch.Tensor, shape:tuple,
                    dtype=torch.float32) -> torch.Tensor:
-    "The weight of shape `shape` that `nf4_quantize` packed (bitsandbytes' kernel on CUDA, where installed)."
-    if packed.is_cuda and (w := _bnb_dequantize(packed, absmax, shape, dtype)) is not None: return w
+    "The weight of shape `shape` that `nf4_quantize` packed, in plain PyTorch."
     code = NF4.to(packed.device)
     idx = torch.stack([packed >> 4, packed & 15], 1).flatten().long()
     return (code[idx].reshape(-1, NF4_BLOCK)*absmax[:, None]).reshape(shape).to(dtype)
+
+def bnb_functional():
+    "bitsandbytes' `functional` module (its 4-bit kernels), or None where it is not installed."
+    try: import bitsandbytes.functional as bf  # optional: QLoRA's CUDA kernels (pip install bitsandbytes)
+    except ImportError: return None
+    return bf
 
 # %% ../nbs/03a_lora.ipynb #128b6673
 class NF4Matmul(torch.autograd.Function):
@@ -82,8 +80,8 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.empty(n*rank, in_f, **kw))
         self.lora_B = nn.Parameter(torch.zeros(out_f, n*rank, **kw))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        if len(parts) > 1 or not adapt[0]:
-            self.register_buffer('lora_mask', _block_mask(parts, adapt, rank, kw['device']))
+        if len(parts) > 1 or not adapt[0]:  # derived from the config: never saved
+            self.register_buffer('lora_mask', _block_mask(parts, adapt, rank, kw['device']), persistent=False)
         else: self.lora_mask = None
         self.scale, self.quant, self.parts, self.adapt = alpha/rank, None, parts, adapt
 
@@ -102,23 +100,42 @@ class LoRALinear(nn.Module):
 
     def forward(self, x):
         B = self.lora_B if self.lora_mask is None else self.lora_B*self.lora_mask
-        return self.base(x) + F.linear(F.linear(x, self.lora_A), B)*self.scale
+        y = self.base(x)
+        # outside autocast, the adapters' own dtype (float32 adapters beside a bf16 base)
+        a = x if torch.is_autocast_enabled(x.device.type) else x.to(self.lora_A.dtype)
+        return y + (F.linear(F.linear(a, self.lora_A), B)*self.scale).to(y.dtype)
 
     def base(self, x):
         "The frozen layer's output: a plain matmul, or a 4-bit one after `quantize`."
         if self.quant is None: return F.linear(x, self.weight, self.bias)
-        if torch.is_autocast_enabled(x.device.type): x = x.to(torch.get_autocast_dtype(x.device.type))
-        y = _nf4_matmul(x, self.weight_nf4, self.weight_absmax, self.quant)
+        dev = x.device.type
+        x = x.to(torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else self.frozen_dtype)
+        y = _matmul_4bit(x, self)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def merged_weight(self) -> torch.Tensor:
-        "`weight + scale * lora_B @ lora_A`, in float32 (from the dequantized weight after `quantize`)."
-        w = (self.weight if self.quant is None
-             else nf4_dequantize(self.weight_nf4, self.weight_absmax, self.quant))
-        return (w.float() + self.delta()).to(self.lora_A.dtype if self.quant else self.weight.dtype)
+    def base_weight(self, dtype=None) -> torch.Tensor:
+        "The frozen weight (dequantized after `quantize`), in `dtype` (default: the one it was loaded in)."
+        dtype = dtype or self.frozen_dtype
+        if self.quant is None: return self.weight.to(dtype)
+        if self.nf4_state is None:
+            return nf4_dequantize(self.weight_nf4, self.weight_absmax, self.quant, dtype)
+        return bnb_functional().dequantize_4bit(self.weight_nf4.view(-1, 1), self.nf4_state).to(dtype)
 
-@torch.compiler.disable  # bitsandbytes' kernel and the custom backward stay outside a compiled graph
-def _nf4_matmul(x, packed, absmax, shape): return NF4Matmul.apply(x, packed, absmax, shape)
+    @property
+    def frozen_dtype(self) -> torch.dtype:
+        "The dtype the frozen weight was loaded in (before any quantization)."
+        return self.weight.dtype if self.quant is None else self.quant_dtype
+
+    def merged_weight(self) -> torch.Tensor:
+        "`weight + scale * lora_B @ lora_A` in the frozen weight's dtype (float32 arithmetic)."
+        return (self.base_weight(torch.float32) + self.delta()).to(self.frozen_dtype)
+
+@torch.compiler.disable  # the 4-bit kernels and their custom backward stay outside a compiled graph
+def _matmul_4bit(x, lin:LoRALinear):
+    "`x @ W.T` for the 4-bit frozen weight of `lin`: bitsandbytes' `matmul_4bit` on CUDA, else `NF4Matmul`."
+    if lin.nf4_state is None: return NF4Matmul.apply(x, lin.weight_nf4, lin.weight_absmax, lin.quant)
+    import bitsandbytes as bnb  # optional: QLoRA's CUDA kernels; `quantize` only chose them where installed
+    return bnb.matmul_4bit(x, lin.weight_nf4.view(-1, 1), lin.nf4_state)
 
 def _block_mask(parts, adapt, rank, device) -> torch.Tensor:
     "(out, n_adapted*rank) ones where a part's rows meet its own adapter's columns."
@@ -131,12 +148,18 @@ def _block_mask(parts, adapt, rank, device) -> torch.Tensor:
 # %% ../nbs/03a_lora.ipynb #08d34a27
 @torch.no_grad()
 def quantize(lin:LoRALinear) -> LoRALinear:
-    "Hold `lin`'s frozen weight in NF4 (QLoRA), in place."
+    "Hold `lin`'s frozen weight in NF4 (QLoRA), in place: bitsandbytes' kernels on CUDA, else plain PyTorch."
     if lin.quant is not None: return lin
-    packed, absmax = nf4_quantize(lin.weight)
-    lin.quant = tuple(lin.weight.shape)
+    w, bf = lin.weight, bnb_functional() if lin.weight.is_cuda else None
+    if bf is None: packed, absmax, state = *nf4_quantize(w), None
+    else:
+        packed, state = bf.quantize_4bit(w.data, blocksize=NF4_BLOCK, quant_type='nf4',
+                                         compress_statistics=False)
+        absmax = None
+    lin.quant, lin.quant_dtype, lin.nf4_state = tuple(w.shape), w.dtype, state
     del lin.weight
-    lin.register_buffer('weight_nf4', packed); lin.register_buffer('weight_absmax', absmax)
+    lin.register_buffer('weight_nf4', packed.view(-1), persistent=False)
+    lin.register_buffer('weight_absmax', absmax, persistent=False)
     return lin
 
 # %% ../nbs/03a_lora.ipynb #bee20c2b
@@ -178,9 +201,9 @@ def lora_counts(model:nn.Module) -> tuple[int, int]:
 # %% ../nbs/03a_lora.ipynb #a3d65ed1
 def merge_lora_state(sd:dict, # a state dict, possibly with `*.lora_A`/`*.lora_B` entries
                      alpha:float=16.0, # the lora_alpha the adapters were trained with
+                     rank:int|None=None, # the lora_rank (default: read from each layer's saved `lora_mask`)
                     ) -> dict:
-    ("A plain state dict: every adapter pair folded into the weight beside it (float32 arithmetic), then "
-     "dropped.")
+    "A plain state dict: each adapter pair folded into its weight (float32 arithmetic), then dropped."
     ends = ('.lora_A', '.lora_B', '.lora_mask', '.weight_nf4', '.weight_absmax')
     out = {k: v for k, v in sd.items() if not k.endswith(ends)}
     for k in sd:
@@ -188,12 +211,12 @@ def merge_lora_state(sd:dict, # a state dict, possibly with `*.lora_A`/`*.lora_B
         pre = k[:-len('lora_A')]
         A, B, mask = sd[k].float(), sd[pre + 'lora_B'].float(), sd.get(pre + 'lora_mask')
         # the columns of one part's adapter
-        rank = A.shape[0] if mask is None else int((mask == mask[:, :1]).all(0).sum())
+        r = rank or (A.shape[0] if mask is None else int((mask == mask[:, :1]).all(0).sum()))
         if mask is not None: B = B*mask.float()
         W = sd.get(pre + 'weight')
         if W is None:
             W = nf4_dequantize(sd[pre + 'weight_nf4'], sd[pre + 'weight_absmax'], (B.shape[0], A.shape[1]))
-        out[pre + 'weight'] = (W.float() + (alpha/rank)*(B @ A)).to(W.dtype)
+        out[pre + 'weight'] = (W.float() + (alpha/r)*(B @ A)).to(W.dtype)
     return out
 
 # %% ../nbs/03a_lora.ipynb #34ea1d8c
@@ -208,4 +231,21 @@ def merge_lora(model:nn.Module) -> nn.Module:
             lin.weight.copy_(w)
             if mod.bias is not None: lin.bias.copy_(mod.bias)
         setattr(parent, attr, lin)
+    return model
+
+# %% ../nbs/03a_lora.ipynb #77116b3f
+def lora_state(model:nn.Module) -> dict[str, torch.Tensor]:
+    "The adapters of `model` by name: its trainable tensors, what a LoRA run's checkpoint holds."
+    return {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+
+def load_adapters(model:nn.Module, # a model adapted as the adapters were (`add_lora`)
+                  sd:dict, # their tensors by name (`lora_state`'s)
+                  source:str='these adapters', # what they are, for the error
+                 ) -> nn.Module:
+    "Put the adapter tensors `sd` into `model`, in place; refuse a set that does not fit it."
+    want = {k: p.shape for k, p in model.named_parameters() if p.requires_grad}
+    bad = sorted(set(want) ^ set(sd)) + [k for k in want if k in sd and sd[k].shape != want[k]]
+    if bad: raise ValueError(f"{source} do not fit this model ({len(bad)} tensors differ, first {bad[0]}): "
+                             "load them on the base and LoRA settings they were trained with")
+    model.load_state_dict(sd, strict=False)
     return model

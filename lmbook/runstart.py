@@ -23,15 +23,15 @@ from .distributed import DistInfo, all_reduce
 from .checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from .runs import experiment_of, find_checkpoint, find_tokenizer, run_of
 from .sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
-from .sample import load_model
-from .hfimport import (HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder, hf_init_model,
-                             hf_kind, hf_tokenizer)
+from .sample import base_ref, load_model
+from .hfimport import (HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder, hf_gpt2_folder,
+                             hf_init_model, hf_kind, hf_tokenizer)
 from .step import Trainable, is_oom, make_trainable, train_step
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state', 'init_model',
            'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'sft_data', 'prepare_hub', 'run_loaders', 'resolve_init',
-           'fit_sft_batch', 'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
+           'lora_base', 'fit_sft_batch', 'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
 
 # %% ../nbs/06a_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -207,11 +207,20 @@ def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
      "whose init run is gone).")
     if not cfg.train.init_from or hub_init(cfg.train.init_from): return cfg
     try: ck, _ = init_checkpoint(cfg.train.init_from, paths.root)
-    except FileNotFoundError:
-        # the run's own checkpoint replaces the weights
+    except FileNotFoundError as e:
+        # the run's own checkpoint replaces the weights, unless it holds only adapters
+        if cfg.train.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
+                                                        "adapters, so its base must be there: restore it")
         if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''
         else: raise
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
+
+def lora_base(cfg:Config) -> dict|None:
+    "What a LoRA run's checkpoints record of its base (`sample.base_ref`), for a config `resolve_init` gave."
+    init = cfg.train.init_from
+    if not cfg.train.lora_rank or not init: return None
+    gpt2 = hub_init(init) and not hub_llama(init)  # published GPT-2 (hf:gpt2)
+    return base_ref(init, hf_gpt2_folder(hub_init(init)) if gpt2 else hub_llama(init) or Path(init))
 
 # %% ../nbs/06a_runstart.ipynb #afc2f278
 def fit_sft_batch(cfg:Config, # the run's config

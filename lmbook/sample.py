@@ -6,27 +6,30 @@ Docs: https://lmbook.github.io/lmbook/sample.html.md"""
 
 # %% ../nbs/05c_sample.ipynb #2806239a
 from __future__ import annotations
-import json, sys
+import hashlib, json, re, sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from .core import cli_options, default_experiment, pick_device
+from .core import cli_options, default_experiment, pick_device, sha256_file
 from .config import at_least, between, config_from_dict
 from .tokenizer import SPECIAL_TOKENS
 from .model import GPT, KVCache
-from .lora import merge_lora_state
+from .lora import add_lora, load_adapters, merge_lora, merge_lora_state
 from .checkpoint import SHAPE_KEYS
 from .runs import best_base, experiment_of, find_checkpoint, find_tokenizer, run_of
 from .sft import END, chat_prompt, record_messages, split_examples
+from .hfimport import gpt2_from_hf, hf_init_model, hf_kind
 
 # %% auto #0
 __all__ = ['CHAT_FALLBACK', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'SAMPLE_RANGES', 'inference_device', 'Loaded',
-           'load_model', 'next_token', 'generate', 'is_chat', 'chat_prompts', 'chat_text', 'stop_ids', 'clean_text',
-           'prompts_for', 'TextStream', 'streamer', 'prompt_text', 'seam', 'check_sampling', 'sample_texts',
-           'write_samples', 'sample_run', 'add_cli']
+           'load_model', 'read_weights', 'plain_model', 'base_sha256', 'base_ref', 'adapted_base', 'next_token',
+           'generate', 'is_chat', 'chat_prompts', 'chat_text', 'stop_ids', 'clean_text', 'prompts_for', 'TextStream',
+           'streamer', 'prompt_text', 'seam', 'check_sampling', 'sample_texts', 'write_samples', 'sample_run',
+           'add_cli']
 
 # %% ../nbs/05c_sample.ipynb #254d50d4
 def inference_device(device:str='auto') -> str:
@@ -60,6 +63,7 @@ def load_model(source:str|Path,
                expect:dict|None=None, # model config fields the checkpoint must have (e.g. arch, n_layer)
                tokenizer:bool=True, # also load its tokenizer
                warn=None, # called with a message for each damaged checkpoint skipped
+               merge:bool=True, # fold a LoRA run's adapters into its base (False: keep its `LoRALinear`s)
               ) -> Loaded:
     "Model weights (not the optimizer), config and tokenizer of a checkpoint, for inference."
     ck = find_checkpoint(source, root, warn)
@@ -71,6 +75,19 @@ def load_model(source:str|Path,
     diff = [f"{k}={getattr(m, k)!r} (checkpoint) vs {v!r} (expected)" for k, v in (expect or {}).items()
             if getattr(m, k) != v]
     if diff: raise ValueError(f"checkpoint {ck} is another model: {'; '.join(diff)}")
+    device, sd = inference_device(device), read_weights(ck)
+    if state.get('base'):  # a LoRA run's adapters, on the base they name
+        model = load_adapters(adapted_base(cfg, state['base'], device), sd, f"the adapters in {ck}")
+        model = (merge_lora(model) if merge else model).eval()
+    else: model = plain_model(cfg, sd, ck).to(device).eval()
+    run = run_of(ck)
+    name = best_base(source) or str(source)
+    exp = name if not Path(name).exists() else experiment_of(run)
+    tok = find_tokenizer(ck, state, exp, root) if tokenizer else None
+    return Loaded(model, tok, cfg, ck, state, exp, device, run)
+
+def read_weights(ck:Path) -> dict[str, torch.Tensor]:
+    "The tensors in checkpoint `ck`'s `model.safetensors`, tied ones under each of their names."
     try:
         sd = load_file(ck/'model.safetensors')
         with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
@@ -78,7 +95,11 @@ def load_model(source:str|Path,
     except Exception as e:
         raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
     for alias, key in aliases.items(): sd[alias] = sd[key]
-    sd = merge_lora_state(sd, cfg.train.lora_alpha)  # a LoRA run's adapters folded into plain weights
+    return sd
+
+def plain_model(cfg, sd:dict, ck:Path) -> GPT:
+    "The GPT of `cfg` with the weights `sd` (adapters in them folded in); refused when they do not fit."
+    m, sd = cfg.model, merge_lora_state(sd, cfg.train.lora_alpha, cfg.train.lora_rank or None)
     model = GPT(m)
     want = model.state_dict()
     bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k,
@@ -88,12 +109,46 @@ def load_model(source:str|Path,
                              f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} "
                                  f"tensors differ, first {bad[0]}")
     model.load_state_dict(sd)
-    device = inference_device(device)
-    run = run_of(ck)
-    name = best_base(source) or str(source)
-    exp = name if not Path(name).exists() else experiment_of(run)
-    tok = find_tokenizer(ck, state, exp, root) if tokenizer else None
-    return Loaded(model.to(device).eval(), tok, cfg, ck, state, exp, device, run)
+    return model
+
+# %% ../nbs/05c_sample.ipynb #01e991eb
+def _file_sha256(f:Path) -> str:
+    "A weight file's sha256: the name of the Hugging Face cache blob it links to, else its bytes hashed."
+    t = f.resolve()
+    return t.name if f.is_symlink() and re.fullmatch(r'[0-9a-f]{64}', t.name) else sha256_file(f)
+
+def base_sha256(path:Path) -> str:
+    "A hash of the weights in `path`, an lmbook checkpoint (its manifest's hashes) or a transformers folder."
+    path = Path(path)
+    if (path/'COMPLETE').is_file(): return hashlib.sha256((path/'COMPLETE').read_bytes()).hexdigest()
+    files = sorted(path.glob('*.safetensors')) + [path/'config.json']
+    with ThreadPoolExecutor(min(8, len(files))) as ex: sums = list(ex.map(_file_sha256, files))
+    return hashlib.sha256(json.dumps([[f.name, s] for f, s in zip(files, sums)]).encode()).hexdigest()
+
+def base_ref(init_from:str, # what the run's config names (`hf:ID`, an experiment, a folder)
+             path:Path, # the checkpoint or transformers folder it is
+            ) -> dict:
+    "What a LoRA run's checkpoints record of their base: what the run named, where it is, its hash."
+    return dict(init_from=init_from, path=str(Path(path).resolve()), sha256=base_sha256(path))
+
+def adapted_base(cfg, # the LoRA run's config
+                 ref:dict, # its checkpoints' `base` (`base_ref`)
+                 device:str='cpu', # where to build it
+                ) -> torch.nn.Module:
+    "The base a LoRA run trained on, read again from `ref` and checked by its hash, with fresh adapters."
+    path, tc = Path(ref['path']), cfg.train
+    if not path.exists():
+        raise FileNotFoundError(f"the base these adapters were trained on, {path} ({ref['init_from']}), is "
+                                "gone: restore it there to use them")
+    if base_sha256(path) != ref['sha256']:
+        raise ValueError(f"the base these adapters were trained on, {path}, has changed since (its hash "
+                         "differs): restore the one they were trained on")
+    if (path/'COMPLETE').is_file(): base = load_model(path, device=device, tokenizer=False).model.train()
+    elif hf_kind(path) != 'gpt2': return hf_init_model(cfg, path, device)  # a Llama-family model
+    else:
+        base = GPT(cfg.model).to(device)
+        base.load_state_dict(gpt2_from_hf(path, cfg.model.vocab_size)[1])
+    return add_lora(base, tc.lora_rank, tc.lora_alpha, tc.lora_targets)
 
 # %% ../nbs/05c_sample.ipynb #4129b5c5
 def next_token(logits:torch.Tensor, # (B, V) logits of the last position

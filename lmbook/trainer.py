@@ -25,14 +25,14 @@ from .checkpoint import Checkpointer
 from .mirror import Mirror
 from .sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
-from .runstart import build_trainable, fitted_config, prepare_run, resolve_init, run_loaders
+from .runstart import build_trainable, fitted_config, lora_base, prepare_run, resolve_init, run_loaders
 from .runstart import fit_sft_batch
 from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
            'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train', 'Progress', 'start_run', 'log_step',
-           'save_if_due', 'run_steps']
+           'save_if_due', 'run_steps', 'check_base']
 
 # %% ../nbs/07_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -100,6 +100,7 @@ class Run:
     log: Callable                # progress lines (rank 0; a no-op elsewhere)
     lock: RunLock|None = None    # the run folder's lock (rank 0)
     evals: TrainEvals|None = None  # what validations measure besides the loss (val_bpb, HellaSwag)
+    base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`runstart.lora_base`)
 
 def _quiet(*a, **k): pass
 
@@ -130,7 +131,9 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         tps = cfg.tokens_per_step*info.world_size
         total = total_steps(tc, tps, prepared.n_train_tokens)
         seed_everything(tc.seed)
-        t = build_trainable(resolve_init(cfg, paths, run_dir), info)
+        init = resolve_init(cfg, paths, run_dir)
+        base = lora_base(init) if info.is_main else None  # hashing the base once is enough
+        t = build_trainable(init, info)
         if tc.doc_mask:
             t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
         loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
@@ -140,7 +143,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
         raise
     return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir,
                ckpt.tokenizer_ref(prepared.tokenizer_dir),
-               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals)
+               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals, base)
 
 # %% ../nbs/07_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
@@ -237,9 +240,10 @@ def exit_code(result:dict) -> int:
 
 def _samples(r:Run, step:int):
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
-        s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir),
-                         prompts_for(r.cfg), block_size=r.cfg.model.block_size,
-                         seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
+        with r.t.autocast():  # the dtypes training runs in (a bf16 base with float32 adapters)
+            s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir),
+                             prompts_for(r.cfg), block_size=r.cfg.model.block_size,
+                             seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
         if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
@@ -273,7 +277,8 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
 def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
     tc = r.cfg.train
     return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
-                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage)
+                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage,
+                **({'base': r.base} if r.base else {}))
 
 def train(cfg:Config, # the resolved config
           experiment:str, # names the run folder runs/<experiment> and the data folders
@@ -315,6 +320,7 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
     r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on "
           f"{info.device} | {r.total} steps of {r.tokens_per_step:,} tokens"
           + (f" | resumed at step {p.step}" if resumed else ''))
+    if tc.lora_rank: check_base(r, resumed)
     if resumed:
         if resumed['changes']: r.log(f"config changed at step {p.step}: {', '.join(resumed['changes'])}")
         r.loader.load_state_dict(resumed['rank_state']['loader'])
@@ -391,3 +397,18 @@ def _train(r:Run, experiment:str) -> dict:
                skipped=p.skipped, checkpoints=ck.timings, best_step=ck.best_step,
                best_val_loss=ck.best_val if ck.best_step > 0 else None)
     return dict(res, exit_code=exit_code(res))
+
+def check_base(r:Run, resumed:dict|None):
+    "Refuse (on every rank) a LoRA run without a base, or one resuming adapters trained on another base."
+    err = _base_error(r, resumed) if r.info.is_main else None
+    if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
+
+def _base_error(r:Run, resumed:dict|None) -> str|None:
+    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained model: set init_from "
+                               "(an experiment, a checkpoint folder or hf:ID), or lora_rank=0 to train every "
+                               "weight")
+    old = (resumed or {}).get('state', {}).get('base')
+    if old and old['sha256'] != r.base['sha256']:
+        return (f"{resumed['path']} holds adapters trained on {old['path']}, but {r.base['path']} now has "
+                "other weights (its hash differs): restore that base, or start a new experiment")
+    return None

@@ -104,9 +104,9 @@ def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
 def test_nf4_layout_is_bitsandbytes():
     "lmbook's 4-bit weights are bitsandbytes' own: the same bytes from its quantize_4bit, the same weights from its dequantize."
     bf = pytest.importorskip('bitsandbytes.functional')
-    from lmbook.lora import nf4_quantize, nf4_dequantize, _bnb_dequantize
+    from lmbook.lora import nf4_quantize, nf4_dequantize
     w = torch.randn(256, 192, generator=torch.Generator().manual_seed(0))
     packed, absmax = nf4_quantize(w)
     q, st = bf.quantize_4bit(w, blocksize=64, quant_type='nf4', compress_statistics=False)
     assert torch.equal(q.flatten(), packed) and torch.equal(st.absmax, absmax)
-    assert torch.equal(_bnb_dequantize(packed, absmax, w.shape, torch.float32), nf4_dequantize(packed, absmax, w.shape))
+    assert torch.equal(bf.dequantize_4bit(q, st), nf4_dequantize(packed, absmax, w.shape))

@@ -121,12 +121,17 @@ def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
     b = weights(again['run_dir'])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r['loss'] for r in rows(again['run_dir']) if 'loss' in r] == losses
-    base = weights(paths_for('pre', root=root).run)
-    assert all(torch.equal(a[k], base[k]) for k in base)  # the pretrained weights stayed frozen
+    assert a and all(k.endswith(('.lora_A', '.lora_B')) for k in a)  # the checkpoint holds the adapters only
     assert any(k.endswith('lora_B') and a[k].abs().sum() > 0 for k in a)  # the adapters trained
+    base = weights(paths_for('pre', root=root).run)
+    st = json.loads((find_checkpoint(full['run_dir'])/'state.json').read_text())
+    assert st['base']['path'] == str(find_checkpoint(paths_for('pre', root=root).run).resolve())
+    unmerged = load_model('ft-a', root, merge=False).model.state_dict()
+    assert all(torch.equal(unmerged[k], base[k]) for k in base)  # the pretrained weights stayed frozen
     # the unmerged LoRA model, as trained, against transformers on the exported (merged) folder
     cfg = finetune_config('pre', data, lora, root)
-    m = add_lora(GPT(cfg.model), 2, 4.0); m.load_state_dict({**a, 'lm_head.weight': a['wte.weight']}); m.eval()  # tied head
+    m = GPT(cfg.model); m.load_state_dict({**base, 'lm_head.weight': base['wte.weight']})  # tied head
+    add_lora(m, 2, 4.0); m.load_state_dict(a, strict=False); m.eval()
     out = root/'hf-lora'
     from lmbook.export import export_hf
     export_hf('ft-a', out, root=root)
