@@ -139,3 +139,6 @@ def main(argv:list[str]|None=None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+
+# `python -m lmbook.cli ...` where the `lmbook` script is not on the PATH (a package on PYTHONPATH)
+if __name__ == '__main__': sys.exit(main())

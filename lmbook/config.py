@@ -18,9 +18,10 @@ except ImportError: import tomli as tomllib
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
            'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
            'TrainConfig', 'Config', 'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'config_fields',
-           'resume_rules', 'field_help', 'field_option', 'fields_table', 'parse_assignments', 'parse_overrides',
-           'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b',
-           'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'parse_assignments',
+           'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m',
+           'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml', 'save_config',
+           'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -68,11 +69,13 @@ def cfield(default, # the field's default value
            resume:str, # one of RESUME_RULES
            help:str, # what it means: the docs' and the command line's text
            why:str='', # for `fixed` and `reset`: what the change cannot keep
+           cuda:tuple=(), # values that take a code path of their own on CUDA (the GPU check runs each)
           ) -> dataclasses.Field:
     "A config field with its facts: the values it may take, its rule on resume, its help."
     if resume not in RESUME_RULES: raise ValueError(f"resume={resume!r}: one of {', '.join(RESUME_RULES)}")
     if resume in ('fixed', 'reset') and not why: raise ValueError(f"a {resume} field says why")
-    return field(default=default, metadata=dict(allowed=allowed, resume=resume, help=help, why=why))
+    return field(default=default, metadata=dict(allowed=allowed, resume=resume, help=help, why=why,
+                                                cuda=cuda))
 
 def field_ranges(cls) -> dict[str, Range]:
     "Field name -> the values it may take, for the config class `cls`."
@@ -111,9 +114,11 @@ class ModelConfig:
     attn_backend: str = cfield('sdpa', _ATTN_BACKEND, 'free', "attention kernel: 'sdpa' (torch's "
                                "choice), 'auto' (cuDNN on Hopper and newer, else torch's; measured no faster "
                                "on an H100), 'cudnn', 'flash', 'efficient', 'math', or 'flex' (FlexAttention "
-                               "for doc_mask on CUDA, torch 2.5+)")
+                               "for doc_mask on CUDA, torch 2.5+)",
+                               cuda=_ATTN_BACKEND.choices)
     fused_ce: bool = cfield(False, FLAG, 'free', "loss as one fused linear + cross-entropy that never holds "
-                            "the logits (liger-kernel if installed, else the chunked one)")
+                            "the logits (liger-kernel if installed, else the chunked one)",
+                            cuda=(True,))
     bias: bool = cfield(False, FLAG, 'shape', "gpt2 only: biases in the blocks' Linear layers and in every "
                         "LayerNorm, as published GPT-2 has (the head stays bias-free)")
     qkv_bias: bool = cfield(False, FLAG, 'shape', "llama only: biases on the query, key and value "
@@ -213,9 +218,11 @@ class TrainConfig:
                        why="the data order and RNG states continue from the checkpoint, not from a new seed")
     device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
     dtype: str = cfield('auto', one_of('auto', 'bfloat16', 'float32'), 'ask', "'auto' (bf16 autocast on "
-                        "CUDA, fp32 on CPU), 'bfloat16' or 'float32'")
+                        "CUDA, fp32 on CPU), 'bfloat16' or 'float32'",
+                        cuda=('auto', 'bfloat16', 'float32'))
     compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free', "torch.compile: 'auto' (on CUDA), "
-                          "'true' or 'false'")
+                          "'true' or 'false'",
+                          cuda=('auto', 'true', 'false'))
     epochs: float = cfield(0.0, at_least(0), 'free', "passes over the train tokens; >0 sets the number of "
                            "steps (over max_steps)")
     token_budget: int = cfield(0, at_least(0), 'free', "tokens to train on; >0 sets the number of steps "
@@ -223,36 +230,43 @@ class TrainConfig:
     decay_frac: float = cfield(0.2, between(0, 1), 'ask', "fraction of the run spent decaying at the end of "
                                "the 'wsd' schedule")
     parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
-                           "or 'fsdp' (FSDP2, sharded)")
+                           "or 'fsdp' (FSDP2, sharded)",
+                           cuda=('ddp', 'fsdp'))
     nproc: int = cfield(1, at_least(1), 'free', "processes (GPUs) per node that `launch` starts through "
                         "torchrun")
     auto_resume: bool = cfield(True, FLAG, 'free', "continue from the newest complete checkpoint of the run "
                                "directory")
     deterministic: bool = cfield(False, FLAG, 'free', "torch.use_deterministic_algorithms (bit-identical "
-                                 "resume on CPU)")
+                                 "resume on CPU)",
+                                 cuda=(True,))
     max_nonfinite: int = cfield(5, at_least(0), 'free', "non-finite steps in a row (skipped updates) that "
                                 "stop the run")
     tensorboard: bool = cfield(True, FLAG, 'free', "also log to runs/<exp>/tensorboard")
     wandb: str = cfield('', _WANDB, 'free', "Weights & Biases project name ('' disables; "
                         "WANDB_MODE=offline honoured)")
     fp8: str = cfield('off', one_of('off', 'tensorwise', 'rowwise'), 'ask', "float8 matmuls through torchao "
-                      "on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)")
+                      "on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)",
+                      cuda=('tensorwise', 'rowwise'))
     act_ckpt: str = cfield('none', one_of('none', 'selective', 'full'), 'free', "activation checkpointing "
                            "per block: 'none', 'selective' (matmul and attention outputs kept, the rest "
-                           "recomputed) or 'full' (only each block's input kept)")
+                           "recomputed) or 'full' (only each block's input kept)",
+                           cuda=('none', 'selective', 'full'))
     batch_fit: bool = cfield(False, FLAG, 'free', "on CUDA, a new run first raises batch_size to the largest "
                              "that fits the card (trial steps), lowering grad_accum so tokens per step stay; "
-                             "the choice goes in the run's config")
+                             "the choice goes in the run's config",
+                             cuda=(True,))
     optimizer: str = cfield('adamw', one_of('adamw', 'muon'), 'reset', "'adamw', or 'muon': Muon for the "
                             "blocks' matrices, AdamW for embeddings, head and gains",
-                            why="a fresh optimizer state: the old optimizer's moments do not fit the new one")
+                            why="a fresh optimizer state: the old optimizer's moments do not fit the new one",
+                            cuda=('adamw', 'muon'))
     muon_lr: float = cfield(0.02, between(0, 1, lo_open=True, hi_open=True), 'ask', "Muon's peak learning "
                             "rate; it follows lr's warmup and decay")
     muon_momentum: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "Muon's (Nesterov) momentum")
     sample_prompts: str = cfield('', _SAMPLE_PROMPTS, 'free', "prompts sampled during and at the end of "
                                  "a run, '|'-separated ('' picks ones that suit the dataset)")
     ckpt_async: bool = cfield(True, FLAG, 'free', "write checkpoints in a background thread from a CPU "
-                              "snapshot (training goes on)")
+                              "snapshot (training goes on)",
+                              cuda=(True, False))
     allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
                                        "checkpoint's (the change is logged)")
     init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, run "
@@ -270,7 +284,8 @@ class TrainConfig:
                                why="the checkpoint's adapters sit on the old projections")
     quant: str = cfield('none', one_of('none', 'nf4'), 'fixed', "'nf4': a LoRA run's frozen base weights in "
                         "4 bits (QLoRA; bitsandbytes kernels on CUDA)",
-                        why="the checkpoint holds the base weights in the old precision")
+                        why="the checkpoint holds the base weights in the old precision",
+                        cuda=('none', 'nf4'))
     mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
                          "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
     hellaswag_every: int = cfield(0, at_least(0), 'free', "steps between HellaSwag evaluations during "
@@ -281,7 +296,8 @@ class TrainConfig:
                                  "validation file, cached in the workspace)")
     doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a row "
                             "(block-diagonal causal, documents start at end-of-text); fine-tuning turns it "
-                            "on")
+                            "on",
+                            cuda=(True,))
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 
@@ -385,6 +401,10 @@ def config_fields() -> dict[str, dataclasses.Field]:
 def resume_rules() -> dict[str, tuple[str, str]]:
     "Field name -> (its rule on resume, why): `free`, `ask`, `reset`, `fixed` or `shape`."
     return {k: (f.metadata['resume'], f.metadata['why']) for k, f in config_fields().items()}
+
+def cuda_values() -> dict[str, tuple]:
+    "Field name -> its values that take a code path of their own on CUDA, which the GPU check runs each of."
+    return {k: f.metadata['cuda'] for k, f in config_fields().items() if f.metadata['cuda']}
 
 def field_help(name:str) -> str:
     "The help text of config field `name`, with the values it may take."

@@ -18,6 +18,7 @@ from .config import Config, config_dict, save_config, to_toml, flops_per_token, 
 from .runlock import RunLock, RunLocked
 from .tokenizer import load_tokenizer
 from .model import doc_mask
+from .levers import lever_report
 from .optim import schedule_for, total_steps
 from .distributed import DistInfo, init_distributed, all_reduce, barrier
 from .metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
@@ -110,7 +111,9 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
     say = log if info.is_main else _quiet
-    if tc.deterministic: torch.use_deterministic_algorithms(True)
+    if tc.deterministic:
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS's condition for determinism
+        torch.use_deterministic_algorithms(True)
     paths = paths_for(experiment, root=root)
     run_dir = choose_run_dir(paths.run, tc.auto_resume)
     lock = lock_run(run_dir, info, say)
@@ -173,6 +176,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                 n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
                 on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
+                levers=lever_report(r.cfg, r.info.device, r.t.fp8),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
     return path

@@ -1,0 +1,377 @@
+"""The GPU check: every CUDA path of lmbook at tiny shapes, one JSON row per path (card, torch, date, pass or
+fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more it
+also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
+
+usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
+
+`ROWS` names each row and the config values it runs; tests/test_gpu_check.py holds it to a row for every value
+that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked.
+"""
+from __future__ import annotations
+import argparse, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = 'cuda'  # where every row runs
+# every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every 10
+TINY = dict(device=DEVICE, compile='auto', max_steps=20, warmup_steps=2, eval_every=10, eval_steps=2, log_every=5,
+            ckpt_every=10, batch_size=8, tensorboard=False)
+# the fine-tuning rows: a small random Llama read through init_from=hf:, LoRA on q, k, v, o
+FINETUNE = dict(device=DEVICE, lora_rank=8, lora_targets='q,k,v,o', block_size=128, batch_size=4, max_steps=10,
+                lr=2e-3, warmup_steps=2, eval_every=5, eval_steps=2, ckpt_every=5, log_every=5, tensorboard=False)
+# all runs read one prepared copy of the built-in corpus
+SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/gpu', LMBOOK_VAL_DIR='datasets/val/gpu',
+              LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/gpu', LMBOOK_CACHE_DIR='cache/gpu',
+              HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1',
+              NCCL_NVLS_ENABLE='0', TORCH_SYMM_MEM_DISABLE_MULTICAST='1', NVSHMEM_DISABLE_NVLS='1')
+
+
+@dataclass
+class Row:
+    "One CUDA path: how it runs (`kind`), the config values it sets, what it must show."
+    name: str
+    kind: str                                     # train, finetune, sample, eval, serve, papermill, dist
+    overrides: dict = field(default_factory=dict)  # config values on top of the kind's tiny ones
+    expect: dict = field(default_factory=dict)     # levers the run must report using (meta.json `levers`)
+    after: tuple = ()                             # rows whose runs this one reads
+    gpus: int = 1                                 # GPUs it needs
+
+
+ATTN = ('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math')
+ROWS = [
+    Row('train-bf16-compile', 'train', dict(compile='true', dtype='bfloat16')),
+    Row('train-auto', 'train', dict(compile='auto', dtype='auto')),
+    Row('train-fp32-eager', 'train', dict(compile='false', dtype='float32')),
+    Row('fp8-tensorwise', 'train', dict(fp8='tensorwise'), expect=dict(fp8='tensorwise')),
+    Row('fp8-rowwise', 'train', dict(fp8='rowwise'), expect=dict(fp8='rowwise')),
+    Row('act_ckpt-none', 'train', dict(act_ckpt='none'), expect=dict(act_ckpt='none')),
+    Row('act_ckpt-selective', 'train', dict(act_ckpt='selective'), expect=dict(act_ckpt='selective')),
+    Row('act_ckpt-full', 'train', dict(act_ckpt='full'), expect=dict(act_ckpt='full')),
+    Row('optimizer-adamw', 'train', dict(optimizer='adamw'), expect=dict(optimizer='adamw')),
+    Row('optimizer-muon', 'train', dict(optimizer='muon'), expect=dict(optimizer='muon')),
+    *[Row(f'attn-{b}', 'train', dict(attn_backend=b), expect=dict(attention='cudnn' if b == 'auto' else b))
+      for b in ATTN],
+    Row('attn-flex-doc_mask', 'train', dict(attn_backend='flex', doc_mask=True), expect=dict(attention='flex')),
+    Row('doc_mask-sdpa', 'train', dict(doc_mask=True)),
+    Row('fused_ce', 'train', dict(fused_ce=True), expect=dict(loss_kernel='chunked')),
+    Row('batch_fit', 'train', dict(batch_fit=True, batch_size=2, grad_accum=8, compile='false')),
+    Row('deterministic', 'train', dict(deterministic=True, compile='false')),
+    Row('ckpt_async-off', 'train', dict(ckpt_async=False)),
+    Row('ckpt_async-on', 'train', dict(ckpt_async=True)),
+    Row('finetune-lora', 'finetune', dict(quant='none')),
+    Row('finetune-qlora-nf4', 'finetune', dict(quant='nf4')),
+    Row('sample-kv-cache', 'sample', after=('train-bf16-compile', 'finetune-qlora-nf4')),
+    Row('eval', 'eval', after=('train-bf16-compile',)),
+    Row('serve-8-clients', 'serve', after=('finetune-lora',)),
+    Row('papermill-sigterm-resume', 'papermill'),
+    Row('ddp-kill-resume', 'dist', dict(parallel='ddp'), gpus=2),
+    Row('fsdp-kill-resume', 'dist', dict(parallel='fsdp'), gpus=2),
+]
+
+
+class Failed(AssertionError):
+    "A row's check that did not hold."
+
+
+def check(ok, msg):
+    if not ok: raise Failed(msg)
+
+
+def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
+    "Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to `log`."
+    env = {**os.environ, **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
+           'LMBOOK_WORKSPACE': str(ws)}
+    p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    if log: log.write_text(p.stdout + p.stderr)
+    return p
+
+
+def sets(d:dict) -> list[str]: return [f'--set={k}={v}' for k, v in d.items()]
+def metrics(run:Path) -> list[dict]: return [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines()]
+
+
+def run_ok(p, what):
+    check(p.returncode == 0, f"{what} exited {p.returncode}: {(p.stderr or p.stdout).strip()[-600:]}")
+
+
+def trained(run:Path) -> dict:
+    "The figures of a finished run, after checking its loss fell and its validation is finite."
+    rows = metrics(run)
+    train = [r for r in rows if r.get('loss') is not None and r.get('tok_per_s')]
+    vals = [r['val_loss'] for r in rows if r.get('val_loss') is not None]
+    check(len(train) >= 2, f"{run.name}: {len(train)} train rows")
+    check(train[-1]['loss'] < train[0]['loss'], f"{run.name}: the loss did not fall ({train[0]['loss']:.3f} -> "
+                                               f"{train[-1]['loss']:.3f})")
+    check(vals and all(v == v and v < 1e9 for v in vals), f"{run.name}: validation {vals}")
+    last = train[-1]
+    return dict(tok_per_s=round(last['tok_per_s']), mfu=last.get('mfu') and round(last['mfu'], 4),
+                mem_gb=round(last['mem_gb'], 3), loss_first=round(train[0]['loss'], 4),
+                loss_last=round(last['loss'], 4), val_loss=round(vals[-1], 4))
+
+
+def run_train(row:Row, ws:Path, out:Path) -> dict:
+    p = lmbook(ws, 'train', '-p', 'smoke', '-e', row.name, *sets({**TINY, **row.overrides}), log=out/f'{row.name}.log')
+    run_ok(p, 'lmbook train')
+    run = ws/'runs'/row.name
+    levers = json.loads((run/'meta.json').read_text()).get('levers', {})
+    for k, v in row.expect.items(): check(levers.get(k) == v, f"the run used {k}={levers.get(k)!r}, not {v!r}")
+    check('ignored' not in p.stdout + p.stderr, f"a lever was ignored: {(p.stdout + p.stderr)[-400:]}")
+    if row.overrides.get('batch_fit'): check('batch_fit: micro-batch' in p.stdout, 'no batch_fit line')
+    return dict(trained(run), levers=levers)
+
+
+def tiny_llama_folder(ws:Path) -> Path:
+    "A small random Llama (transformers folder) and the built-in chat records, made once."
+    folder = ws/'tiny-llama'
+    with LOCK:
+        if not (folder/'model.safetensors').is_file():
+            from lmbook.hfimport import tiny_llama
+            from lmbook.sft import builtin_chat, write_jsonl
+            tiny_llama(folder, vocab=1024, layers=2, width=128, context=256)
+            write_jsonl(builtin_chat(), ws/'chat.jsonl')
+    return folder
+
+
+def run_finetune(row:Row, ws:Path, out:Path) -> dict:
+    "LoRA or QLoRA from hf:, 10 steps, resumed to 20, exported merged, and the export read by transformers."
+    folder, ov = tiny_llama_folder(ws), {**FINETUNE, **row.overrides}
+    args = ('finetune', '--init-from', f'hf:{folder}', '--data', ws/'chat.jsonl', '-e', row.name)
+    run_ok(lmbook(ws, *args, *sets(ov), log=out/f'{row.name}.log', shared=False), 'lmbook finetune')
+    p = lmbook(ws, *args, *sets({**ov, 'max_steps': 20}), log=out/f'{row.name}-resume.log', shared=False)
+    run_ok(p, 'lmbook finetune (resumed)')
+    check('resumed at step 10' in p.stdout, f"no resume at step 10: {p.stdout[-400:]}")
+    run = ws/'runs'/row.name
+    ck = run/'checkpoints'/'step_00000020'
+    from safetensors import safe_open
+    with safe_open(ck/'model.safetensors', 'pt') as f: keys = list(f.keys())
+    check(keys and all(k.endswith(('.lora_A', '.lora_B')) for k in keys), f"the checkpoint holds {keys[:3]}...")
+    check(json.loads((ck/'state.json').read_text()).get('base'), 'the checkpoint names no base')
+    exp = out.parent/'exports'/row.name
+    shutil.rmtree(exp, ignore_errors=True)
+    run_ok(lmbook(ws, 'export', f'{row.name}:best', exp, '--root', ws, log=out/f'{row.name}-export.log',
+                  shared=False), 'lmbook export')
+    figs = export_matches(ws, row.name, exp)
+    return dict(trained(run), ckpt_mb=round(sum(f.stat().st_size for f in ck.iterdir()) / 1e6, 2), **figs)
+
+
+def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
+    "The exported folder, read by transformers on CUDA, gives lmbook's logits (and peft's adapters too)."
+    import torch
+    from transformers import AutoModelForCausalLM
+    from lmbook.sample import load_model
+    os.environ['LMBOOK_WORKSPACE'] = str(ws)
+    lm = load_model(f'{exp_name}:best', ws, DEVICE)
+    ids = torch.tensor([lm.tokenizer.encode('What does abs do in Python?')], device=DEVICE)
+    with torch.no_grad(), torch.autocast(DEVICE, torch.bfloat16): ours = lm.model(ids).float()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to(DEVICE).eval()
+    with torch.no_grad(): theirs = hf(ids).logits.float()
+    rel = ((ours - theirs).norm() / ours.norm()).item()
+    check(rel < 2e-2, f"transformers' logits differ from lmbook's by {rel:.2e} (relative)")
+    res = dict(export_rel_diff=round(rel, 5))
+    if (folder/'adapter'/'adapter_config.json').is_file():
+        from peft import PeftModel
+        base = AutoModelForCausalLM.from_pretrained(folder/'base', dtype=torch.bfloat16).to(DEVICE)
+        with torch.no_grad(): peft = PeftModel.from_pretrained(base, folder/'adapter').eval()(ids).logits.float()
+        res['peft_rel_diff'] = round(((ours - peft).norm() / ours.norm()).item(), 5)
+        check(res['peft_rel_diff'] < 2e-2, f"peft on the exported base differs by {res['peft_rel_diff']:.2e}")
+    return res
+
+
+def run_sample(row:Row, ws:Path, out:Path) -> dict:
+    "`lmbook sample` on CUDA (a plain run and a QLoRA one); KV-cache decoding gives the no-cache tokens."
+    import torch
+    from lmbook.sample import load_model, generate
+    for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
+        p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples', '2',
+                   log=out/f'{row.name}-{src}.log')
+        run_ok(p, f'lmbook sample {src}')
+        check(len(p.stdout.strip()) > len(prompt), f"no text: {p.stdout!r}")
+    lm = load_model('train-bf16-compile', ws, DEVICE)
+    idx = torch.tensor([lm.tokenizer.encode('Return the value')] * 4, device=DEVICE)
+    times = {}
+    for cache in (True, False):
+        generate(lm.model, idx, 4, temperature=0, cache=cache)
+        if DEVICE == 'cuda': torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        times[cache] = (generate(lm.model, idx, 64, temperature=0, cache=cache), time.perf_counter() - t0)
+    check(torch.equal(times[True][0], times[False][0]), 'greedy tokens differ with and without the KV cache')
+    return dict(tok_per_s_cache=round(4*64/times[True][1]), tok_per_s_no_cache=round(4*64/times[False][1]))
+
+
+def run_eval(row:Row, ws:Path, out:Path) -> dict:
+    "`lmbook eval` on CUDA with a small HellaSwag file: the validation loss training logged last."
+    hs = ws/'hellaswag.jsonl'
+    ends = [['the function.', 'a banana boat.', 'purple rain.', 'zebra.'], ['if it is None.', 'xyzzy.', 'qq.', 'ha.']]
+    hs.write_text(''.join(json.dumps(dict(ind=i, activity_label='Python', ctx_a='Return the value', ctx_b='of',
+                                          ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4,
+                                          source_id='t', split='val', split_type='indomain')) + '\n'
+                          for i in range(8)))
+    p = lmbook(ws, 'eval', 'train-bf16-compile', '--root', ws, '--device', DEVICE, '--json', '--hellaswag-file', hs,
+               log=out/f'{row.name}.log')
+    run_ok(p, 'lmbook eval')
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    logged = [r['val_loss'] for r in metrics(ws/'runs'/'train-bf16-compile') if r.get('val_loss') is not None][-1]
+    check(abs(res['val_loss'] - logged) / logged < 2e-2, f"eval {res['val_loss']:.4f} vs training's {logged:.4f}")
+    check(res.get('hellaswag_n') == 8, f"hellaswag_n {res.get('hellaswag_n')}")
+    return dict(val_loss=round(res['val_loss'], 4), logged_val_loss=round(logged, 4), hellaswag=res.get('hellaswag'))
+
+
+def free_port() -> int:
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+
+def run_serve(row:Row, ws:Path, out:Path) -> dict:
+    "`lmbook serve` on CUDA answers 8 concurrent chat requests."
+    port = free_port()
+    env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    log = open(out/f'{row.name}.log', 'w')
+    srv = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'serve', 'finetune-lora', '--port', str(port),
+                            '--device', DEVICE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f'http://127.0.0.1:{port}/v1'
+    try:
+        for _ in range(240):
+            try: urllib.request.urlopen(f'{base}/models', timeout=2); break
+            except OSError: check(srv.poll() is None, 'the server exited'); time.sleep(0.5)
+        res, t0 = [None]*8, time.perf_counter()
+        def ask(i):
+            body = json.dumps(dict(model='m', max_tokens=32, temperature=0,
+                                   messages=[dict(role='user', content=f'What does abs do? ({i})')])).encode()
+            req = urllib.request.Request(f'{base}/chat/completions', body, {'Content-Type': 'application/json'})
+            with urllib.request.urlopen(req, timeout=120) as r: res[i] = json.loads(r.read())
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        dt = time.perf_counter() - t0
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try: srv.wait(30)
+        except subprocess.TimeoutExpired: srv.kill()
+        log.close()
+    check(all(r and r['choices'][0]['message']['content'] is not None for r in res), f"answers: {res}")
+    toks = sum(r['usage']['completion_tokens'] for r in res)
+    return dict(answered=8, completion_tokens=toks, tok_per_s=round(toks / dt, 1), seconds_for_8=round(dt, 2))
+
+
+def run_papermill(row:Row, ws:Path, out:Path) -> dict:
+    "papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the stop."
+    name, env = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile', 'smoke',
+           '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '60',
+           '-p', 'overrides', 'compile=auto,ckpt_every=200,eval_every=20,log_every=1,tensorboard=false']
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, stdin=subprocess.DEVNULL)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        m = re.match(r'step\s+(\d+)/', line)
+        if m and int(m.group(1)) >= 25: os.killpg(p.pid, signal.SIGTERM); break
+    seen += p.stdout.readlines(); p.wait(120)
+    (out/f'{name}-stopped.log').write_text(''.join(seen))
+    # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the run's
+    # log and lets go of the run's lock
+    run, t0 = ws/'runs'/name, time.time()
+    while ((run/'.lock').exists() or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
+        time.sleep(0.5)
+    stop = re.search(r'stopped by SIGTERM at step (\d+)', (run/'train.log').read_text())
+    check(stop, f"no stop line: {''.join(seen)[-600:]}")
+    at = int(stop.group(1))
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    (out/f'{name}-resumed.log').write_text(again.stdout + again.stderr)
+    run_ok(again, 'papermill (resumed)')
+    check(f'resumed at step {at}' in again.stdout + again.stderr, f"not resumed at step {at}")
+    steps = [r['step'] for r in metrics(ws/'runs'/name) if r.get('loss') is not None]
+    check(steps == sorted(set(steps)) and steps[-1] == 60 and at + 1 in steps, f"train steps {steps}")
+    return dict(stopped_at=at, exit_after_sigterm=p.returncode, **trained(ws/'runs'/name))
+
+
+def run_dist(row:Row, ws:Path, out:Path) -> dict:
+    "A 2-GPU run killed with SIGKILL mid-run, then the same command resumes from its newest checkpoint."
+    name = row.name
+    args = [sys.executable, '-m', 'lmbook.cli', 'train', '-p', 'smoke', '-e', name, '--nproc', '2',
+            *sets({**TINY, 'max_steps': 60, 'ckpt_every': 20, 'eval_every': 20, 'log_every': 1, **row.overrides})]
+    env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        m = re.match(r'step\s+(\d+)/', line)
+        if m and int(m.group(1)) >= 30: os.kill(p.pid, signal.SIGKILL); break
+    p.wait(60)
+    (out/f'{name}-killed.log').write_text(''.join(seen))
+    time.sleep(5)  # workers die with their agent (PR_SET_PDEATHSIG)
+    orphans = subprocess.run(['pgrep', '-f', '--', f'--experiment {name}'], capture_output=True, text=True).stdout.split()
+    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    (out/f'{name}-resumed.log').write_text(again.stdout + again.stderr)
+    run_ok(again, f'lmbook train --nproc 2 (resumed, {row.overrides})')
+    m = re.search(r'resumed at step (\d+)', again.stdout)
+    check(m and int(m.group(1)) >= 20, f"not resumed from a checkpoint: {again.stdout[-400:]}")
+    check(not orphans, f"workers left after the kill: {orphans}")
+    return dict(resumed_at=int(m.group(1)), **trained(ws/'runs'/name))
+
+
+RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
+               papermill=run_papermill, dist=run_dist)
+LOCK = threading.Lock()
+
+
+def run_row(row:Row, ws:Path, out:Path, env:dict) -> dict:
+    "One row's record: its figures or its failure."
+    t0 = time.time()
+    try: res, ok, err = RUNNERS[row.kind](row, ws, out), True, None
+    except Exception as e: res, ok, err = {}, False, f"{type(e).__name__}: {str(e)[:1500]}"
+    rec = dict(row=row.name, kind=row.kind, ok=ok, seconds=round(time.time() - t0, 1), **env,
+               set=row.overrides, **res, **({'error': err} if err else {}))
+    print(('PASS ' if ok else 'FAIL ') + json.dumps(rec), flush=True)
+    return rec
+
+
+def environment() -> dict:
+    import torch
+    gpus = torch.cuda.device_count()
+    return dict(card=torch.cuda.get_device_name(0) if gpus else 'none', gpus=gpus, torch=torch.__version__,
+                date=time.strftime('%Y-%m-%d'))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--out', type=Path, help='the JSON lines file (default: nbs/benchmarks/results/gpu-check_DATE_CARD.jsonl)')
+    ap.add_argument('--only', default='', help='these rows only (comma-separated names)')
+    ap.add_argument('--jobs', type=int, default=4, help='single-GPU rows run this many at a time')
+    ap.add_argument('--keep', type=Path, help='keep the workspace here (default: a temporary folder, removed)')
+    a = ap.parse_args()
+    env = environment()
+    if env['gpus'] == 0: sys.exit('the GPU check needs a CUDA GPU (torch.cuda.device_count() is 0)')
+    card = re.sub(r'[^a-z0-9]+', '', env['card'].lower().replace('nvidia', '').split('80gb')[0].split('141gb')[0])
+    out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{'x' + str(env['gpus']) if env['gpus'] > 1 else ''}.jsonl"
+    ws = a.keep or Path(tempfile.mkdtemp(prefix='lmbook-gpu-'))
+    logs = ws/'logs'; logs.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in ROWS if not a.only or r.name in a.only.split(',')]
+    skipped = [r.name for r in rows if r.gpus > env['gpus']]
+    rows = [r for r in rows if r.gpus <= env['gpus']]
+    t0, recs = time.time(), []
+    try:
+        p = lmbook(ws, 'prepare', '-p', 'smoke', '-e', 'gpu', log=logs/'prepare.log')
+        if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")
+        first = [r for r in rows if not r.after and r.gpus == 1]
+        later = [r for r in rows if r.after and r.gpus == 1]
+        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env), first))
+        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env), later))
+        recs += [run_row(r, ws, logs, env) for r in rows if r.gpus > 1]
+    finally:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+        if not a.keep: shutil.rmtree(ws, ignore_errors=True)
+    bad = [r['row'] for r in recs if not r['ok']]
+    print(f"\n{len(recs) - len(bad)}/{len(recs)} rows passed in {time.time() - t0:.0f} s on {env['gpus']} x {env['card']}"
+          f" (torch {env['torch']}); rows in {out}" + (f"; not run (needs 2 GPUs): {', '.join(skipped)}" if skipped else ''))
+    for r in recs: print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['row']:28} {r['seconds']:6.1f} s  "
+                         + (r.get('error', '')[:150] if not r['ok'] else ''))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == '__main__': main()

@@ -1,0 +1,42 @@
+"""The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its own:
+`config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the GPU."""
+import importlib.util, sys
+from conftest import ROOT
+import pytest
+from lmbook.config import cuda_values, get_config, apply_overrides, Config, config_dict
+
+spec = importlib.util.spec_from_file_location('gpu_check', ROOT/'.ci'/'gpu.py')
+gpu = sys.modules['gpu_check'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(gpu)
+
+
+def row_config(row) -> Config:
+    "The config a row's runs train with (fine-tuning rows: their settings on a default llama config)."
+    if row.kind == 'finetune': return apply_overrides(Config(), {**gpu.FINETUNE, 'init_from': 'hf:x', **row.overrides})
+    return get_config('smoke', {**gpu.TINY, **row.overrides})
+
+
+def uncovered(rows, wanted:dict) -> list[str]:
+    "The CUDA values `wanted` that no row's config holds."
+    have = {}
+    for row in rows:
+        for sec in config_dict(row_config(row)).values():
+            for k, v in sec.items(): have.setdefault(k, set()).add(v)
+    return [f"{k}={v!r}" for k, vals in wanted.items() for v in vals if v not in have.get(k, set())]
+
+
+def test_every_cuda_value_has_a_row():
+    assert not uncovered([r for r in gpu.ROWS if r.kind in ('train', 'finetune', 'dist')], cuda_values())
+
+
+def test_a_new_value_without_a_row_is_caught():
+    assert uncovered(gpu.ROWS, {**cuda_values(), 'fp8': ('tensorwise', 'rowwise', 'mxfp8')}) == ["fp8='mxfp8'"]
+    assert uncovered([r for r in gpu.ROWS if r.name != 'optimizer-muon'], cuda_values()) == ["optimizer='muon'"]
+
+
+def test_rows_are_valid_and_named_once():
+    names = [r.name for r in gpu.ROWS]
+    assert len(names) == len(set(names))
+    for row in gpu.ROWS:
+        row_config(row)  # a misspelled field or value fails here, not on the GPU
+        assert row.kind in gpu.RUNNERS and all(a in names for a in row.after), row
+    assert {r.kind for r in gpu.ROWS} == set(gpu.RUNNERS)  # every kind of path has a row
