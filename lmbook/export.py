@@ -1,4 +1,4 @@
-"""A checkpoint as a Hugging Face `transformers` folder (GPT2LMHeadModel or LlamaForCausalLM, safetensors, tokenizer), optionally uploaded; and GPT-2 weights from a local Hugging Face folder into lmbook; `lmbook export`.
+"""A checkpoint as a Hugging Face `transformers` folder (GPT2LMHeadModel or LlamaForCausalLM, safetensors, tokenizer), optionally uploaded; a LoRA run's adapters in peft's format; and GPT-2 weights from a local Hugging Face folder into lmbook; `lmbook export`.
 
 Docs: https://lmbook.github.io/lmbook/export.html.md"""
 
@@ -12,13 +12,14 @@ import torch
 from safetensors.torch import save_file
 from .core import check_writable, cli_options
 from .config import ModelConfig
+from .lora import lora_parts
 from .tokenizer import EOT
 from .sft import END
 from .sample import load_model, is_chat
 
 # %% auto #0
-__all__ = ['CHAT_TEMPLATE', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable', 'write_chat_template',
-           'export_hf', 'push_to_hub', 'add_cli']
+__all__ = ['CHAT_TEMPLATE', 'PEFT_NAMES', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable',
+           'write_chat_template', 'export_hf', 'peft_adapter', 'write_peft_adapter', 'push_to_hub', 'add_cli']
 
 # %% ../nbs/05d_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -190,6 +191,60 @@ def _holds_export(out:Path, lm, dtype:str) -> bool:
                                                                                       dtype) and \
                (out/'model.safetensors').is_file()
     except (OSError, ValueError): return False
+
+# %% ../nbs/05d_export.ipynb #d5f1b380
+# lmbook's projection -> its parts' names in transformers' llama
+PEFT_NAMES = {'attn.c_attn': ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj'),
+              'attn.c_proj': ('self_attn.o_proj',), 'mlp.c_fc': ('mlp.gate_proj', 'mlp.up_proj'),
+              'mlp.c_proj': ('mlp.down_proj',)}
+
+def peft_adapter(sd:dict, # lmbook adapters: `h.{i}.<projection>.lora_A`/`.lora_B` (other keys ignored)
+                 m:ModelConfig, # the run's model config (arch='llama')
+                 rank:int, # the run's lora_rank
+                 alpha:float, # the run's lora_alpha
+                 targets:str, # the run's lora_targets, e.g. 'q,k,v,o'
+                 base_model:str|None=None, # the published model's Hub id or folder (base_model_name_or_path)
+                ) -> tuple[dict, dict]:
+    "(adapter_config.json, {peft name: tensor}) of a llama run's LoRA adapters, as peft saves them."
+    if m.arch != 'llama': raise ValueError(f"peft adapters are written for llama-architecture runs, not "
+                                           f"{m.arch}: export this run merged (lmbook export --format hf)")
+    parts, out = lora_parts(m, targets), {}
+    for i in range(m.n_layer):
+        for proj, (sizes, adapt) in parts.items():
+            A, B, row, col = sd[f'h.{i}.{proj}.lora_A'], sd[f'h.{i}.{proj}.lora_B'], 0, 0
+            if A.shape[0] != sum(adapt)*rank:
+                raise ValueError(f"h.{i}.{proj}.lora_A has {A.shape[0]} rows, not {sum(adapt)} parts x rank "
+                                 f"{rank}: give the run's lora_rank and lora_targets")
+            for name, size, on in zip(PEFT_NAMES[proj], sizes, adapt):
+                if on:
+                    pre = f'base_model.model.model.layers.{i}.{name}.'
+                    out[pre+'lora_A.weight'], out[pre+'lora_B.weight'] = A[col:col+rank], B[row:row+size,
+                                                                                             col:col+rank]
+                    col += rank
+                row += size
+    names = sorted({k.split('.')[-3] for k in out})
+    alpha = int(alpha) if float(alpha).is_integer() else alpha  # peft writes 16, not 16.0
+    cfg = dict(peft_type='LORA', task_type='CAUSAL_LM', base_model_name_or_path=base_model, r=rank,
+               lora_alpha=alpha, target_modules=names, lora_dropout=0.0, bias='none', fan_in_fan_out=False,
+               use_rslora=False, use_dora=False, init_lora_weights=True, inference_mode=True,
+               modules_to_save=None)
+    return cfg, {k: v.detach().cpu().contiguous().clone() for k, v in out.items()}
+
+# %% ../nbs/05d_export.ipynb #7cbf6bd8
+def write_peft_adapter(out_dir:Path, # the adapter folder to write (made if missing)
+                       sd:dict, # lmbook adapters: `h.{i}.<projection>.lora_A`/`.lora_B`
+                       m:ModelConfig, # the run's model config (arch='llama')
+                       rank:int, # the run's lora_rank
+                       alpha:float, # the run's lora_alpha
+                       targets:str, # the run's lora_targets
+                       base_model:str|None=None, # the published model's Hub id or folder
+                      ) -> Path:
+    "Write `adapter_config.json` and `adapter_model.safetensors` of a llama run's LoRA adapters."
+    cfg, tensors = peft_adapter(sd, m, rank, alpha, targets, base_model)
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out/'adapter_model.safetensors', metadata=dict(format='pt'))
+    (out/'adapter_config.json').write_text(json.dumps(cfg, indent=1))
+    return out
 
 # %% ../nbs/05d_export.ipynb #0bceca5b
 def push_to_hub(folder:Path, # an exported folder
