@@ -12,14 +12,15 @@ import torch
 from safetensors.torch import save_file
 from .core import check_writable, cli_options
 from .config import ModelConfig
-from .lora import lora_parts
+from .lora import LoRALinear, lora_parts, lora_state, merge_lora
 from .tokenizer import EOT
 from .sft import END
 from .sample import load_model, is_chat
 
 # %% auto #0
 __all__ = ['CHAT_TEMPLATE', 'PEFT_NAMES', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable',
-           'write_chat_template', 'export_hf', 'peft_adapter', 'write_peft_adapter', 'push_to_hub', 'add_cli']
+           'write_chat_template', 'peft_adapter', 'write_peft_adapter', 'export_hf', 'write_hf_folder',
+           'write_adapter_and_base', 'push_to_hub', 'add_cli']
 
 # %% ../nbs/05d_export.ipynb #52efba95
 def hf_config(m:ModelConfig, eot_id:int) -> dict:
@@ -131,67 +132,6 @@ def write_chat_template(tokenizer, out_dir:Path):
     (out_dir/'generation_config.json').write_text(json.dumps(dict(gc, eos_token_id=[tokenizer.eot_id, end]),
                                                              indent=1))
 
-# %% ../nbs/05d_export.ipynb #07c9e14a
-# checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
-def export_hf(source:str|Path,
-              out_dir:Path, # the transformers folder to write
-              root:Path|None=None, # workspace root (default: from settings)
-              overwrite:bool=False, # replace an existing non-empty `out_dir`
-              # weights as 'float32' or 'bfloat16' (default: bfloat16 for a 4-bit run, else float32)
-              dtype:str|None=None,
-              warn=None, # called with a message for each damaged checkpoint skipped
-              # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
-              reuse:bool=False,
-             ) -> Path:
-    "Write the checkpoint `source` as a Hugging Face `transformers` model folder."
-    out = Path(out_dir)
-    if dtype not in (None, 'float32', 'bfloat16'):
-        raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
-    # a file in the way, a read-only folder
-    check_writable(out.parent if out.exists() else out, fix='choose another folder')
-    taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
-    if taken and not (overwrite or reuse):
-        raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
-    lm = load_model(source, root, 'cpu', warn=warn)
-    # QLoRA: dequantized, merged, bf16
-    dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
-    if taken and reuse and _holds_export(out, lm, dtype): return out
-    if taken and not overwrite:
-        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
-                         "pass --overwrite")
-    m = lm.config.model
-    cfg = dict(hf_config(m, lm.tokenizer.eot_id), torch_dtype=dtype)
-    sd = {k: v.to(getattr(torch, dtype)) for k, v in hf_state_dict(lm.model.state_dict(), m).items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
-    try:
-        save_file(sd, tmp/'model.safetensors', metadata=dict(format='pt'))
-        (tmp/'config.json').write_text(json.dumps(cfg, indent=1))
-        (tmp/'generation_config.json').write_text(json.dumps(dict(bos_token_id=lm.tokenizer.eot_id,
-                                                                  eos_token_id=lm.tokenizer.eot_id),
-                                                                      indent=1))
-        write_tokenizer(lm.tokenizer, tmp, m.block_size)
-        if is_chat(lm.config): write_chat_template(lm.tokenizer, tmp)
-        (tmp/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step,
-                                                       experiment=lm.experiment,
-                                                       config=lm.state.get('config')), indent=1))
-        shareable(tmp)
-        if out.exists():
-            old = out.with_name(f'.{out.name}.old-{os.getpid()}')
-            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, out)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-def _holds_export(out:Path, lm, dtype:str) -> bool:
-    "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."
-    try:
-        meta, cfg = json.loads((out/'lmbook.json').read_text()), json.loads((out/'config.json').read_text())
-        return (meta.get('checkpoint'), meta.get('step'), cfg.get('torch_dtype')) == (str(lm.path), lm.step,
-                                                                                      dtype) and \
-               (out/'model.safetensors').is_file()
-    except (OSError, ValueError): return False
-
 # %% ../nbs/05d_export.ipynb #d5f1b380
 # lmbook's projection -> its parts' names in transformers' llama
 PEFT_NAMES = {'attn.c_attn': ('self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj'),
@@ -246,6 +186,85 @@ def write_peft_adapter(out_dir:Path, # the adapter folder to write (made if miss
     (out/'adapter_config.json').write_text(json.dumps(cfg, indent=1))
     return out
 
+# %% ../nbs/05d_export.ipynb #07c9e14a
+# checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
+def export_hf(source:str|Path,
+              out_dir:Path, # the transformers folder to write
+              root:Path|None=None, # workspace root (default: from settings)
+              overwrite:bool=False, # replace an existing non-empty `out_dir`
+              # weights as 'float32' or 'bfloat16' (default: bfloat16 for a 4-bit run, else float32)
+              dtype:str|None=None,
+              warn=None, # called with a message for each damaged checkpoint skipped
+              # keep an `out_dir` that already holds this checkpoint's export (to retry an upload)
+              reuse:bool=False,
+              peft:bool=True, # a llama LoRA run: also its adapters in peft's format (`adapter/`, `base/`)
+             ) -> Path:
+    "Write the checkpoint `source` as a Hugging Face `transformers` model folder (merged, for a LoRA run)."
+    out = Path(out_dir)
+    if dtype not in (None, 'float32', 'bfloat16'):
+        raise ValueError(f"dtype={dtype!r}: choose float32 or bfloat16")
+    # a file in the way, a read-only folder
+    check_writable(out.parent if out.exists() else out, fix='choose another folder')
+    taken = out.exists() and (not out.is_dir() or any(out.iterdir()))
+    if taken and not (overwrite or reuse):
+        raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
+    lm = load_model(source, root, 'cpu', warn=warn, merge=False)
+    # QLoRA: dequantized, merged, bf16
+    dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
+    if taken and reuse and _holds_export(out, lm, dtype): return out
+    if taken and not overwrite:
+        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
+                         "pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
+    try:
+        if peft and lm.config.model.arch == 'llama' and lm.state.get('base'):
+            write_adapter_and_base(lm, tmp, out, dtype)
+        write_hf_folder(tmp, merge_lora(lm.model).state_dict(), lm, dtype)
+        shareable(tmp)
+        if out.exists():
+            old = out.with_name(f'.{out.name}.old-{os.getpid()}')
+            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
+        else: os.replace(tmp, out)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+def write_hf_folder(folder:Path, sd:dict, lm, dtype:str):
+    "The weights `sd` of `lm`'s run with its config, tokenizer and chat format: a transformers folder."
+    m, folder = lm.config.model, Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.to(getattr(torch, dtype)) for k, v in hf_state_dict(sd, m).items()}
+    save_file(sd, folder/'model.safetensors', metadata=dict(format='pt'))
+    (folder/'config.json').write_text(json.dumps(dict(hf_config(m, lm.tokenizer.eot_id), torch_dtype=dtype),
+                                                 indent=1))
+    (folder/'generation_config.json').write_text(json.dumps(dict(bos_token_id=lm.tokenizer.eot_id,
+                                                                 eos_token_id=lm.tokenizer.eot_id), indent=1))
+    write_tokenizer(lm.tokenizer, folder, m.block_size)
+    if is_chat(lm.config): write_chat_template(lm.tokenizer, folder)
+    (folder/'lmbook.json').write_text(json.dumps(dict(checkpoint=str(lm.path), step=lm.step,
+                                                      experiment=lm.experiment,
+                                                      config=lm.state.get('config')), indent=1))
+
+def write_adapter_and_base(lm, tmp:Path, out:Path, dtype:str):
+    "A LoRA run's adapters in peft's format (`tmp/adapter`) and the base they apply to (`tmp/base`)."
+    tc = lm.config.train
+    write_peft_adapter(tmp/'adapter', lora_state(lm.model), lm.config.model, tc.lora_rank, tc.lora_alpha,
+                       tc.lora_targets, base_model=str(Path(out).resolve()/'base'))
+    base = {k: v for k, v in lm.model.state_dict().items() if not k.endswith(('.lora_A', '.lora_B'))}
+    for name, mod in lm.model.named_modules():  # a 4-bit base dequantized, as its adapters saw it
+        if isinstance(mod, LoRALinear): base[name + '.weight'] = mod.base_weight()
+    write_hf_folder(tmp/'base', base, lm, dtype)
+    shareable(tmp/'base'); shareable(tmp/'adapter')
+
+def _holds_export(out:Path, lm, dtype:str) -> bool:
+    "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."
+    try:
+        meta, cfg = json.loads((out/'lmbook.json').read_text()), json.loads((out/'config.json').read_text())
+        return (meta.get('checkpoint'), meta.get('step'), cfg.get('torch_dtype')) == (str(lm.path), lm.step,
+                                                                                      dtype) and \
+               (out/'model.safetensors').is_file()
+    except (OSError, ValueError): return False
+
 # %% ../nbs/05d_export.ipynb #0bceca5b
 def push_to_hub(folder:Path, # an exported folder
                 repo_id:str, # 'user/name' of the model repository
@@ -283,6 +302,8 @@ def add_cli(sub):
                    'repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true',
                    help='create the Hub repository public (default: private)')
+    p.add_argument('--merged-only', action='store_true', help="a LoRA run: write only the merged model, not "
+                   "its adapters in peft's format with their base (adapter/, base/)")
     cli_options(p, 'root')
     def run(args) -> int:
         if args.push_to_hub:  # refuse before writing anything when the upload cannot happen
@@ -291,8 +312,10 @@ def add_cli(sub):
                 raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or "
                                  "run `huggingface-cli login`")
         out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype,
-                        warn=lambda m: print(f"warning: {m}", file=sys.stderr), reuse=bool(args.push_to_hub))
-        print(f"exported to {out}")
+                        warn=lambda m: print(f"warning: {m}", file=sys.stderr), reuse=bool(args.push_to_hub),
+                        peft=not args.merged_only)
+        print(f"exported to {out}" + (f" (LoRA adapters in peft's format: {out/'adapter'}, on {out/'base'})"
+                                      if (out/'adapter').is_dir() else ''))
         if args.push_to_hub:
             try: url = push_to_hub(out, args.push_to_hub, private=not args.public)
             except (ValueError, FileNotFoundError): raise

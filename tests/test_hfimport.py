@@ -5,7 +5,7 @@ refused in one line naming it."""
 import json
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 transformers = pytest.importorskip('transformers')
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 from lmbook.config import Config, apply_overrides
@@ -99,6 +99,47 @@ def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
     with torch.no_grad(): want = ours(idx).float()
     got = logits(tmp_path/'out', idx)
     assert (got - want).abs().max().item() < 0.1  # bf16 weights
+    ck = load_model('q').path  # the run kept its adapters only, and the peft files apply them to the base
+    assert {k.rsplit('.', 1)[-1] for k in load_file(ck/'model.safetensors')} == {'lora_A', 'lora_B'}
+    assert (logits_peft(tmp_path/'out', idx) - got).abs().max().item() < 0.1
+
+
+def logits_peft(folder, idx):
+    "peft's LoRA adapters of an export (`adapter/`) on the base beside them (`base/`)."
+    from peft import PeftModel
+    base = AutoModelForCausalLM.from_pretrained(folder/'base', dtype=torch.float32)
+    with torch.no_grad(): return PeftModel.from_pretrained(base, folder/'adapter').eval()(idx).logits
+
+
+def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
+    "A LoRA fine-tune of hf:FOLDER checkpoints its adapters and their base's hash, resumes, and exports them for peft."
+    from conftest import lmbook_cmd
+    from lmbook.hfimport import tiny_llama
+    from lmbook.sft import builtin_chat, write_jsonl
+    from lmbook.sample import load_model
+    tiny_llama(tmp_path/'tiny'); write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
+    args = ['finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'l', '--lora-rank', 4,
+            '--lora-targets', 'q,k,v,o,mlp', '--set', 'block_size=128', 'batch_size=2', 'eval_every=2', 'ckpt_every=2',
+            'device=cpu', 'lr=1e-2']
+    r = lmbook_cmd(*args, '--max-steps', 2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ck = load_model('l').path
+    state = json.loads((ck/'state.json').read_text())
+    assert state['base']['path'] == str((tmp_path/'tiny').resolve()) and len(state['base']['sha256']) == 64
+    assert (ck/'model.safetensors').stat().st_size < 200_000  # adapters, not the base
+    r = lmbook_cmd(*args, '--max-steps', 4)
+    assert r.returncode == 0 and 'resumed at step 2' in r.stdout, r.stdout + r.stderr
+    r = lmbook_cmd('export', 'l:best', tmp_path/'out')
+    assert r.returncode == 0 and "peft's format" in r.stdout, r.stderr
+    idx = torch.randint(0, 512, (1, 16))
+    with torch.no_grad(): ours = load_model('l:best').model(idx)
+    merged = logits(tmp_path/'out', idx)
+    assert (merged - ours).abs().max().item() < 1e-4
+    assert (logits_peft(tmp_path/'out', idx) - ours).abs().max().item() < 1e-4
+    assert (logits(tmp_path/'out'/'base', idx) - ours).abs().max().item() > 1e-3  # the adapters trained
+    (tmp_path/'tiny'/'config.json').write_text((tmp_path/'tiny'/'config.json').read_text().replace('"rms_norm_eps"', '"rms_norm_eps" '))
+    r = lmbook_cmd('sample', 'l', 'Hi', '--device', 'cpu')  # a base that changed is refused in one line
+    assert r.returncode == 2 and 'has changed since' in r.stderr and r.stderr.count('\n') == 1, r.stderr
 
 
 def test_nf4_layout_is_bitsandbytes():
