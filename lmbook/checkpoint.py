@@ -154,17 +154,24 @@ def tokenizer_ref(tok_dir:Path|None) -> dict|None:
     if tok_dir is None or not (Path(tok_dir)/'tokenizer.json').is_file(): return None
     return dict(path=str(tok_dir), sha256=load_tokenizer(tok_dir).sha256, hash='canonical-json')
 
-def _nbytes(obj) -> int:
-    if isinstance(obj, torch.Tensor): return obj.numel()*obj.element_size()
-    if isinstance(obj, dict): return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)): return sum(_nbytes(v) for v in obj)
+def _nbytes(obj, seen:set|None=None) -> int:
+    "Bytes of the tensors in nested dicts and lists `obj`; tensors that share storage (tied weights) once."
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape))
+        if key in seen: return 0
+        seen.add(key)
+        return obj.numel()*obj.element_size()
+    if isinstance(obj, dict): return sum(_nbytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)): return sum(_nbytes(v, seen) for v in obj)
     return 0
 
 def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
-    "Bytes the next checkpoint needs: the size of the newest complete one, else the snapshot's tensors."
+    "Bytes a checkpoint of `snap` needs (its tensors); without a snapshot, the newest complete one's size."
+    if snap: return int(_nbytes(snap)*1.02) + (1 << 20)  # headers, pickles and JSON: within the margin
     for p in list_checkpoints(ckpt_dir):
         if (p/'COMPLETE').is_file(): return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
-    return int(_nbytes(snap)*1.02) + (1 << 20) if snap else 0
+    return 0
 
 def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
     gb = lambda b: f"{b/1e9:.2f} GB"
