@@ -175,13 +175,12 @@ def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
 
 def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
     gb = lambda b: f"{b/1e9:.2f} GB"
-    return CheckpointSpaceError(f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, "
-                                f"{gb(free)} "
-                                f"are free; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the "
-                                    "peak (one checkpoint "
-                                "more while the newest is written): free space, lower keep_ckpts (a resume "
-                                    "prunes down to it "
-                                f"first) or use a bigger volume, then rerun the same command to resume")
+    head = f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, {gb(free)} are free"
+    if not name.startswith('step_'): return CheckpointSpaceError(head)  # `best/`: a warning, the run goes on
+    return CheckpointSpaceError(f"{head}; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the "
+                                "peak (one checkpoint more while the newest is written): free space, lower "
+                                "keep_ckpts (a resume prunes down to it first) or use a bigger volume, then "
+                                "rerun the same command to resume")
 
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
     ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
@@ -428,6 +427,7 @@ class Checkpointer:
         # the write in flight, its error, the buffers being made
         self.thread, self.error, self.prep = None, None, None
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
+        self.best_saved = -1  # the step `best/` holds on disk (rank 0; -1: none)
         # seconds a save may wait for the previous write before a warning
         self.slow_wait, self.warned_slow = 5.0, False
         # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
@@ -500,14 +500,13 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
             if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
-            if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state,
-                    val_loss=best), self.keep, log=self.log, name=BEST)
+            if best is not None: self._write_best(step, snap, state, best)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
         self.dir.mkdir(parents=True, exist_ok=True)
-        # fail now, here
-        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep, None if periodic else BEST)
+        # a step checkpoint that cannot be written fails now, here (`best/` only warns, from the thread)
+        if periodic: check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep)
         self.thread = threading.Thread(target=write, name=f'checkpoint-{step}', daemon=True)
         self.thread.start()
     else: write()
@@ -576,6 +575,7 @@ def _load_best(self:Checkpointer,
             else:
                 if at is not None and (step > at or st.get('lineage') not in (None, lineage)):
                     self._discard_best(st, at); val, step = math.inf, -1
+    self.best_saved = step if self.info.is_main else -1
     self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
     return self.best_val
@@ -595,5 +595,17 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
                  f"{dest.relative_to(self.dir.parent)}; "
              f"the next validation writes a new {BEST}/")
 
+def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float):
+    "Write `best/` from the snapshot of `step`; a failure (a full disk) is a warning, and training goes on."
+    try:
+        write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, val_loss=val_loss), self.keep,
+                         log=self.log, name=BEST)
+        self.best_saved = step
+    except Exception as e:
+        why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
+        self.log(f"warning: {BEST}/ not written at step {step} (val_loss {val_loss:.4f}): {why}; training "
+                 "goes on, and a later, lower val_loss writes it")
+
+Checkpointer._write_best = _write_best
 Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
                                                                              _discard_best)
