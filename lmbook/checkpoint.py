@@ -24,7 +24,8 @@ __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEY
            'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes',
            'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
            'prune_checkpoints', 'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint',
-           'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'Checkpointer']
+           'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'Checkpointer',
+           'link_checkpoint']
 
 # %% ../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -202,6 +203,22 @@ def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
 def _torch_save(obj, path:Path):
     torch.save(obj, path); _fsync(path)
 
+def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
+
+def _seal(tmp:Path, step:int, files:dict):
+    "Write the manifest `COMPLETE` (each file's size and sha256) last, and flush the folder."
+    (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
+    _fsync(tmp/'COMPLETE'); _fsync(tmp)
+
+def _publish(tmp:Path, final:Path):
+    "Rename the sealed folder `tmp` to `final`, replacing an older one."
+    old = final.with_name(f'.old-{final.name}')
+    if old.exists(): shutil.rmtree(old)
+    # replaced by two renames: a complete folder is always there but for an instant
+    if final.exists(): os.replace(final, old)
+    os.replace(tmp, final); _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
 def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      step:int, # optimizer steps done
                      snap:dict, # what `snapshot` returned on rank 0
@@ -214,7 +231,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
     ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
-    final, tmp, old = ckpt_dir/name, ckpt_dir/f'.tmp-{name}', ckpt_dir/f'.old-{name}'
+    final, tmp = ckpt_dir/name, ckpt_dir/f'.tmp-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
     check_space(ckpt_dir, step, need, keep, name)
@@ -229,14 +246,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']),
                                                       time=time.time(), **state), indent=1))
         _fsync(tmp/'state.json')
-        files = {p.name: dict(size=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(tmp.iterdir())}
-        (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
-        _fsync(tmp/'COMPLETE'); _fsync(tmp)
-        if old.exists(): shutil.rmtree(old)
-        # replaced by two renames: a complete folder is always there but for an instant
-        if final.exists(): os.replace(final, old)
-        os.replace(tmp, final); _fsync(ckpt_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        _seal(tmp, step, {p.name: _file_meta(p) for p in sorted(tmp.iterdir())})
+        _publish(tmp, final)
     except BaseException as e:
         # asked while the temporary folder still holds what was written
         full = _out_of_space(e, ckpt_dir, tmp, need)
@@ -500,7 +511,7 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
             if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
-            if best is not None: self._write_best(step, snap, state, best)
+            if best is not None: self._write_best(step, snap, state, best, linked=periodic)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
@@ -595,11 +606,42 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
                  f"{dest.relative_to(self.dir.parent)}; "
              f"the next validation writes a new {BEST}/")
 
-def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float):
+Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
+                                                                             _discard_best)
+
+# %% ../nbs/04b_checkpoint.ipynb #17327c70
+def link_checkpoint(src:Path, # a complete step checkpoint
+                    name:str, # the new checkpoint's folder, beside `src`
+                    extra:dict, # what its state.json adds to `src`'s (`val_loss`)
+                   ) -> Path:
+    "Checkpoint `name` beside `src`, with its weights and rank files hard-linked; `OSError` if links fail."
+    src = Path(src); final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
+    man = json.loads((src/'COMPLETE').read_text())
+    try:
+        if tmp.exists(): shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = {f: m for f, m in man['files'].items() if f == 'model.safetensors' or f.startswith('rank')}
+        for f in files: os.link(src/f, tmp/f)
+        st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
+        (tmp/'state.json').write_text(json.dumps(st, indent=1)); _fsync(tmp/'state.json')
+        files['state.json'] = _file_meta(tmp/'state.json')
+        _seal(tmp, man['step'], dict(sorted(files.items())))
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float,
+                linked:bool=False): # the step checkpoint of `step` was just written: link its files
     "Write `best/` from the snapshot of `step`; a failure (a full disk) is a warning, and training goes on."
     try:
-        write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, val_loss=val_loss), self.keep,
-                         log=self.log, name=BEST)
+        path = None
+        if linked:
+            try: path = link_checkpoint(self.dir/ckpt_name(step), BEST, dict(val_loss=val_loss))
+            except OSError: pass  # another filesystem, or one without hard links: written in full below
+        if path is None: write_checkpoint(self.dir, step, dict(snap, optim=None),
+                                          dict(state, val_loss=val_loss), self.keep, log=self.log, name=BEST)
         self.best_saved = step
     except Exception as e:
         why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
@@ -607,5 +649,3 @@ def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:flo
                  "goes on, and a later, lower val_loss writes it")
 
 Checkpointer._write_best = _write_best
-Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
-                                                                             _discard_best)
