@@ -7,6 +7,7 @@ Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 # %% ../nbs/04b_checkpoint.ipynb #29a5bd7b
 from __future__ import annotations
 import errno, json, math, os, random, shutil, threading, time, warnings, weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import numpy as np
@@ -25,7 +26,7 @@ __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEY
            'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
            'prune_checkpoints', 'verify_checkpoint', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint',
            'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'Checkpointer',
-           'link_checkpoint']
+           'link_checkpoint', 'DiskPlan', 'state_bytes', 'disk_plan']
 
 # %% ../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -649,3 +650,73 @@ def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:flo
                  "goes on, and a later, lower val_loss writes it")
 
 Checkpointer._write_best = _write_best
+
+# %% ../nbs/04b_checkpoint.ipynb #e09541b4
+@dataclass
+class DiskPlan:
+    "Disk bytes of a run's checkpoints: one step checkpoint, `best/`, and the peak of `keep` of them."
+    step: int  # a step checkpoint: weights, optimizer state, each process's RNG and loader state
+    best: int  # `best/`: the same without the optimizer
+    keep: int  # keep_ckpts
+
+    @property
+    def peak(self) -> int: return (self.keep + 1)*self.step + self.best
+
+    def line(self, free:int, held:int=0) -> str:
+        "The line a run starts with: sizes, the peak, the free space (`held`: by checkpoints already there)."
+        have = f"{_size(free)} free" + (f", and {_size(held)} of checkpoints there" if held else '')
+        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; keep_ckpts={self.keep} "
+                f"peaks at {_size(self.peak)} ({self.keep + 1} checkpoints while the newest is written, and "
+                f"{BEST}/); {have}")
+
+    def warning(self, free:int, held:int=0, where:Path|str='') -> str|None:
+        "A warning line when the free space (and `held`) is under the peak; None when it fits."
+        if free + held >= self.peak: return None
+        return (f"warning: {_size(free + held)} for checkpoints in {where} is under the peak of "
+                f"{_size(self.peak)}: a step checkpoint that does not fit stops the run; free space, lower "
+                "keep_ckpts or use a bigger volume")
+
+def _size(b:int) -> str: return f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.1f} MB"
+
+def state_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple[int, int]:
+    "Bytes of the weights a checkpoint of `model` saves and of `optimizer`'s state once it has stepped."
+    size = lambda t: t.numel()*t.element_size()
+    saved = {id(v): v for v in model.state_dict(keep_vars=True).values()}.values()  # tied weights once
+    if any(not p.requires_grad for p in model.parameters()):  # frozen ones (LoRA): the trainable are saved
+        saved = [p for p in model.parameters() if p.requires_grad]
+    optim = 0
+    for g in optimizer.param_groups:  # Muon: a momentum; AdamW: two moments and a step count
+        per, extra = (1, 270) if g.get('muon') else (2, 4 + 3*270)
+        optim += sum(per*size(p) + extra for p in g['params'])
+    # 96 and 270: about the bytes a tensor takes besides its data in safetensors and in torch.save
+    return sum(size(t) + 96 for t in saved), optim
+
+def disk_plan(weights:int, # bytes of the weights a checkpoint saves (`state_bytes`; 4 per fp32 parameter)
+              optim:int, # bytes of the optimizer state it saves (AdamW: 8 per fp32 parameter)
+              keep:int=2, # keep_ckpts
+              ranks:int=1, # processes: a file of RNG and loader state each
+             ) -> DiskPlan:
+    "Disk bytes of one step checkpoint, of `best/` and at the peak of `keep` of them, before any exists."
+    fixed = ranks*(16 << 10) + (4 << 10)  # each process's RNG and loader state; state.json and COMPLETE
+    return DiskPlan(weights + optim + fixed, weights + fixed, keep)
+
+def _held_bytes(ckpt_dir:Path) -> int:
+    "Bytes of the step checkpoints and `best/` in `ckpt_dir`, a hard-linked file once."
+    files = {}
+    for d in [*list_checkpoints(ckpt_dir), Path(ckpt_dir)/BEST]:
+        for f in (d.iterdir() if d.is_dir() else []):
+            if f.is_file(): st = f.stat(); files[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(files.values())
+
+def _log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> DiskPlan:
+    "Log the disk this run's checkpoints need and the free space there, warning when it is short (rank 0)."
+    plan = disk_plan(*state_bytes(model, optimizer), self.keep, self.info.world_size)
+    if not self.info.is_main: return plan
+    at = self.dir
+    while not at.exists(): at = at.parent
+    free, held = shutil.disk_usage(at).free, _held_bytes(self.dir)
+    for line in (plan.line(free, held), plan.warning(free, held, self.dir)):
+        if line: self.log(line)
+    return plan
+
+Checkpointer.log_plan = _log_plan

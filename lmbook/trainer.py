@@ -315,6 +315,7 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
     r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on "
           f"{info.device} | {r.total} steps of {r.tokens_per_step:,} tokens"
           + (f" | resumed at step {p.step}" if resumed else ''))
+    ck.log_plan(t.raw, t.optimizer)  # the disk its checkpoints need at the peak, and the space there
     if resumed:
         if resumed['changes']: r.log(f"config changed at step {p.step}: {', '.join(resumed['changes'])}")
         r.loader.load_state_dict(resumed['rank_state']['loader'])

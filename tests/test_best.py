@@ -5,7 +5,8 @@ import pytest
 from lmbook.cli import main
 from lmbook.config import get_config
 from lmbook.trainer import train
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, prune_checkpoints
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan, state_bytes
+from lmbook.runstart import build_trainable
 from lmbook.sample import load_model
 from conftest import lmbook_cmd, rows
 
@@ -141,9 +142,19 @@ def ino(p): return p.stat().st_ino
 
 @pytest.fixture(scope='module')
 def four(ws):
-    res = train(four_cfg(), 'four', root=ws, log=quiet())
+    lines = []
+    res = train(four_cfg(), 'four', root=ws, log=quiet(lines))
     ck = Path(res['run_dir'])/'checkpoints'
-    return dict(res, step_bytes=folder_bytes(ck/'step_00000004'), best_bytes=folder_bytes(ck/'best'))
+    return dict(res, step_bytes=folder_bytes(ck/'step_00000004'), best_bytes=folder_bytes(ck/'best'), lines=lines)
+
+def test_disk_plan_is_what_a_run_writes(four):
+    "The sizes a run logs at its start, counted from its model and optimizer, are those of the checkpoints it writes."
+    t = build_trainable(four_cfg())
+    plan = disk_plan(*state_bytes(t.raw, t.optimizer), keep=2)
+    assert plan.step == pytest.approx(four['step_bytes'], rel=0.03) and plan.best == pytest.approx(four['best_bytes'], rel=0.03)
+    said = [l for l in four['lines'] if l.startswith('disk: ')]
+    assert len(said) == 1 and said[0].startswith(f'disk: a checkpoint {plan.step/1e6:.1f} MB, best/ {plan.best/1e6:.1f} MB;'), said
+    assert f'keep_ckpts=2 peaks at {plan.peak/1e6:.1f} MB' in said[0] and 'free' in said[0], said
 
 def test_best_links_the_step_checkpoint(ws, four):
     "A best at a step with a checkpoint due shares its weights and rank files (hard links) and outlives its pruning."
@@ -193,6 +204,7 @@ def test_best_fits_where_a_step_checkpoint_does_not(ws, four, capsys):
         err = [l for l in err.splitlines() if l.strip()]
         assert code == 2 and len(err) == 1 and err[0].startswith('error: no space for checkpoint step_00000008'), err
         assert 'rerun the same command' in err[0] and 'warning: best/' not in out, out
+        assert [l for l in out.splitlines() if l.startswith('warning:') and 'is under the peak of' in l], out  # said at the start
         v = vals(ck.parent)
         assert v[6]['val_loss'] < min(v[s]['val_loss'] for s in (0, 2, 4))  # step 6 was a best with no checkpoint due
         assert json.loads((ck/'best'/'state.json').read_text())['step'] == 6
