@@ -258,34 +258,35 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
 
 def run_papermill(row:Row, ws:Path, out:Path) -> dict:
     "papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the stop."
-    name, env = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    name, env, run = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}, ws/'runs'/row.name
     cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile', 'smoke',
-           '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '60',
-           '-p', 'overrides', 'compile=auto,ckpt_every=200,eval_every=20,log_every=1,tensorboard=false']
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True, stdin=subprocess.DEVNULL)
-    seen = []
-    for line in p.stdout:
-        seen.append(line)
-        m = re.match(r'step\s+(\d+)/', line)
-        if m and int(m.group(1)) >= 25: os.killpg(p.pid, signal.SIGTERM); break
-    seen += p.stdout.readlines(); p.wait(120)
-    (out/f'{name}-stopped.log').write_text(''.join(seen))
+           '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
+           '-p', 'overrides', 'compile=false,ckpt_every=5000,eval_every=1000,log_every=1,tensorboard=false']
+    with open(out/f'{name}-stopped.log', 'w') as log:
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             stdin=subprocess.DEVNULL)
+        t0 = time.time()
+        while p.poll() is None and time.time() - t0 < 300:  # the run's own log says how far it got
+            steps = re.findall(r' step (\d+)/', (run/'train.log').read_text()) if (run/'train.log').exists() else []
+            if steps and int(steps[-1]) >= 50: os.killpg(p.pid, signal.SIGTERM); break
+            time.sleep(0.05)
+        p.wait(120)
     # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the run's
     # log and lets go of the run's lock
-    run, t0 = ws/'runs'/name, time.time()
+    t0 = time.time()
     while ((run/'.lock').exists() or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
         time.sleep(0.5)
     stop = re.search(r'stopped by SIGTERM at step (\d+)', (run/'train.log').read_text())
-    check(stop, f"no stop line: {''.join(seen)[-600:]}")
+    check(stop, f"no stop line: {(run/'train.log').read_text()[-600:]}")
     at = int(stop.group(1))
+    check(at < 3000, f"stopped only at the end ({at})")
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
     (out/f'{name}-resumed.log').write_text(again.stdout + again.stderr)
     run_ok(again, 'papermill (resumed)')
-    check(f'resumed at step {at}' in again.stdout + again.stderr, f"not resumed at step {at}")
-    steps = [r['step'] for r in metrics(ws/'runs'/name) if r.get('loss') is not None]
-    check(steps == sorted(set(steps)) and steps[-1] == 60 and at + 1 in steps, f"train steps {steps}")
-    return dict(stopped_at=at, exit_after_sigterm=p.returncode, **trained(ws/'runs'/name))
+    check(f'resumed at step {at}' in (run/'train.log').read_text(), f"not resumed at step {at}")
+    steps = [r['step'] for r in metrics(run) if r.get('loss') is not None]
+    check(steps == sorted(set(steps)) and steps[-1] == 3000 and at + 1 in steps, f"train steps {steps[:3]}..{steps[-3:]}")
+    return dict(stopped_at=at, exit_after_sigterm=p.returncode, **trained(run))
 
 
 def run_dist(row:Row, ws:Path, out:Path) -> dict:

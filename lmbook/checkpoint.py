@@ -7,6 +7,7 @@ Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 # %% ../nbs/04b_checkpoint.ipynb #29a5bd7b
 from __future__ import annotations
 import errno, json, math, os, random, shutil, threading, time, warnings, weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import numpy as np
@@ -25,7 +26,7 @@ __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEY
            'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint', 'save_checkpoint',
            'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'read_rank_state',
            'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys', 'config_changes',
-           'check_config_change', 'Checkpointer']
+           'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes', 'disk_plan']
 
 # %% ../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -169,27 +170,33 @@ def tokenizer_ref(tok_dir:Path|None) -> dict|None:
     if tok_dir is None or not (Path(tok_dir)/'tokenizer.json').is_file(): return None
     return dict(path=str(tok_dir), sha256=load_tokenizer(tok_dir).sha256, hash='canonical-json')
 
-def _nbytes(obj) -> int:
-    if isinstance(obj, torch.Tensor): return obj.numel()*obj.element_size()
-    if isinstance(obj, dict): return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)): return sum(_nbytes(v) for v in obj)
+def _nbytes(obj, seen:set|None=None) -> int:
+    "Bytes of the tensors in nested dicts and lists `obj`; tensors that share storage (tied weights) once."
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape))
+        if key in seen: return 0
+        seen.add(key)
+        return obj.numel()*obj.element_size()
+    if isinstance(obj, dict): return sum(_nbytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)): return sum(_nbytes(v, seen) for v in obj)
     return 0
 
 def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
-    "Bytes the next checkpoint needs: the size of the newest complete one, else the snapshot's tensors."
+    "Bytes a checkpoint of `snap` needs (its tensors); without a snapshot, the newest complete one's size."
+    if snap: return int(_nbytes(snap)*1.02) + (1 << 20)  # headers, pickles and JSON: within the margin
     for p in list_checkpoints(ckpt_dir):
         if (p/'COMPLETE').is_file(): return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
-    return int(_nbytes(snap)*1.02) + (1 << 20) if snap else 0
+    return 0
 
 def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
     gb = lambda b: f"{b/1e9:.2f} GB"
-    return CheckpointSpaceError(f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, "
-                                f"{gb(free)} "
-                                f"are free; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the "
-                                    "peak (one checkpoint "
-                                "more while the newest is written): free space, lower keep_ckpts (a resume "
-                                    "prunes down to it "
-                                f"first) or use a bigger volume, then rerun the same command to resume")
+    head = f"no space for checkpoint {name} in {ckpt_dir}: it needs about {gb(need)}, {gb(free)} are free"
+    if not name.startswith('step_'): return CheckpointSpaceError(head)  # `best/`: a warning, the run goes on
+    return CheckpointSpaceError(f"{head}; keep_ckpts={keep} needs about {gb((keep+1)*need)} there at the "
+                                "peak (one checkpoint more while the newest is written): free space, lower "
+                                "keep_ckpts (a resume prunes down to it first) or use a bigger volume, then "
+                                "rerun the same command to resume")
 
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
     ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
@@ -211,6 +218,22 @@ def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
 def _torch_save(obj, path:Path):
     torch.save(obj, path); _fsync(path)
 
+def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
+
+def _seal(tmp:Path, step:int, files:dict):
+    "Write the manifest `COMPLETE` (each file's size and sha256) last, and flush the folder."
+    (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
+    _fsync(tmp/'COMPLETE'); _fsync(tmp)
+
+def _publish(tmp:Path, final:Path):
+    "Rename the sealed folder `tmp` to `final`, replacing an older one."
+    old = final.with_name(f'.old-{final.name}')
+    if old.exists(): shutil.rmtree(old)
+    # replaced by two renames: a complete folder is always there but for an instant
+    if final.exists(): os.replace(final, old)
+    os.replace(tmp, final); _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
 def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      step:int, # optimizer steps done
                      snap:dict, # what `snapshot` returned on rank 0
@@ -223,7 +246,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
     ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
-    final, tmp, old = ckpt_dir/name, ckpt_dir/f'.tmp-{name}', ckpt_dir/f'.old-{name}'
+    final, tmp = ckpt_dir/name, ckpt_dir/f'.tmp-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
     check_space(ckpt_dir, step, need, keep, name)
@@ -238,14 +261,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']),
                                                       time=time.time(), **state), indent=1))
         _fsync(tmp/'state.json')
-        files = {p.name: dict(size=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(tmp.iterdir())}
-        (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
-        _fsync(tmp/'COMPLETE'); _fsync(tmp)
-        if old.exists(): shutil.rmtree(old)
-        # replaced by two renames: a complete folder is always there but for an instant
-        if final.exists(): os.replace(final, old)
-        os.replace(tmp, final); _fsync(ckpt_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        _seal(tmp, step, {p.name: _file_meta(p) for p in sorted(tmp.iterdir())})
+        _publish(tmp, final)
     except BaseException as e:
         # asked while the temporary folder still holds what was written
         full = _out_of_space(e, ckpt_dir, tmp, need)
@@ -436,6 +453,7 @@ class Checkpointer:
         # the write in flight, its error, the buffers being made
         self.thread, self.error, self.prep = None, None, None
         self.best_val, self.best_step = float('inf'), -1  # the best validation so far (`best/`)
+        self.best_saved = -1  # the step `best/` holds on disk (rank 0; -1: none)
         # seconds a save may wait for the previous write before a warning
         self.slow_wait, self.warned_slow = 5.0, False
         # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
@@ -508,14 +526,13 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
         try:
             if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
             if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
-            if best is not None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state,
-                    val_loss=best), self.keep, log=self.log, name=BEST)
+            if best is not None: self._write_best(step, snap, state, best, linked=periodic)
         except BaseException as e: self.error = e
         rec['write_s'] = time.perf_counter() - t1
     if self.background:
         self.dir.mkdir(parents=True, exist_ok=True)
-        # fail now, here
-        check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep, None if periodic else BEST)
+        # a step checkpoint that cannot be written fails now, here (`best/` only warns, from the thread)
+        if periodic: check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep)
         self.thread = threading.Thread(target=write, name=f'checkpoint-{step}', daemon=True)
         self.thread.start()
     else: write()
@@ -584,6 +601,7 @@ def _load_best(self:Checkpointer,
             else:
                 if at is not None and (step > at or st.get('lineage') not in (None, lineage)):
                     self._discard_best(st, at); val, step = math.inf, -1
+    self.best_saved = step if self.info.is_main else -1
     self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
     return self.best_val
@@ -605,3 +623,114 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
 
 Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
                                                                              _discard_best)
+
+# %% ../nbs/04b_checkpoint.ipynb #17327c70
+def link_checkpoint(src:Path, # a complete step checkpoint
+                    name:str, # the new checkpoint's folder, beside `src`
+                    extra:dict, # what its state.json adds to `src`'s (`val_loss`)
+                   ) -> Path:
+    "Checkpoint `name` beside `src`, with its weights and rank files hard-linked; `OSError` if links fail."
+    src = Path(src); final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
+    man = json.loads((src/'COMPLETE').read_text())
+    try:
+        if tmp.exists(): shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = {f: m for f, m in man['files'].items() if f == 'model.safetensors' or f.startswith('rank')}
+        for f in files: os.link(src/f, tmp/f)
+        st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
+        (tmp/'state.json').write_text(json.dumps(st, indent=1)); _fsync(tmp/'state.json')
+        files['state.json'] = _file_meta(tmp/'state.json')
+        _seal(tmp, man['step'], dict(sorted(files.items())))
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float,
+                linked:bool=False): # the step checkpoint of `step` was just written: link its files
+    "Write `best/` from the snapshot of `step`; a failure (a full disk) is a warning, and training goes on."
+    try:
+        path = None
+        if linked:
+            try: path = link_checkpoint(self.dir/ckpt_name(step), BEST, dict(val_loss=val_loss))
+            except OSError: pass  # another filesystem, or one without hard links: written in full below
+        if path is None: write_checkpoint(self.dir, step, dict(snap, optim=None),
+                                          dict(state, val_loss=val_loss), self.keep, log=self.log, name=BEST)
+        self.best_saved = step
+    except Exception as e:
+        why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
+        self.log(f"warning: {BEST}/ not written at step {step} (val_loss {val_loss:.4f}): {why}; training "
+                 "goes on, and a later, lower val_loss writes it")
+
+Checkpointer._write_best = _write_best
+
+# %% ../nbs/04b_checkpoint.ipynb #e09541b4
+@dataclass
+class DiskPlan:
+    "Disk bytes of a run's checkpoints: one step checkpoint, `best/`, and the peak of `keep` of them."
+    step: int  # a step checkpoint: weights, optimizer state, each process's RNG and loader state
+    best: int  # `best/`: the same without the optimizer
+    keep: int  # keep_ckpts
+
+    @property
+    def peak(self) -> int: return (self.keep + 1)*self.step + self.best
+
+    def line(self, free:int, held:int=0) -> str:
+        "The line a run starts with: sizes, the peak, the free space (`held`: by checkpoints already there)."
+        have = f"{_size(free)} free" + (f", and {_size(held)} of checkpoints there" if held else '')
+        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; keep_ckpts={self.keep} "
+                f"peaks at {_size(self.peak)} ({self.keep + 1} checkpoints while the newest is written, and "
+                f"{BEST}/); {have}")
+
+    def warning(self, free:int, held:int=0, where:Path|str='') -> str|None:
+        "A warning line when the free space (and `held`) is under the peak; None when it fits."
+        if free + held >= self.peak: return None
+        return (f"warning: {_size(free + held)} for checkpoints in {where} is under the peak of "
+                f"{_size(self.peak)}: a step checkpoint that does not fit stops the run; free space, lower "
+                "keep_ckpts or use a bigger volume")
+
+def _size(b:int) -> str: return f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.1f} MB"
+
+def state_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple[int, int]:
+    "Bytes of the weights a checkpoint of `model` saves and of `optimizer`'s state once it has stepped."
+    size = lambda t: t.numel()*t.element_size()
+    saved = {id(v): v for v in model.state_dict(keep_vars=True).values()}.values()  # tied weights once
+    if any(not p.requires_grad for p in model.parameters()):  # frozen ones (LoRA): the trainable are saved
+        saved = [p for p in model.parameters() if p.requires_grad]
+    optim = 0
+    for g in optimizer.param_groups:  # Muon: a momentum; AdamW: two moments and a step count
+        per, extra = (1, 270) if g.get('muon') else (2, 4 + 3*270)
+        optim += sum(per*size(p) + extra for p in g['params'])
+    # 96 and 270: about the bytes a tensor takes besides its data in safetensors and in torch.save
+    return sum(size(t) + 96 for t in saved), optim
+
+def disk_plan(weights:int, # bytes of the weights a checkpoint saves (`state_bytes`; 4 per fp32 parameter)
+              optim:int, # bytes of the optimizer state it saves (AdamW: 8 per fp32 parameter)
+              keep:int=2, # keep_ckpts
+              ranks:int=1, # processes: a file of RNG and loader state each
+             ) -> DiskPlan:
+    "Disk bytes of one step checkpoint, of `best/` and at the peak of `keep` of them, before any exists."
+    fixed = ranks*(16 << 10) + (4 << 10)  # each process's RNG and loader state; state.json and COMPLETE
+    return DiskPlan(weights + optim + fixed, weights + fixed, keep)
+
+def _held_bytes(ckpt_dir:Path) -> int:
+    "Bytes of the step checkpoints and `best/` in `ckpt_dir`, a hard-linked file once."
+    files = {}
+    for d in [*list_checkpoints(ckpt_dir), Path(ckpt_dir)/BEST]:
+        for f in (d.iterdir() if d.is_dir() else []):
+            if f.is_file(): st = f.stat(); files[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(files.values())
+
+def _log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> DiskPlan:
+    "Log the disk this run's checkpoints need and the free space there, warning when it is short (rank 0)."
+    plan = disk_plan(*state_bytes(model, optimizer), self.keep, self.info.world_size)
+    if not self.info.is_main: return plan
+    at = self.dir
+    while not at.exists(): at = at.parent
+    free, held = shutil.disk_usage(at).free, _held_bytes(self.dir)
+    for line in (plan.line(free, held), plan.warning(free, held, self.dir)):
+        if line: self.log(line)
+    return plan
+
+Checkpointer.log_plan = _log_plan

@@ -325,6 +325,7 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
           f"{info.device} | {r.total} steps of {r.tokens_per_step:,} tokens"
           + (f" | resumed at step {p.step}" if resumed else ''))
     if tc.lora_rank: check_base(r, resumed)
+    ck.log_plan(t.raw, t.optimizer)  # the disk its checkpoints need at the peak, and the space there
     if resumed:
         if resumed['changes']: r.log(f"config changed at step {p.step}: {', '.join(resumed['changes'])}")
         r.loader.load_state_dict(resumed['rank_state']['loader'])
@@ -371,6 +372,13 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         if signum: break
     return signum
 
+def _best_line(ck:Checkpointer) -> str:
+    "The run's last line about `best/`: where it is, or that its newest one was not written."
+    head, folder = f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}", ck.dir/ckpt.BEST
+    if ck.best_saved == ck.best_step: return f"{head}, in {folder}"
+    held = f"{folder} holds step {ck.best_saved}" if ck.best_saved > 0 else f"there is no {folder}"
+    return f"{head}, not written (see the warning above); {held}"
+
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
     ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
@@ -388,8 +396,7 @@ def _train(r:Run, experiment:str) -> dict:
             signum = run_steps(r, ck, slog, p, flag)
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
             p.last_val = finish(r, p.step, start, p.tokens, signum, ck.last, p.last_val)
-            if ck.best_step > 0:
-                r.log(f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}, in {ck.dir/ckpt.BEST}")
+            if ck.best_step > 0: r.log(_best_line(ck))
     finally:
         ck.close()
         # the last checkpoint's copy, unless the pod is going away

@@ -1,10 +1,12 @@
 "The best checkpoint, val_bpb and HellaSwag during training, the prompts a run samples: tiny CPU runs on five documents."
-import hashlib, json, shutil
+import contextlib, errno, hashlib, json, os, shutil, subprocess
 from pathlib import Path
 import pytest
+from lmbook.cli import main
 from lmbook.config import get_config
 from lmbook.trainer import train
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint
+from lmbook.checkpoint import list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan, state_bytes
+from lmbook.runstart import build_trainable
 from lmbook.sample import load_model
 from conftest import lmbook_cmd, rows
 
@@ -129,3 +131,83 @@ def test_hellaswag_shared_by_two_fsdp_ranks(ws, hs):
     e = lmbook_cmd('eval', 'hs-two', '--root', ws, '--device', 'cpu', '--json', '--hellaswag-file', hs)
     assert e.returncode == 0, e.stderr
     assert json.loads(e.stdout)['hellaswag'] == got[-1]['hellaswag']
+
+
+# four steps, validated every other one: step 4 is both a step checkpoint and (the loss still falling) a new best;
+# wider than OVF, so that a checkpoint's megabytes outweigh the space check's margin of one
+FOUR = dict(OVF, n_embd=128, max_steps=4, eval_every=2, ckpt_every=4, keep_ckpts=2, log_every=1)
+def four_cfg(**kw): return get_config('smoke', {**FOUR, **kw})
+def folder_bytes(d): return sum(f.stat().st_size for f in Path(d).iterdir() if f.is_file())
+def ino(p): return p.stat().st_ino
+
+@pytest.fixture(scope='module')
+def four(ws):
+    lines = []
+    res = train(four_cfg(), 'four', root=ws, log=quiet(lines))
+    ck = Path(res['run_dir'])/'checkpoints'
+    return dict(res, step_bytes=folder_bytes(ck/'step_00000004'), best_bytes=folder_bytes(ck/'best'), lines=lines)
+
+def test_disk_plan_is_what_a_run_writes(four):
+    "The sizes a run logs at its start, counted from its model and optimizer, are those of the checkpoints it writes."
+    t = build_trainable(four_cfg())
+    plan = disk_plan(*state_bytes(t.raw, t.optimizer), keep=2)
+    assert plan.step == pytest.approx(four['step_bytes'], rel=0.03) and plan.best == pytest.approx(four['best_bytes'], rel=0.03)
+    said = [l for l in four['lines'] if l.startswith('disk: ')]
+    assert len(said) == 1 and said[0].startswith(f'disk: a checkpoint {plan.step/1e6:.1f} MB, best/ {plan.best/1e6:.1f} MB;'), said
+    assert f'keep_ckpts=2 peaks at {plan.peak/1e6:.1f} MB' in said[0] and 'free' in said[0], said
+
+def test_best_links_the_step_checkpoint(ws, four):
+    "A best at a step with a checkpoint due shares its weights and rank files (hard links) and outlives its pruning."
+    ck = Path(four['run_dir'])/'checkpoints'; best, step = ck/'best', ck/'step_00000004'
+    assert four['best_step'] == 4
+    assert all(ino(best/f) == ino(step/f) for f in ('model.safetensors', 'rank0.pt'))
+    man, step_man = verify_checkpoint(best), verify_checkpoint(step)
+    assert sorted(man['files']) == ['model.safetensors', 'rank0.pt', 'state.json'] and man['step'] == 4
+    assert man['files']['model.safetensors'] == step_man['files']['model.safetensors']
+    assert json.loads((best/'state.json').read_text())['val_loss'] == four['best_val_loss']
+    prune_checkpoints(ck, 0)  # as keep_ckpts does once later checkpoints are written
+    assert not step.exists() and (best/'model.safetensors').stat().st_nlink == 1
+    verify_checkpoint(best)
+    assert load_model('four:best', root=ws).step == 4
+    r = lmbook_cmd('sample', 'four:best', 'Return the', '--max-new-tokens', 4, '--device', 'cpu', '--json', '--root', ws)
+    assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['prompt'] == 'Return the', r.stderr
+
+def test_best_written_in_full_where_links_fail(ws, monkeypatch):
+    "A filesystem without hard links: best/ is written in full, the same weights in a file of its own."
+    def refuse(*a, **k): raise OSError(errno.EPERM, 'Operation not permitted')
+    monkeypatch.setattr(os, 'link', refuse)
+    res = train(four_cfg(), 'four-nolink', root=ws, log=quiet())
+    ck = Path(res['run_dir'])/'checkpoints'; best, step = ck/'best', ck/'step_00000004'
+    assert res['best_step'] == 4 and ino(best/'model.safetensors') != ino(step/'model.safetensors')
+    assert verify_checkpoint(best)['files']['model.safetensors'] == verify_checkpoint(step)['files']['model.safetensors']
+    assert not (best/'optim.pt').exists()
+
+@contextlib.contextmanager
+def small_disk(path, size):
+    "A tmpfs of `size` bytes mounted at `path` while inside (as root; skipped where mounting is not permitted)."
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size//1024}k', 'tmpfs', str(path)], capture_output=True,
+                       text=True)
+    if r.returncode: pytest.skip(f'a small disk needs `mount -t tmpfs`, which is not permitted here: {r.stderr.strip()}')
+    try: yield path
+    finally: subprocess.run(['umount', str(path)], check=True)
+
+def test_best_fits_where_a_step_checkpoint_does_not(ws, four, capsys):
+    """On a disk with room for two step checkpoints (keep_ckpts=2 needs three and best/), each best/ asks for its own
+    bytes, a third of a step checkpoint's: the bests after step 4's checkpoint are written, and the run stops, in one
+    line, only at the step checkpoint that does not fit."""
+    ck = Path(ws)/'runs'/'small-disk'/'checkpoints'
+    sets = [f'--set={k}={v}' for k, v in {**FOUR, 'max_steps': 12}.items()]
+    with small_disk(ck, 2*four['step_bytes']):
+        code = main(['train', '-p', 'smoke', '-e', 'small-disk', '--root', str(ws), *sets])
+        out, err = capsys.readouterr()
+        err = [l for l in err.splitlines() if l.strip()]
+        assert code == 2 and len(err) == 1 and err[0].startswith('error: no space for checkpoint step_00000008'), err
+        assert 'rerun the same command' in err[0] and 'warning: best/' not in out, out
+        assert [l for l in out.splitlines() if l.startswith('warning:') and 'is under the peak of' in l], out  # said at the start
+        v = vals(ck.parent)
+        assert v[6]['val_loss'] < min(v[s]['val_loss'] for s in (0, 2, 4))  # step 6 was a best with no checkpoint due
+        assert json.loads((ck/'best'/'state.json').read_text())['step'] == 6
+        verify_checkpoint(ck/'best')
+        assert [p.name for p in list_checkpoints(ck)] == ['step_00000004'] and not list(ck.glob('.tmp-*'))
+        verify_checkpoint(ck/'step_00000004')
