@@ -309,7 +309,8 @@ def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_con
     "The GPT of `cfg` with `folder`'s weights on `device`, and LoRA or QLoRA adapters when `cfg.train` asks."
     tc, dtype = cfg.train, dtype or frozen_dtype(cfg, device)
     with torch.device('meta'): model = GPT(cfg.model)
-    if tc.lora_rank: add_lora(model, tc.lora_rank, tc.lora_alpha, tc.lora_targets)
+    # QLoRA holds every frozen projection in 4 bits, adapted or not
+    if tc.lora_rank: add_lora(model, tc.lora_rank, tc.lora_alpha, tc.lora_targets, every=tc.quant != 'none')
     for name, t in hf_state(folder, cfg.model):
         _place(model, name, t, device, dtype, tc.quant, not tc.lora_rank)
     if cfg.model.tie_embeddings: model.lm_head.weight = model.wte.weight

@@ -68,25 +68,30 @@ class LoRALinear(nn.Module):
                  rank:int,             # rank of each part's update
                  alpha:float=16.0,     # the update is scaled by alpha/rank
                  parts:tuple=(),       # sizes of a fused projection's parts, e.g. (q, k, v); () one part
-                 adapt:tuple=(),       # which parts get an adapter, e.g. (True, False, True); () all of them
+                 # which parts get an adapter, e.g. (True, False, True); () all; none: only a frozen layer
+                 adapt:tuple=(),
                 ):
         super().__init__()
         self.weight, self.bias = base.weight, base.bias
         for p in (self.weight, self.bias): p is not None and p.requires_grad_(False)
         out_f, in_f = base.weight.shape
         parts = parts or (out_f,); adapt = adapt or (True,)*len(parts)
-        assert sum(parts) == out_f and len(adapt) == len(parts) and any(adapt), (parts, adapt, out_f)
+        assert sum(parts) == out_f and len(adapt) == len(parts), (parts, adapt, out_f)
         kw, n = dict(device=base.weight.device, dtype=base.weight.dtype), sum(adapt)
+        self.scale, self.quant, self.parts, self.adapt = alpha/rank, None, parts, adapt
+        if not n:  # a frozen projection that `quantize` can hold in 4 bits beside adapted ones
+            self.lora_A = self.lora_B = self.lora_mask = None
+            return
         self.lora_A = nn.Parameter(torch.empty(n*rank, in_f, **kw))
         self.lora_B = nn.Parameter(torch.zeros(out_f, n*rank, **kw))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         if len(parts) > 1 or not adapt[0]:  # derived from the config: never saved
             self.register_buffer('lora_mask', _block_mask(parts, adapt, rank, kw['device']), persistent=False)
         else: self.lora_mask = None
-        self.scale, self.quant, self.parts, self.adapt = alpha/rank, None, parts, adapt
 
     def init_adapters(self, device=None):
         "Fresh float32 adapters (random `lora_A`, zero `lora_B`) on `device`: for a layer built on `meta`."
+        if self.lora_A is None: return
         A, B = torch.empty(self.lora_A.shape, device=device), torch.zeros(self.lora_B.shape, device=device)
         nn.init.kaiming_uniform_(A, a=math.sqrt(5))
         self.lora_A, self.lora_B = nn.Parameter(A), nn.Parameter(B)
@@ -95,12 +100,14 @@ class LoRALinear(nn.Module):
 
     def delta(self) -> torch.Tensor:
         "The update `scale * (lora_B * lora_mask) @ lora_A`, in float32."
+        if self.lora_A is None: return torch.zeros(())
         B = self.lora_B.float() if self.lora_mask is None else self.lora_B.float()*self.lora_mask
         return self.scale*(B @ self.lora_A.float())
 
     def forward(self, x):
-        B = self.lora_B if self.lora_mask is None else self.lora_B*self.lora_mask
         y = self.base(x)
+        if self.lora_A is None: return y
+        B = self.lora_B if self.lora_mask is None else self.lora_B*self.lora_mask
         # outside autocast, the adapters' own dtype (float32 adapters beside a bf16 base)
         a = x if torch.is_autocast_enabled(x.device.type) else x.to(self.lora_A.dtype)
         return y + (F.linear(F.linear(a, self.lora_A), B)*self.scale).to(y.dtype)
@@ -182,10 +189,13 @@ def add_lora(model:nn.Module, # a GPT (its blocks in `model.h`, its config in `m
              rank:int,        # rank of the adapters
              alpha:float=16.0, # update scale numerator (scale = alpha/rank)
              targets:str='q,k,v,o,mlp', # the projections to adapt (`LORA_TARGETS`)
+             every:bool=False, # also wrap the projections left out, without adapters (to `quantize` them)
             ) -> nn.Module:
     "Freeze `model` and give the projections `targets` names in each block trainable LoRA adapters, in place."
     if rank < 1: raise ValueError(f"lora_rank={rank}: give a rank of at least 1 (0 means no LoRA)")
     parts = lora_parts(model.cfg, targets)
+    if every: parts = {k: parts.get(k, (s, (False,)*len(s))) for k, (s, _) in lora_parts(model.cfg,
+                                                                                      'q,k,v,o,mlp').items()}
     for p in model.parameters(): p.requires_grad_(False)
     for block in model.h:
         for name, (sizes, adapt) in parts.items():
