@@ -17,9 +17,13 @@ of free disk and 30 GB of free host memory for the pinned snapshot):
     python nbs/benchmarks/checkpoint_stall.py --out nbs/benchmarks/checkpoint_stall_h100.json
 CPU, a tiny model, to check that the script works:
     python nbs/benchmarks/checkpoint_stall.py --tiny --out /tmp/checkpoint_stall_cpu.json
+It keeps only --out: the runs' workspace is --workdir, kept, else a scratch folder removed when the script ends,
+however it ends (see scratch.py); each mode's run folder (its checkpoints) goes as soon as the mode is measured.
 """
-import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, shutil, statistics, subprocess, sys, time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, vocab_size=4096, warmup_steps=3, eval_steps=2,
             device='cpu', compile='false')
@@ -56,13 +60,13 @@ def main():
     ap.add_argument('--steps', type=int, default=None, help='steps per mode (default 60; 30 with --tiny)')
     ap.add_argument('--every', type=int, default=None, help='steps between checkpoints (default 20; 10 with --tiny)')
     ap.add_argument('--modes', default='none,sync,async')
-    ap.add_argument('--workdir', default=None, help='workspace for the runs (default: a temporary folder, removed)')
+    ap.add_argument('--workdir', default=None, help='workspace for the runs, kept (default: a scratch folder, removed)')
     ap.add_argument('--out', default=None, help='write the JSON here too')
     ap.add_argument('--one', default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     profile, ov = ('smoke', TINY) if a.tiny else ('runpod_2b', GPU)
     steps, every = a.steps or (30 if a.tiny else 60), a.every or (10 if a.tiny else 20)
-    root = Path(a.workdir or tempfile.mkdtemp(prefix='ckpt-stall-'))
+    root = Path(a.workdir) if a.workdir else scratch('ckpt-stall-')  # removed when this process ends, however it ends
     if a.one:
         print('RESULT ' + json.dumps(one(a.one, profile, ov, steps, every, root)), flush=True)
         return
@@ -80,7 +84,6 @@ def main():
     for m in res['modes'].values():
         if base: m['wall_vs_none'] = m['wall_tok_per_s']/base
         if 'first_stall_s' in m: m['overhead_at_5min'] = m['first_stall_s']/300
-    if not a.workdir: shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(res, indent=1))
     if a.out: Path(a.out).write_text(json.dumps(res, indent=1))
 

@@ -14,9 +14,12 @@ Two parts, rows appended to OUT (JSON lines):
 
 Usage (repo root):  python3 nbs/benchmarks/doc_mask.py OUT.jsonl [--part speed|loss|all] [--tiny]
 One GPU:            bash nbs/benchmarks/doc_mask.sh      (both parts at the 124M shape, about 10 minutes)
+The `loss` part's runs go to --root, kept, else to a scratch folder removed when the script ends (see scratch.py).
 """
-import argparse, json, math, platform, tempfile, time
+import argparse, json, math, platform, sys, time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 
 def packed_batch(B, T, vocab, doc_len, eot, g, device):
@@ -102,7 +105,7 @@ def loss(a, write):
     from lmbook.trainer import train
     cuda = torch.cuda.is_available() and not a.tiny
     dev = 'cuda' if cuda else 'cpu'
-    root = Path(a.root or tempfile.mkdtemp(prefix='doc-mask-'))
+    root = Path(a.root) if a.root else scratch('doc-mask-')
     quiet = (lambda *x, **k: None) if a.quiet else print
     init = a.init_from
     if not init:
@@ -139,7 +142,7 @@ def main():
     ap.add_argument('--steps', type=int, default=20, help='speed: timed steps per arm')
     ap.add_argument('--warmup', type=int, default=5, help='speed: untimed steps first (compilation)')
     ap.add_argument('--init-from', default='', help='loss: a pretrained run to fine-tune (default: pretrain smoke here)')
-    ap.add_argument('--root', default='', help='loss: workspace for the runs (default: a scratch folder)')
+    ap.add_argument('--root', default='', help='loss: workspace for the runs, kept (default: a scratch folder, removed)')
     ap.add_argument('--pretrain-steps', type=int, default=300, help='loss: steps of the smoke pretraining')
     ap.add_argument('--ft-steps', type=int, default=200, help='loss: fine-tuning steps of each arm')
     ap.add_argument('--seeds', type=int, default=2, help='loss: fine-tunes of each arm, seeds 0, 1, ... (init and order)')

@@ -13,10 +13,13 @@ their relative difference (bound: 0.5%) and the largest training loss of each ar
 
 Usage (repo root): python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --arm bf16|fp8 [--steps 1500] [--batch-size 8]
                    [--profile runpod_2b] [--tiny]
+The real tokens are prepared in --workspace, kept (`--prepare` fills it once for both arms: fp8_parity.sh makes one
+and removes it at its end), else in a scratch folder removed when the script ends, however it ends (see scratch.py).
 """
 import argparse, json, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 ARMS = {'bf16': dict(fp8='off'), 'fp8': dict(fp8='tensorwise')}
 
@@ -48,13 +51,14 @@ def main():
     ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
     ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
     ap.add_argument('--mb', type=float, default=80, help='megabytes of source text to tokenize')
-    ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
+    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
+    if a.prepare and not a.workspace: ap.error('--prepare keeps the tokens for the arms: give them a --workspace')
     import tokens
     t0 = time.time()
-    train, val = tokens.prepare(a.workspace, 'fp8p', a.dataset, 1 if a.tiny else a.mb)
+    train, val = tokens.prepare(a.workspace or scratch('fp8-parity-'), 'fp8p', a.dataset, 1 if a.tiny else a.mb)
     print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
     if a.prepare: return
     if not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')

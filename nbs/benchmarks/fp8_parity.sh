@@ -4,14 +4,17 @@
 #   bash nbs/benchmarks/fp8_parity.sh [STEPS [BATCH_SIZE [PROFILE]]]     (rows go to $OUT/fp8_parity.jsonl)
 # torchao comes as a wheel in .whl/ (see levers.sh for the download command).
 set -e
+tmp=$(mktemp -d)                           # scratch: the wheels' install folder and the tokens both arms train on
+trap 'kill $(jobs -p) 2>/dev/null || true; wait; rm -rf "$tmp"' EXIT  # removed however it ends, arms stopped first
+trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
 fi
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 out=${OUT:-.}/fp8_parity.jsonl
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"
-args="--steps ${1:-1500} --batch-size ${2:-8} --profile ${3:-runpod_2b}"
+args="--steps ${1:-1500} --batch-size ${2:-8} --profile ${3:-runpod_2b} --workspace $tmp/ws"
 python3 nbs/benchmarks/fp8_parity.py "$out" --prepare $args
 n=$(nvidia-smi -L | wc -l)
 if [ "$n" -ge 2 ]; then

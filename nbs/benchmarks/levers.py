@@ -14,10 +14,13 @@ then `all` together. MFU is against the dense bf16 peak (bf16-equivalent for fp8
 
 Usage (repo root): python3 nbs/benchmarks/levers.py OUT.jsonl [--parity-steps 120] [--shapes 2b,124m] [--tiny]
 `--tiny` runs the same sequence on a CPU with toy shapes, to check the script end to end.
+The real tokens are prepared in --workspace, kept for a later call, else in a scratch folder removed when the script
+ends, however it ends (see scratch.py).
 """
 import argparse, json, os, sys, time, warnings
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 LEVERS = {  # name -> config overrides on top of the recipe; `all` second, so a cut-short call keeps the key rows
     'recipe': {},
@@ -38,7 +41,7 @@ def main():
     ap.add_argument('--levers', default=','.join(LEVERS), help='comma-separated subset of ' + ','.join(LEVERS))
     ap.add_argument('--dataset', default='sources', help='real tokens for the 124M rows (see tokens.py)')
     ap.add_argument('--mb', type=float, default=32, help='megabytes of source text to tokenize')
-    ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
+    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
     from lmbook.step import cuda_allocator_defaults
@@ -48,7 +51,7 @@ def main():
     from lmbook.config import get_config
     import tokens
     t0 = time.time()
-    train, val = tokens.prepare(a.workspace, 'levers', a.dataset, 1 if a.tiny else a.mb)
+    train, val = tokens.prepare(a.workspace or scratch('levers-'), 'levers', a.dataset, 1 if a.tiny else a.mb)
     print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
     names = a.levers.split(',')
     tiny = dict(n_layer=2, n_embd=64, n_head=2, block_size=64, device='cpu', compile='false', warmup_steps=3)

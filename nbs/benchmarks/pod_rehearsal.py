@@ -13,14 +13,21 @@ the volume's virtualenv, which sees the machine's torch. Fill that folder where 
 usage (repository root; one GPU):
     python3 nbs/benchmarks/pod_rehearsal.py --wheels nbs/benchmarks/pod-wheels --out pod_rehearsal.json
     python3 nbs/benchmarks/pod_rehearsal.py --tiny --wheels DIR        # the smoke profile on the CPU, ~2 minutes
+It keeps only the JSON (--out, else $OUT/pod_rehearsal.json, else ./pod_rehearsal.json) and the boot log
+($OUT/boot.log, else beside the JSON as NAME.boot.log). The work folder (the volume with its virtualenv and
+checkpoints, the snapshot, HOME, and TMPDIR: the container's own /tmp) is --work, kept, else a scratch folder removed
+when the script ends, however it ends (see scratch.py); so is the start command's /tmp/lmbook-start.sh.
 """
 import argparse, json, os, shlex, shutil, signal, subprocess, sys, time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 ROOT = Path(__file__).resolve().parents[2]
 NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
 IMPORTS = dict(pyyaml='yaml')
 KEY, POD, EXP = 'rpa_REHEARSALkey0000', 'podrehearsal01', 'rehearsal'
+START_SH = Path('/tmp/lmbook-start.sh')  # where the start command (lmbook.runpod.start_command) writes itself
 
 
 def say(*a): print(f"[rehearsal {time.strftime('%H:%M:%S')}]", *a, flush=True)
@@ -91,7 +98,8 @@ def main():
     ap.add_argument('--stop-at', type=int, default=None, help='step at which the container is stopped (default: steps/2 + a few)')
     ap.add_argument('--set', default='', help='more config overrides, k=v,k=v')
     ap.add_argument('--wheels', default=str(ROOT/'nbs'/'benchmarks'/'pod-wheels'))
-    ap.add_argument('--work', default='/tmp/lmbook-pod-rehearsal'); ap.add_argument('--out', default=None)
+    ap.add_argument('--work', default=None, help='work folder, kept (default: a scratch folder, removed)')
+    ap.add_argument('--out', default=None)
     ap.add_argument('--timeout', type=float, default=900, help='seconds each phase may take')
     a = ap.parse_args()
     profile = a.profile or ('smoke' if a.tiny else 'runpod_1b')
@@ -100,10 +108,10 @@ def main():
     stop_at = a.stop_at or steps//2 + max(1, every//3)  # between two checkpoints: a stop without its own checkpoint would lose steps
     ov = (f'dataset=builtin,max_steps={steps},ckpt_every={every},keep_ckpts=1,log_every=1,eval_every={every},eval_steps=2,warmup_steps={min(20, steps//4)},'
           'tensorboard=false') + ('' if a.tiny else ',vocab_size=8192,batch_size=8,grad_accum=1') + (',' + a.set if a.set else '')
-    work = Path(a.work)
-    if work.exists(): shutil.rmtree(work)
+    work = Path(a.work) if a.work else scratch('lmbook-pod-rehearsal-')
+    if a.work and work.exists(): shutil.rmtree(work)
     ws, src = work/'workspace', work/'src'
-    for d in (ws, src, work/'home'): d.mkdir(parents=True)
+    for d in (ws, src, work/'home', work/'tmp'): d.mkdir(parents=True, exist_ok=True)
     card = subprocess.run([sys.executable, '-c', 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"); print(torch.__version__)'],
                           capture_output=True, text=True).stdout.split('\n')
     say(f"{profile}, {steps} steps, stop at step {stop_at}, on {card[0] or '?'} (torch {card[1] if len(card) > 1 else '?'}); work folder {work}")
@@ -118,8 +126,8 @@ def main():
     fake = subprocess.Popen([sys.executable, str(ROOT/'tests'/'fake_runpod_v2.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     url = fake.stdout.readline().strip()
-    env = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'LC_ALL', 'TMPDIR', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')}
-    env |= dict(HOME=str(work/'home'), LMBOOK_WORKSPACE=str(ws), RUN_CONFIG=profile, RUN_EXPERIMENT=EXP, RUN_SHARD='1', RUN_OVERRIDES=ov,
+    env = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'LC_ALL', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')}
+    env |= dict(HOME=str(work/'home'), TMPDIR=str(work/'tmp'), LMBOOK_WORKSPACE=str(ws), RUN_CONFIG=profile, RUN_EXPERIMENT=EXP, RUN_SHARD='1', RUN_OVERRIDES=ov,
                 AUTOKILL='stop', ON_FAILURE='stop', TENSORBOARD_PORT='0', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url,
                 LMBOOK_REPO=repo, LMBOOK_COMMIT=commit, LMBOOK_START=str(standin), PIP_NO_INDEX='1', PIP_NO_DEPS='1',
                 PIP_FIND_LINKS=str(Path(a.wheels).resolve()), HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1')
@@ -174,11 +182,13 @@ def main():
             try: os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError: pass
         os.killpg(fake.pid, signal.SIGTERM)
+        START_SH.unlink(missing_ok=True)
         if log.is_file(): shutil.copy(log, work/'boot.log')
-        out = Path(a.out or (Path(os.environ['OUT'])/'pod_rehearsal.json' if os.environ.get('OUT') else work/'pod_rehearsal.json'))
+        out = Path(a.out or (Path(os.environ['OUT'])/'pod_rehearsal.json' if os.environ.get('OUT') else 'pod_rehearsal.json'))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=1) + '\n')
-        if os.environ.get('OUT') and log.is_file(): shutil.copy(log, Path(os.environ['OUT'])/'boot.log')
+        boot = Path(os.environ['OUT'])/'boot.log' if os.environ.get('OUT') else out.with_suffix('.boot.log')
+        if log.is_file(): shutil.copy(log, boot)
         say('wrote', out)
     print(json.dumps({k: v for k, v in res.items() if k != 'api_calls'}, indent=1))
     if not res['ok']: raise SystemExit('the rehearsal found a problem: see the JSON and the boot log')

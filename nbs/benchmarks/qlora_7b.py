@@ -16,11 +16,15 @@ Each row: peak GPU memory of its whole process (allocated and reserved, GB), tok
 first `--warmup`, and the training loss at its first and last step (it must fall). Rows go to OUT as JSON.
 Usage (repo root): python3 nbs/benchmarks/qlora_7b.py OUT.json [--steps 30] [--warmup 5] [--seq 2048]
                    python3 nbs/benchmarks/qlora_7b.py OUT.json --tiny      (a tiny model on the CPU: the script's check)
+It keeps only OUT: the model's work folder (13 GB at 7B) goes when the script ends, however it ends (see scratch.py),
+and each row's workspace (its checkpoints) when the row's process ends, so rows do not pile up on the disk.
 """
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, json, os, subprocess, sys, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from scratch import scratch
 SHAPE_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
 SHAPE_TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -64,7 +68,7 @@ def run_lmbook(folder:Path, data:Path, a, quant:str, ckpt:str) -> dict:
     "One lmbook fine-tuning run; its rows read back from metrics.jsonl."
     import torch
     from lmbook.finetune import finetune
-    ws = Path(tempfile.mkdtemp(prefix='lmbook-ws-'))
+    ws = scratch('lmbook-ws-', folder)  # inside the work folder, so a row killed mid-run leaves nothing behind either
     ov = dict(lora_rank=LORA['r'], lora_alpha=LORA['alpha'], lora_targets='q,k,v,o', quant=quant, block_size=a.seq,
               batch_size=1, grad_accum=1, max_steps=a.steps, warmup_steps=1, lr=a.lr, min_lr_ratio=1.0, log_every=1,
               eval_every=10**6, eval_steps=1, ckpt_every=10**6, keep_ckpts=1, act_ckpt=ckpt, device=a.device,
@@ -140,7 +144,7 @@ def main():
     import torch
     a.device = 'cuda' if torch.cuda.is_available() and not a.tiny else 'cpu'
     if a.tiny: a.seq, a.steps, a.warmup, a.lr = 128, min(a.steps, 8), 1, 1e-2  # a loss that visibly falls in 8 steps
-    work = Path(tempfile.mkdtemp(prefix='qlora7b-'))
+    work = scratch('qlora7b-')
     t0 = time.time()
     make_model(work, SHAPE_TINY if a.tiny else SHAPE_7B, a.device)
     from lmbook.sft import builtin_chat, write_jsonl

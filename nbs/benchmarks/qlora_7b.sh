@@ -6,8 +6,11 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
 # (one 43 MB py3-none wheel; it needs only torch, numpy and packaging, which the machine has). Carry .whl in the call.
 set -e
+tmp=$(mktemp -d)                           # scratch: the wheel's install folder
+trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
+trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
 if ls .whl/bitsandbytes-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/bitsandbytes-*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/bitsandbytes-*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
 fi
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

@@ -5,11 +5,14 @@
 # FSDP2 at runpod_4b (micro-batch 2, accum 4), then each N-GPU row's tokens/s per GPU against the one-GPU row.
 # About 6 minutes on 4 H100s.
 set -e
+tmp=$(mktemp -d)                           # scratch: torchrun's log folders (one per call, which it never removes)
+trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
+trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
 N=${1:-$(nvidia-smi -L | wc -l)}; O="${OUT:-.}/scaling.jsonl"
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 B='from lmbook.bench import main; main()'
 one() { CUDA_VISIBLE_DEVICES=0 python3 -c "$B" "$@" --out "$O" | tail -2; }
-many() { torchrun --standalone --nproc_per_node "$N" --no-python python3 -c "$B" "$@" --out "$O" | tail -2; }
+many() { torchrun --standalone --nproc_per_node "$N" --log-dir "$tmp" --no-python python3 -c "$B" "$@" --out "$O" | tail -2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 one  --profile gpt2_124m --label 124m-1gpu          --set grad_accum=8 --batch-sizes 64 --steps 5
 many --profile gpt2_124m --label "124m-ddp$N"       --set grad_accum=8 --batch-sizes 64 --steps 5

@@ -2,8 +2,9 @@
 server on 127.0.0.1; prints and writes p50/p95 latency, tokens/s and how many waves decoded them.
 usage: python nbs/benchmarks/serve_load.py SOURCE [--clients 8] [--requests 32] [--max-tokens 64] [--max-batch 8]
                                             [--device auto] [--out FILE.json]
-       python nbs/benchmarks/serve_load.py --tiny ...   (a small random Llama made on the spot: the CPU check)"""
-import argparse, json, statistics, sys, tempfile, threading, time, urllib.request
+       python nbs/benchmarks/serve_load.py --tiny ...   (a small random Llama made on the spot: the CPU check)
+With --tiny the model's folder is a scratch folder, removed when the script ends (see scratch.py)."""
+import argparse, json, statistics, sys, threading, time, urllib.request
 from pathlib import Path
 import torch
 from lmbook.serve import load_served, make_server
@@ -56,7 +57,8 @@ if __name__ == '__main__':
     if a.tiny:
         sys.path.insert(0, str(Path(__file__).parent))
         from tiny_llama import tiny_llama
-        a.source = str(tiny_llama(Path(tempfile.mkdtemp())/'tiny', width=128, layers=4, context=512))
+        from scratch import scratch
+        a.source = str(tiny_llama(scratch('serve-load-')/'tiny', width=128, layers=4, context=512))
     if not a.source: ap.error('give SOURCE or --tiny')
     r = load_test(a.source, a.clients, a.requests, a.max_tokens, a.max_batch, a.device)
     if a.tiny: r['source'] = 'tiny random Llama (4 layers x 128)'

@@ -6,7 +6,10 @@
 set -e
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-dir=$(mktemp -d)/llama7b
+tmp=$(mktemp -d)                           # scratch: the 13 GB model
+trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
+trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
+dir=$tmp/llama7b
 python3 -c "
 import sys; sys.path.insert(0, 'nbs/benchmarks')
 from pathlib import Path

@@ -15,10 +15,13 @@ run gives compile_s and the time at which its validation loss first reached the 
 Plot: python3 nbs/benchmarks/plot_time_to_loss.py OUT.jsonl PNG
 
 Usage (repo root): python3 nbs/benchmarks/time_to_loss.py OUT.jsonl [--steps 600] [--muon-runs 0.55@0.0018,0.75] [--tiny]
+The real tokens are prepared in --workspace, kept for a later call, else in a scratch folder removed when the script
+ends, however it ends (see scratch.py).
 """
 import argparse, json, math, sys, time, warnings
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
 
 RECIPE = dict(ce_chunk=0, attn_backend='sdpa', compile='auto', fp8='off', fused_ce=False, grad_accum=1, batch_size=64,
               schedule='cosine', min_lr_ratio=0.1)
@@ -74,7 +77,7 @@ def main():
     ap.add_argument('--eval-batches', type=int, default=10, help='validation batches of 64 x 1024 tokens')
     ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
     ap.add_argument('--mb', type=float, default=80, help='megabytes of source text to tokenize')
-    ap.add_argument('--workspace', type=Path, default=Path('/tmp/lmbook-bench'), help='where tokens are prepared')
+    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
     from lmbook.step import cuda_allocator_defaults
@@ -82,7 +85,7 @@ def main():
     from lmbook.config import get_config
     import tokens
     t0 = time.time()
-    train, val = tokens.prepare(a.workspace, 'ttl', a.dataset, 1 if a.tiny else a.mb)
+    train, val = tokens.prepare(a.workspace or scratch('time-to-loss-'), 'ttl', a.dataset, 1 if a.tiny else a.mb)
     print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
     tiny = dict(n_layer=2, n_embd=64, n_head=2, block_size=64, device='cpu', compile='false', batch_size=4) if a.tiny else {}
     def cfg(steps, **kw): return get_config('gpt2_124m', {**RECIPE, 'max_steps': steps, 'warmup_steps': max(1, steps//20), **kw, **tiny})

@@ -1,0 +1,48 @@
+"The benchmark scripts leave nothing in $TMPDIR: GPU machines run them one after another on one 64 GB disk."
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT/'nbs'/'benchmarks'
+
+
+def _env(tmp_path):
+    "A fresh empty TMPDIR; torch's compile cache (shared by every run on a machine) kept out of it."
+    (tmp_path/'tmp').mkdir()
+    return {**os.environ, 'TMPDIR': str(tmp_path/'tmp'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path/'inductor'),
+            'HF_HUB_OFFLINE': '1', 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
+    'serve_load': ['serve_load.py', '--tiny', '--clients', '2', '--requests', '2', '--max-tokens', '4',
+                   '--device', 'cpu', '--out', '{out}'],
+    'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
+}
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_script_leaves_tmpdir_empty(name, tmp_path):
+    out = tmp_path/'out.json'
+    script, *args = SCRIPTS[name]
+    cmd = [sys.executable, str(BENCH/script), *[a.format(out=out) for a in args]]
+    p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(out.read_text())
+    assert not list((tmp_path/'tmp').iterdir())
+
+
+def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):
+    "SIGTERM to qlora_7b.py mid-row: the row's process is stopped, then the model folder and workspace go."
+    tmp, err = tmp_path/'tmp', tmp_path/'stderr.txt'
+    cmd = [sys.executable, str(BENCH/'qlora_7b.py'), str(tmp_path/'out.json'), '--tiny']
+    with open(err, 'w') as f:
+        p = subprocess.Popen(cmd, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=f)
+    t0 = time.time()
+    while not list(tmp.glob('**/lmbook-ws-*')) and p.poll() is None and time.time() - t0 < 120:
+        time.sleep(0.1)
+    assert p.poll() is None, err.read_text()[-2000:]  # a row's workspace exists: its process is running
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(60)
+    assert not list(tmp.iterdir())
+    assert rc == 128 + signal.SIGTERM  # SystemExit: Python's default would end it at once, skipping the removal
