@@ -304,15 +304,20 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
         if m and int(m.group(1)) >= 30: os.kill(p.pid, signal.SIGKILL); break
     p.wait(60)
     (out/f'{name}-killed.log').write_text(''.join(seen))
-    time.sleep(5)  # workers die with their agent (PR_SET_PDEATHSIG)
-    orphans = subprocess.run(['pgrep', '-f', '--', f'--experiment {name}'], capture_output=True, text=True).stdout.split()
+    # the agent's death reaches the workers (PR_SET_PDEATHSIG): they write a stop checkpoint and end
+    t0, orphans = time.time(), ['?']
+    while orphans and time.time() - t0 < 120:
+        time.sleep(1)
+        orphans = subprocess.run(['pgrep', '-f', '--', f'--experiment {name}'], capture_output=True,
+                                 text=True).stdout.split()
+    gone_s = round(time.time() - t0)
     again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     (out/f'{name}-resumed.log').write_text(again.stdout + again.stderr)
     run_ok(again, f'lmbook train --nproc 2 (resumed, {row.overrides})')
     m = re.search(r'resumed at step (\d+)', again.stdout)
     check(m and int(m.group(1)) >= 20, f"not resumed from a checkpoint: {again.stdout[-400:]}")
-    check(not orphans, f"workers left after the kill: {orphans}")
-    return dict(resumed_at=int(m.group(1)), **trained(ws/'runs'/name))
+    check(not orphans, f"workers left 120 s after the kill: {orphans}")
+    return dict(resumed_at=int(m.group(1)), workers_gone_s=gone_s, **trained(ws/'runs'/name))
 
 
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,

@@ -135,7 +135,7 @@ def main():
     ap.add_argument('--lr', type=float, default=LORA['lr'], help='AdamW learning rate of every row')
     ap.add_argument('--seq', type=int, default=2048); ap.add_argument('--tiny', action='store_true')
     ap.add_argument('--ckpt', default='none,full', help='act_ckpt values of the lmbook QLoRA rows')
-    ap.add_argument('--compile', default='false', help="lmbook's compile setting (true, false, auto)")
+    ap.add_argument('--compile', default='auto', help="lmbook's compile setting (auto: on CUDA, as a run has it)")
     ap.add_argument('--rows', default='', help='only these rows (comma-separated names)')
     ap.add_argument('--row', help=argparse.SUPPRESS); ap.add_argument('--dir', help=argparse.SUPPRESS)
     ap.add_argument('--device', default='', help=argparse.SUPPRESS)

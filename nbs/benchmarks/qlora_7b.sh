@@ -2,9 +2,8 @@
 # The QLoRA/LoRA rows of nbs/benchmarks.md on ONE H100, one call of about 8 minutes, from the repo root:
 #   bash nbs/benchmarks/qlora_7b.sh            (rows to $OUT/qlora_7b.json; extra arguments go to qlora_7b.py)
 # The GPU machine has torch, transformers and peft but no package index: bitsandbytes comes as a wheel in .whl/,
-# fetched where an index is reachable with
-#   python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
-# (one 43 MB py3-none wheel; it needs only torch, numpy and packaging, which the machine has). Carry .whl in the call.
+# which `bash .ci/gpu-wheels` fills where an index is reachable (bitsandbytes 0.50.2 with its CUDA 13 libraries only,
+# 7 MB; it needs only torch, numpy and packaging, which the machine has). Carry .whl in the call.
 set -e
 tmp=$(mktemp -d)                           # scratch: the wheel's install folder
 trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
