@@ -311,6 +311,7 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
     "Resume from the newest good checkpoint (or start at step 0), record this start, open the metrics."
     tc, info, t = r.cfg.train, r.info, r.t
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
+    if tc.lora_rank: check_base(r, resumed)  # before anything of this start is written
     st = resumed['state'] if resumed else None
     p = Progress(st['step'], st['tokens'], st.get('skipped', 0)) if st else Progress()
     p.lineage = (st.get('lineage') if st else None) or uuid.uuid4().hex[:12]
@@ -324,7 +325,6 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
     r.log(f"run {r.dir} | {count_params(r.cfg.model)/1e6:.2f}M params | {info.world_size} process(es) on "
           f"{info.device} | {r.total} steps of {r.tokens_per_step:,} tokens"
           + (f" | resumed at step {p.step}" if resumed else ''))
-    if tc.lora_rank: check_base(r, resumed)
     ck.log_plan(t.raw, t.optimizer)  # the disk its checkpoints need at the peak, and the space there
     if resumed:
         if resumed['changes']: r.log(f"config changed at step {p.step}: {', '.join(resumed['changes'])}")
