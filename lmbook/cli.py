@@ -140,5 +140,6 @@ def main(argv:list[str]|None=None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
 
+# %% ../nbs/10_cli.ipynb #1f697d36
 # `python -m lmbook.cli ...` where the `lmbook` script is not on the PATH (a package on PYTHONPATH)
 if __name__ == '__main__': sys.exit(main())
