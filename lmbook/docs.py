@@ -11,9 +11,9 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['DOCS_FILE_RE', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links', 'sidebar', 'stage_site',
-           'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'docs_inputs', 'site_folder', 'site_current',
-           'serve', 'add_dev_cli']
+__all__ = ['DOCS_FILE_RE', 'SITE_DATA', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links', 'sidebar',
+           'stage_site', 'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'docs_inputs', 'site_folder',
+           'site_current', 'serve', 'add_dev_cli']
 
 # %% ../nbs/09b_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -189,6 +189,8 @@ def member_links(out:Path) -> int:
     return n
 
 # %% ../nbs/09b_docs.ipynb #40025bfc
+SITE_DATA = ('benchmarks/results',)  # folders of nbs/ the site carries as they are: the raw results
+
 def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
                out:Path|None=None, # where to write the site (default: nbdev's doc_path, _docs/)
               ) -> tuple[Path, list[str]]:
@@ -208,6 +210,8 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
     proc = process_notebooks(checkout)
     with tempfile.TemporaryDirectory() as tmp:
         stage_site(proc, Path(tmp)/'site', out, f"{cfg.doc_host}{cfg.doc_baseurl}/")
+        for d in SITE_DATA:  # the raw files the pages link to, as they are
+            if (checkout/'nbs'/d).is_dir(): shutil.copytree(checkout/'nbs'/d, Path(tmp)/'site'/d)
         try: site = build(Path(tmp)/'site', quiet=True)
         # e.g. --out is a folder that is not a site
         except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None
