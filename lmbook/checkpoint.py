@@ -24,9 +24,10 @@ __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEY
            'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'has_frozen',
            'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot',
            'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint', 'save_checkpoint',
-           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'read_rank_state',
-           'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys', 'config_changes',
-           'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes', 'disk_plan']
+           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
+           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
+           'config_changes', 'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes',
+           'disk_plan']
 
 # %% ../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -338,6 +339,14 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
                                                                               "sha256 (corrupt)")
     return man
 
+def load_weights(path:Path) -> dict[str, torch.Tensor]:
+    "The tensors of checkpoint `path`'s `model.safetensors`, a tied one under each of its names (`dedupe`)."
+    sd = load_file(Path(path)/'model.safetensors')
+    with safe_open(Path(path)/'model.safetensors', 'pt') as f:
+        aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
+    for alias, key in aliases.items(): sd[alias] = sd[key]
+    return sd
+
 def read_rank_state(path:Path, rank:int) -> dict|None:
     "RNG and loader state of `rank` (None when that rank did not exist)."
     rp = Path(path)/f'rank{rank}.pt'
@@ -350,10 +359,7 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
     msd = osd = None
     try:
         if weights:
-            msd = load_file(path/'model.safetensors')
-            with safe_open(path/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
-                    or {}).get('aliases', '{}'))
-            for alias, key in aliases.items(): msd[alias] = msd[key]
+            msd = load_weights(path)
             man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
             has_optim = 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file()
             osd = torch.load(path/'optim.pt', map_location='cpu', weights_only=True) if has_optim else None

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 from .core import cli_options, default_experiment, pick_device, sha256_file
 from .config import at_least, between, config_from_dict
 from .tokenizer import SPECIAL_TOKENS
 from .model import GPT, KVCache
 from .lora import add_lora, load_adapters, merge_lora, merge_lora_state
-from .checkpoint import SHAPE_KEYS
+from .checkpoint import SHAPE_KEYS, load_weights
 from .runs import best_base, experiment_of, find_checkpoint, find_tokenizer, run_of
 from .sft import END, chat_prompt, record_messages, split_examples
 from .hfimport import gpt2_from_hf, hf_init_model, hf_kind
@@ -88,14 +86,9 @@ def load_model(source:str|Path,
 
 def read_weights(ck:Path) -> dict[str, torch.Tensor]:
     "The tensors in checkpoint `ck`'s `model.safetensors`, tied ones under each of their names."
-    try:
-        sd = load_file(ck/'model.safetensors')
-        with safe_open(ck/'model.safetensors', 'pt') as f: aliases = json.loads((f.metadata()
-                                                                                 or {}).get('aliases', '{}'))
+    try: return load_weights(ck)
     except Exception as e:
         raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
-    for alias, key in aliases.items(): sd[alias] = sd[key]
-    return sd
 
 def plain_model(cfg, sd:dict, ck:Path) -> GPT:
     "The GPT of `cfg` with the weights `sd` (adapters in them folded in); refused when they do not fit."
