@@ -13,6 +13,7 @@ from .core import peak_flops, pick_device, cli_options
 from .config import Config, get_config, count_params, flops_per_token, parse_assignments
 from .config import apply_overrides
 from .loader import TokenLoader, val_batches
+from .model import keep_apart
 from .memory import estimate_memory
 from .optim import schedule_for
 from .levers import lever_report
@@ -67,6 +68,7 @@ def make_step(cfg:Config, # the config to train
     custom = compiled and compile_mode != 'default'
     t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, info)
     if custom:
+        keep_apart()  # as make_trainable does before compiling
         if compile_mode == 'regional':
             for b in t.raw.h: b.compile()
         else: t.raw.compile(mode=None if compile_mode == 'default' else compile_mode)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 from .config import Config
-from .model import liger_flce, create_block_mask
+from .model import liger_flce, flex
 
 # %% auto #0
 __all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'keep_matmuls', 'checkpointed',
@@ -106,7 +106,7 @@ def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
     m = cfg.model
     cuda = device.startswith('cuda') and torch.cuda.is_available()
     if m.attn_backend == 'flex':  # FlexAttention for document masks where it runs, else SDPA
-        return 'flex' if cfg.train.doc_mask and cuda and create_block_mask is not None else 'sdpa'
+        return 'flex' if cfg.train.doc_mask and cuda and flex() else 'sdpa'
     if m.attn_backend != 'auto': return m.attn_backend
     plain = m.kv_heads == m.n_head and not (training and m.dropout) and m.head_dim <= 128
     return 'cudnn' if cuda and plain and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'

@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from .model import apart
 
 # %% auto #0
 __all__ = ['NF4', 'NF4_BLOCK', 'LORA_TARGETS', 'nf4_quantize', 'nf4_dequantize', 'bnb_functional', 'NF4Matmul', 'LoRALinear',
@@ -137,7 +138,7 @@ class LoRALinear(nn.Module):
         "`weight + scale * lora_B @ lora_A` in the frozen weight's dtype (float32 arithmetic)."
         return (self.base_weight(torch.float32) + self.delta()).to(self.frozen_dtype)
 
-@torch.compiler.disable  # the 4-bit kernels and their custom backward stay outside a compiled graph
+@apart  # the 4-bit kernels and their custom backward stay outside a compiled graph
 def _matmul_4bit(x, lin:LoRALinear):
     "`x @ W.T` for the 4-bit frozen weight of `lin`: bitsandbytes' `matmul_4bit` on CUDA, else `NF4Matmul`."
     if lin.nf4_state is None: return NF4Matmul.apply(x, lin.weight_nf4, lin.weight_absmax, lin.quant)

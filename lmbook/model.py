@@ -10,14 +10,36 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-try: from torch.nn.attention.flex_attention import flex_attention, create_block_mask  # torch 2.5 and newer
-except ImportError: flex_attention = create_block_mask = None
 from .config import ModelConfig
 
 # %% auto #0
-__all__ = ['sdpa', 'rope_cache', 'scale_rope', 'apply_rope', 'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache',
-           'ChunkedLinearCE', 'chunked_cross_entropy', 'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids',
-           'doc_mask']
+__all__ = ['FLEX', 'APART', 'flex', 'apart', 'keep_apart', 'sdpa', 'rope_cache', 'scale_rope', 'apply_rope',
+           'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE', 'chunked_cross_entropy',
+           'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
+
+# %% ../nbs/03_model.ipynb #4d54d552
+FLEX = {}  # FlexAttention's `flex_attention` and `create_block_mask`, once `flex` has imported them
+
+def flex() -> dict:
+    "FlexAttention's functions ({} before torch 2.5), imported on first use (they load torch._dynamo)."
+    if not FLEX:
+        try: from torch.nn.attention.flex_attention import flex_attention, create_block_mask  # torch 2.5+
+        except ImportError: return FLEX
+        FLEX.update(flex_attention=flex_attention, create_block_mask=create_block_mask)
+    return FLEX
+
+APART = []  # (module namespace, name) of the functions compiled graphs must leave out (`apart`)
+
+def apart(fn):
+    "Mark `fn` to stay out of compiled graphs; `keep_apart` applies it, so no import pays for the compiler."
+    APART.append((fn.__globals__, fn.__name__))
+    return fn
+
+def keep_apart():
+    "Replace each `apart` function by its `torch.compiler.disable` version, once: call before compiling."
+    for ns, name in APART:
+        if not getattr(ns[name], 'kept_apart', False):
+            ns[name] = torch.compiler.disable(ns[name]); ns[name].kept_apart = True
 
 # %% ../nbs/03_model.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
@@ -102,7 +124,7 @@ class CausalSelfAttention(nn.Module):
             k, v = k.repeat_interleave(self.nh//self.nkv, 1), v.repeat_interleave(self.nh//self.nkv, 1)
         # a FlexAttention BlockMask (`doc_mask`)
         if mask is not None and kv is None and not isinstance(mask, torch.Tensor):
-            y = flex_attention(q, k, v, block_mask=mask, enable_gqa=gqa)
+            y = FLEX['flex_attention'](q, k, v, block_mask=mask, enable_gqa=gqa)
             return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         kw = dict(enable_gqa=True) if gqa and _SDPA_GQA else {}
         if mask is not None: kw['attn_mask'] = mask  # the cache's window, or `doc_mask`'s documents
@@ -211,7 +233,7 @@ def liger_flce():
     except Exception: return None
     return LigerFusedLinearCrossEntropyFunction
 
-@torch.compiler.disable
+@apart  # liger's kernel and the chunked loop stay outside a compiled graph
 def fused_linear_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
                                weight:torch.Tensor, # output head (V, C)
                                targets:torch.Tensor, # (N,) token ids, -1 ignored
@@ -235,7 +257,7 @@ class GPT(nn.Module):
     "A decoder-only transformer language model."
     def __init__(self, cfg:ModelConfig):
         super().__init__()
-        if cfg.attn_backend == 'flex' and flex_attention is None:
+        if cfg.attn_backend == 'flex' and not flex():
             raise ValueError(f"attn_backend='flex' needs FlexAttention, which torch {torch.__version__} "
                              "lacks (2.5+ has it): use attn_backend='sdpa'")
         if cfg.bias and cfg.arch != 'gpt2':
@@ -303,8 +325,8 @@ def doc_mask(idx:torch.Tensor, # (B, T) token ids, documents separated by `sep_i
             ):
     "Block-diagonal causal attention for `idx`: each position sees the earlier positions of its own document."
     docs, (B, T) = doc_ids(idx, sep_id), idx.shape
-    if backend == 'flex' and create_block_mask is not None and idx.is_cuda:
+    if backend == 'flex' and idx.is_cuda and flex():
         def same_doc(b, h, q, kv): return (q >= kv) & (docs[b, q] == docs[b, kv])
-        return create_block_mask(same_doc, B, None, T, T, device=idx.device)
+        return FLEX['create_block_mask'](same_doc, B, None, T, T, device=idx.device)
     causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
     return ((docs[:, :, None] == docs[:, None, :]) & causal)[:, None]

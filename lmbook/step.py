@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 from .core import pick_device
 from .config import Config
+from .model import keep_apart
 from .optim import make_optimizer
 from .levers import apply_act_ckpt, apply_fp8
 from .distributed import DistInfo, grad_sync, unwrap, wrap_model
@@ -79,6 +80,7 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(tc.compile, dev):
+        keep_apart()  # the loss and 4-bit kernels stay outside the compiled graphs
         if info.distributed and parallel == 'fsdp':
             for b in model.h: b.compile()
         else: model.compile()
