@@ -14,8 +14,8 @@ from .config import ModelConfig
 
 # %% auto #0
 __all__ = ['FLEX', 'APART', 'flex', 'apart', 'keep_apart', 'sdpa', 'rope_cache', 'scale_rope', 'apply_rope',
-           'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'ChunkedLinearCE', 'chunked_cross_entropy',
-           'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
+           'CausalSelfAttention', 'MLP', 'make_norm', 'Block', 'KVCache', 'write_rows', 'ChunkedLinearCE',
+           'chunked_cross_entropy', 'liger_flce', 'fused_linear_cross_entropy', 'GPT', 'doc_ids', 'doc_mask']
 
 # %% ../nbs/03_model.ipynb #4d54d552
 FLEX = {}  # FlexAttention's `flex_attention` and `create_block_mask`, once `flex` has imported them
@@ -88,7 +88,8 @@ def apply_rope(x:torch.Tensor, cos:torch.Tensor, sin:torch.Tensor) -> torch.Tens
     "Rotate channel pairs (first half, second half) of `x` (B, T, nh, hd) by position."
     T = x.shape[1]
     x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[:T, None, :], sin[:T, None, :]
+    # one table for all rows (T, hd/2), or a row of positions each (B, T, hd/2)
+    c, s = (cos[:T, None, :], sin[:T, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
     return torch.cat([x1*c - x2*s, x1*s + x2*c], dim=-1).type_as(x)
 
 # %% ../nbs/03_model.ipynb #0d892c31
@@ -110,8 +111,9 @@ class CausalSelfAttention(nn.Module):
                                                                                            self.hd))
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
-        if kv is not None:  # generation: store this step's keys/values after the cached ones, attend over all
-            kbuf, vbuf, pos = kv
+        if kv is not None and isinstance(kv[2], torch.Tensor): k, v, mask = write_rows(*kv, k, v)
+        elif kv is not None:  # generation: store this step's keys/values after the cached ones, attend over all
+            kbuf, vbuf, pos, _ = kv
             kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
             k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
             # (T, pos+T)
@@ -171,14 +173,39 @@ class Block(nn.Module):
 class KVCache:
     ("Keys and values of every layer for the positions seen so far (`pos`), in buffers of `block_size` "
      "positions.")
-    def __init__(self, cfg:ModelConfig, batch_size:int, device=None, dtype:torch.dtype=torch.float32):
-        shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.block_size, cfg.head_dim)
+    def __init__(self, cfg:ModelConfig, batch_size:int, device=None, dtype:torch.dtype=torch.float32,
+                 size:int|None=None, # positions a row holds (default `block_size`)
+                ):
+        shape = (cfg.n_layer, batch_size, cfg.kv_heads, size or cfg.block_size, cfg.head_dim)
         self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
                                                                                      dtype=dtype)
-        self.pos = 0
+        self.pos, self.span = 0, None  # `rows` makes `pos` a tensor of one position per row
 
-    def layer(self, i:int) -> tuple: return self.k[i], self.v[i], self.pos
+    def layer(self, i:int) -> tuple: return self.k[i], self.v[i], self.pos, self.span
     def reset(self): self.pos = 0
+
+    def rows(self, start:int, stop:int, pos:torch.Tensor, # (stop-start,) where each row's next token goes
+             span:int|None=None, # keys attended (static for a captured step; default: all the row holds)
+            ) -> KVCache:
+        "A cache over rows `start:stop` of these buffers, each row at its own position `pos`."
+        c = KVCache.__new__(KVCache)
+        c.k, c.v, c.pos, c.span = self.k[:, start:stop], self.v[:, start:stop], pos, span
+        return c
+
+# %% ../nbs/03_model.ipynb #5ab3c388
+def write_rows(kbuf:torch.Tensor, vbuf:torch.Tensor, # (B, nkv, S, hd) a layer's cache rows
+               pos:torch.Tensor, # (B,) where each row's first new key goes
+               span:int|None, # keys to attend (None: all S)
+               k:torch.Tensor, v:torch.Tensor, # (B, nkv, T, hd) the new keys and values
+              ) -> tuple:
+    "Write each row's new keys/values at its own position; the keys, values and (B, 1, T, span) mask to attend."
+    B, nkv, T, hd = k.shape
+    at = pos[:, None] + torch.arange(T, device=pos.device)  # (B, T) the new positions
+    idx = at[:, None, :, None].expand(B, nkv, T, hd)
+    kbuf.scatter_(2, idx, k); vbuf.scatter_(2, idx, v)
+    n = span or kbuf.shape[2]
+    seen = torch.arange(n, device=pos.device) <= at[:, :, None]  # (B, T, n): a row sees its own past only
+    return kbuf[:, :, :n], vbuf[:, :, :n], seen[:, None]
 
 # %% ../nbs/03_model.ipynb #5e1d35a4
 class ChunkedLinearCE(torch.autograd.Function):
@@ -291,13 +318,15 @@ class GPT(nn.Module):
                 mask=None, # from `doc_mask`: positions attend only within their own document
                ):
         B, T = idx.shape
-        pos = cache.pos if cache is not None else 0  # position of idx's first token
-        if pos + T > self.cfg.block_size:
+        pos = cache.pos if cache is not None else 0  # position of idx's first token (one a row: a tensor)
+        if isinstance(pos, torch.Tensor): at = pos[:, None] + torch.arange(T, device=idx.device)  # (B, T)
+        elif pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.cfg.block_size}")
+        else: at = torch.arange(pos, pos + T, device=idx.device)
         x = self.wte(idx)
         rope = None
-        if self.wpe is not None: x = x + self.wpe(torch.arange(pos, pos + T, device=idx.device))
-        else: rope = (self.rope_cos[pos:pos+T], self.rope_sin[pos:pos+T])
+        if self.wpe is not None: x = x + self.wpe(at)
+        else: rope = (self.rope_cos[at], self.rope_sin[at])
         x = self.drop(x)
         for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i), mask)
         if cache is not None: cache.pos += T
