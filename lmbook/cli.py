@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse, json, sys
 from pathlib import Path
 from . import data, tokenizer, loader, databench, launch, finetune, sample, chat, eval, export, bench
-from . import serve, runpod, boot, docs
+from . import api, runpod, boot, docs
 from .core import cli_options, EXIT_USER_ERROR
 from .config import PROFILES, count_params, flops_per_token
 from .memory import estimate_memory
@@ -88,7 +88,7 @@ def _plot(args) -> int:
 # %% ../nbs/10_cli.ipynb #31da40ed
 def add_user_cli(sub):
     "Register the commands of a run's life, in its order: data, training, its results, serving, pods."
-    for mod in (loader, data, tokenizer, launch, finetune, sample, chat, eval, export, serve):
+    for mod in (loader, data, tokenizer, launch, finetune, sample, chat, eval, export, api):
         mod.add_cli(sub)
     p = cli_options(sub.add_parser('plot', help='plot the metrics of one or more experiments against step, '
                                    'and '

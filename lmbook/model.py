@@ -112,7 +112,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
         if kv is not None and isinstance(kv[2], torch.Tensor): k, v, mask = write_rows(*kv, k, v)
-        elif kv is not None:  # generation: store this step's keys/values after the cached ones, attend over all
+        elif kv is not None:  # generation: store this step's keys/values after the cached ones, attend to all
             kbuf, vbuf, pos, _ = kv
             kbuf[:, :, pos:pos+T], vbuf[:, :, pos:pos+T] = k, v
             k, v = kbuf[:, :, :pos+T], vbuf[:, :, :pos+T]
@@ -198,7 +198,7 @@ def write_rows(kbuf:torch.Tensor, vbuf:torch.Tensor, # (B, nkv, S, hd) a layer's
                span:int|None, # keys to attend (None: all S)
                k:torch.Tensor, v:torch.Tensor, # (B, nkv, T, hd) the new keys and values
               ) -> tuple:
-    "Write each row's new keys/values at its own position; the keys, values and (B, 1, T, span) mask to attend."
+    "Write each row's new keys/values at its own position; return the keys, values and mask to attend."
     B, nkv, T, hd = k.shape
     at = pos[:, None] + torch.arange(T, device=pos.device)  # (B, T) the new positions
     idx = at[:, None, :, None].expand(B, nkv, T, hd)
