@@ -276,11 +276,12 @@ def check_bind(host:str, api_key:str|None, insecure:bool=False):
         raise ValueError(f"--host {host} listens beyond this machine: give --api-key KEY (or set "
                          "LMBOOK_API_KEY), or --insecure to serve without a key")
 
-def bind(host:str, port:int) -> socket.socket:
-    "A socket bound to `host:port`, ready for uvicorn to listen on."
+def bind(host:str, port:int, backlog:int=2048) -> socket.socket:
+    "A socket listening on `host:port`: clients queue in its backlog until uvicorn starts accepting."
     sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(backlog)
     return sock
 
 # %% ../nbs/07g_api.ipynb #1bec5b84
