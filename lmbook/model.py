@@ -322,10 +322,11 @@ class GPT(nn.Module):
         if isinstance(pos, torch.Tensor): at = pos[:, None] + torch.arange(T, device=idx.device)  # (B, T)
         elif pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.cfg.block_size}")
-        else: at = torch.arange(pos, pos + T, device=idx.device)
+        else: at = slice(pos, pos + T)
         x = self.wte(idx)
         rope = None
-        if self.wpe is not None: x = x + self.wpe(at)
+        if self.wpe is not None:
+            x = x + self.wpe(at if isinstance(at, torch.Tensor) else torch.arange(pos, pos + T, device=idx.device))
         else: rope = (self.rope_cos[at], self.rope_sin[at])
         x = self.drop(x)
         for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i), mask)
