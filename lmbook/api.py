@@ -208,15 +208,18 @@ async def complete(request):
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     watch = asyncio.ensure_future(gone(request, job))
     if body.get('stream'):
-        return StreamingResponse(events(st.engine.s, job, rid, chat, watch), media_type='text/event-stream',
-                                 headers={'Cache-Control': 'no-cache'})
+        usage = bool((body.get('stream_options') or {}).get('include_usage'))
+        return StreamingResponse(events(st.engine.s, job, rid, chat, watch, usage),
+                                 media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     try: text = ''.join([p async for p in pieces(st.engine.s, job)])
     except asyncio.CancelledError: job.cancelled = True; raise
     finally: watch.cancel()
     if job.finish.startswith('error'): raise ApiError(500, job.finish, type='server_error')
     return JSONResponse(answer(st.engine.s, rid, chat, text, job))
 
-async def events(s:Served, job:Job, rid:str, chat:bool, watch):
+async def events(s:Served, job:Job, rid:str, chat:bool, watch,
+                 usage:bool=False, # a last chunk with the token counts (`stream_options.include_usage`)
+                ):
     "A streamed answer: OpenAI's chunks as server-sent events, then `[DONE]`."
     say = lambda obj: f"data: {json.dumps(obj)}\n\n"
     try:
@@ -225,6 +228,8 @@ async def events(s:Served, job:Job, rid:str, chat:bool, watch):
         failed = job.finish.startswith('error')
         yield say(ApiError(500, job.finish, type='server_error').body() if failed else
                   chunk(s, rid, chat, None, job.finish))
+        kind = 'chat.completion.chunk' if chat else 'text_completion'
+        if usage: yield say(dict(answer(s, rid, chat, '', job), object=kind, choices=[]))
         yield 'data: [DONE]\n\n'
     finally: job.cancelled = True; watch.cancel()
 

@@ -319,14 +319,15 @@ class GPT(nn.Module):
                ):
         B, T = idx.shape
         pos = cache.pos if cache is not None else 0  # position of idx's first token (one a row: a tensor)
-        if isinstance(pos, torch.Tensor): at = pos[:, None] + torch.arange(T, device=idx.device)  # (B, T)
+        if isinstance(pos, torch.Tensor): at = pos[:, None] + torch.arange(T, device=idx.device)
         elif pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.cfg.block_size}")
-        else: at = slice(pos, pos + T)
+        else: at = slice(pos, pos + T)  # training and `generate`: one position for all rows
         x = self.wte(idx)
         rope = None
         if self.wpe is not None:
-            x = x + self.wpe(at if isinstance(at, torch.Tensor) else torch.arange(pos, pos + T, device=idx.device))
+            rows = isinstance(at, torch.Tensor)
+            x = x + self.wpe(at if rows else torch.arange(pos, pos + T, device=idx.device))
         else: rope = (self.rope_cos[at], self.rope_sin[at])
         x = self.drop(x)
         for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i), mask)
