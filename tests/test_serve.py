@@ -183,3 +183,13 @@ def test_runpod_worker_local_test_mode(folder):
     r = lmbook_cmd('serve', folder, '--runpod', '--device', 'cpu', '--test-input', job, timeout=120)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and 'completed successfully' in out and "'object': 'chat.completion'" in out, out[-2000:]
+
+
+def test_load_script(folder, tmp_path):
+    "The GPU measurement's script on the CPU: rows with no drops, and a server that exited 0."
+    import serve_load
+    rows = serve_load.main([str(folder), '--clients', '1,3', '--requests', '2', '--max-tokens', '6', '--device', 'cpu',
+                            '--out', str(tmp_path/'r.jsonl')])
+    assert [(r['clients'], r['answered'], r['dropped'], r['server_exit']) for r in rows] == [(1, 2, 0, 0), (3, 6, 0, 0)]
+    assert rows[1]['tok_per_s'] > 0 and rows[1]['ttft_p95_s'] >= rows[1]['ttft_p50_s'] > 0
+    assert len((tmp_path/'r.jsonl').read_text().splitlines()) == 2
