@@ -18,11 +18,11 @@ from .config import get_config, parse_assignments
 from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card_image
 
 # %% auto #0
-__all__ = ['PORTS', 'SERVE_PORT', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec', 'resolve_env',
-           'code_source', 'start_script', 'start_command', 'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec',
-           'serve_spec', 'proxy_urls', 'request_text', 'create_pod_retrying', 'wait_running', 'format_status',
-           'check_available', 'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands',
-           'add_volumes_cli', 'add_cli']
+__all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
+           'resolve_env', 'code_source', 'start_script', 'start_command', 'check_pod_args', 'run_overrides',
+           'spend_env', 'pod_spec', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage', 'request_text',
+           'create_pod_retrying', 'wait_running', 'format_status', 'check_available', 'add_plan_cli', 'add_create_cli',
+           'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../nbs/08e_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -295,6 +295,14 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     return spec.validate()
 
 SERVE_PORT = 8000  # the port `lmbook serve` listens on in an endpoint pod
+SERVE_SECRET = 'lmbook_api_key'  # the RunPod secret an endpoint pod's key comes from by default
+
+def serve_key(given:str='', environ:dict|None=None) -> str:
+    "Where an endpoint pod's key comes from: `given`, else your $LMBOOK_API_KEY, else the RunPod secret."
+    if given: return given
+    environ = os.environ if environ is None else environ
+    if environ.get('LMBOOK_API_KEY'): return 'env:LMBOOK_API_KEY'
+    return f'{{{{ RUNPOD_SECRET_{SERVE_SECRET} }}}}'
 
 def serve_spec(export:str, # the served model's path on the volume: an export, run or checkpoint folder
                gpu:str, # RunPod GPU id or alias
@@ -306,13 +314,17 @@ def serve_spec(export:str, # the served model's path on the volume: an export, r
                repo:str='', # git URL of lmbook the pod clones (see `code_source`)
                commit:str='', # the full commit the pod checks out
                extra_env:dict|None=None, # more environment variables
+               engine:str='lmbook', # 'lmbook' (lmbook serve) or 'vllm' (vLLM's OpenAI server on an export)
+               api_key:str='', # the clients' key: 'env:NAME' or '{{ RUNPOD_SECRET_name }}' (see `serve_key`)
               ) -> PodSpec:
-    "A checked `PodSpec` of an endpoint pod: `lmbook serve EXPORT` on port 8000 instead of the training boot."
+    "A checked `PodSpec` of an endpoint pod: `lmbook serve EXPORT` (or vLLM) on port 8000, behind a key."
     if not export.startswith('/workspace/'):
         raise ValueError(f"--serve {export!r}: give the model's path on the volume, e.g. "
                          "/workspace/exports/NAME (lmbook pod push copies a folder there)")
     name = re.sub(r'[^A-Za-z0-9._-]', '-', Path(export.rstrip('/')).name)[:40] or 'model'
-    env = dict(RUN_SERVE=export, SERVE_PORT=str(SERVE_PORT), RUN_EXPERIMENT=f'serve-{name}',
+    if engine not in ('lmbook', 'vllm'): raise ValueError(f"--engine {engine!r}: choose lmbook or vllm")
+    env = dict(RUN_SERVE=export, SERVE_PORT=str(SERVE_PORT), SERVE_ENGINE=engine,
+               RUN_EXPERIMENT=f'serve-{name}',
                LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit,
                PYTHONUNBUFFERED='1', **(extra_env or {}))
     gpu_type, s = find_gpu(gpu), load_settings()
@@ -320,7 +332,8 @@ def serve_spec(export:str, # the served model's path on the volume: an export, r
                    gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
                    cloud_type=cloud_type, volume_id=volume_id, volume_gb=s.volume_gb,
                    container_disk_gb=s.container_disk_gb, data_center=data_center,
-                   ports=f'{PORTS},{SERVE_PORT}/http', env=env, secrets=dict(JUPYTER_PASSWORD='generate'))
+                   ports=f'{PORTS},{SERVE_PORT}/http', env=env,
+                   secrets=dict(JUPYTER_PASSWORD='generate', LMBOOK_API_KEY=api_key or serve_key()))
     spec.start = start_command()
     return spec.validate()
 
@@ -328,6 +341,15 @@ def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab",
                 tensorboard=f"https://{pod_id}-6006.proxy.runpod.net/")
+
+def serve_usage(pod_id:str, spec:PodSpec) -> str:
+    "How a client reaches an endpoint pod: its URL, and the key by where it comes from (never the key)."
+    src = spec.secrets.get('LMBOOK_API_KEY', '')
+    key = (f"your ${src[4:]}" if src.startswith('env:') else
+           f"the RunPod secret {src.split('RUNPOD_SECRET_')[-1].strip(' }')} (runpod.io > Secrets)")
+    url = f"https://{pod_id}-{SERVE_PORT}.proxy.runpod.net/v1"
+    use = f"OpenAI(base_url='{url}', api_key=<the key>), or curl -H 'Authorization: Bearer <the key>'"
+    return f"  openai api   {url} ({spec.env.get('SERVE_ENGINE', 'lmbook')}); key: {key}\n{' '*15}{use}"
 
 # %% ../nbs/08e_runpod.ipynb #d73c58c6
 def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> str:
@@ -433,7 +455,8 @@ def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
     repo, commit, warn = code_source(a.repo, a.commit)
     if warn: print(warn, file=sys.stderr)
     return serve_spec(a.serve, gpu, gpus, a.volume or '', a.image, a.cloud_type or load_settings().cloud_type,
-                      a.data_center or '', repo, commit, parse_assignments(a.env))
+                      a.data_center or '', repo, commit, parse_assignments(a.env), a.engine,
+                      a.serve_key or '')
 
 def _machine(a, spec:PodSpec) -> PodSpec:
     "`spec` with the command line's template and machine minimums (a template brings its image too)."
@@ -498,8 +521,7 @@ def _create_cmd(a) -> int:
     print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
           + ('your $JUPYTER_PASSWORD' if mine else 'generated, in the pod settings on runpod.io'))
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
-    if spec.env.get('RUN_SERVE'):
-        print(f"  openai api   https://{pod['id']}-{SERVE_PORT}.proxy.runpod.net/v1")
+    if spec.env.get('RUN_SERVE'): print(serve_usage(pod['id'], spec))
     print(f"  logs         lmbook pod logs {pod['id']}")
     if a.wait: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
     return 0
@@ -582,6 +604,11 @@ def add_create_cli(pod):
                    help="system memory the machine must have (GraphQL backend)")
     p.add_argument('--serve', metavar='EXPORT',
                    help='an endpoint pod: `lmbook serve EXPORT` (its path on the volume) on port 8000')
+    p.add_argument('--engine', choices=('lmbook', 'vllm'), default='lmbook',
+                   help="with --serve: lmbook's server, or vLLM's OpenAI server (a transformers export)")
+    p.add_argument('--serve-key', metavar='SOURCE', help="with --serve: the clients' key, "
+                   "'{{ RUNPOD_SECRET_name }}' or env:NAME (default: env:LMBOOK_API_KEY if set, else "
+                   f"the RunPod secret {SERVE_SECRET})")
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
                    help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true',
