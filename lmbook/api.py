@@ -7,7 +7,8 @@ Docs: https://lmbook.github.io/lmbook/api.html.md"""
 
 # %% ../nbs/07g_api.ipynb #60b29061
 from __future__ import annotations
-import asyncio, functools, hmac, ipaddress, json, os, socket, sys, time, uuid
+import asyncio, functools, hmac, ipaddress, json, os, socket, sys, threading, time, uuid
+from types import SimpleNamespace
 from .serve import Busy, Engine, Job, Served, load_served
 from .sample import TextStream, stop_ids
 from .sft import ROLES, END
@@ -22,8 +23,8 @@ except ImportError: uvicorn = None
 # %% auto #0
 __all__ = ['WEB_MISSING', 'need_web', 'ApiError', 'request_options', 'vocab_facts', 'check_text', 'chat_text', 'prompt_ids',
            'make_job', 'chunk', 'answer', 'detok', 'LoopQueue', 'pieces', 'gone', 'authorize', 'read_json', 'complete',
-           'events', 'models', 'health', 'make_app', 'check_bind', 'bind', 'http_server', 'runpod_handler',
-           'start_runpod', 'add_cli', 'run_serve']
+           'events', 'models', 'health', 'make_app', 'check_bind', 'bind', 'http_server', 'background',
+           'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
 
 # %% ../nbs/07g_api.ipynb #3dcf3e51
 WEB_MISSING = ("lmbook serve needs starlette and uvicorn: pip install 'lmbook[serve]' "
@@ -303,6 +304,19 @@ def http_server(app, grace:float=30, # seconds running requests get to finish af
         getattr(server, '_captured_signals', []).clear()  # drained: return, rather than die of the signal
     server.handle_exit = on_signal
     return server
+
+# %% ../nbs/07g_api.ipynb #9256be1d
+def background(served:Served, max_batch:int=8, api_key:str|None=None) -> SimpleNamespace:
+    "A server on a free port of 127.0.0.1 in a thread: `.port`, `.engine`, `.stop()`."
+    engine, sock = Engine(served, max_batch), bind('127.0.0.1', 0)
+    server = http_server(make_app(engine, api_key))
+    t = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True, name='lmbook-http')
+    t.start()
+    def stop():
+        server.should_exit = True
+        t.join(30)
+        engine.stop()
+    return SimpleNamespace(port=sock.getsockname()[1], engine=engine, stop=stop)
 
 # %% ../nbs/07g_api.ipynb #e985ef8d
 def runpod_handler(engine:Engine):
