@@ -21,10 +21,10 @@ try:  # the [serve] extra: without it every other command runs, and `need_web` s
 except ImportError: uvicorn = None
 
 # %% auto #0
-__all__ = ['WEB_MISSING', 'need_web', 'ApiError', 'request_options', 'vocab_facts', 'check_text', 'chat_text', 'prompt_ids',
-           'make_job', 'chunk', 'answer', 'detok', 'LoopQueue', 'pieces', 'gone', 'authorize', 'read_json', 'complete',
-           'events', 'models', 'health', 'make_app', 'check_bind', 'bind', 'http_server', 'background',
-           'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
+__all__ = ['WEB_MISSING', 'need_web', 'ApiError', 'request_options', 'vocab_facts', 'too_long', 'check_text', 'chat_text',
+           'prompt_ids', 'make_job', 'chunk', 'answer', 'detok', 'LoopQueue', 'pieces', 'gone', 'authorize',
+           'read_json', 'complete', 'events', 'models', 'health', 'make_app', 'check_bind', 'bind', 'http_server',
+           'background', 'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
 
 # %% ../nbs/07g_api.ipynb #3dcf3e51
 WEB_MISSING = ("lmbook serve needs starlette and uvicorn: pip install 'lmbook[serve]' "
@@ -74,14 +74,20 @@ def vocab_facts(tokenizer) -> tuple:
     longest = max(map(len, tokenizer.tok.get_vocab()))
     return frozenset(added), frozenset(SPECIAL_TOKENS) | {t.content for t in added.values()}, longest
 
-def check_text(tokenizer, text, what:str='prompt') -> str:
-    "`text`, if a string without reserved tokens."
+def too_long(n, context:int) -> ApiError:
+    "The error of a prompt of `n` tokens that does not fit `context`."
+    return ApiError(400, f"the prompt has {n} tokens; the served context is {context}: shorten it",
+                    'context_length_exceeded', 'messages')
+
+def check_text(tokenizer, text, context:int, what:str='prompt') -> str:
+    "`text`, if a string that can fit `context` tokens, without reserved tokens."
     if not isinstance(text, str): raise ApiError(400, f"{what} must be a string", param=what)
+    if len(text) > context*vocab_facts(tokenizer)[2]: raise too_long(f"more than {context}", context)
     if bad := [t for t in vocab_facts(tokenizer)[1] if t in text]:
         raise ApiError(400, f"the {what} holds the reserved token {bad[0]}: remove it", param=what)
     return text
 
-def chat_text(tokenizer, messages) -> str:
+def chat_text(tokenizer, messages, context:int) -> str:
     "The prompt text of OpenAI-style `messages` in lmbook's chat format, ending with the assistant's tag."
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content}", param='messages')
@@ -90,16 +96,15 @@ def chat_text(tokenizer, messages) -> str:
         if not isinstance(m, dict) or m.get('role') not in ROLES:
             raise ApiError(400, f"each message needs a role ({', '.join(ROLES)}) and text content",
                            param='messages')
-        out += f"{ROLES[m['role']]}{check_text(tokenizer, m.get('content'), 'content')}{END}"
+        content = check_text(tokenizer, m.get('content'), context, 'content')
+        out += f"{ROLES[m['role']]}{content}{END}"
     return out + ROLES['assistant']
 
 def prompt_ids(tokenizer, text:str, context:int) -> list[int]:
     "The start token and the ids of `text`, or a 400 when they cannot fit `context`."
-    too_long = lambda n: ApiError(400, f"the prompt has {n} tokens; the served context is {context}: "
-                                  "shorten it", 'context_length_exceeded', 'messages')
-    if len(text) > context*vocab_facts(tokenizer)[2]: raise too_long(f"more than {context}")
+    if len(text) > context*vocab_facts(tokenizer)[2]: raise too_long(f"more than {context}", context)
     ids = [tokenizer.eot_id] + tokenizer.encode(text)
-    if len(ids) >= context: raise too_long(len(ids))
+    if len(ids) >= context: raise too_long(len(ids), context)
     return ids
 
 # %% ../nbs/07g_api.ipynb #5e9f4cce
@@ -112,7 +117,8 @@ def make_job(s:Served, body, chat:bool, context:int) -> Job:
     n, t, p, seed = request_options(body, chat)
     prompt = body.get('prompt')
     if isinstance(prompt, list) and len(prompt) == 1: prompt = prompt[0]
-    text = chat_text(s.tokenizer, body.get('messages')) if chat else check_text(s.tokenizer, prompt)
+    text = (chat_text(s.tokenizer, body.get('messages'), context) if chat else
+            check_text(s.tokenizer, prompt, context))
     return Job(prompt_ids(s.tokenizer, text, context), n, t, p, stop_ids(s.tokenizer, chat or s.chat), seed)
 
 # %% ../nbs/07g_api.ipynb #8ff95533
