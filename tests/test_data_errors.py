@@ -7,11 +7,11 @@ import pytest
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, read_manifest, check_shards, write_manifest
-from lmbook.corpus import input_files
-from lmbook.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer, adopt_tokenizer,
+from lmbook.data.prepare import shard_corpus, read_manifest, check_shards, write_manifest
+from lmbook.data.corpus import input_files
+from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer, adopt_tokenizer,
                               new_bpe, write_tokens)
-from lmbook.loader import TokenLoader, val_batches, write_token_dir
+from lmbook.data.loader import TokenLoader, val_batches, write_token_dir
 
 
 @pytest.fixture(scope='module')

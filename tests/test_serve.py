@@ -17,7 +17,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def server(folder):
-    from lmbook.serve import load_served, make_server
+    from lmbook.serve.server import load_served, make_server
     srv = make_server(load_served(str(folder), 'cpu'), port=0, max_batch=8)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv

@@ -6,15 +6,15 @@ import torch
 from safetensors.torch import load_file
 from lmbook.config import get_config
 from lmbook.core import paths_for
-from lmbook.trainer import train
-from lmbook.model import GPT
-from lmbook.lora import add_lora
-from lmbook.sample import load_model
-from lmbook.runs import find_checkpoint
-from lmbook.tokenizer import load_tokenizer, train_bpe
-from lmbook.finetune import finetune, finetune_config, FINETUNE_PARAMS
-from lmbook.runstart import init_model, resolve_init
-from lmbook.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
+from lmbook.train.trainer import train
+from lmbook.model.gpt import GPT
+from lmbook.model.lora import add_lora
+from lmbook.runs.sample import load_model
+from lmbook.runs.find import find_checkpoint
+from lmbook.data.tokenizer import load_tokenizer, train_bpe
+from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
+from lmbook.train.runstart import init_model, resolve_init
+from lmbook.data.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
 from conftest import lmbook_cmd, rows
 
 quiet = lambda *a, **k: None
@@ -133,7 +133,7 @@ def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
     m = GPT(cfg.model); m.load_state_dict({**base, 'lm_head.weight': base['wte.weight']})  # tied head
     add_lora(m, 2, 4.0); m.load_state_dict(a, strict=False); m.eval()
     out = root/'hf-lora'
-    from lmbook.export import export_hf
+    from lmbook.runs.export import export_hf
     export_hf('ft-a', out, root=root)
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()

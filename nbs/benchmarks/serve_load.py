@@ -7,7 +7,7 @@ With --tiny the model's folder is a scratch folder, removed when the script ends
 import argparse, json, statistics, sys, threading, time, urllib.request
 from pathlib import Path
 import torch
-from lmbook.serve import load_served, make_server
+from lmbook.serve.server import load_served, make_server
 
 PROMPTS = ['What does abs do in Python?', 'Explain what a list is.', 'How do I open a file?', 'What is a dictionary?']
 
