@@ -6,27 +6,19 @@ Docs: https://lmbook.github.io/lmbook/cli.html.md"""
 
 # %% ../nbs/09_cli.ipynb #78ecc4c9
 from __future__ import annotations
-import argparse, json, sys
+import argparse, importlib, json, sys
 from pathlib import Path
-from .data import prepare as data, tokenizer, loader
-from .dev import databench
-from .train import launch, finetune, eval, bench
-from .runs import sample, export
-from .serve import chat
-from .serve import server as serve
-from .pods import runpod, boot
-from .dev import docs
-from .core import cli_options, EXIT_USER_ERROR
+from .core import cli_options, EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .config import PROFILES, count_params, flops_per_token
-from .model.memory import estimate_memory
-from .runs.analysis import plot_runs
 
 # %% auto #0
-__all__ = ['profile_rows', 'format_profiles', 'render_readme', 'add_user_cli', 'add_dev_cli', 'build_parser', 'main']
+__all__ = ['COMMANDS', 'profile_rows', 'format_profiles', 'render_readme', 'add_cli', 'add_dev_cli', 'register', 'build_parser',
+           'main']
 
 # %% ../nbs/09_cli.ipynb #c15a441b
 def profile_rows() -> list[dict]:
     "One row per profile: name, shape, parameters, tokens per step and estimated training memory."
+    estimate_memory = importlib.import_module('lmbook.model.memory').estimate_memory  # loads torch
     rows = []
     for name, fn in PROFILES.items():
         c = fn(); m = c.model
@@ -87,54 +79,92 @@ def _readme(args) -> int:
     return 0
 
 def _plot(args) -> int:
+    plot_runs = importlib.import_module('lmbook.runs.analysis').plot_runs  # loads matplotlib
     for e, pngs in plot_runs(args.experiments, root=args.root, smooth=args.smooth).items():
         print(e, *map(str, pngs), sep='\n  ')
     return 0
 
 # %% ../nbs/09_cli.ipynb #31da40ed
-def add_user_cli(sub):
-    "Register the commands of a run's life, in its order: data, training, its results, serving, pods."
-    for mod in (loader, data, tokenizer, launch, finetune, sample, chat, eval, export, serve):
-        mod.add_cli(sub)
-    p = cli_options(sub.add_parser('plot', help='plot the metrics of one or more experiments against step, '
-                                   'and '
-                                   'the loss against tokens, time and cost'), 'root')
+COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --help`)
+    'prepare': ('lmbook.data.loader', "shard, train the tokenizer and tokenize for a profile's data config"),
+    'shard': ('lmbook.data.prepare', 'stream a corpus into text shards with a manifest'),
+    'tokenizer': ('lmbook.data.tokenizer', 'train (or adopt) the byte-level BPE bundle of an experiment'),
+    'tokenize': ('lmbook.data.tokenizer', 'turn text shards into binary token files'),
+    'train': ('lmbook.train.launch', 'train a profile (auto-resumes; --nproc N uses torchrun)'),
+    'finetune': ('lmbook.train.finetune', 'fine-tune a pretrained run on a .jsonl of prompt/response or chat '
+                 'records (loss on responses only)'),
+    'sample': ('lmbook.runs.sample', 'continue prompts with a checkpoint (a folder, or the newest good one of '
+               'an experiment)'),
+    'chat': ('lmbook.serve.chat', 'talk to a fine-tuned run, the conversation kept (/reset starts anew, /exit '
+             'or Ctrl-D stops)'),
+    'eval': ('lmbook.train.eval', 'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
+    'export': ('lmbook.runs.export', 'write a checkpoint as a Hugging Face transformers folder (and upload it)'),
+    'serve': ('lmbook.serve.server', 'serve a run or an exported model: OpenAI-compatible HTTP API (or a '
+              'RunPod worker)'),
+    'plot': ('lmbook.cli', 'plot the metrics of one or more experiments against step, and the loss against '
+             'tokens, time and cost'),
+    'profiles': ('lmbook.cli', 'list the profiles with parameter counts and memory estimates'),
+    'bench': ('lmbook.train.bench', 'measure training tokens/s, MFU and peak memory of a profile'),
+    'pod': ('lmbook.pods.runpod', 'plan, create, watch and stop RunPod pods'),
+    'boot': ('lmbook.pods.boot', "a pod's unattended pipeline: install, layout, data, train, autokill (reads "
+             'RUN_* variables)'),
+    'slurm': ('lmbook.pods.boot', 'print (or write) an sbatch script for a multi-node SLURM run'),
+    'readme': ('lmbook.cli', '[developers] render README.md from nbs/index.ipynb'),
+    'docs': ('lmbook.dev.docs', '[developers] build the docs site offline into _docs/ (nbdev notebooks '
+             'rendered by smalldocs)'),
+    'databench': ('lmbook.dev.databench', '[developers] measure tokenize and loader speed; write JSON'),
+    'orchestrate': ('lmbook.pods.boot', '[developers] stages 2-4 of the boot pipeline (layout, shards and '
+                    'tokenizer, training) from a local file'),
+}
+
+def add_cli(sub):
+    "Register the commands about the project as a whole: `plot` and `profiles`."
+    p = cli_options(sub.add_parser('plot', help=COMMANDS['plot'][1]), 'root')
     p.add_argument('experiments', nargs='+', help='experiment names')
     p.add_argument('--smooth', type=float, default=0.0,
                    help='>0 (e.g. 0.9): also draw the train loss averaged over ~1/(1-smooth) rows')
     p.set_defaults(func=_plot)
-    p = sub.add_parser('profiles', help='list the profiles with parameter counts and memory estimates')
+    p = sub.add_parser('profiles', help=COMMANDS['profiles'][1])
     p.add_argument('--json', action='store_true', help='print JSON instead of a table')
     p.set_defaults(func=_profiles)
-    for mod in (bench, runpod, boot): mod.add_cli(sub)
 
 def add_dev_cli(sub):
-    ("Register the commands that look after the checkout itself: the README, the docs, data speed, the "
-     "pipeline.")
-    p = sub.add_parser('readme', help='[developers] render README.md from nbs/index.ipynb')
-    p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of '
-                   'writing it')
+    "Register `lmbook readme`."
+    p = sub.add_parser('readme', help=COMMANDS['readme'][1])
+    p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of writing it')
     p.add_argument('--checkout', default='.', metavar='DIR',
                    help='the lmbook checkout holding nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
-    for mod in (docs, databench, boot): mod.add_dev_cli(sub)
-
-def build_parser() -> argparse.ArgumentParser:
-    "The `lmbook` argument parser: the user's commands first, then the developers'."
-    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from '
-                                 'a corpus '
-                                 'to plots.', epilog='Commands marked [developers] look after a checkout of '
-                                     'lmbook.')
-    sub = ap.add_subparsers(dest='command', metavar='COMMAND')
-    add_user_cli(sub)
-    add_dev_cli(sub)
-    return ap
 
 # %% ../nbs/09_cli.ipynb #de5be98e
+def register(sub, module:str) -> list[str]:
+    "Let `module` add its commands to `sub`, the user's and the developers'; return the commands it added."
+    # imported here, by name, so that only the command that runs pays for its module's imports
+    mod = sys.modules[__name__] if module == __name__ else importlib.import_module(module)
+    before = set(sub.choices)
+    for fn in ('add_cli', 'add_dev_cli'):
+        if hasattr(mod, fn): getattr(mod, fn)(sub)
+    return [c for c in sub.choices if c not in before]
+
+def build_parser(command:str|None=None, # register only this command's module; the others are listed by name
+                 light:bool=False, # True: as `main` builds it, importing at most `command`'s module
+                ) -> argparse.ArgumentParser:
+    "The `lmbook` argument parser: every command in full, or (light) only the one about to run."
+    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a '
+                                 'corpus to plots.', epilog='Commands marked [developers] look after a checkout '
+                                 'of lmbook.')
+    sub = ap.add_subparsers(dest='command', metavar='COMMAND')
+    wanted = {COMMANDS[command][0]} if light and command in COMMANDS else set() if light else None
+    for name, (module, help) in COMMANDS.items():
+        if name in sub.choices: continue
+        if wanted is None or module in wanted: register(sub, module)
+        else: sub.add_parser(name, help=help, add_help=False)
+    return ap
+
 def main(argv:list[str]|None=None) -> int:
-    ("Run the `lmbook` command; user mistakes print one `error:` line and exit 2, Ctrl-C one line and exit "
-     "130.")
-    ap = build_parser()
+    "Run the `lmbook` command; a user's mistake prints one `error:` line and exits 2, Ctrl-C exits 130."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = build_parser(next((a for a in argv if not a.startswith('-')), None), light=True)
     args = ap.parse_args(argv)
     if not getattr(args, 'func', None): ap.print_help(); return EXIT_USER_ERROR
     try: return int(args.func(args) or 0)
@@ -144,7 +174,7 @@ def main(argv:list[str]|None=None) -> int:
     # what was written is kept; commands that resume say where they stopped themselves
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 # %% ../nbs/09_cli.ipynb #1f697d36
 # `python -m lmbook.cli ...` where the `lmbook` script is not on the PATH (a package on PYTHONPATH)
