@@ -14,9 +14,9 @@ from ..runlock import data_lock
 from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local_docs, MAX_DOC_BYTES
 
 # %% auto #0
-__all__ = ['SOURCE_KINDS', 'MANIFEST', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs', 'source_kind',
-           'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'check_shards', 'shard_corpus', 'shard_docs',
-           'add_cli']
+__all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs',
+           'source_kind', 'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'claim_folder', 'check_shards',
+           'shard_corpus', 'shard_docs', 'add_cli']
 
 # %% ../../nbs/02b_prepare.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -129,6 +129,20 @@ def write_manifest(folder:Path, m:dict):
     tmp.write_text(json.dumps(m, indent=1))
     os.replace(tmp, p)
 
+OWN_FILES = 'shard_[0-9][0-9][0-9][0-9][0-9].*'  # the shard and token files this package names
+
+def claim_folder(folder:Path) -> dict|None:
+    "The manifest of `folder`, or None to start afresh: files of an interrupted first write go, others refuse."
+    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    if (m := read_manifest(folder)) is not None: return m
+    others = sorted(p.name for p in folder.iterdir() if not p.name.startswith('.') and not p.match(OWN_FILES))
+    if others: raise ValueError(f"{folder} holds files but no {MANIFEST} ({others[0]}...): use another "
+                                "experiment or empty that folder")
+    # ours, written before a first manifest was: an interrupted start holds nothing to resume
+    for f in folder.iterdir():
+        if f.match(OWN_FILES) or f.name.startswith(f'.{MANIFEST}.'): f.unlink()
+    return None
+
 # %% ../../nbs/02b_prepare.ipynb #b44b327d
 def _route_val(i:int, seed:int, ratio:float) -> bool:
     "Deterministically send document `i` to validation with probability `ratio`."
@@ -177,12 +191,8 @@ def _totals(shards): return dict(docs=sum(s['docs'] for s in shards), lines=sum(
 
 # %% ../../nbs/02b_prepare.ipynb #21ce3886
 def _open_split(folder:Path, split:str, meta:dict) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    m = read_manifest(folder)
+    m = claim_folder(folder)
     if m is None:
-        if any(p for p in folder.iterdir() if not p.name.startswith('.')):
-            raise ValueError(f"{folder} holds files but no {MANIFEST}: choose another --experiment or empty "
-                             "that folder")
         m = dict(format='lmbook-shards', version=1, split=split, **meta, shards=[], source_docs=0,
                  complete=False)
         write_manifest(folder, m)

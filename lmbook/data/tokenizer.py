@@ -15,6 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, decoder
 from ..core import cli_options, load_settings, paths_for, resolve_experiment
 from ..runlock import data_lock
 from .prepare import shard_docs, read_manifest, write_manifest, check_shards, unescape_doc, MANIFEST
+from .prepare import claim_folder
 
 # %% auto #0
 __all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'Tokenizer', 'new_bpe',
@@ -296,12 +297,8 @@ def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, o
 def _token_manifest(out_dir:Path, tk:Tokenizer, dt, shard_dir:Path) -> dict:
     "The token manifest of `out_dir` to continue, or a new one; token files of another tokenizer refused."
     tok_sha = tk.sha256
-    out_dir.mkdir(parents=True, exist_ok=True)
-    m = read_manifest(out_dir)
+    m = claim_folder(out_dir)
     if m is None:
-        if any(p for p in out_dir.iterdir() if not p.name.startswith('.')):
-            raise ValueError(f"{out_dir} holds files but no {MANIFEST}: use another experiment or empty "
-                             "that folder")
         m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
                  eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
     elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
