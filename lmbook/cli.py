@@ -86,35 +86,51 @@ def _plot(args) -> int:
 
 # %% ../nbs/09_cli.ipynb #31da40ed
 COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --help`)
-    'prepare': ('lmbook.data.loader', "shard, train the tokenizer and tokenize for a profile's data config"),
-    'shard': ('lmbook.data.prepare', 'stream a corpus into text shards with a manifest'),
-    'tokenizer': ('lmbook.data.tokenizer', 'train (or adopt) the byte-level BPE bundle of an experiment'),
-    'tokenize': ('lmbook.data.tokenizer', 'turn text shards into binary token files'),
-    'train': ('lmbook.train.launch', 'train a profile (auto-resumes; --nproc N uses torchrun)'),
-    'finetune': ('lmbook.train.finetune', 'fine-tune a pretrained run on a .jsonl of prompt/response or chat '
-                 'records (loss on responses only)'),
-    'sample': ('lmbook.runs.sample', 'continue prompts with a checkpoint (a folder, or the newest good one of '
-               'an experiment)'),
-    'chat': ('lmbook.serve.chat', 'talk to a fine-tuned run, the conversation kept (/reset starts anew, /exit '
-             'or Ctrl-D stops)'),
-    'eval': ('lmbook.train.eval', 'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
-    'export': ('lmbook.runs.export', 'write a checkpoint as a Hugging Face transformers folder (and upload it)'),
-    'serve': ('lmbook.serve.server', 'serve a run or an exported model: OpenAI-compatible HTTP API (or a '
-              'RunPod worker)'),
-    'plot': ('lmbook.cli', 'plot the metrics of one or more experiments against step, and the loss against '
-             'tokens, time and cost'),
-    'profiles': ('lmbook.cli', 'list the profiles with parameter counts and memory estimates'),
-    'bench': ('lmbook.train.bench', 'measure training tokens/s, MFU and peak memory of a profile'),
-    'pod': ('lmbook.pods.runpod', 'plan, create, watch and stop RunPod pods'),
-    'boot': ('lmbook.pods.boot', "a pod's unattended pipeline: install, layout, data, train, autokill (reads "
-             'RUN_* variables)'),
-    'slurm': ('lmbook.pods.boot', 'print (or write) an sbatch script for a multi-node SLURM run'),
-    'readme': ('lmbook.cli', '[developers] render README.md from nbs/index.ipynb'),
-    'docs': ('lmbook.dev.docs', '[developers] build the docs site offline into _docs/ (nbdev notebooks '
-             'rendered by smalldocs)'),
-    'databench': ('lmbook.dev.databench', '[developers] measure tokenize and loader speed; write JSON'),
-    'orchestrate': ('lmbook.pods.boot', '[developers] stages 2-4 of the boot pipeline (layout, shards and '
-                    'tokenizer, training) from a local file'),
+    'prepare': ('lmbook.data.loader',
+        "shard, train the tokenizer and tokenize for a profile's data config"),
+    'shard': ('lmbook.data.prepare',
+        'stream a corpus into text shards with a manifest'),
+    'tokenizer': ('lmbook.data.tokenizer',
+        'train (or adopt) the byte-level BPE bundle of an experiment'),
+    'tokenize': ('lmbook.data.tokenizer',
+        'turn text shards into binary token files'),
+    'train': ('lmbook.train.launch',
+        'train a profile (auto-resumes; --nproc N uses torchrun)'),
+    'finetune': ('lmbook.train.finetune',
+        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses '
+        'only)'),
+    'sample': ('lmbook.runs.sample',
+        'continue prompts with a checkpoint (a folder, or the newest good one of an experiment)'),
+    'chat': ('lmbook.serve.chat',
+        'talk to a fine-tuned run, the conversation kept (/reset starts anew, /exit or Ctrl-D stops)'),
+    'eval': ('lmbook.train.eval',
+        'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
+    'export': ('lmbook.runs.export',
+        'write a checkpoint as a Hugging Face transformers folder (and upload it)'),
+    'serve': ('lmbook.serve.server',
+        'serve a run or an exported model: OpenAI-compatible HTTP API (or a RunPod worker)'),
+    'plot': ('lmbook.cli',
+        'plot the metrics of one or more experiments against step, and the loss against tokens, time and '
+        'cost'),
+    'profiles': ('lmbook.cli',
+        'list the profiles with parameter counts and memory estimates'),
+    'bench': ('lmbook.train.bench',
+        'measure training tokens/s, MFU and peak memory of a profile'),
+    'pod': ('lmbook.pods.runpod',
+        'plan, create, watch and stop RunPod pods'),
+    'boot': ('lmbook.pods.boot',
+        "a pod's unattended pipeline: install, layout, data, train, autokill (reads RUN_* variables)"),
+    'slurm': ('lmbook.pods.boot',
+        'print (or write) an sbatch script for a multi-node SLURM run'),
+    'readme': ('lmbook.cli',
+        '[developers] render README.md from nbs/index.ipynb'),
+    'docs': ('lmbook.dev.docs',
+        '[developers] build the docs site offline into _docs/ (nbdev notebooks rendered by smalldocs)'),
+    'databench': ('lmbook.dev.databench',
+        '[developers] measure tokenize and loader speed; write JSON'),
+    'orchestrate': ('lmbook.pods.boot',
+        '[developers] stages 2-4 of the boot pipeline (layout, shards and tokenizer, training) from a '
+        'local file'),
 }
 
 def add_cli(sub):
@@ -131,7 +147,8 @@ def add_cli(sub):
 def add_dev_cli(sub):
     "Register `lmbook readme`."
     p = sub.add_parser('readme', help=COMMANDS['readme'][1])
-    p.add_argument('--check', action='store_true', help='fail if README.md is out of date instead of writing it')
+    p.add_argument('--check', action='store_true',
+                   help='fail if README.md is out of date instead of writing it')
     p.add_argument('--checkout', default='.', metavar='DIR',
                    help='the lmbook checkout holding nbs/index.ipynb (default: .)')
     p.set_defaults(func=_readme)
@@ -147,12 +164,12 @@ def register(sub, module:str) -> list[str]:
     return [c for c in sub.choices if c not in before]
 
 def build_parser(command:str|None=None, # register only this command's module; the others are listed by name
-                 light:bool=False, # True: as `main` builds it, importing at most `command`'s module
+                 light:bool=False, # as `main` builds it: import at most `command`'s module
                 ) -> argparse.ArgumentParser:
     "The `lmbook` argument parser: every command in full, or (light) only the one about to run."
-    ap = argparse.ArgumentParser(prog='lmbook', description='Pretrain and fine-tune GPT-style models, from a '
-                                 'corpus to plots.', epilog='Commands marked [developers] look after a checkout '
-                                 'of lmbook.')
+    ap = argparse.ArgumentParser(prog='lmbook',
+                                 description='Pretrain and fine-tune GPT-style models, from a corpus to plots.',
+                                 epilog='Commands marked [developers] look after a checkout of lmbook.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
     wanted = {COMMANDS[command][0]} if light and command in COMMANDS else set() if light else None
     for name, (module, help) in COMMANDS.items():

@@ -153,3 +153,11 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None, 'x': p})
     assert imports(p, 'train.x') == [('core', 1, False), ('train.step', 2, False), ('cli', 4, True)]
     assert rank('cli') > rank('pods.boot') > rank('train.trainer') > rank('data.sft') > rank('core')
+
+
+def test_exit_codes_are_named():
+    "A command's exit code is one of core's names (EXIT_USER_ERROR...), never a bare 2, 3 or 130."
+    bare = re.compile(r'(\breturn|\bexit\(|\brc =|\bcode =)\s*(2|3|130)\b(?!\s*[*+/-])')
+    found = [f"{m}:{i}" for m, p in modules().items() for i, l in enumerate(p.read_text().splitlines(), 1)
+             if bare.search(l.split('#')[0])]
+    assert not found, f"bare exit codes: {found}"

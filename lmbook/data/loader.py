@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import torch
-from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment
+from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
 from ..config import get_config, parse_assignments
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
@@ -302,7 +302,7 @@ def _prepare_cmd(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
         print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
               file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in "
           f"{pd.val_tokens}\n"
           f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")

@@ -132,7 +132,7 @@ def write_manifest(folder:Path, m:dict):
 OWN_FILES = 'shard_[0-9][0-9][0-9][0-9][0-9].*'  # the shard and token files this package names
 
 def claim_folder(folder:Path) -> dict|None:
-    "The manifest of `folder`, or None to start afresh: files of an interrupted first write go, others refuse."
+    "The manifest of `folder`, or None to start afresh (an interrupted first write's files removed)."
     folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
     if (m := read_manifest(folder)) is not None: return m
     others = sorted(p.name for p in folder.iterdir() if not p.name.startswith('.') and not p.match(OWN_FILES))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import torch
 from ..core import load_settings, paths_for, check_name, git_commit, package_dir, workspace_root
-from ..core import cli_options, Settings, Paths
+from ..core import cli_options, Settings, Paths, EXIT_USER_ERROR
 from ..config import get_config, parse_assignments
 from ..runlock import data_lock
 from ..data.prepare import read_manifest, shard_corpus
@@ -385,7 +385,7 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
         except Stopped as e:
             log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
-            log(f"error: {e}"); rc = 2
+            log(f"error: {e}"); rc = EXIT_USER_ERROR
         except Exception:  # unattended: whatever went wrong must be in the log on the volume
             log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}"); rc = 1
         stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
@@ -469,7 +469,8 @@ def add_cli(sub):
                        "(reads RUN_* variables)")
     cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
-    p.add_argument('--workspace', help='artifact root (default: the configured one, /workspace on a pod)')
+    p.add_argument('--root', '--workspace', dest='workspace', metavar='DIR',
+                   help='the workspace root (default: the configured one, /workspace on a pod)')
     p.add_argument('--no-install', action='store_true', help='skip stage 1: use this interpreter as it is')
     p.add_argument('--no-tensorboard', action='store_true')
     p.add_argument('--autokill', choices=('stop', 'terminate'), help='default: $AUTOKILL')
@@ -481,7 +482,8 @@ def add_cli(sub):
     p.add_argument('--experiment', '-e', required=True)
     p.add_argument('--nodes', type=int, default=2)
     p.add_argument('--gpus-per-node', type=int, default=8)
-    p.add_argument('--workspace', default='$HOME/lmbook-workspace')
+    p.add_argument('--root', '--workspace', dest='workspace', default='$HOME/lmbook-workspace', metavar='DIR',
+                   help='the workspace root on the cluster (default: $HOME/lmbook-workspace)')
     p.add_argument('--time', default='24:00:00')
     p.add_argument('--partition', default='')
     p.add_argument('--venv', default='')

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse, datetime, gc, json, os, platform, statistics, sys, time
 from pathlib import Path
 import torch
-from ..core import peak_flops, pick_device, cli_options
+from ..core import peak_flops, pick_device, cli_options, EXIT_USER_ERROR
 from ..config import Config, get_config, count_params, flops_per_token, parse_assignments
 from ..config import apply_overrides
 from ..data.loader import TokenLoader, val_batches
@@ -291,4 +291,4 @@ def main(argv:list[str]|None=None) -> int:
     try: return args.func(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR

@@ -8,7 +8,7 @@ Docs: https://lmbook.github.io/lmbook/eval.html.md"""
 from __future__ import annotations
 import functools, json, os, subprocess, sys, tempfile, time
 from pathlib import Path
-from ..core import cli_options, paths_for
+from ..core import cli_options, paths_for, EXIT_USER_ERROR
 from ..data.tokenizer import token_dir
 from ..data.loader import val_batches
 from ..model.gpt import doc_mask
@@ -116,7 +116,7 @@ def eval_torchrun(args) -> int:
     msgs = list(dict.fromkeys(said))
     if out := '\n'.join(msgs) if msgs or not r.returncode else r.stderr[-3000:]:
         print(out, file=sys.stderr)
-    return 2 if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
+    return EXIT_USER_ERROR if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
 
 def eval_cmd(args) -> int:
     "`lmbook eval`: a checkpoint's validation numbers and HellaSwag, or the harness's tasks; on N processes."
@@ -135,7 +135,7 @@ def eval_cmd(args) -> int:
         done = True
     except (ValueError, FileNotFoundError):
         done = True
-        if int(os.environ.get('RANK', 0)) != 0: return 2  # rank 0 says why
+        if int(os.environ.get('RANK', 0)) != 0: return EXIT_USER_ERROR  # rank 0 says why
         raise
     finally: cleanup_distributed(wait_s=60 if done else 0)
     if tasks: r['tasks'] = _run_tasks(args, tasks)
