@@ -167,8 +167,8 @@ def build_parser(command:str|None=None, # register only this command's module; t
                  light:bool=False, # as `main` builds it: import at most `command`'s module
                 ) -> argparse.ArgumentParser:
     "The `lmbook` argument parser: every command in full, or (light) only the one about to run."
-    ap = argparse.ArgumentParser(prog='lmbook',
-                                 description='Pretrain and fine-tune GPT-style models, from a corpus to plots.',
+    about = 'Pretrain and fine-tune GPT-style models, from a corpus to plots.'
+    ap = argparse.ArgumentParser(prog='lmbook', description=about,
                                  epilog='Commands marked [developers] look after a checkout of lmbook.')
     sub = ap.add_subparsers(dest='command', metavar='COMMAND')
     wanted = {COMMANDS[command][0]} if light and command in COMMANDS else set() if light else None
