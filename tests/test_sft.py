@@ -260,3 +260,20 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root, '--max-steps', '2',
                    '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
+
+
+def test_finetune_takes_the_training_road(pre, monkeypatch):
+    "`lmbook finetune --nproc 2` checks first, then hands torchrun the checked config as its profile, as `train` would."
+    import lmbook.train.launch as launch
+    from lmbook.cli import main
+    from lmbook.config import load_config_file
+    root, data = pre
+    seen = {}
+    monkeypatch.setattr(launch, 'run_training', lambda profile, experiment, ov, **kw: seen.update(profile=profile, **kw))
+    assert main(['finetune', '--init-from', 'pre', '--data', str(data), '-e', 'ft-road', '--root', str(root),
+                 '--nproc', '2', '--lora-rank', '4', '--max-steps', '3']) == 0
+    cfg = load_config_file(Path(seen['profile']))
+    assert (cfg.train.nproc, cfg.train.lora_rank, cfg.train.max_steps) == (2, 4, 3) and cfg.train.init_from.endswith('pre')
+    assert seen['forward_signals'] and not (root/'runs'/'ft-road').exists()  # nothing trained in this process
+    assert main(['finetune', '--init-from', 'pre', '--data', str(root/'missing.jsonl'), '-e', 'ft-road2',
+                 '--root', str(root), '--nproc', '2']) == 2 and 'profile' in seen

@@ -10,16 +10,17 @@ from pathlib import Path
 from typing import Callable
 from ..core import check_name, cli_options, paths_for, EXIT_DIVERGED
 from ..config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
-from ..config import field_option
+from ..config import config_dict, field_option, field_values, to_toml
 from ..runs.find import experiment_of, find_tokenizer, run_of
 from ..data.sft import read_sft
 from ..model.hfimport import hf_model_config, hf_tokenizer
 from .runstart import check_init_shape, hub_init, hub_llama, init_checkpoint
-from .trainer import NonFiniteError, train
+from .trainer import train
+from .launch import detach_option, start_run, torchrun_option
 
 # %% auto #0
-__all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'finetune_overrides', 'finetune_config',
-           'hub_finetune_config', 'finetune', 'add_cli']
+__all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
+           'hub_finetune_config', 'finetune', 'checked_config', 'finetune_cmd', 'add_cli']
 
 # %% ../../nbs/05g_finetune.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1,
@@ -90,9 +91,14 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
             ) -> dict:
     ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
      "return its result.")
+    return train(checked_config(init_from, data, experiment, overrides, root), experiment, root=root, log=log)
+
+def checked_config(init_from:str, data:str|Path, experiment:str, overrides:dict|None=None,
+                   root:Path|None=None) -> Config:
+    "The fine-tuning run's config, after every check that can fail before a folder is made."
     check_name(experiment)
     cfg = finetune_config(init_from, data, overrides, root)
-    if hub_llama(init_from): return train(cfg, experiment, root=root, log=log)  # its data is checked first
+    if hub_llama(init_from): return cfg  # the trainer checks its data first
     ck, state = init_checkpoint(init_from, root)
     if paths_for(experiment, root=root).run == run_of(ck):
         raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
@@ -100,7 +106,7 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
     check_init_shape(cfg, state, ck)
     read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root),
              cfg.model.block_size)  # bad lines fail before any folder is made
-    return train(cfg, experiment, root=root, log=log)
+    return cfg
 
 # %% ../../nbs/05g_finetune.ipynb #662cc594
 # the parameters of nbs/finetune_published.ipynb, with their defaults: all of it on a CPU in a minute
@@ -120,6 +126,18 @@ PUBLISHED_PARAMS = dict(
     export_dir='',           # where the merged bf16 model goes ('': exports/<experiment> in the workspace)
 )
 
+# %% ../../nbs/05g_finetune.ipynb #074807aa
+OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel')
+
+def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
+                 detached:bool=False, torchrun_args:str='') -> int:
+    "`lmbook finetune`: the checked config, written where the training processes read it, then `start_run`."
+    cfg = checked_config(init_from, data, experiment, overrides, root)
+    path = paths_for(experiment, root=root).cache/'finetune.toml'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_toml(config_dict(cfg)))
+    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args)
+
 # %% ../../nbs/05g_finetune.ipynb #ae034cd3
 def add_cli(sub):
     "Register `lmbook finetune`."
@@ -138,18 +156,15 @@ def add_cli(sub):
                    f"{FINETUNE['max_steps']})")
     p.add_argument('--batch-size', type=int, default=None, metavar='B',
                    help="sequences per step (default: the init run's, lowered to what a small file fills)")
+    field_option(p, 'nproc')
+    field_option(p, 'parallel')
+    torchrun_option(p)
+    detach_option(p)
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:
-        ov = parse_assignments(a.set)
-        if a.lora_rank is not None: ov['lora_rank'] = a.lora_rank
-        if a.lora_alpha is not None: ov['lora_alpha'] = a.lora_alpha
-        if a.max_steps is not None: ov['max_steps'] = a.max_steps
-        if a.batch_size is not None: ov['batch_size'] = a.batch_size
-        if a.lora_targets is not None: ov['lora_targets'] = a.lora_targets
-        if a.quant is not None: ov['quant'] = a.quant
+        ov = parse_assignments(a.set) | field_values(a, OPTIONS)
         if a.no_auto_resume: ov['auto_resume'] = False
-        try: return finetune(a.init_from, a.data, a.experiment, ov, a.root)['exit_code']
-        except NonFiniteError: return EXIT_DIVERGED
+        return finetune_cmd(a.init_from, a.data, a.experiment, ov, a.root, a.detach, a.torchrun_args)
     p.set_defaults(func=run)
     return p

@@ -10,18 +10,24 @@ import argparse, json, os, shlex, signal, subprocess, sys, tempfile, textwrap, t
 from pathlib import Path
 from typing import Iterator
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
-from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_USER_ERROR
-from ..config import get_config, parse_assignments, field_option, PROFILES, SECTIONS, field_index
+from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR
+from ..config import get_config, parse_assignments, field_option, field_values, PROFILES, SECTIONS
+from ..config import field_index
 from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from ..runs.metrics import RunLog
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
 
 # %% auto #0
-__all__ = ['WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
-           'TrainingExit', 'run_training', 'detach', 'train_epilog', 'add_cli']
+__all__ = ['WORKER', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd',
+           'launch', 'TrainingExit', 'run_training', 'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
+def torchrun_option(p):
+    "Add `--torchrun-args`, shared by `lmbook train` and `lmbook finetune`."
+    p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes '
+                   '2 --node-rank 0 --rdzv-endpoint host:29500"')
+
 def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     "Add the training options to `p`: the shared ones (`core.cli_options`) and those of training."
     cli_options(p, 'profile', 'experiment', 'set', 'root')
@@ -29,8 +35,7 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     field_option(p, 'nproc')
     field_option(p, 'parallel')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
-    p.add_argument('--torchrun-args', default='', help='extra torchrun flags for multi-node, e.g. "--nnodes '
-                   '2 --node-rank 0 --rdzv-endpoint host:29500"')
+    torchrun_option(p)
     field_option(p, 'allow_config_change', action='store_true')
     p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, '
                    'tokens), then exit')
@@ -40,10 +45,8 @@ def resolve_args(a:argparse.Namespace) -> tuple:
     "(config, experiment, overrides) from parsed training options."
     s = load_settings()
     ov = parse_assignments(a.set) | parse_assignments(a.overrides)
-    if a.nproc is not None: ov['nproc'] = a.nproc
-    if a.parallel: ov['parallel'] = a.parallel
+    ov |= field_values(a, ('nproc', 'parallel', 'allow_config_change'))
     if a.no_auto_resume: ov['auto_resume'] = False
-    if getattr(a, 'allow_config_change', False): ov['allow_config_change'] = True
     profile = nonblank(a.profile, 'profile') or s.profile
     experiment = resolve_experiment(a.experiment, profile)
     return get_config(profile, ov), profile, experiment, ov
@@ -220,31 +223,40 @@ def train_epilog(width:int=100) -> str:
                       "config keys (--set KEY=VALUE ... or KEY=VALUE; what each means and allows: the docs' "
                           "config page, or lmbook/config.py):", *keys])
 
+def detach_option(p):
+    "Add `--detach`, shared by `lmbook train` and `lmbook finetune`."
+    p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: '
+                   'closing the terminal does not stop it')
+
+def start_run(cfg, # the resolved `Config`
+              profile:str, # what the worker reads it from again: a profile name or a config file
+              experiment:str, overrides:dict, root:Path|None=None, detached:bool=False, torchrun_args:str='',
+              prepare_only:bool=False) -> int:
+    "Train `cfg` here, under torchrun or in the background, as `lmbook train` and `lmbook finetune` do."
+    if detached:
+        pid, out = detach(profile, experiment, overrides, root, torchrun_args)
+        print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
+              "this terminal does not stop it)\n"
+              f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
+              f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
+        return EXIT_FINISHED
+    if cfg.train.nproc == 1 and not torchrun_args: return train_process(cfg, experiment, root, prepare_only)
+    try:
+        run_training(profile, experiment, overrides, root=root, torchrun_args=torchrun_args,
+                     prepare_only=prepare_only, forward_signals=True)
+    except TrainingExit as e:
+        # the run's own lines said the rest
+        if e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128: _say_error(e)
+        return e.code
+    return EXIT_FINISHED
+
 def add_cli(sub):
     "Register `lmbook train`."
     p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)',
                                   epilog=train_epilog(),
                                   formatter_class=argparse.RawDescriptionHelpFormatter))
-    p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: '
-                   'closing the terminal does not stop it')
+    detach_option(p)
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)
-        if a.detach:
-            pid, out = detach(profile, experiment, ov, a.root, a.torchrun_args)
-            print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
-                  "this terminal does not stop it)\n"
-                  f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
-                  f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
-            return 0
-        if cfg.train.nproc == 1 and not a.torchrun_args:
-            return train_process(cfg, experiment, a.root, a.prepare_only)
-        try:
-            run_training(profile, experiment, ov, root=a.root, torchrun_args=a.torchrun_args,
-                         prepare_only=a.prepare_only,
-                          forward_signals=True)
-        except TrainingExit as e:
-            # the run's own lines said the rest
-            if e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128: _say_error(e)
-            return e.code
-        return 0
+        return start_run(cfg, profile, experiment, ov, a.root, a.detach, a.torchrun_args, a.prepare_only)
     p.set_defaults(func=run)
