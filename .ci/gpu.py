@@ -129,8 +129,8 @@ def tiny_llama_folder(ws:Path) -> Path:
     folder = ws/'tiny-llama'
     with LOCK:
         if not (folder/'model.safetensors').is_file():
-            from lmbook.hfimport import tiny_llama
-            from lmbook.sft import builtin_chat, write_jsonl
+            from lmbook.dev.fixtures import tiny_llama
+            from lmbook.data.sft import builtin_chat, write_jsonl
             tiny_llama(folder, vocab=1024, layers=2, width=128, context=256)
             write_jsonl(builtin_chat(), ws/'chat.jsonl')
     return folder
@@ -162,7 +162,7 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     "The exported folder, read by transformers on CUDA, gives lmbook's logits (and peft's adapters too)."
     import torch
     from transformers import AutoModelForCausalLM
-    from lmbook.sample import load_model
+    from lmbook.runs.sample import load_model
     os.environ['LMBOOK_WORKSPACE'] = str(ws)
     lm = load_model(f'{exp_name}:best', ws, DEVICE)
     ids = torch.tensor([lm.tokenizer.encode('What does abs do in Python?')], device=DEVICE)
@@ -184,7 +184,7 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
 def run_sample(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook sample` on CUDA (a plain run and a QLoRA one); KV-cache decoding gives the no-cache tokens."
     import torch
-    from lmbook.sample import load_model, generate
+    from lmbook.runs.sample import load_model, generate
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
         p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples', '2',
                    log=out/f'{row.name}-{src}.log')

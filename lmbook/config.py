@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses, difflib, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 import yaml
 try: import tomllib
 except ImportError: import tomli as tomllib
@@ -18,10 +18,10 @@ except ImportError: import tomli as tomllib
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
            'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
            'TrainConfig', 'Config', 'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'config_fields',
-           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'parse_assignments',
-           'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m',
-           'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml', 'save_config',
-           'load_config_file', 'get_config']
+           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
+           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
+           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml',
+           'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -433,6 +433,12 @@ def fields_table(section:str) -> str:
         cells = [f"`{f.name}`", f"`{f.default!r}`", str(m['allowed']), m['resume'], m['help']]
         rows.append('| ' + ' | '.join(x.replace('|', '&#124;') for x in cells) + ' |')
     return '\n'.join(rows)
+
+def field_values(a, # parsed arguments
+                 names:Iterable[str], # the config fields `field_option` made options for
+                ) -> dict:
+    "The overrides those options hold: field -> value, for each one given."
+    return {n: v for n in names if (v := getattr(a, n, None)) is not None and v is not False}
 
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:

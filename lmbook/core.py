@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser, hashlib, os, random, re, subprocess, tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
+import yaml
 import lmbook
 from . import __version__
 
@@ -17,7 +18,7 @@ __all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'E
            'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings', 'on_runpod',
            'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment', 'cli_options',
            'Paths', 'paths_for', 'check_writable', 'seed_everything', 'pick_device', 'git_commit', 'sha256_file',
-           'environment_info', 'peak_flops']
+           'environment_info', 'peak_flops', 'gpu_table', 'find_gpu']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -295,3 +296,30 @@ def peak_flops(device_name:str|None) -> float|None:
     for k in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
         if k.upper() in name: return PEAK_BF16_TFLOPS[k]*1e12
     return None
+
+# %% ../nbs/00_core.ipynb #74d3f4d6
+def gpu_table(path:Path|None=None) -> dict[str, dict]:
+    ("RunPod GPU type id -> aliases, usable memory (GB), peak bf16 TFLOP/s, $/GPU-hour; from the editable "
+     "price table.")
+    path = Path(path or os.environ.get('LMBOOK_GPU_PRICES') or package_dir()/'gpu_prices.yaml')
+    if not path.is_file(): raise FileNotFoundError(f"GPU price table {path} does not exist: unset "
+                                                   "LMBOOK_GPU_PRICES or copy lmbook/gpu_prices.yaml there")
+    try: d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e: raise ValueError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    gpus = d.get('gpus')
+    if not isinstance(gpus, dict) or not gpus: raise ValueError(f"{path} has no `gpus:` table")
+    for k, g in gpus.items():
+        if not isinstance(g, dict) or not all(isinstance(g.get(f), (int, float)) and g[f] > 0
+                                              for f in ('mem_gb', 'peak_tflops')):
+            raise ValueError(f"{path}: GPU {k!r} needs positive mem_gb and peak_tflops")
+    return gpus
+
+def find_gpu(name:str, table:dict|None=None) -> str:
+    "The RunPod GPU type id that `name` (an id or an alias, any case) stands for."
+    table = table or gpu_table()
+    n = name.strip().lower()
+    for k, g in table.items():
+        if n == k.lower() or n in [str(a).lower() for a in g.get('aliases', [])]: return k
+    short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
+    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is "
+                     "lmbook/gpu_prices.yaml)")

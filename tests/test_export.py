@@ -6,11 +6,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from lmbook.core import paths_for
 from lmbook.config import get_config, config_dict
-from lmbook.checkpoint import save_checkpoint, tokenizer_ref
-from lmbook.tokenizer import train_bpe, save_bundle
-from lmbook.model import GPT
-from lmbook.sample import load_model
-from lmbook import export, hfimport
+from lmbook.runs.checkpoint import save_checkpoint, tokenizer_ref
+from lmbook.data.tokenizer import train_bpe, save_bundle
+from lmbook.model.gpt import GPT
+from lmbook.runs.sample import load_model
+from lmbook.runs import export
+from lmbook.model import hfimport
 from conftest import lmbook_cmd
 
 TEXT = 'The cat ate the mat. The dog sat on the bone.'

@@ -2,7 +2,7 @@
 a create, and `pod create --serve`: each sent only where RunPod's API takes it, checked by the fakes (REST v2 against
 the contract written from RunPod's OpenAPI document; GraphQL against the SDK's mutation)."""
 import pytest
-from lmbook.podapi import RunPodAPI, RunPodError
+from lmbook.pods.api import RunPodAPI, RunPodError
 from test_runpod import fake, run, create, one_line_error, posts, HEAD
 from test_runpod_graphql import gql
 from fake_runpod_v2 import violations

@@ -4,8 +4,8 @@ import json, os, shlex, signal, subprocess, sys, sysconfig, time
 from pathlib import Path
 import pytest
 from fake_runpod_v2 import FakeRunPodV2, serve
-from lmbook.runpod import start_command
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.pods.runpod import start_command
+from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = 'rpa_PODSCOPEDkey42'

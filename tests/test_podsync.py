@@ -112,6 +112,6 @@ def test_upload_to_a_network_volume_without_a_pod(tmp_path, capsys, monkeypatch)
 
 
 def test_the_s3_endpoint_is_the_data_centers(monkeypatch):
-    from lmbook.podsync import s3_endpoint
+    from lmbook.pods.sync import s3_endpoint
     monkeypatch.delenv('LMBOOK_S3_ENDPOINT', raising=False)
     assert s3_endpoint('EU-RO-1') == 'https://s3api-eu-ro-1.runpod.io/'

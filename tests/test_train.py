@@ -3,8 +3,8 @@ import hashlib, json
 from pathlib import Path
 import pytest
 from lmbook.config import get_config
-from lmbook.trainer import train, NonFiniteError
-from lmbook.checkpoint import list_checkpoints, check_compatible
+from lmbook.train.trainer import train, NonFiniteError
+from lmbook.runs.checkpoint import list_checkpoints, check_compatible
 from conftest import rows
 
 # tiny and fast: 2 layers of width 64 on 64-token windows; the data is a slice of the built-in corpus
@@ -68,7 +68,7 @@ def test_divergent_run_stops(ws):
     assert any(l.startswith('error: training diverged') for l in log)
 
 def test_sample_from_run(ws):
-    from lmbook.sample import sample_run
+    from lmbook.runs.sample import sample_run
     train(cfg(max_steps=4), 'sampled', root=ws, log=quiet([]))
     out = sample_run('sampled', ['Return the'], max_new_tokens=8, root=ws, device='cpu')
     assert out[0]['prompt'] == 'Return the' and isinstance(out[0]['text'], str) and out[0]['text']
