@@ -216,22 +216,41 @@ def _admit(self) -> bool:
 Engine._seat, Engine._end, Engine._admit = _seat, _end, _admit
 
 # %% ../../nbs/06a_engine.ipynb #01e90c91
+def _feed(self, take:list[tuple[int, int]]):
+    "One forward over the prompt chunks `take` ((row, tokens) pairs), each into its row at its position."
+    jobs, dev = [self.slots[s] for s, _ in take], self.kv.k.device
+    T = max(n for _, n in take)  # shorter chunks padded: keys past a row's end, written over later
+    x = torch.tensor([j.ids[j.fed:j.fed + n] + [0]*(T - n) for j, (_, n) in zip(jobs, take)], device=dev)
+    pos = torch.tensor([j.fed for j in jobs], device=dev)
+    if len(take) == 1: self.s.model(x, cache=self.kv.rows(take[0][0], take[0][0] + 1, pos))
+    else:  # the rows' first positions gathered, filled, and put back
+        idx, keys = torch.tensor([s for s, _ in take], device=dev), max(j.fed for j in jobs) + T
+        sub = self.kv.rows(0, len(take), pos)
+        sub.k, sub.v = self.kv.k[:, idx, :, :keys].clone(), self.kv.v[:, idx, :, :keys].clone()
+        self.s.model(x, cache=sub)
+        self.kv.k[:, idx, :, :keys], self.kv.v[:, idx, :, :keys] = sub.k, sub.v
+    for j, (_, n) in zip(jobs, take): j.fed += n
+
 def _prefill(self):
-    "Feed up to `prefill` prompt tokens of joining jobs into their rows, the shortest remaining first."
+    "Feed up to `prefill` prompt tokens of joining jobs, the shortest remaining first, in one forward."
     todo = sorted((len(j.ids) - 1 - j.fed, s) for s, j in enumerate(self.slots)
                   if j is not None and j.fed < len(j.ids) - 1)
-    budget = self.prefill
+    take, budget = [], self.prefill
     for left, s in todo:
         if budget <= 0: break
-        j, n = self.slots[s], min(left, budget)
-        try:
-            x = torch.tensor([j.ids[j.fed:j.fed + n]], device=self.kv.k.device)
-            self.s.model(x, cache=self.kv.rows(s, s + 1, torch.tensor([j.fed], device=x.device)))
-        except Exception as e:  # this request's failure is its own
-            self._end(s, f'error: {type(e).__name__}: {e}'); continue
-        j.fed, budget = j.fed + n, budget - n
+        take.append((s, min(left, budget))); budget -= take[-1][1]
+    if not take: return
+    T = max(n for _, n in take)
+    together = [(s, n) for s, n in take if self.slots[s].fed + T <= self.ctx]
+    for group in [[t] for t in take if t not in together] + ([together] if together else []):
+        try: self._feed(group); continue
+        except Exception as e: err = e
+        if len(group) == 1: self._end(group[0][0], f'error: {type(err).__name__}: {err}'); continue
+        for s, n in group:  # whose failure it was: each on its own, so that it ends that request alone
+            try: self._feed([(s, n)])
+            except Exception as e: self._end(s, f'error: {type(e).__name__}: {e}')
 
-Engine._prefill = _prefill
+Engine._feed, Engine._prefill = _feed, _prefill
 
 # %% ../../nbs/06a_engine.ipynb #5cc2571c
 def _decode(self):
