@@ -82,7 +82,7 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
     root, data = pre
     cfg = finetune_config('pre', data, FT, root)
     paths = paths_for('ft-init', root=root)
-    m = init_model(resolve_init(cfg, paths, paths.run))
+    m = init_model(*resolve_init(cfg, paths, paths.run))
     src = load_model('pre', root).model.state_dict()
     assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
     with pytest.raises(ValueError) as e: finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root, log=quiet)
@@ -260,3 +260,27 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root, '--max-steps', '2',
                    '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
+
+
+def counter(monkeypatch, fn) -> list:
+    "Count the calls of `fn` through every lmbook module that holds it by name."
+    n = [0]
+    def counted(*a, **k):
+        n[0] += 1
+        return fn(*a, **k)
+    for m in list(sys.modules.values()):
+        if not getattr(m, '__name__', '').startswith('lmbook'): continue
+        for k, v in list(vars(m).items()):
+            if v is fn: monkeypatch.setattr(m, k, counted)
+    return n
+
+
+def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
+    "One fine-tune finds its init checkpoint once, checks its shape once and reads the fine-tuning file once."
+    from lmbook.train import runstart
+    from lmbook.data import sft
+    root, data = pre
+    found, checked = counter(monkeypatch, runstart.init_checkpoint), counter(monkeypatch, runstart.check_init_shape)
+    read = counter(monkeypatch, sft.read_sft)
+    finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
+    assert (found[0], checked[0], read[0]) == (1, 1, 1)

@@ -11,10 +11,9 @@ from typing import Callable
 from ..core import check_name, cli_options, paths_for, EXIT_DIVERGED
 from ..config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
 from ..config import field_option
-from ..runs.find import experiment_of, find_tokenizer, run_of
-from ..data.sft import read_sft
+from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
-from .runstart import check_init_shape, hub_init, hub_llama, init_checkpoint
+from .runstart import Init, check_init, find_init, read_init_sft
 from .trainer import NonFiniteError, train
 
 # %% auto #0
@@ -50,20 +49,22 @@ def finetune_overrides(p:dict) -> dict:
     ov = {k: p[k] for k in ('lora_rank', 'max_steps', 'lr', 'batch_size', 'device') if p.get(k) is not None}
     return ov | parse_overrides(p.get('overrides', ''))
 
-def finetune_config(init_from:str, # experiment name, run folder or checkpoint folder
+# %% ../../nbs/05g_finetune.ipynb #b5fcfab8
+def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experiment, run or checkpoint folder
                     data:str|Path, # the .jsonl of records
                     overrides:dict|None=None, # flat config overrides (applied last)
                     root:Path|None=None, # workspace root
                    ) -> Config:
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
-    if hub_llama(init_from): return hub_finetune_config(init_from, data, overrides)
-    if hub_init(init_from):
-        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from}: "
+    init = init if isinstance(init, Init) else find_init(init, root)
+    if init.kind == 'llama': return hub_finetune_config(init, data, overrides)
+    init_from = init.source
+    if init.kind != 'lmbook':
+        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from!r}: "
                          "first train from it "
                          f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then "
                              "--init-from NAME")
-    ck, state = init_checkpoint(init_from, root)
-    base = config_from_dict(state['config'])
+    base = config_from_dict(init.state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
                                   'sft_data': str(Path(data).resolve()),
@@ -72,15 +73,16 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
 # a published model's fine-tuning run
 HUB_FINETUNE = dict(block_size=2048, batch_size=4, lr=2e-4, device='auto', dtype='auto', grad_clip=1.0)
 
-def hub_finetune_config(init_from:str, data:str|Path, overrides:dict|None=None) -> Config:
-    ("The config of fine-tuning the published model `init_from` (hf:...): its shape, `FINETUNE` and "
-     "`HUB_FINETUNE`.")
-    folder, ov = hub_llama(init_from), {**HUB_FINETUNE, **(overrides or {})}
+def hub_finetune_config(init:Init|str, data:str|Path, overrides:dict|None=None) -> Config:
+    "The config of fine-tuning a published Llama-family model: its shape, `FINETUNE` and `HUB_FINETUNE`."
+    init = init if isinstance(init, Init) else find_init(init)
+    folder, ov = init.path, {**HUB_FINETUNE, **(overrides or {})}
     m = hf_model_config(folder, int(ov.pop('block_size')), hf_tokenizer(folder)[0].vocab_size)
     return apply_overrides(Config(model=m), {**FINETUNE, **HUB_FINETUNE, 'block_size': m.block_size,
-                                             'init_from': init_from, 'sft_data': str(Path(data).resolve()),
+                                             'init_from': init.source, 'sft_data': str(Path(data).resolve()),
                                              'tokenizer': '', **ov})
 
+# %% ../../nbs/05g_finetune.ipynb #bd49a1a5
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
              data:str|Path, # the .jsonl of prompt/response or messages records
              experiment:str, # the new run: runs/<experiment>
@@ -91,16 +93,14 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
     ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
      "return its result.")
     check_name(experiment)
-    cfg = finetune_config(init_from, data, overrides, root)
-    if hub_llama(init_from): return train(cfg, experiment, root=root, log=log)  # its data is checked first
-    ck, state = init_checkpoint(init_from, root)
-    if paths_for(experiment, root=root).run == run_of(ck):
+    init = find_init(init_from, root)  # found once: everything after takes it
+    cfg = finetune_config(init, data, overrides, root)
+    if init.kind == 'lmbook' and paths_for(experiment, root=root).run == run_of(init.path):
         raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
                          "name")
-    check_init_shape(cfg, state, ck)
-    read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root),
-             cfg.model.block_size)  # bad lines fail before any folder is made
-    return train(cfg, experiment, root=root, log=log)
+    check_init(cfg, init)
+    examples = read_init_sft(cfg, init, root, log)  # read once; bad lines fail before any folder is made
+    return train(cfg, experiment, root=root, log=log, init=init, examples=examples)
 
 # %% ../../nbs/05g_finetune.ipynb #662cc594
 # the parameters of nbs/finetune_published.ipynb, with their defaults: all of it on a CPU in a minute
