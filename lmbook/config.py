@@ -519,6 +519,7 @@ def runpod_1b() -> Config:
                   TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000,
                               eval_every=500))
 
+# %% ../nbs/01_config.ipynb #d147044e
 @profile
 def runpod_2b() -> Config:
     "~2B parameters: hidden 2560, 24 layers, 40 heads."

@@ -99,6 +99,7 @@ def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
     if optimizer is None or osd is None: set_model_state_dict(model, msd, options=opts)
     else: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=opts)
 
+# %% ../../nbs/04b_checkpoint.ipynb #75d135b1
 def dedupe(sd:dict) -> tuple[dict, dict]:
     "Drop tensors that share storage with an earlier key: (unique state dict, {alias: kept key})."
     seen, out, aliases = {}, {}, {}
@@ -146,6 +147,7 @@ def _gather(obj, info:DistInfo) -> list|None:
     dist.all_gather_object(out, obj)
     return out if info.is_main else None
 
+# %% ../../nbs/04b_checkpoint.ipynb #dbd3bd5e
 def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
              sharded:bool=False,
              info:DistInfo|None=None, buffers:dict|None=None) -> dict:
@@ -200,6 +202,7 @@ def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> Check
                                 "keep_ckpts (a resume prunes down to it first) or use a bigger volume, then "
                                 "rerun the same command to resume")
 
+# %% ../../nbs/04b_checkpoint.ipynb #6e737e44
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
     ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
      "`name`.")
@@ -236,6 +239,7 @@ def _publish(tmp:Path, final:Path):
     os.replace(tmp, final); _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
+# %% ../../nbs/04b_checkpoint.ipynb #c92285e2
 def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      step:int, # optimizer steps done
                      snap:dict, # what `snapshot` returned on rank 0
@@ -276,6 +280,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
     prune_checkpoints(ckpt_dir, keep, good, log)
     return final
 
+# %% ../../nbs/04b_checkpoint.ipynb #f137ed4d
 def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer,
                     state:dict,
                     rank_state:dict|None=None, info:DistInfo|None=None, keep:int=2,
@@ -353,6 +358,7 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
     rp = Path(path)/f'rank{rank}.pt'
     return torch.load(rp, map_location='cpu', weights_only=True) if rp.is_file() else None
 
+# %% ../../nbs/04b_checkpoint.ipynb #4b8d61cc
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
     ("Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without "
      "unpickling code.")
@@ -555,6 +561,7 @@ def save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.opt
     rec['stall_s'] = time.perf_counter() - t0
     if self.error: self.wait()
 
+# %% ../../nbs/04b_checkpoint.ipynb #8f11eafe
 def _tell(fn:Callable, path:Path, log:Callable):
     "Hand a written checkpoint to `fn` (the mirror); its failure is a warning, never the checkpoint's."
     try: fn(path)
@@ -627,6 +634,7 @@ def improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
     "Whether a validation at `step` (after the first optimizer step) beats the best so far."
     return val_loss is not None and math.isfinite(val_loss) and step > 0 and val_loss < self.best_val
 
+# %% ../../nbs/04b_checkpoint.ipynb #3b9d1012
 @patch
 def _discard_best(self:Checkpointer, st:dict, at:int):
     "Move a `best/` that the run does not descend from to `discarded/`, saying so."

@@ -173,6 +173,7 @@ def _ending_losses(model, rows:list, device:str) -> tuple[torch.Tensor, torch.Te
     tot = (nll*mask).sum(1)
     return tot, tot/mask.sum(1).clamp(min=1)
 
+# %% ../../nbs/05c_validation.ipynb #e6dbb3a4
 def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.block_size` returning logits)
                        tokenizer, # its tokenizer
                        examples:list[dict], # from `read_hellaswag`
