@@ -211,6 +211,8 @@ class TrainConfig:
     eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
     log_every: int = cfield(10, at_least(1), 'free', "steps between metric lines")
     ckpt_every: int = cfield(500, at_least(1), 'free', "steps between checkpoints (and one at the end)")
+    ckpt_minutes: float = cfield(30.0, at_least(0), 'free', "wall-clock minutes between checkpoints besides "
+                                 "ckpt_every (0: off); the start warns when a write takes longer")
     keep_ckpts: int = cfield(2, at_least(1), 'free', "checkpoints kept on disk")
     sample_every: int = cfield(0, at_least(0), 'free', "steps between sampled continuations (0: only at the "
                                "end)")
@@ -495,7 +497,7 @@ def smoke() -> Config:
                   DataConfig(take=0, val_ratio=0.05),
                   TrainConfig(batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, eval_every=50,
                               eval_steps=8,
-                              log_every=10, ckpt_every=100, device='cpu', compile='false'))
+                              log_every=10, ckpt_every=100, ckpt_minutes=0, device='cpu', compile='false'))
 
 @profile
 def m3_medium() -> Config:
@@ -523,6 +525,7 @@ def runpod_1b() -> Config:
                   TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000,
                               eval_every=500))
 
+# %% ../nbs/01_config.ipynb #d147044e
 @profile
 def runpod_2b() -> Config:
     "~2B parameters: hidden 2560, 24 layers, 40 heads."

@@ -82,7 +82,7 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
     root, data = pre
     cfg = finetune_config('pre', data, FT, root)
     paths = paths_for('ft-init', root=root)
-    m = init_model(resolve_init(cfg, paths, paths.run))
+    m = init_model(*resolve_init(cfg, paths, paths.run))
     src = load_model('pre', root).model.state_dict()
     assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
     with pytest.raises(ValueError) as e: finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root, log=quiet)
@@ -277,3 +277,27 @@ def test_finetune_takes_the_training_road(pre, monkeypatch):
     assert seen['forward_signals'] and not (root/'runs'/'ft-road').exists()  # nothing trained in this process
     assert main(['finetune', '--init-from', 'pre', '--data', str(root/'missing.jsonl'), '-e', 'ft-road2',
                  '--root', str(root), '--nproc', '2']) == 2 and 'profile' in seen
+
+
+def counter(monkeypatch, fn) -> list:
+    "Count the calls of `fn` through every lmbook module that holds it by name."
+    n = [0]
+    def counted(*a, **k):
+        n[0] += 1
+        return fn(*a, **k)
+    for m in list(sys.modules.values()):
+        if not getattr(m, '__name__', '').startswith('lmbook'): continue
+        for k, v in list(vars(m).items()):
+            if v is fn: monkeypatch.setattr(m, k, counted)
+    return n
+
+
+def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
+    "One fine-tune finds its init checkpoint once, checks its shape once and reads the fine-tuning file once."
+    from lmbook.train import runstart
+    from lmbook.data import sft
+    root, data = pre
+    found, checked = counter(monkeypatch, runstart.init_checkpoint), counter(monkeypatch, runstart.check_init_shape)
+    read = counter(monkeypatch, sft.read_sft)
+    finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
+    assert (found[0], checked[0], read[0]) == (1, 1, 1)

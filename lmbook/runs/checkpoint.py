@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file, load_file, safe_open
+from fastcore.basics import patch
 from ..core import sha256_file
 from ..config import resume_rules
 from ..data.tokenizer import load_tokenizer
@@ -27,7 +28,7 @@ __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEY
            'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
            'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
            'config_changes', 'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes',
-           'disk_plan']
+           'disk_plan', 'write_seconds']
 
 # %% ../../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -98,6 +99,7 @@ def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
     if optimizer is None or osd is None: set_model_state_dict(model, msd, options=opts)
     else: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=opts)
 
+# %% ../../nbs/04b_checkpoint.ipynb #75d135b1
 def dedupe(sd:dict) -> tuple[dict, dict]:
     "Drop tensors that share storage with an earlier key: (unique state dict, {alias: kept key})."
     seen, out, aliases = {}, {}, {}
@@ -145,6 +147,7 @@ def _gather(obj, info:DistInfo) -> list|None:
     dist.all_gather_object(out, obj)
     return out if info.is_main else None
 
+# %% ../../nbs/04b_checkpoint.ipynb #dbd3bd5e
 def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
              sharded:bool=False,
              info:DistInfo|None=None, buffers:dict|None=None) -> dict:
@@ -199,6 +202,7 @@ def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> Check
                                 "keep_ckpts (a resume prunes down to it first) or use a bigger volume, then "
                                 "rerun the same command to resume")
 
+# %% ../../nbs/04b_checkpoint.ipynb #6e737e44
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
     ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
      "`name`.")
@@ -235,6 +239,7 @@ def _publish(tmp:Path, final:Path):
     os.replace(tmp, final); _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
+# %% ../../nbs/04b_checkpoint.ipynb #c92285e2
 def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      step:int, # optimizer steps done
                      snap:dict, # what `snapshot` returned on rank 0
@@ -275,6 +280,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
     prune_checkpoints(ckpt_dir, keep, good, log)
     return final
 
+# %% ../../nbs/04b_checkpoint.ipynb #f137ed4d
 def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer,
                     state:dict,
                     rank_state:dict|None=None, info:DistInfo|None=None, keep:int=2,
@@ -352,6 +358,7 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
     rp = Path(path)/f'rank{rank}.pt'
     return torch.load(rp, map_location='cpu', weights_only=True) if rp.is_file() else None
 
+# %% ../../nbs/04b_checkpoint.ipynb #4b8d61cc
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
     ("Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without "
      "unpickling code.")
@@ -452,8 +459,10 @@ class Checkpointer:
                  keep:int=2, # checkpoints kept
                  background:bool=False, # write in a background thread
                  info:DistInfo|None=None, # this process's place
-                 log:Callable=print): # where progress and warnings go (rank 0)
+                 log:Callable=print, # where progress and warnings go (rank 0)
+                 minutes:float=0): # wall-clock minutes between checkpoints besides `every` (0: off)
         self.dir, self.every, self.keep, self.background = Path(ckpt_dir), every, keep, background
+        self.minutes, self.t_last = minutes, time.monotonic()  # the clock starts with the run
         self.info, self.log = info or DistInfo(), log
         self.last, self.good, self.buffers, self.timings = -1, set(), {}, []
         # the write in flight, its error, the buffers being made
@@ -466,12 +475,19 @@ class Checkpointer:
         self.on_written = None
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
-        "Whether to save after `step`: every `every` steps, at the end, and when stopping."
-        return step % self.every == 0 or step == total or (stop and self.last < step)
+        "Whether to save after `step`: every `every` steps or `minutes`, at the end, and when stopping."
+        return step % self.every == 0 or step == total or (stop and self.last < step) or self.late()
+
+    def late(self) -> bool:
+        "Whether `minutes` have passed since the last checkpoint (or the start), as rank 0's clock says."
+        if not self.minutes: return False
+        late = time.monotonic() - self.t_last >= 60*self.minutes
+        return all_reduce(float(late and self.info.is_main), 'max') > 0 if self.info.distributed else late
 
 # %% ../../nbs/04b_checkpoint.ipynb #c8a02678
-def _resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict,
-            tok_ref:dict|None) -> dict|None:
+@patch
+def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict,
+           tok_ref:dict|None) -> dict|None:
     "Load the newest good checkpoint into `model` and `optimizer`; return it (None: nothing to resume)."
     info, found = self.info, {}
     if info.is_main:
@@ -503,20 +519,20 @@ def _resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opti
     # a lowered keep_ckpts frees its space now
     if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)
     return data
-Checkpointer.resume = _resume
 
 # %% ../../nbs/04b_checkpoint.ipynb #ef45b50a
-def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer, state:dict,
-          rank_state:dict|None=None, sharded:bool=False,
-          best:float|None=None, # this step's val_loss when it is a new best: also write `best/`
-          periodic:bool=True): # write the step checkpoint (False: only `best/`)
+@patch
+def save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer, state:dict,
+         rank_state:dict|None=None, sharded:bool=False,
+         best:float|None=None, # this step's val_loss when it is a new best: also write `best/`
+         periodic:bool=True): # write the step checkpoint (False: only `best/`)
     "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
     t0 = time.perf_counter()
     self.wait()
     t1 = time.perf_counter()
     snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers
                     if self.background else None)
-    if periodic: self.last = step
+    if periodic: self.last, self.t_last = step, time.monotonic()
     if best is not None: self.best_val, self.best_step = best, step
     if not self.info.is_main: return
     rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True}
@@ -545,12 +561,14 @@ def _save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.op
     rec['stall_s'] = time.perf_counter() - t0
     if self.error: self.wait()
 
+# %% ../../nbs/04b_checkpoint.ipynb #8f11eafe
 def _tell(fn:Callable, path:Path, log:Callable):
     "Hand a written checkpoint to `fn` (the mirror); its failure is a warning, never the checkpoint's."
     try: fn(path)
     except Exception as e: log(f"warning: after writing {path.name}: {type(e).__name__}: {e}")
 
-def _wait(self:Checkpointer):
+@patch
+def wait(self:Checkpointer):
     "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."
     if self.prep is not None: self.prep.join(); self.prep = None
     if self.thread is not None: self.thread.join(); self.thread = None
@@ -558,16 +576,16 @@ def _wait(self:Checkpointer):
         e, self.error = self.error, None
         raise e
 
-def _close(self:Checkpointer):
+@patch
+def close(self:Checkpointer):
     ("Finish the write in flight when leaving early (an error, an interrupt): log its error instead of "
      "raising it.")
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
-Checkpointer.save, Checkpointer.wait, Checkpointer.close = _save, _wait, _close
-
 # %% ../../nbs/04b_checkpoint.ipynb #863764b8
-def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, sharded:bool=False):
+@patch
+def prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, sharded:bool=False):
     "Make the background snapshot's CPU buffers in a thread (call once the optimizer has its state)."
     if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None:
         return
@@ -579,14 +597,13 @@ def _prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opt
     self.prep = threading.Thread(target=make, name='checkpoint-buffers', daemon=True)
     self.prep.start()
 
-Checkpointer.prepare = _prepare
-
 # %% ../../nbs/04b_checkpoint.ipynb #e2e36f5d
 BEST = 'best'  # the folder of the checkpoint with the lowest val_loss, beside the step checkpoints
 
-def _load_best(self:Checkpointer,
-               at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
-               lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
+@patch
+def load_best(self:Checkpointer,
+              at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
+              lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
               ) -> float:
     ("The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is "
      "moved aside).")
@@ -612,10 +629,13 @@ def _load_best(self:Checkpointer,
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
     return self.best_val
 
-def _improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
+@patch
+def improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
     "Whether a validation at `step` (after the first optimizer step) beats the best so far."
     return val_loss is not None and math.isfinite(val_loss) and step > 0 and val_loss < self.best_val
 
+# %% ../../nbs/04b_checkpoint.ipynb #3b9d1012
+@patch
 def _discard_best(self:Checkpointer, st:dict, at:int):
     "Move a `best/` that the run does not descend from to `discarded/`, saying so."
     dest, i = self.dir/'discarded'/f"{BEST}-{ckpt_name(int(st['step']))}", 1
@@ -626,9 +646,6 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
              f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to "
                  f"{dest.relative_to(self.dir.parent)}; "
              f"the next validation writes a new {BEST}/")
-
-Checkpointer.load_best, Checkpointer.improves, Checkpointer._discard_best = (_load_best, _improves,
-                                                                             _discard_best)
 
 # %% ../../nbs/04b_checkpoint.ipynb #17327c70
 def link_checkpoint(src:Path, # a complete step checkpoint
@@ -653,6 +670,7 @@ def link_checkpoint(src:Path, # a complete step checkpoint
         raise
     return final
 
+@patch
 def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float,
                 linked:bool=False): # the step checkpoint of `step` was just written: link its files
     "Write `best/` from the snapshot of `step`; a failure (a full disk) is a warning, and training goes on."
@@ -668,8 +686,6 @@ def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:flo
         why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
         self.log(f"warning: {BEST}/ not written at step {step} (val_loss {val_loss:.4f}): {why}; training "
                  "goes on, and a later, lower val_loss writes it")
-
-Checkpointer._write_best = _write_best
 
 # %% ../../nbs/04b_checkpoint.ipynb #e09541b4
 @dataclass
@@ -698,6 +714,7 @@ class DiskPlan:
 
 def _size(b:int) -> str: return f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.1f} MB"
 
+# %% ../../nbs/04b_checkpoint.ipynb #704e0ec3
 def state_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple[int, int]:
     "Bytes of the weights a checkpoint of `model` saves and of `optimizer`'s state once it has stepped."
     size = lambda t: t.numel()*t.element_size()
@@ -720,6 +737,7 @@ def disk_plan(weights:int, # bytes of the weights a checkpoint saves (`state_byt
     fixed = ranks*(16 << 10) + (4 << 10)  # each process's RNG and loader state; state.json and COMPLETE
     return DiskPlan(weights + optim + fixed, weights + fixed, keep)
 
+# %% ../../nbs/04b_checkpoint.ipynb #a22e53a3
 def _held_bytes(ckpt_dir:Path) -> int:
     "Bytes of the step checkpoints and `best/` in `ckpt_dir`, a hard-linked file once."
     files = {}
@@ -728,7 +746,8 @@ def _held_bytes(ckpt_dir:Path) -> int:
             if f.is_file(): st = f.stat(); files[(st.st_dev, st.st_ino)] = st.st_size
     return sum(files.values())
 
-def _log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> DiskPlan:
+@patch
+def log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> DiskPlan:
     "Log the disk this run's checkpoints need and the free space there, warning when it is short (rank 0)."
     plan = disk_plan(*state_bytes(model, optimizer), self.keep, self.info.world_size)
     if not self.info.is_main: return plan
@@ -737,6 +756,28 @@ def _log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Op
     free, held = shutil.disk_usage(at).free, _held_bytes(self.dir)
     for line in (plan.line(free, held), plan.warning(free, held, self.dir)):
         if line: self.log(line)
+    if self.minutes: self.log_write_time(plan.step)
     return plan
 
-Checkpointer.log_plan = _log_plan
+# %% ../../nbs/04b_checkpoint.ipynb #cf781b70
+def write_seconds(folder:Path, # where checkpoints go (made when missing)
+                  nbytes:int, # bytes of one checkpoint
+                  probe:int=32 << 20, # bytes actually written and synced (at most `nbytes`)
+                 ) -> float:
+    "The seconds writing `nbytes` to `folder` takes, measured on a probe and scaled."
+    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    n, path = max(1, min(nbytes, probe)), folder/f'.write-probe-{os.getpid()}'
+    t0 = time.perf_counter()
+    try:
+        with open(path, 'wb') as f: f.write(os.urandom(n)); f.flush(); os.fsync(f.fileno())
+    finally: path.unlink(missing_ok=True)
+    return (time.perf_counter() - t0)*nbytes/n
+
+@patch
+def log_write_time(self:Checkpointer, nbytes:int) -> float:
+    "Measure the write time of a checkpoint of `nbytes` here; warn when it is longer than `minutes`."
+    s = write_seconds(self.dir, nbytes)
+    if s > 60*self.minutes:
+        self.log(f"warning: a checkpoint takes about {s:.0f} s to write to {self.dir} (measured), "
+                 f"longer than ckpt_minutes={self.minutes:g}: checkpoints would queue; raise ckpt_minutes")
+    return s

@@ -11,16 +11,15 @@ from typing import Callable
 from ..core import check_name, cli_options, paths_for, EXIT_DIVERGED
 from ..config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
 from ..config import config_dict, field_option, field_values, to_toml
-from ..runs.find import experiment_of, find_tokenizer, run_of
-from ..data.sft import read_sft
+from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
-from .runstart import check_init_shape, hub_init, hub_llama, init_checkpoint
-from .trainer import train
+from .runstart import Init, check_init, find_init, read_init_sft
+from .trainer import NonFiniteError, exit_code, train
 from .launch import detach_option, start_run, torchrun_option
 
 # %% auto #0
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
-           'hub_finetune_config', 'finetune', 'checked_config', 'finetune_cmd', 'add_cli']
+           'hub_finetune_config', 'finetune', 'checked', 'finetune_cmd', 'add_cli']
 
 # %% ../../nbs/05g_finetune.ipynb #65690258
 FINETUNE = dict(max_steps=200, epochs=0.0, token_budget=0, warmup_steps=10, min_lr_ratio=0.1,
@@ -51,20 +50,22 @@ def finetune_overrides(p:dict) -> dict:
     ov = {k: p[k] for k in ('lora_rank', 'max_steps', 'lr', 'batch_size', 'device') if p.get(k) is not None}
     return ov | parse_overrides(p.get('overrides', ''))
 
-def finetune_config(init_from:str, # experiment name, run folder or checkpoint folder
+# %% ../../nbs/05g_finetune.ipynb #b5fcfab8
+def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experiment, run or checkpoint folder
                     data:str|Path, # the .jsonl of records
                     overrides:dict|None=None, # flat config overrides (applied last)
                     root:Path|None=None, # workspace root
                    ) -> Config:
     "The config of a fine-tuning run: the init run's, with `FINETUNE`, lr/10, `init_from` and `sft_data` set."
-    if hub_llama(init_from): return hub_finetune_config(init_from, data, overrides)
-    if hub_init(init_from):
-        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from}: "
+    init = init if isinstance(init, Init) else find_init(init, root)
+    if init.kind == 'llama': return hub_finetune_config(init, data, overrides)
+    init_from = init.source
+    if init.kind != 'lmbook':
+        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from!r}: "
                          "first train from it "
                          f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then "
                              "--init-from NAME")
-    ck, state = init_checkpoint(init_from, root)
-    base = config_from_dict(state['config'])
+    base = config_from_dict(init.state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
                                   'sft_data': str(Path(data).resolve()),
@@ -73,15 +74,16 @@ def finetune_config(init_from:str, # experiment name, run folder or checkpoint f
 # a published model's fine-tuning run
 HUB_FINETUNE = dict(block_size=2048, batch_size=4, lr=2e-4, device='auto', dtype='auto', grad_clip=1.0)
 
-def hub_finetune_config(init_from:str, data:str|Path, overrides:dict|None=None) -> Config:
-    ("The config of fine-tuning the published model `init_from` (hf:...): its shape, `FINETUNE` and "
-     "`HUB_FINETUNE`.")
-    folder, ov = hub_llama(init_from), {**HUB_FINETUNE, **(overrides or {})}
+def hub_finetune_config(init:Init|str, data:str|Path, overrides:dict|None=None) -> Config:
+    "The config of fine-tuning a published Llama-family model: its shape, `FINETUNE` and `HUB_FINETUNE`."
+    init = init if isinstance(init, Init) else find_init(init)
+    folder, ov = init.path, {**HUB_FINETUNE, **(overrides or {})}
     m = hf_model_config(folder, int(ov.pop('block_size')), hf_tokenizer(folder)[0].vocab_size)
     return apply_overrides(Config(model=m), {**FINETUNE, **HUB_FINETUNE, 'block_size': m.block_size,
-                                             'init_from': init_from, 'sft_data': str(Path(data).resolve()),
+                                             'init_from': init.source, 'sft_data': str(Path(data).resolve()),
                                              'tokenizer': '', **ov})
 
+# %% ../../nbs/05g_finetune.ipynb #bd49a1a5
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
              data:str|Path, # the .jsonl of prompt/response or messages records
              experiment:str, # the new run: runs/<experiment>
@@ -91,22 +93,21 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
             ) -> dict:
     ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
      "return its result.")
-    return train(checked_config(init_from, data, experiment, overrides, root), experiment, root=root, log=log)
+    cfg, init, examples = checked(init_from, data, experiment, overrides, root, log)
+    return train(cfg, experiment, root=root, log=log, init=init, examples=examples)
 
-def checked_config(init_from:str, data:str|Path, experiment:str, overrides:dict|None=None,
-                   root:Path|None=None) -> Config:
-    "The fine-tuning run's config, after every check that can fail before a folder is made."
+def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=None, root:Path|None=None,
+            log:Callable=print) -> tuple[Config, Init, list]:
+    "The fine-tuning run's config, `Init` and examples, after every check that runs before a folder exists."
     check_name(experiment)
-    cfg = finetune_config(init_from, data, overrides, root)
-    if hub_llama(init_from): return cfg  # the trainer checks its data first
-    ck, state = init_checkpoint(init_from, root)
-    if paths_for(experiment, root=root).run == run_of(ck):
+    init = find_init(init_from, root)  # found once: everything after takes it
+    cfg = finetune_config(init, data, overrides, root)
+    if init.kind == 'lmbook' and paths_for(experiment, root=root).run == run_of(init.path):
         raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
                          "name")
-    check_init_shape(cfg, state, ck)
-    read_sft(cfg.data.sft_data, find_tokenizer(ck, state, experiment_of(run_of(ck)), root),
-             cfg.model.block_size)  # bad lines fail before any folder is made
-    return cfg
+    check_init(cfg, init)
+    examples = read_init_sft(cfg, init, root, log)  # read once; bad lines fail before any folder is made
+    return cfg, init, examples
 
 # %% ../../nbs/05g_finetune.ipynb #662cc594
 # the parameters of nbs/finetune_published.ipynb, with their defaults: all of it on a CPU in a minute
@@ -126,13 +127,16 @@ PUBLISHED_PARAMS = dict(
     export_dir='',           # where the merged bf16 model goes ('': exports/<experiment> in the workspace)
 )
 
-# %% ../../nbs/05g_finetune.ipynb #074807aa
+# %% ../../nbs/05g_finetune.ipynb #e35228aa
 OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel')
 
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
-    "`lmbook finetune`: the checked config, written where the training processes read it, then `start_run`."
-    cfg = checked_config(init_from, data, experiment, overrides, root)
+    "`lmbook finetune`: the checks, then training here, under torchrun or in the background (`start_run`)."
+    cfg, init, examples = checked(init_from, data, experiment, overrides, root)
+    if cfg.train.nproc == 1 and not (detached or torchrun_args):
+        try: return exit_code(train(cfg, experiment, root=root, init=init, examples=examples))
+        except NonFiniteError: return EXIT_DIVERGED
     path = paths_for(experiment, root=root).cache/'finetune.toml'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(config_dict(cfg)))

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/lmeval.html.md"""
 
 # %% ../../nbs/05h_lmeval.ipynb #0297c9c5
 from __future__ import annotations
-import contextlib, json, logging, os, time
+import json, logging, os, time
 from pathlib import Path
 import torch
 try:  # an optional dependency: pip install 'lmbook[eval]'
@@ -16,6 +16,7 @@ try:  # an optional dependency: pip install 'lmbook[eval]'
 except ImportError: lm_eval, TemplateLM = None, object
 from ..config import did_you_mean
 from ..runs.sample import load_model, generate
+from .step import autocast
 
 # %% auto #0
 __all__ = ['LmbookLM', 'local_task', 'hellaswag_task', 'run_tasks', 'save_results']
@@ -47,7 +48,7 @@ class LmbookLM(TemplateLM):
             rows = [(ids[-(self.max_length + 1):], n) for ids, n in rows]
             x = torch.full((len(rows), max(len(r) for r, _ in rows) - 1), eot, dtype=torch.long)
             for i, (r, _) in enumerate(rows): x[i, :len(r)-1] = torch.tensor(r[:-1])
-            with _autocast(self.lm.device):
+            with autocast(self.lm.device):
                 logp = self.lm.model(x.to(self.lm.device)).float().log_softmax(-1).cpu()
             for i, (r, n) in enumerate(rows):
                 tgt, lp = torch.tensor(r[len(r)-n:]), logp[i, len(r)-1-n:len(r)-1]
@@ -77,10 +78,6 @@ class LmbookLM(TemplateLM):
             text = self.tok_decode(row[:row.index(self.eot_token_id)] if self.eot_token_id in row else row)
             out.append(min((text.split(u)[0] for u in until), key=len, default=text))
         return out
-
-def _autocast(device:str):
-    return torch.autocast('cuda',
-                          torch.bfloat16) if str(device).startswith('cuda') else contextlib.nullcontext()
 
 # %% ../../nbs/05h_lmeval.ipynb #07ece5aa
 def local_task(name:str, # the task's name

@@ -6,32 +6,34 @@ Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
 # %% ../../nbs/05d_runstart.ipynb #534a0b58
 from __future__ import annotations
-import dataclasses, gc, json, os, shutil, tempfile
+import dataclasses, functools, gc, json, os, shutil, tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
-from ..core import pick_device
+from ..core import pick_device, seed_everything
 from ..config import Config, apply_overrides, load_config_file
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, val_batches
-from ..model.gpt import GPT
+from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
 from ..model.memory import batch_choices, max_batch_size, search_batch
-from ..distributed import DistInfo, all_reduce
+from ..distributed import DistInfo, all_reduce, barrier
 from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
 from ..runs.sample import base_ref, load_model
 from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
+from .optim import schedule_for, total_steps
 from .step import Trainable, is_oom, make_trainable, train_step
 
 # %% auto #0
-__all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state', 'init_model',
-           'adopt_init_tokenizer', 'SFTData', 'prepare_run', 'sft_data', 'prepare_hub', 'run_loaders', 'resolve_init',
-           'lora_base', 'fit_sft_batch', 'build_trainable', 'fits_card', 'fit_batch', 'fitted_config']
+__all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
+           'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
+           'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
+           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'RunStart', 'run_start']
 
 # %% ../../nbs/05d_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -72,13 +74,10 @@ def hub_llama(init_from:str) -> Path|None:
     return folder if hf_kind(folder) in HF_TYPES else None
 
 def hub_init_state(cfg:Config) -> dict:
-    ("The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` has its shape "
-     "and tokenizer.")
+    "The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` fits it."
     name = hub_init(cfg.train.init_from)
     if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights "
                                   f"({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
-    if folder := hub_llama(cfg.train.init_from):  # Llama, Mistral, Qwen2: weights read as the model is built
-        return check_hf_shape(cfg, folder, hf_tokenizer(folder)[0].vocab_size)
     if cfg.data.sft_data:
         raise ValueError("fine-tuning data needs an lmbook run to start from: train from "
                          f"init_from={cfg.train.init_from} first, "
@@ -93,22 +92,68 @@ def hub_init_state(cfg:Config) -> dict:
                          "set those values (GPT-2 small is gpt2_124m with bias=true)")
     return sd
 
+# %% ../../nbs/05d_runstart.ipynb #fec9e734
+INIT_KINDS = ('none', 'lmbook', 'gpt2', 'llama')  # what an `init_from` can name
+
+@dataclass(frozen=True)
+class Init:
+    "What a run's weights start from, resolved once: its kind, what `init_from` said, and what was found."
+    kind: str = 'none'        # one of INIT_KINDS
+    source: str = ''          # the `init_from` as given
+    path: Path|None = None    # the checkpoint folder (lmbook) or the model folder (llama)
+    state: dict|None = dataclasses.field(default=None, repr=False)  # the checkpoint's state.json (lmbook)
+
+    @property
+    def init_from(self) -> str:
+        "The `init_from` the run records: the checkpoint folder found, else `source`."
+        return str(self.path) if self.kind == 'lmbook' else self.source
+
+def find_init(init_from:str, # '', an experiment, run folder or checkpoint folder, or hf:ID
+              root:Path|None=None, # workspace root
+             ) -> Init:
+    "The `Init` that `init_from` names, its checkpoint's `state.json` read once."
+    if not init_from: return Init()
+    if folder := hub_llama(init_from): return Init('llama', init_from, folder)
+    if hub_init(init_from): return Init('gpt2', init_from)
+    ck, state = init_checkpoint(init_from, root)
+    return Init('lmbook', init_from, ck, state)
+
+# %% ../../nbs/05d_runstart.ipynb #06f15ad5
+def check_init(cfg:Config, init:Init):
+    "Refuse a config that its `Init` cannot start (shape, tokenizer, fine-tuning data), before any writing."
+    if init.kind == 'none' and cfg.data.sft_data:
+        raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to "
+                         "fine-tune (lmbook finetune --init-from EXP)")
+    if init.kind == 'lmbook': check_init_shape(cfg, init.state, init.path)
+    if init.kind == 'gpt2': hub_init_state(cfg)  # reads the weights to check shape and tokenizer
+    if init.kind == 'llama': check_hf_shape(cfg, init.path, hf_tokenizer(init.path)[0].vocab_size)
+
+def init_tokenizer(init:Init, root:Path|None=None):
+    "The tokenizer the weights of an lmbook or Llama-family `init` were trained with."
+    if init.kind == 'llama': return hf_tokenizer(init.path)[0]
+    return find_tokenizer(init.path, init.state, experiment_of(run_of(init.path)), root)
+
+def read_init_sft(cfg:Config, init:Init, root:Path|None=None, log:Callable|None=None) -> list:
+    "The examples of `cfg.data.sft_data` in the tokens of `init`, every line checked: read once a run."
+    return read_sft(cfg.data.sft_data, init_tokenizer(init, root), cfg.model.block_size, log)
+
 # %% ../../nbs/05d_runstart.ipynb #6609495e
-def init_model(cfg:Config, device:str='cpu') -> torch.nn.Module:
-    "The GPT of `cfg` on `device`, with the weights of `cfg.train.init_from` and LoRA adapters when asked."
-    if folder := hub_llama(cfg.train.init_from):
+def init_model(cfg:Config, # the run's config
+               init:Init|None=None, # what its weights start from (None: found and checked here)
+               device:str='cpu') -> torch.nn.Module:
+    "The GPT of `cfg` on `device`, with the weights of its `Init` and LoRA adapters when asked."
+    if init is None: init = find_init(cfg.train.init_from); check_init(cfg, init)
+    if init.kind == 'llama':
         # built on the meta device, each weight placed (4-bit) as it is read
-        return hf_init_model(cfg, folder, device)
+        return hf_init_model(cfg, init.path, device)
     # made where it trains: a 4B model's init takes a minute on a CPU
     with torch.device(device): model = GPT(cfg.model)
-    if hub_init(cfg.train.init_from):
+    if init.kind == 'gpt2':
         with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
-    elif cfg.train.init_from:
-        ck, state = init_checkpoint(cfg.train.init_from)
-        check_init_shape(cfg, state, ck)
+    if init.kind == 'lmbook':
         # building the source model draws no numbers from this run's streams
         with torch.random.fork_rng(devices=[]):
-            src = load_model(ck, device='cpu', tokenizer=False).model
+            src = load_model(init.path, device='cpu', tokenizer=False).model
         with torch.no_grad(): model.load_state_dict(src.state_dict())
     if cfg.train.quant != 'none':
         raise ValueError(f"quant={cfg.train.quant} loads a published model 4-bit as it is read: "
@@ -151,31 +196,25 @@ class SFTData:
     n_val_tokens: int     # tokens in the validation rows
     n_examples: int       # examples read
 
-# %% ../../nbs/05d_runstart.ipynb #034d40fb
-def prepare_run(cfg:Config, paths, log:Callable|None=None):
-    ("The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with `init_from`, the init run's "
-     "tokenizer first.")
+# %% ../../nbs/05d_runstart.ipynb #67add43c
+def prepare_run(cfg:Config, # the run's config
+                paths, # its `Paths`
+                log:Callable|None=None, # where progress lines go
+                init:Init|None=None, # what its weights start from (None: found and checked here)
+                examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
+               ):
+    "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
+    if init is None: init = find_init(cfg.train.init_from, paths.root); check_init(cfg, init)
     # one data preparation of an experiment at a time
-    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, log)
+    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
 
-def _prepare_run(cfg:Config, paths, log:Callable|None):
-    if cfg.data.sft_data and not cfg.train.init_from:
-        raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to "
-                         "fine-tune (lmbook finetune --init-from EXP)")
-    if not cfg.train.init_from: return prepare_data(cfg, paths)
-    if folder := hub_llama(cfg.train.init_from): return prepare_hub(cfg, paths, folder, log)
-    if hub_init(cfg.train.init_from):
-        hub_init_state(cfg)  # shape, tokenizer and weights checked before any data is written
-        return prepare_data(cfg, paths)
-    ck, state = init_checkpoint(cfg.train.init_from, paths.root)
-    check_init_shape(cfg, state, ck)
-    if not cfg.data.sft_data:
-        adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root)
-        return prepare_data(cfg, paths)
-    tk = find_tokenizer(ck, state, experiment_of(run_of(ck)), paths.root)
+def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None):
+    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths)
     # every line checked before anything is written
-    examples = read_sft(cfg.data.sft_data, tk, cfg.model.block_size, log)
-    return sft_data(cfg, paths, examples, adopt_init_tokenizer(ck, state, paths.tokenizer, paths.root))
+    if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log)
+    if init.kind == 'llama': tk = adopt_hf_tokenizer(init.path, paths.tokenizer)
+    else: tk = adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
+    return sft_data(cfg, paths, examples, tk) if cfg.data.sft_data else prepare_data(cfg, paths)
 
 def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     "The packed `SFTData` of `examples`, tokenized by the run's tokenizer `tk`."
@@ -184,15 +223,7 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
                    val[0].numel(), len(examples))
 
-def prepare_hub(cfg:Config, paths, folder:Path, log:Callable|None):
-    ("The data of a run that starts from a published Llama-family model: its tokenizer adopted, then "
-     "either kind.")
-    hub_init_state(cfg)  # the shape, before anything is written
-    examples = (read_sft(cfg.data.sft_data, hf_tokenizer(folder)[0], cfg.model.block_size, log)
-                if cfg.data.sft_data else None)
-    tk = adopt_hf_tokenizer(folder, paths.tokenizer)
-    return prepare_data(cfg, paths) if examples is None else sft_data(cfg, paths, examples, tk)
-
+# %% ../../nbs/05d_runstart.ipynb #80b99559
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
     tc, bs = cfg.train, cfg.model.block_size
@@ -202,25 +233,30 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
     return (TokenLoader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
             val_batches(prepared.val_tokens, tc.batch_size, bs, tc.eval_steps, info.rank, info.world_size))
 
-def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
-    ("`cfg` with `init_from` as the checkpoint folder it names in this workspace ('' when resuming a run "
-     "whose init run is gone).")
-    if not cfg.train.init_from or hub_init(cfg.train.init_from): return cfg
-    try: ck, _ = init_checkpoint(cfg.train.init_from, paths.root)
+# %% ../../nbs/05d_runstart.ipynb #078c711a
+def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[Config, Init]:
+    "The run's `Init` (found and checked, unless its caller did), and `cfg` recording what it found."
+    if init is None:
+        init = _found(cfg, paths, run_dir)
+        check_init(cfg, init)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init.init_from)), init
+
+def _found(cfg:Config, paths, run_dir:Path) -> Init:
+    "`find_init`, or no init for a resumed run whose init run is gone: its own checkpoint has the weights."
+    try: return find_init(cfg.train.init_from, paths.root)
     except FileNotFoundError as e:
+        if hub_init(cfg.train.init_from): raise
         # the run's own checkpoint replaces the weights, unless it holds only adapters
         if cfg.train.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
                                                         "adapters, so its base must be there: restore it")
-        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''
-        else: raise
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
+        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): return Init()
+        raise
 
-def lora_base(cfg:Config) -> dict|None:
-    "What a LoRA run's checkpoints record of its base (`sample.base_ref`), for a config `resolve_init` gave."
-    init = cfg.train.init_from
-    if not cfg.train.lora_rank or not init: return None
-    gpt2 = hub_init(init) and not hub_llama(init)  # published GPT-2 (hf:gpt2)
-    return base_ref(init, hf_gpt2_folder(hub_init(init)) if gpt2 else hub_llama(init) or Path(init))
+def lora_base(cfg:Config, init:Init) -> dict|None:
+    "What a LoRA run's checkpoints record of its base (`sample.base_ref`)."
+    if not cfg.train.lora_rank or init.kind == 'none': return None
+    folder = hf_gpt2_folder(hub_init(init.source)) if init.kind == 'gpt2' else init.path
+    return base_ref(init.init_from, folder)
 
 # %% ../../nbs/05d_runstart.ipynb #afc2f278
 def fit_sft_batch(cfg:Config, # the run's config
@@ -244,22 +280,24 @@ def fit_sft_batch(cfg:Config, # the run's config
     return apply_overrides(cfg, dict(batch_size=b))
 
 # %% ../../nbs/05d_runstart.ipynb #52192cbe
-def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None) -> Trainable:
-    ("The model of `cfg` (with `init_from`'s weights and LoRA adapters when configured) ready to train on "
-     "this process.")
+def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None,
+                    init:Init|None=None, # what its weights start from (None: found and checked here)
+                   ) -> Trainable:
+    "The model of `cfg` (its `Init`'s weights, LoRA adapters when configured) ready to train on this process."
     info = info or DistInfo(device=pick_device(cfg.train.device))
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    return make_trainable(init_model(cfg, info.device), cfg, info, parallel)
+    return make_trainable(init_model(cfg, init, info.device), cfg, info, parallel)
 
 # %% ../../nbs/05d_runstart.ipynb #215bfb32
 def fits_card(cfg:Config, # the config to try, at its batch_size
               info:DistInfo, # this process's place (a CUDA device)
               headroom:float=0.05, # fraction of the card's memory the trial must leave unused
+              init:Init|None=None, # the run's `Init`
              ) -> bool:
     "Whether two optimizer steps of `cfg` run on every rank's GPU within `1 - headroom` of its memory."
     dev, t, x = info.device, None, None
     try:
-        t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info)
+        t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info, init=init)
         x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1),
                           device=dev)
         for _ in range(2): train_step(t, lambda: (x[:, :-1], x[:, 1:]), 0.0)
@@ -277,6 +315,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
               info:DistInfo, # this process's place
               log:Callable=print, # where the one line about the choice goes
               fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
+              init:Init|None=None, # the run's `Init` (for the trials)
              ) -> Config:
     "`cfg` with the largest micro-batch that fits the card, accumulation lowered to keep its tokens per step."
     tc, est = cfg.train, cfg.train.batch_size
@@ -284,7 +323,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
         if not info.device.startswith('cuda'):
             log(f"batch_fit: trials need a CUDA GPU; keeping batch_size {tc.batch_size}")
             return cfg
-        fits = lambda c: fits_card(c, info)
+        fits = lambda c: fits_card(c, info, init=init)
         est = max_batch_size(cfg, torch.cuda.mem_get_info(info.device)[1]/1e9, world_size=info.world_size)
     choices, tried = batch_choices(cfg), {}
     def trial(b):
@@ -300,7 +339,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
     log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
     return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc))
 
-def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Config:
+def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
     "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
     saved = run_dir/'training.toml'
     if cfg.train.auto_resume and saved.exists():
@@ -308,4 +347,56 @@ def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Conf
         # the resume check explains
         if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg
         return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
-    return fit_batch(cfg, info, log)
+    return fit_batch(cfg, info, log, init=init)
+
+# %% ../../nbs/05d_runstart.ipynb #499c8f30
+@dataclass
+class RunStart:
+    "What a run has before its first step, each part made once."
+    cfg: Config              # the config it trains: init_from resolved, micro-batch fitted
+    init: Init               # what its weights started from
+    prepared: object         # its data: `prepare_data`'s, or an `SFTData`
+    t: Trainable             # its model, wrapped, with its optimizer
+    loader: object           # this rank's train loader
+    val: list                # this rank's fixed validation batches
+    total: int               # optimizer steps of the whole run
+    tokens_per_step: int     # over all ranks
+    base: dict|None = None   # a LoRA run's base, as its checkpoints record it (rank 0)
+
+    @property
+    def sched(self) -> Callable: return schedule_for(self.cfg.train, self.total)
+
+def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
+    "The run's data, prepared once per node by its local rank 0; the others then find it done."
+    barrier()
+    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples)
+    barrier()
+    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples)
+    return prepared
+
+# %% ../../nbs/05d_runstart.ipynb #53304350
+def run_start(cfg:Config, # the run's config, as the user gave it
+              paths, # its `Paths`
+              run_dir:Path, # its run folder (a resumed run's checkpoints are there)
+              info:DistInfo, # this process's place
+              log:Callable|None=None, # progress lines (rank 0)
+              init:Init|None=None, # what its weights start from, already checked (None: found here)
+              examples:list|None=None, # its fine-tuning examples, already read (None: read here)
+             ) -> RunStart:
+    "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
+    cfg, init = resolve_init(cfg, paths, run_dir, init)
+    prepared = _prepared(cfg, paths, info, init, log, examples)
+    if cfg.train.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
+    cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
+    if prepared.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
+                         f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
+    tps = cfg.tokens_per_step*info.world_size
+    total = total_steps(cfg.train, tps, prepared.n_train_tokens)
+    seed_everything(cfg.train.seed)
+    base = lora_base(cfg, init) if info.is_main else None  # hashing the base once is enough
+    t = build_trainable(cfg, info, init=init)
+    if cfg.train.doc_mask:
+        t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
+    loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
+    return RunStart(cfg, init, prepared, t, loader, val, total, tps, base)

@@ -18,8 +18,8 @@ from ..model.levers import apply_act_ckpt, apply_fp8
 from ..distributed import DistInfo, grad_sync, unwrap, wrap_model
 
 # %% auto #0
-__all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'resolve_compile', 'Trainable', 'make_trainable',
-           'StepResult', 'train_step', 'is_oom']
+__all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'autocast', 'resolve_compile', 'Trainable',
+           'make_trainable', 'StepResult', 'train_step', 'is_oom']
 
 # %% ../../nbs/05b_step.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -34,6 +34,12 @@ def resolve_dtype(dtype:str, device:str) -> torch.dtype|None:
     "The autocast dtype for `dtype` on `device` (None: no autocast, plain fp32)."
     if dtype == 'auto': return torch.bfloat16 if device.startswith('cuda') else None
     return torch.bfloat16 if dtype == 'bfloat16' else None
+
+def autocast(device:str, dtype:torch.dtype|str|None='auto'):
+    "The autocast context of forward passes on `device` in `dtype` ('auto': bf16 on CUDA; None: plain fp32)."
+    if dtype == 'auto': dtype = resolve_dtype('auto', str(device))
+    if dtype is None: return contextlib.nullcontext()
+    return torch.autocast(str(device).split(':')[0], dtype=dtype)
 
 def resolve_compile(compile:str, device:str) -> bool:
     "Whether to `torch.compile` the model."
@@ -63,9 +69,13 @@ class Trainable:
         return dict(mask=self.mask_fn(x)) if self.mask_fn else {}
 
     def autocast(self):
-        "The autocast context for forward passes."
-        if self.amp_dtype is None: return contextlib.nullcontext()
-        return torch.autocast(self.device.split(':')[0], dtype=self.amp_dtype)
+        "The autocast context for forward passes, in the dtype training runs in."
+        return autocast(self.device, self.amp_dtype)
+
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        "The model validation and sampling run: the sharded one under FSDP2, else the plain one."
+        return self.model if self.sharded else self.raw
 
 # %% ../../nbs/05b_step.ipynb #38e07dc6
 def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`

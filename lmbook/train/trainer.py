@@ -6,34 +6,32 @@ Docs: https://lmbook.github.io/lmbook/trainer.html.md"""
 
 # %% ../../nbs/05e_trainer.ipynb #a19fd682
 from __future__ import annotations
-import functools, json, os, resource, signal, threading, time, uuid
+import json, os, resource, signal, threading, time, uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
 from ..runs import checkpoint as ckpt
-from ..core import paths_for, pick_device, seed_everything, environment_info, peak_flops, check_writable
+from ..core import paths_for, pick_device, environment_info, peak_flops, check_writable
 from ..core import on_runpod, EXIT_FINISHED
 from ..config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
 from ..runlock import RunLock, RunLocked
+from fastcore.basics import patch
 from ..data.tokenizer import load_tokenizer
-from ..model.gpt import doc_mask
 from ..model.levers import lever_report
-from .optim import schedule_for, total_steps
 from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
 from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
-from .runstart import build_trainable, fitted_config, lora_base, prepare_run, resolve_init, run_loaders
-from .runstart import fit_sft_batch
-from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
+from .runstart import Init, run_start
+from .validation import Validator, hellaswag_examples, mean_loss, train_evals
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
-           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'train', 'Progress', 'start_run', 'log_step',
-           'save_if_due', 'run_steps', 'check_base']
+           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
+           'log_step', 'save_if_due', 'run_steps']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -82,7 +80,7 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
         raise err or RunLocked(f"rank 0 could not lock {run_dir}")
     return lock
 
-# %% ../../nbs/05e_trainer.ipynb #ee63de1e
+# %% ../../nbs/05e_trainer.ipynb #6545dabb
 @dataclass
 class Run:
     "A run ready for its first step."
@@ -91,7 +89,7 @@ class Run:
     info: DistInfo               # this process's place
     t: Trainable                 # model, optimizer, autocast
     loader: object               # the train `TokenLoader`
-    val: list                    # the fixed validation batches of this rank
+    validator: Validator         # when to validate, on the fixed validation batches of this rank
     tok_dir: Path                # the tokenizer bundle
     tok_ref: dict|None           # its path and hash, stored in checkpoints
     total: int                   # optimizer steps of the whole run
@@ -100,53 +98,39 @@ class Run:
     n_train_tokens: int          # tokens in the train split
     log: Callable                # progress lines (rank 0; a no-op elsewhere)
     lock: RunLock|None = None    # the run folder's lock (rank 0)
-    evals: TrainEvals|None = None  # what validations measure besides the loss (val_bpb, HellaSwag)
     base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`runstart.lora_base`)
 
+# %% ../../nbs/05e_trainer.ipynb #e9bbe307
 def _quiet(*a, **k): pass
 
-def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
-    "Everything before the first step of `cfg` as `experiment`."
-    tc = cfg.train
+def _join(tc) -> DistInfo:
+    "This process's place in the job, with the determinism `tc` asks for."
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
-    say = log if info.is_main else _quiet
     if tc.deterministic:
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS's condition for determinism
         torch.use_deterministic_algorithms(True)
+    return info
+
+def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|None=None,
+              examples:list|None=None) -> Run:
+    "Everything before the first step of `cfg` as `experiment`; `init` and `examples`: already made once."
+    info = _join(cfg.train)
+    say = log if info.is_main else _quiet
     paths = paths_for(experiment, root=root)
-    run_dir = choose_run_dir(paths.run, tc.auto_resume)
+    run_dir = choose_run_dir(paths.run, cfg.train.auto_resume)
     lock = lock_run(run_dir, info, say)
     try:
         if info.is_main: log.open(run_dir/'train.log')
-        # before the data: a missing file stops the run now, not at step N
-        hellaswag = hellaswag_examples(tc, root)
-        barrier()
-        # once per node, the others then find it done
-        if info.local_rank == 0: prepared = prepare_run(cfg, paths, say)
-        barrier()
-        if info.local_rank != 0: prepared = prepare_run(cfg, paths)
-        if tc.batch_fit: cfg = fitted_config(cfg, run_dir, info, say); tc = cfg.train
-        cfg = fit_sft_batch(cfg, prepared, info.world_size, say); tc = cfg.train  # a small fine-tuning file
-        if prepared.vocab_size > cfg.model.vocab_size:
-            raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
-                             f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
-        tps = cfg.tokens_per_step*info.world_size
-        total = total_steps(tc, tps, prepared.n_train_tokens)
-        seed_everything(tc.seed)
-        init = resolve_init(cfg, paths, run_dir)
-        base = lora_base(init) if info.is_main else None  # hashing the base once is enough
-        t = build_trainable(init, info)
-        if tc.doc_mask:
-            t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
-        loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
-        evals = train_evals(prepared.tokenizer_dir, hellaswag, tc.hellaswag_every)
+        hellaswag = hellaswag_examples(cfg.train, root)  # before the data: a missing file stops the run now
+        s = run_start(cfg, paths, run_dir, info, say, init, examples)
+        tc, tok = s.cfg.train, s.prepared.tokenizer_dir
+        val = Validator(s.val, tc.eval_every, s.total, train_evals(tok, hellaswag, tc.hellaswag_every))
     except BaseException:
         if lock: lock.release()
         raise
-    return Run(cfg, run_dir, info, t, loader, val, prepared.tokenizer_dir,
-               ckpt.tokenizer_ref(prepared.tokenizer_dir),
-               total, tps, schedule_for(tc, total), prepared.n_train_tokens, say, lock, evals, base)
+    return Run(s.cfg, run_dir, info, s.t, s.loader, val, tok, ckpt.tokenizer_ref(tok), s.total,
+               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base)
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
@@ -216,22 +200,25 @@ class StepLog:
         self.t_train, self.n = 0.0, 0
         return row
 
-    def eta(self, step:int, now:float|None=None) -> float|None:
-        ("Seconds left after `step`, at the pace since the first row this start wrote (None until there is "
-         "one).")
-        now = time.time() if now is None else now
-        if self.first is None: self.first = (step, now)
-        s0, t0 = self.first
-        return (now - t0)/(step - s0)*(self.r.total - step) if step > s0 and step < self.r.total else None
+# %% ../../nbs/05e_trainer.ipynb #b0bc789d
+@patch
+def eta(self:StepLog, step:int, now:float|None=None) -> float|None:
+    ("Seconds left after `step`, at the pace since the first row this start wrote (None until there is "
+     "one).")
+    now = time.time() if now is None else now
+    if self.first is None: self.first = (step, now)
+    s0, t0 = self.first
+    return (now - t0)/(step - s0)*(self.r.total - step) if step > s0 and step < self.r.total else None
 
-    def write(self, row:dict):
-        "Append `row` to the metrics and log it as one line, ending with the time left."
-        extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
-        # wall time, gaps between starts left out
-        row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
-        eta = self.eta(row['step'])
-        extra += f" | eta {format_duration(eta)}" if eta is not None else ''
-        self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
+@patch
+def write(self:StepLog, row:dict):
+    "Append `row` to the metrics and log it as one line, ending with the time left."
+    extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
+    # wall time, gaps between starts left out
+    row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
+    eta = self.eta(row['step'])
+    extra += f" | eta {format_duration(eta)}" if eta is not None else ''
+    self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../../nbs/05e_trainer.ipynb #1705d16e
 class NonFiniteError(RuntimeError):
@@ -241,14 +228,6 @@ class NonFiniteError(RuntimeError):
 def exit_code(result:dict) -> int:
     "The process exit code of a `train` result: 0 finished, 128+signal when stopped by one."
     return 128 + result['signal'] if result.get('signal') else EXIT_FINISHED
-
-def _samples(r:Run, step:int):
-    if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
-        with r.t.autocast():  # the dtypes training runs in (a bf16 base with float32 adapters)
-            s = sample_texts(r.t.model if r.t.sharded else r.t.raw, load_tokenizer(r.tok_dir),
-                             prompts_for(r.cfg), block_size=r.cfg.model.block_size,
-                             seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
-        if r.info.is_main: write_samples(r.dir, step, s)
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
     "The error (logged) of a run whose loss or grad norm stayed non-finite."
@@ -260,6 +239,15 @@ def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteE
     r.log(f"error: {msg}")
     return NonFiniteError(msg)
 
+# %% ../../nbs/05e_trainer.ipynb #ee7ccf26
+def _samples(r:Run, step:int):
+    if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
+        with r.t.autocast():  # the dtypes training runs in (a bf16 base with float32 adapters)
+            s = sample_texts(r.t.eval_model, load_tokenizer(r.tok_dir),
+                             prompts_for(r.cfg), block_size=r.cfg.model.block_size,
+                             seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
+        if r.info.is_main: write_samples(r.dir, step, s)
+
 def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
            last_val:float|None) -> float|None:
     "Log how the run ended (sampling at a real end); return the final val_loss."
@@ -268,7 +256,7 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
               f"{ckpt.ckpt_name(last_ckpt)} written: "
               f"rerun the same command to resume")
     elif step == start:
-        last_val = mean_loss(r.t, r.val)
+        last_val = mean_loss(r.t, r.validator.batches)
         r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise "
               "max_steps to train on, "
               f"or use --no-auto-resume (auto_resume=False) for a new run")
@@ -277,26 +265,7 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
         r.log(f"done: {step} steps, {tokens:,} tokens; val_loss {last_val:.4f}; run folder {r.dir}")
     return last_val
 
-# %% ../../nbs/05e_trainer.ipynb #87f638b5
-def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
-    tc = r.cfg.train
-    return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
-                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage,
-                **({'base': r.base} if r.base else {}))
-
-def train(cfg:Config, # the resolved config
-          experiment:str, # names the run folder runs/<experiment> and the data folders
-          root:Path|None=None, # workspace root (default: from settings)
-          log:Callable=print, # where progress lines go (rank 0), besides train.log
-         ) -> dict:
-    "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
-    rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
-    r = setup_run(cfg, experiment, root, rlog)
-    try: return _train(r, experiment)
-    finally:
-        if r.lock: r.lock.release()
-        rlog.close()
-
+# %% ../../nbs/05e_trainer.ipynb #6b760ecb
 @dataclass
 class Progress:
     "Where a run stands: step, tokens, skipped updates, its lineage id and validation losses."
@@ -307,6 +276,29 @@ class Progress:
     first_val: float|None = None  # val_loss at step 0 (None when resumed)
     last_val: float|None = None   # the newest val_loss
 
+# %% ../../nbs/05e_trainer.ipynb #9e2a07bb
+def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
+    tc = r.cfg.train
+    return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
+                parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage,
+                **({'base': r.base} if r.base else {}))
+
+def train(cfg:Config, # the resolved config
+          experiment:str, # names the run folder runs/<experiment> and the data folders
+          root:Path|None=None, # workspace root (default: from settings)
+          log:Callable=print, # where progress lines go (rank 0), besides train.log
+          init:Init|None=None, # what the weights start from, found and checked (None: from `init_from`)
+          examples:list|None=None, # the fine-tuning examples, read and checked (None: from `sft_data`)
+         ) -> dict:
+    "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
+    rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
+    r = setup_run(cfg, experiment, root, rlog, init, examples)
+    try: return _train(r, experiment)
+    finally:
+        if r.lock: r.lock.release()
+        rlog.close()
+
+# %% ../../nbs/05e_trainer.ipynb #0a2a04b1
 def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
     "Resume from the newest good checkpoint (or start at step 0), record this start, open the metrics."
     tc, info, t = r.cfg.train, r.info, r.t
@@ -332,12 +324,29 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
         ckpt.set_rng_state(resumed['rank_state']['rng'])
     return resumed, p, metrics
 
+# %% ../../nbs/05e_trainer.ipynb #135b5ff4
+def check_base(r:Run, resumed:dict|None):
+    "Refuse (on every rank) a LoRA run without a base, or one resuming adapters trained on another base."
+    err = _base_error(r, resumed) if r.info.is_main else None
+    if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
+
+def _base_error(r:Run, resumed:dict|None) -> str|None:
+    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained model: set init_from "
+                               "(an experiment, a checkpoint folder or hf:ID), or lora_rank=0 to train every "
+                               "weight")
+    old = (resumed or {}).get('state', {}).get('base')
+    if old and old['sha256'] != r.base['sha256']:
+        return (f"{resumed['path']} holds adapters trained on {old['path']}, but {r.base['path']} now has "
+                "other weights (its hash differs): restore that base, or start a new experiment")
+    return None
+
+# %% ../../nbs/05e_trainer.ipynb #3a61e792
 def log_step(r:Run, slog:StepLog, p:Progress, res:StepResult, lr:float) -> dict:
     "Write the row of step `p.step` (train metrics, validation, each when due); return the validation's."
     tc, step = r.cfg.train, p.step
     due = step % tc.log_every == 0 or step == r.total or res.skipped
     row = slog.train_row(step, p.tokens, res, lr, p.skipped) if due else None
-    ev = validation(r, step)
+    ev = r.validator.run(r.t, step) if r.validator.due(step) else {}
     if 'val_loss' in ev: p.last_val = ev['val_loss']
     if ev: row = dict(row or dict(step=step, tokens=p.tokens, epoch=r.loader.epoch), **ev)
     if row: slog.write(row)
@@ -351,6 +360,7 @@ def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int):
         ck.save(p.step, r.t.model, r.t.optimizer, _run_state(r, p.step, p.tokens, p.skipped, p.lineage),
                 dict(loader=r.loader.state_dict()), r.t.sharded, best, due)
 
+# %% ../../nbs/05e_trainer.ipynb #88b0e40b
 def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -> int:
     "Train from `p.step` to the end, validating, sampling, checkpointing; the signal that stopped it (or 0)."
     tc, t, start, consec, signum = r.cfg.train, r.t, p.step, 0, 0
@@ -372,6 +382,7 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         if signum: break
     return signum
 
+# %% ../../nbs/05e_trainer.ipynb #7153aa42
 def _best_line(ck:Checkpointer) -> str:
     "The run's last line about `best/`: where it is, or that its newest one was not written."
     head, folder = f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}", ck.dir/ckpt.BEST
@@ -381,13 +392,14 @@ def _best_line(ck:Checkpointer) -> str:
 
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
-    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
+    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
+                      tc.ckpt_minutes)
     mirror = Mirror(tc.mirror, experiment, r.dir/'.mirror', r.log) if tc.mirror and r.info.is_main else None
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
     slog = StepLog(r, metrics)
     if not resumed:
-        ev = validation(r, 0)
+        ev = r.validator.run(r.t, 0)
         p.first_val = p.last_val = ev['val_loss']
         slog.write(dict(step=0, tokens=0, epoch=0, **ev))
     start, signum = p.step, 0
@@ -408,18 +420,3 @@ def _train(r:Run, experiment:str) -> dict:
                skipped=p.skipped, checkpoints=ck.timings, best_step=ck.best_step,
                best_val_loss=ck.best_val if ck.best_step > 0 else None)
     return dict(res, exit_code=exit_code(res))
-
-def check_base(r:Run, resumed:dict|None):
-    "Refuse (on every rank) a LoRA run without a base, or one resuming adapters trained on another base."
-    err = _base_error(r, resumed) if r.info.is_main else None
-    if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
-
-def _base_error(r:Run, resumed:dict|None) -> str|None:
-    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained model: set init_from "
-                               "(an experiment, a checkpoint folder or hf:ID), or lora_rank=0 to train every "
-                               "weight")
-    old = (resumed or {}).get('state', {}).get('base')
-    if old and old['sha256'] != r.base['sha256']:
-        return (f"{resumed['path']} holds adapters trained on {old['path']}, but {r.base['path']} now has "
-                "other weights (its hash differs): restore that base, or start a new experiment")
-    return None

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/validation.html.md"""
 
 # %% ../../nbs/05c_validation.ipynb #9ca834cb
 from __future__ import annotations
-import contextlib, json, math, os, urllib.request
+import json, math, os, urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -16,11 +16,13 @@ from tokenizers.pre_tokenizers import ByteLevel
 from ..core import workspace_root
 from ..data.tokenizer import load_tokenizer
 from ..distributed import all_reduce
+from fastcore.basics import patch
+from .step import Trainable, autocast
 
 # %% auto #0
 __all__ = ['LOGITS_AT_ONCE', 'HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag',
            'hellaswag_file', 'load_hellaswag', 'hellaswag_accuracy', 'mean_loss', 'TrainEvals', 'hellaswag_examples',
-           'train_evals', 'val_metrics', 'validation']
+           'train_evals', 'val_metrics', 'Validator']
 
 # %% ../../nbs/05c_validation.ipynb #6d6f9688
 def token_byte_lengths(tokenizer) -> torch.Tensor:
@@ -35,10 +37,6 @@ def token_byte_lengths(tokenizer) -> torch.Tensor:
     return out
 
 # %% ../../nbs/05c_validation.ipynb #5f816bee
-def _autocast(device:str):
-    return torch.autocast('cuda',
-                          torch.bfloat16) if str(device).startswith('cuda') else contextlib.nullcontext()
-
 # logits computed at a time (1 GiB in fp32): big batches of a big vocabulary go in row chunks
 LOGITS_AT_ONCE = 1 << 28
 
@@ -55,6 +53,7 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                   device:str='cpu', # where the model is
                   # input ids -> attention mask (`model.doc_mask`) for a run that trains with one
                   mask_fn=None,
+                  amp:torch.dtype|str|None='auto', # autocast dtype ('auto': bf16 on CUDA; None: fp32)
                  ) -> dict:
     "`val_loss` (nats per token), `ppl`, `val_bpb` (bits per UTF-8 byte) and counts, summed over ranks."
     was_training = model.training; model.eval()
@@ -65,7 +64,7 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
             rows = max(1, LOGITS_AT_ONCE//(xb.shape[1]*V)) if V else len(xb)
             for s in range(0, len(xb), rows):
                 x, y = xb[s:s+rows].to(device), yb[s:s+rows].to(device)
-                with _autocast(device): logits = model(x, mask=mask_fn(x)) if mask_fn else model(x)
+                with autocast(device, amp): logits = model(x, mask=mask_fn(x)) if mask_fn else model(x)
                 keep = y.flatten() >= 0  # -1 marks a target that is not scored (a fine-tuning prompt)
                 nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none',
                                       ignore_index=-1)
@@ -168,12 +167,13 @@ def _ending_losses(model, rows:list, device:str) -> tuple[torch.Tensor, torch.Te
     for i, (r, n) in enumerate(rows):
         x[i, :len(r)-1], y[i, :len(r)-1] = torch.tensor(r[:-1]), torch.tensor(r[1:])
         mask[i, max(len(r) - 1 - n, 0):len(r)-1] = True
-    with _autocast(device): logits = model(x.to(device))
+    with autocast(device): logits = model(x.to(device))
     nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(),
                           reduction='none').view(len(rows), T).cpu()
     tot = (nll*mask).sum(1)
     return tot, tot/mask.sum(1).clamp(min=1)
 
+# %% ../../nbs/05c_validation.ipynb #e6dbb3a4
 def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.block_size` returning logits)
                        tokenizer, # its tokenizer
                        examples:list[dict], # from `read_hellaswag`
@@ -243,23 +243,40 @@ def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEva
     return TrainEvals(token_byte_lengths(tok), tok, hellaswag, every)
 
 # %% ../../nbs/05c_validation.ipynb #0f2a5573
-def val_metrics(t, # the run's `Trainable`
-                batches:list, byte_lengths:torch.Tensor) -> dict:
-    "`val_loss` and `val_bpb` over `batches` in one pass, summed over ranks."
-    res = bits_per_byte(t.model if t.sharded else t.raw, batches, byte_lengths, t.device, t.mask_fn)
+def val_metrics(t:Trainable, batches:list, byte_lengths:torch.Tensor) -> dict:
+    "`val_loss` and `val_bpb` over `batches` in one pass, in the dtype training runs in, summed over ranks."
+    res = bits_per_byte(t.eval_model, batches, byte_lengths, t.device, t.mask_fn, t.amp_dtype)
     return dict(val_loss=res['val_loss'], val_bpb=res['val_bpb'])
 
-def validation(r, # the `Run`
-               step:int) -> dict:
-    ("What to log at `step`: `val_loss`, `val_bpb` every `eval_every` steps, `hellaswag` every "
-     "`hellaswag_every`; first and last step too.")
-    tc, ev, out = r.cfg.train, r.evals, {}
-    edge = step == 0 or step == r.total
-    if edge or step % tc.eval_every == 0:
-        # a run built without `TrainEvals`: the loss alone
-        out = val_metrics(r.t, r.val, ev.byte_lengths) if ev else dict(val_loss=mean_loss(r.t, r.val))
-    if ev and ev.hellaswag is not None and (edge or step % ev.every == 0):
-        hs = (hellaswag_accuracy(r.t.model if r.t.sharded else r.t.raw, ev.tokenizer, ev.hellaswag,
-                                 r.t.device, r.info.rank, r.info.world_size))
+# %% ../../nbs/05c_validation.ipynb #31f75c57
+class Validator:
+    "When a run validates and what it measures: the loss (and `val_bpb`), and HellaSwag on its own clock."
+    def __init__(self, batches:list, # this rank's fixed validation batches
+                 every:int, # steps between validations (`eval_every`)
+                 total:int, # the run's last step (validated, as step 0 is)
+                 evals:TrainEvals|None=None): # what is measured besides the loss (None: the loss alone)
+        self.batches, self.every, self.total, self.evals = batches, every, total, evals
+
+    def _edge(self, step:int) -> bool: return step == 0 or step == self.total
+    def loss_due(self, step:int) -> bool: return self._edge(step) or step % self.every == 0
+    def hellaswag_due(self, step:int) -> bool:
+        ev = self.evals
+        return bool(ev and ev.hellaswag is not None and (self._edge(step) or step % ev.every == 0))
+    def due(self, step:int) -> bool:
+        "Whether anything is measured at `step`."
+        return self.loss_due(step) or self.hellaswag_due(step)
+
+# %% ../../nbs/05c_validation.ipynb #e07d93e7
+@patch
+def run(self:Validator, t:Trainable, step:int) -> dict:
+    "What to log at `step` (`val_loss`, `val_bpb`, `hellaswag`, each when due) for the model of `t`."
+    ev, out = self.evals, {}
+    if self.loss_due(step):
+        if ev: out = val_metrics(t, self.batches, ev.byte_lengths)
+        else: out = dict(val_loss=mean_loss(t, self.batches))  # a run built without `TrainEvals`
+    if self.hellaswag_due(step):
+        info = t.info
+        hs = hellaswag_accuracy(t.eval_model, ev.tokenizer, ev.hellaswag, t.device, info.rank,
+                                info.world_size)
         out.update(hellaswag=hs['hellaswag'], hellaswag_acc=hs['hellaswag_acc'])
     return out
