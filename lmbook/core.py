@@ -202,16 +202,9 @@ class Paths:
     train: Path          # train text shards
     val: Path            # validation text shards
     tokenizer: Path      # tokenizer bundle
-    run: Path            # run directory: config, metrics, checkpoints, plots, samples
+    run: Path            # run directory: config, metrics, checkpoints, plots, samples (its files: `RunDir`)
     cache: Path          # token files
     hf_cache: Path       # Hugging Face cache
-
-    @property
-    def checkpoints(self) -> Path: return self.run/'checkpoints'
-    @property
-    def plots(self) -> Path: return self.run/'plots'
-    @property
-    def metrics(self) -> Path: return self.run/'metrics.jsonl'
 
 def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) -> Paths:
     "The `Paths` of `experiment` in the workspace (`root` overrides it)."

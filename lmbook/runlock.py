@@ -8,12 +8,13 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 from __future__ import annotations
 import contextlib, json, os, socket, threading, time, uuid
 from pathlib import Path
+from .rundir import RUN_FILES
 
 # %% auto #0
 __all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
 
 # %% ../nbs/01a_runlock.ipynb #9d3fe902
-LOCK = '.lock'
+LOCK = RUN_FILES['lock']
 HEARTBEAT_S = 30.0   # seconds between heartbeats of the owner
 _TOKENS = set()      # tokens of the locks this process holds
 

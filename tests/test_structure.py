@@ -4,6 +4,7 @@ import ast, re
 from pathlib import Path
 import pytest
 from conftest import ROOT
+from lmbook.rundir import RUN_FILES, BEST
 
 PKG, NBS = ROOT/'lmbook', ROOT/'nbs'
 GENERATED = {'_modidx'}  # nbdev writes it: the index of every symbol's page
@@ -153,3 +154,24 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None, 'x': p})
     assert imports(p, 'train.x') == [('core', 1, False), ('train.step', 2, False), ('cli', 4, True)]
     assert rank('cli') > rank('pods.boot') > rank('train.trainer') > rank('data.sft') > rank('core')
+
+
+# A run folder's file names belong to `lmbook.rundir`; these literals equal one but name another thing.
+NOT_RUN_FILES = {'data.tokenizer': {'meta.json'}}  # the tokenizer bundle's own meta.json, not a run's
+
+
+def run_file_literals(path:Path, names:set[str]) -> list[tuple[int, str]]:
+    "(line, name) of each literal in `path` among `names`; a key (`{'best': 1}`, `d['best']`) is a field."
+    tree = ast.parse(path.read_text())
+    keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys if k is not None}
+    keys |= {id(s.slice) for s in ast.walk(tree) if isinstance(s, ast.Subscript)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in names and id(n) not in keys]
+
+
+def test_run_folder_names_only_in_rundir():
+    "No module but `rundir` spells a run folder's file name: they ask `RunDir` (or `RUN_FILES`, `BEST`)."
+    names = {*RUN_FILES.values(), BEST}
+    found = [f"{m}:{line} {name!r}" for m, p in modules().items() if m != 'rundir'
+             for line, name in run_file_literals(p, names) if name not in NOT_RUN_FILES.get(m, ())]
+    assert not found, "run-folder file names outside lmbook.rundir:\n" + '\n'.join(found)

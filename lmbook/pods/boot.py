@@ -21,6 +21,7 @@ from ..train.optim import total_steps
 from ..runs.checkpoint import ckpt_step, latest_checkpoint
 from ..train.launch import launch_cmd
 from .guard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
@@ -219,14 +220,14 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
     ("The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or "
      "None.")
-    meta = paths.run/'meta.json'
-    if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
+    rd = RunDir(paths.run)
+    if total is None and rd.meta.is_file(): total = rd.read_meta().get('total_steps')
     # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
     # wrote:
     # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety
     # (autokill
     # stops a pod with a volume; a damaged checkpoint is found and moved aside on the next resume)
-    last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
+    last = latest_checkpoint(rd.checkpoints, hashes=False, warn=lambda m: None)
     return last if last is not None and total and ckpt_step(last) >= total else None
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
@@ -317,7 +318,7 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
             rc, spent = _follow(cmd, paths, log, stop, guard, env=env, cwd=paths.run)
             if rc: break
     else:
-        out = paths.run/f"train-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.ipynb"
+        out = RunDir(paths.run).notebook(time.strftime('%Y%m%d-%H%M%S', time.gmtime()))
         log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
         rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env,
                             cwd=paths.run)
@@ -352,7 +353,7 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env.get('RUNPOD_POD_ID')
     if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
-    done = paths.run/'autokill.json'
+    done = RunDir(paths.run).autokill
     prev = json.loads(done.read_text()) if done.is_file() else {}
     # this pod was started again by hand after its autokill
     if (prev.get('pod'), prev.get('after')) == (pod, last):

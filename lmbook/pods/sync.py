@@ -10,6 +10,7 @@ import os, shlex, shutil, subprocess
 from pathlib import Path, PurePosixPath
 from ..core import check_name, paths_for
 from .api import RunPodAPI, RunPodError, check_safe
+from ..rundir import RUN_FILES
 
 # %% auto #0
 __all__ = ['ssh_target', 'pod_workspace', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'upload', 'upload_cmd', 'add_pod_cli',
@@ -90,7 +91,7 @@ def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
     out = Path(dest) if dest else paths_for(exp).run
     opts, host = ssh_target(p)
     cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints
-                   else ['checkpoints'], _have_rsync(opts, host))
+                   else [RUN_FILES['checkpoints']], _have_rsync(opts, host))
     rc = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL).returncode
     if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines "
                              "above")

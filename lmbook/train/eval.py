@@ -17,6 +17,7 @@ from ..data.sft import sft_val_batches, sft_val_rows
 from ..runs.sample import inference_device, load_model
 from .validation import bits_per_byte, hellaswag_accuracy, load_hellaswag, token_byte_lengths
 from .lmeval import hellaswag_task, run_tasks
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['evaluate', 'eval_torchrun', 'eval_cmd', 'add_cli']
@@ -73,7 +74,8 @@ def evaluate(source:str|Path,
         if report and info.is_main: report(hs)
     if info.is_main and lm.run is not None:
         try:
-            with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
+            with open(RunDir(lm.run).eval_log, 'a') as f:
+                f.write(json.dumps(dict(res, time=time.time())) + '\n')
         except OSError as e:  # a read-only run folder: the numbers are still the answer
             (warn
              or print)(f"{lm.run} is read-only ({e.strerror}): the result is not added to its eval.jsonl")

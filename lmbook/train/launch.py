@@ -16,6 +16,7 @@ from ..distributed import check_parallel, cleanup_distributed, set_parent_death_
 from ..runs.metrics import RunLog
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
@@ -195,7 +196,7 @@ def detach(profile:str, # profile name or config file
           ) -> tuple[int, Path]:
     ("Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that "
      "file).")
-    out = paths_for(experiment, root=Path(root) if root else None).run/'train.out'
+    out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
             '--profile', str(profile),
@@ -233,7 +234,7 @@ def add_cli(sub):
             pid, out = detach(profile, experiment, ov, a.root, a.torchrun_args)
             print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
                   "this terminal does not stop it)\n"
-                  f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
+                  f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"
                   f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
             return 0
         if cfg.train.nproc == 1 and not a.torchrun_args:

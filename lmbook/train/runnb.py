@@ -16,6 +16,7 @@ from ..runlock import pid_alive
 from ..runs.metrics import format_duration, read_metrics, format_row
 from .launch import TrainingExit
 from ..runs.analysis import series
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'USER_ERRORS', 'check_params', 'one_line_errors', 'train_overrides', 'train_config',
@@ -177,13 +178,13 @@ def _jsonl(path:Path) -> list[dict]:
 
 def last_sample(run:Path) -> dict|None:
     "The newest sample of the run folder `run` (`step`, `prompt`, `text`), or None before the first."
-    s = _jsonl(Path(run)/'samples.jsonl')
+    s = _jsonl(RunDir(run).samples_jsonl)
     return s[-1] if s else None
 
 def run_length(run:Path) -> int|None:
     ("The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote "
      "it).")
-    try: return int(json.loads((Path(run)/'meta.json').read_text())['total_steps'])
+    try: return int(RunDir(run).read_meta()['total_steps'])
     except (OSError, ValueError, KeyError, TypeError): return None
 
 # %% ../../nbs/05k_runnb.ipynb #e20453cf
@@ -263,7 +264,7 @@ def follow(lines:Iterable[str], # the trainer's output lines
         from IPython.display import display  # notebook kernels only
         display(dash.widget)
     def redraw(final=False):
-        try: recs = read_metrics(run/'metrics.jsonl')
+        try: recs = read_metrics(RunDir(run).metrics)
         except FileNotFoundError: return
         dash.update(recs, time.time()-t0, last_sample(run), run_length(run) or max_steps, force=final)
     try:
@@ -299,10 +300,10 @@ def run_state(run:Path, # the run folder
     "'done' (its last step is logged), 'running' (its trainer is alive) or 'stopped' (neither)."
     run, now = Path(run), time.time() if now is None else now
     n = run_length(run)
-    try: steps = [r['step'] for r in read_metrics(run/'metrics.jsonl') if 'loss' in r or 'val_loss' in r]
+    try: steps = [r['step'] for r in read_metrics(RunDir(run).metrics) if 'loss' in r or 'val_loss' in r]
     except FileNotFoundError: steps = []
     if n is not None and steps and max(steps) >= n: return 'done'
-    lock = run/'.lock'
+    lock = RunDir(run).lock
     if lock.is_file():
         try: info = json.loads(lock.read_text())
         except (OSError, json.JSONDecodeError): info = {}
@@ -334,7 +335,7 @@ def watch(runs:dict[str, Path], # experiment -> run folder
     while True:
         states = {e: run_state(d, stale_s) for e, d in runs.items()}
         for e, d in runs.items():
-            try: recs = read_metrics(d/'metrics.jsonl')
+            try: recs = read_metrics(RunDir(d).metrics)
             except FileNotFoundError: continue
             if e in dashes: dashes[e].update(recs, None, last_sample(d), run_length(d), force=True)
             else: print(f"{e} [{states[e]}] {progress_line(recs, run_length(d) or 0, None)}", flush=True)

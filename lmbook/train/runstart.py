@@ -27,6 +27,7 @@ from ..runs.sample import base_ref, load_model
 from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
 from .step import Trainable, is_oom, make_trainable, train_step
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state', 'init_model',
@@ -211,7 +212,7 @@ def resolve_init(cfg:Config, paths, run_dir:Path) -> Config:
         # the run's own checkpoint replaces the weights, unless it holds only adapters
         if cfg.train.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
                                                         "adapters, so its base must be there: restore it")
-        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): ck = ''
+        if cfg.train.auto_resume and list_checkpoints(RunDir(run_dir).checkpoints): ck = ''
         else: raise
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(ck)))
 
@@ -302,7 +303,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
 
 def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable) -> Config:
     "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
-    saved = run_dir/'training.toml'
+    saved = RunDir(run_dir).config
     if cfg.train.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
         # the resume check explains

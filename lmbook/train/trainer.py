@@ -29,6 +29,7 @@ from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
 from .runstart import build_trainable, fitted_config, lora_base, prepare_run, resolve_init, run_loaders
 from .runstart import fit_sft_batch
 from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
@@ -58,7 +59,7 @@ def agree_stop(signum:int, info:DistInfo) -> int:
 # %% ../../nbs/05e_trainer.ipynb #98667602
 def choose_run_dir(run:Path, auto_resume:bool) -> Path:
     "The run folder to use: `run` itself, or a fresh sibling when not resuming an existing run."
-    used = lambda p: (p/'metrics.jsonl').exists() or (p/'checkpoints').exists()
+    used = lambda p: RunDir(p).metrics.exists() or RunDir(p).checkpoints.exists()
     if auto_resume or not used(run): return run
     i = 2
     while used(run.with_name(f'{run.name}-{i}')): i += 1
@@ -118,7 +119,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
     run_dir = choose_run_dir(paths.run, tc.auto_resume)
     lock = lock_run(run_dir, info, say)
     try:
-        if info.is_main: log.open(run_dir/'train.log')
+        if info.is_main: log.open(RunDir(run_dir).log)
         # before the data: a missing file stops the run now, not at step N
         hellaswag = hellaswag_examples(tc, root)
         barrier()
@@ -161,11 +162,12 @@ def _price_env() -> float|None:
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     "Rank 0 writes this start's config and `meta.json`; return the config file written."
     r.dir.mkdir(parents=True, exist_ok=True)
-    if not (r.dir/'training.toml').exists(): path = save_config(r.cfg, r.dir)[0]
+    rd = RunDir(r.dir)
+    if not rd.config.exists(): path = save_config(r.cfg, r.dir)[0]
     else:
-        (r.dir/'configs').mkdir(exist_ok=True)
-        path, i = r.dir/'configs'/f'start-step-{step}.toml', 1
-        while path.exists(): i += 1; path = r.dir/'configs'/f'start-step-{step}-{i}.toml'
+        rd.configs.mkdir(exist_ok=True)
+        path, i = rd.restart_config(step), 1
+        while path.exists(): i += 1; path = rd.restart_config(step, i)
         changes = (resumed or {}).get('changes')
         head = f"# resumed at step {step} with allow_config_change: {'; '.join(changes)}\n" if changes else ''
         path.write_text(head + to_toml(config_dict(r.cfg)))
@@ -178,7 +180,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                 on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 levers=lever_report(r.cfg, r.info.device, r.t.fp8),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
-    (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
+    rd.write_meta(meta)
     return path
 
 # %% ../../nbs/05e_trainer.ipynb #5fa227ff
@@ -381,8 +383,9 @@ def _best_line(ck:Checkpointer) -> str:
 
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
-    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
-    mirror = Mirror(tc.mirror, experiment, r.dir/'.mirror', r.log) if tc.mirror and r.info.is_main else None
+    ck = Checkpointer(RunDir(r.dir).checkpoints, tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log)
+    mirror = (Mirror(tc.mirror, experiment, RunDir(r.dir).mirror, r.log) if tc.mirror and r.info.is_main
+              else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
     slog = StepLog(r, metrics)
