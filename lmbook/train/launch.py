@@ -17,6 +17,7 @@ from ..runs.metrics import RunLog
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
 from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['WORKER', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd', 'launch',
@@ -83,11 +84,11 @@ def main(argv:list[str]|None=None) -> int:
         cfg, _, experiment, _ = resolve_args(a)
         rc = train_process(cfg, experiment, a.root, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
-        if int(os.environ.get('RANK', 0)) == 0: _say_error(e)
+        if int(env_var('RANK', '0')) == 0: _say_error(e)
         rc = EXIT_USER_ERROR
     finally: cleanup_distributed(wait_s=60 if rc is not None else 0)  # a crash leaves at once
-    if os.environ.get('LMBOOK_EXIT_FILE') and int(os.environ.get('RANK', 0)) == 0:
-        Path(os.environ['LMBOOK_EXIT_FILE']).write_text(json.dumps(dict(exit_code=rc)))
+    if (exit_file := env_var('LMBOOK_EXIT_FILE')) and int(env_var('RANK', '0')) == 0:
+        Path(exit_file).write_text(json.dumps(dict(exit_code=rc)))
     return rc
 
 WORKER = 'import sys; from lmbook.train.launch import main; sys.exit(main())'
@@ -131,7 +132,7 @@ def launch(profile:str, # profile name or config file
     ("Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not "
      "finish.")
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
-    e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+    e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
     if 'torch.distributed.run' in cmd or prepare_only:
         yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
                            grace_s, forward_signals)

@@ -17,6 +17,7 @@ from ..runs.metrics import format_duration, read_metrics, format_row
 from .launch import TrainingExit
 from ..runs.analysis import series
 from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'USER_ERRORS', 'check_params', 'one_line_errors', 'train_overrides', 'train_config',
@@ -132,18 +133,17 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
                ) -> bool:
     ("Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill "
      "or a script.")
-    env = os.environ if env is None else env
-    if env.get('LMBOOK_DASHBOARD') in ('0', '1'): return env['LMBOOK_DASHBOARD'] == '1'
+    if (on := env_var('LMBOOK_DASHBOARD', env=env)) in ('0', '1'): return on == '1'
     if shell is None:
         try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
         except ImportError: return False
     kernel = getattr(shell, 'kernel', None)
     if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
-    if any(w in _parent_cmd(int(env.get('JPY_PARENT_PID') or 0)) for w in ('papermill', 'nbclient',
+    if any(w in _parent_cmd(int(env_var('JPY_PARENT_PID', env=env) or 0)) for w in ('papermill', 'nbclient',
                                                                            'nbconvert')): return False
     try: cell_id = (kernel.get_parent() or {}).get('metadata', {}).get('cellId')
     except Exception: cell_id = None
-    return bool(cell_id) or 'JPY_SESSION_NAME' in env
+    return bool(cell_id) or env_var('JPY_SESSION_NAME', env=env) is not None
 
 # %% ../../nbs/05k_runnb.ipynb #bf98fd71
 def terminal(env:dict|None=None, # the environment (default: os.environ)
@@ -151,13 +151,12 @@ def terminal(env:dict|None=None, # the environment (default: os.environ)
             ):
     ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
      "add.")
-    env = os.environ if env is None else env
     if shell is None:
         try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
         except ImportError: return None
     # a script or nbdev's tests: stdout is the terminal
     if getattr(shell, 'kernel', None) is None: return None
-    cmd = _parent_cmd(int(env.get('JPY_PARENT_PID') or 0))
+    cmd = _parent_cmd(int(env_var('JPY_PARENT_PID', env=env) or 0))
     if 'papermill' not in cmd or '--log-output' in cmd: return None
     try: fd = sys.stderr.fileno()  # ipykernel's copy of the terminal, kept behind its capture of fd 2
     except (AttributeError, OSError, ValueError):

@@ -30,6 +30,7 @@ from .runstart import build_trainable, fitted_config, lora_base, prepare_run, re
 from .runstart import fit_sft_batch
 from .validation import TrainEvals, hellaswag_examples, mean_loss, train_evals, validation
 from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
@@ -153,7 +154,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog) -> Run:
 def _price_env() -> float|None:
     ("USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod "
      "pod.")
-    v = os.environ.get('LMBOOK_GPU_PRICE', '').strip()
+    v = env_var('LMBOOK_GPU_PRICE', '').strip()
     if not v: return None
     try: return float(v)
     except ValueError:
