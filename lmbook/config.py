@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable
 import yaml
+from .rundir import RunDir
 try: import tomllib
 except ImportError: import tomli as tomllib
 
@@ -577,11 +578,11 @@ def to_toml(d:dict) -> str:
 # %% ../nbs/01_config.ipynb #7231d46d
 def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:
     "Write `training.toml` and `training.yaml` into `run_dir`."
-    run_dir = Path(run_dir); run_dir.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir); rd.path.mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
-    (run_dir/'training.toml').write_text(to_toml(d))
-    (run_dir/'training.yaml').write_text(yaml.safe_dump(d, sort_keys=False))
-    return run_dir/'training.toml', run_dir/'training.yaml'
+    rd.config.write_text(to_toml(d))
+    rd.config_yaml.write_text(yaml.safe_dump(d, sort_keys=False))
+    return rd.config, rd.config_yaml
 
 def load_config_file(path:Path) -> Config:
     "A `Config` from a TOML, YAML or JSON file."

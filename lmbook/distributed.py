@@ -10,6 +10,7 @@ import contextlib, ctypes, datetime, os, signal, sys
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
+from .core import env_var
 
 # %% auto #0
 __all__ = ['DistInfo', 'dist_env', 'set_parent_death_signal', 'init_distributed', 'cleanup_distributed', 'all_reduce', 'barrier',
@@ -31,8 +32,8 @@ class DistInfo:
 
 def dist_env(env:dict|None=None) -> tuple[int, int, int]:
     "(rank, local_rank, world_size) from torchrun's environment variables."
-    env = os.environ if env is None else env
-    return int(env.get('RANK', 0)), int(env.get('LOCAL_RANK', 0)), int(env.get('WORLD_SIZE', 1))
+    rank, local = int(env_var('RANK', '0', env)), int(env_var('LOCAL_RANK', '0', env))
+    return rank, local, int(env_var('WORLD_SIZE', '1', env))
 
 # %% ../nbs/01b_distributed.ipynb #60d5a459
 def set_parent_death_signal(sig:int=signal.SIGKILL) -> bool:

@@ -8,18 +8,20 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 from __future__ import annotations
 import contextlib, json, os, socket, threading, time, uuid
 from pathlib import Path
+from .rundir import RUN_FILES
+from .core import env_var
 
 # %% auto #0
 __all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
 
 # %% ../nbs/01a_runlock.ipynb #9d3fe902
-LOCK = '.lock'
+LOCK = RUN_FILES['lock']
 HEARTBEAT_S = 30.0   # seconds between heartbeats of the owner
 _TOKENS = set()      # tokens of the locks this process holds
 
 def stale_after() -> float:
     "Seconds without a heartbeat after which a lock is stale (env `LMBOOK_LOCK_STALE_S`, default 120)."
-    v = os.environ.get('LMBOOK_LOCK_STALE_S', '120')
+    v = env_var('LMBOOK_LOCK_STALE_S', '120')
     try: s = float(v)
     except ValueError: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be a number of seconds") from None
     if s <= 0: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be positive")

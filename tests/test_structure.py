@@ -4,6 +4,8 @@ import ast, re
 from pathlib import Path
 import pytest
 from conftest import ROOT
+from lmbook.core import ENV
+from lmbook.rundir import RUN_FILES, BEST
 
 PKG, NBS = ROOT/'lmbook', ROOT/'nbs'
 GENERATED = {'_modidx'}  # nbdev writes it: the index of every symbol's page
@@ -161,3 +163,52 @@ def test_exit_codes_are_named():
     found = [f"{m}:{i}" for m, p in modules().items() for i, l in enumerate(p.read_text().splitlines(), 1)
              if bare.search(l.split('#')[0])]
     assert not found, f"bare exit codes: {found}"
+
+
+# A run folder's file names belong to `lmbook.rundir`; these literals equal one but name another thing.
+NOT_RUN_FILES = {'data.tokenizer': {'meta.json'}}  # the tokenizer bundle's own meta.json, not a run's
+
+
+def run_file_literals(path:Path, names:set[str]) -> list[tuple[int, str]]:
+    "(line, name) of each literal in `path` among `names`; a key (`{'best': 1}`, `d['best']`) is a field."
+    tree = ast.parse(path.read_text())
+    keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys if k is not None}
+    keys |= {id(s.slice) for s in ast.walk(tree) if isinstance(s, ast.Subscript)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in names and id(n) not in keys]
+
+
+def test_run_folder_names_only_in_rundir():
+    "No module but `rundir` spells a run folder's file name: they ask `RunDir` (or `RUN_FILES`, `BEST`)."
+    names = {*RUN_FILES.values(), BEST}
+    found = [f"{m}:{line} {name!r}" for m, p in modules().items() if m != 'rundir'
+             for line, name in run_file_literals(p, names) if name not in NOT_RUN_FILES.get(m, ())]
+    assert not found, "run-folder file names outside lmbook.rundir:\n" + '\n'.join(found)
+
+
+def environ_reads(path:Path) -> list[int]:
+    "Lines of `path` that read `os.environ` (or call `os.getenv`), not write it or pass it on whole."
+    tree, passed = ast.parse(path.read_text()), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+            passed.add(id(n.value))  # os.environ[k] = v: set for this process's libraries and its children
+        elif isinstance(n, ast.Attribute) and n.attr == 'setdefault':
+            passed.add(id(n.value))  # a library's default, read by the library (PyTorch, Hugging Face)
+        elif isinstance(n, ast.Call) and getattr(n.func, 'id', '') == 'dict' and n.args:
+            passed.add(id(n.args[0]))  # dict(os.environ, ...): a child process's whole environment
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ('environ', 'getenv')]
+    return [n.lineno for n in uses if getattr(n.value, 'id', '') == 'os' and id(n) not in passed]
+
+
+def test_environment_read_in_one_place():
+    "Only `core.env_var` reads the environment, for names in `ENV` and the docs; others set it or pass it on."
+    reads = [f"{m}:{line}" for m, p in modules().items() if m != 'core' for line in environ_reads(p)]
+    assert not reads, "os.environ read outside core.env_var: " + ', '.join(reads)
+    calls = [(m, n) for m, p in modules().items() for n in ast.walk(ast.parse(p.read_text()))]
+    unlisted = [f"{m}:{n.lineno} {n.args[0].value}" for m, n in calls
+                if isinstance(n, ast.Call) and getattr(n.func, 'id', '') == 'env_var' and n.args
+                and isinstance(n.args[0], ast.Constant) and n.args[0].value not in ENV]
+    assert not unlisted, "variables read but not in core.ENV: " + ', '.join(unlisted)
+    docs = (NBS/'index.ipynb').read_text()
+    missing = [v for v in ENV if f'`{v}`' not in docs]
+    assert not missing, f"not listed in nbs/index.ipynb's settings: {missing}"

@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 from ..core import sha256_file, cli_options, load_settings, nonblank, paths_for, resolve_experiment
 from ..runlock import data_lock
 from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local_docs, MAX_DOC_BYTES
+from ..core import env_var, process_env
 
 # %% auto #0
 __all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs',
@@ -33,11 +34,11 @@ def unescape_doc(line:str) -> str:
 # %% ../../nbs/02b_prepare.ipynb #a2e16858
 def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
     "Point the Hugging Face caches at `hf_cache` (unless already set); return the token from the environment."
-    env = os.environ if env is None else env
+    env = process_env(env)
     if hf_cache is not None:
         env.setdefault('HF_HOME', str(hf_cache))
         env.setdefault('HF_DATASETS_CACHE', str(Path(hf_cache)/'datasets'))
-    return env.get('HF_TOKEN') or env.get('HUGGINGFACEHUB_API_TOKEN') or None
+    return env_var('HF_TOKEN', env=env) or env_var('HUGGINGFACEHUB_API_TOKEN', env=env) or None
 
 class HFDocs:
     ("Documents of a Hugging Face dataset (an id or a local dataset folder), streamed; resumable through "
@@ -55,7 +56,7 @@ class HFDocs:
         try:
             self.ds = datasets.load_dataset(self.name, self.config or None, split=self.split, streaming=True,
                                             token=token,
-                                            cache_dir=os.environ.get('HF_DATASETS_CACHE'))
+                                            cache_dir=env_var('HF_DATASETS_CACHE'))
             if self.resume: self.ds.load_state_dict(self.resume)
             it = iter(self.ds)
             return it, next(it, None)

@@ -16,6 +16,7 @@ from ..core import cli_options, load_settings, paths_for, resolve_experiment
 from ..runlock import data_lock
 from .prepare import shard_docs, read_manifest, write_manifest, check_shards, unescape_doc, MANIFEST
 from .prepare import claim_folder
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'Tokenizer', 'new_bpe',
@@ -113,16 +114,16 @@ def hub_names(repo_id:str) -> list[str]:
 def hub_caches(hf_cache:Path|None=None) -> list[Path]:
     ("Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's "
      "`hf_cache`, the default one.")
-    env, out = os.environ, []
-    if env.get('HF_HUB_CACHE'): out.append(Path(env['HF_HUB_CACHE']))
-    if env.get('HF_HOME'): out.append(Path(env['HF_HOME'])/'hub')
+    out = []
+    if hub := env_var('HF_HUB_CACHE'): out.append(Path(hub))
+    if home := env_var('HF_HOME'): out.append(Path(home)/'hub')
     if hf_cache is not None: out.append(Path(hf_cache)/'hub')
-    out.append(Path(env.get('XDG_CACHE_HOME') or '~/.cache')/'huggingface'/'hub')
+    out.append(Path(env_var('XDG_CACHE_HOME') or '~/.cache')/'huggingface'/'hub')
     return list(dict.fromkeys(p.expanduser() for p in out))
 
 def hub_offline() -> bool:
     "Whether the Hugging Face libraries are told to stay offline (HF_HUB_OFFLINE)."
-    return os.environ.get('HF_HUB_OFFLINE', '').strip().lower() in ('1', 'true', 'yes', 'on')
+    return env_var('HF_HUB_OFFLINE', '').strip().lower() in ('1', 'true', 'yes', 'on')
 
 def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
              filename:str, # a file of that repository, e.g. 'tokenizer.json'

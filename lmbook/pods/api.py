@@ -10,6 +10,7 @@ import json, os, re, time, urllib.error, urllib.parse, urllib.request
 import requests
 from ..core import load_settings
 from .plan import image_cuda
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['SAFE_VALUES', 'STATUSES', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError', 'RateLimited',
@@ -114,7 +115,7 @@ class RestV2:
     name = 'rest'
     def __init__(self, key:str, hidden:set, timeout:float=60):
         self.key, self.hidden, self.timeout = key, hidden, timeout
-        self.base = os.environ.get('RUNPOD_API_BASE_URL', 'https://api.runpod.io').rstrip('/') + '/v2'
+        self.base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io').rstrip('/') + '/v2'
 
     def call(self, method:str, path:str, body:dict|None=None) -> dict|None:
         data = json.dumps(body).encode() if body is not None else None
@@ -201,7 +202,7 @@ class GraphQL:
             if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
             raise RunPodError(f"RunPod API error: {msg}") from None
         except (requests.RequestException, json.JSONDecodeError) as e:
-            base = os.environ.get('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
+            base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
             raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
                                  "check the network and retry") from None
         except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
@@ -268,7 +269,7 @@ class RunPodAPI:
         name = backend or load_settings().api
         if name not in BACKENDS: raise ValueError(f"RunPod API backend {name!r}: choose rest or graphql "
                                                   "(settings.ini [runpod] api, or LMBOOK_RUNPOD_API)")
-        key = api_key or os.environ.get('RUNPOD_API_KEY')
+        key = api_key or env_var('RUNPOD_API_KEY')
         if not key and name == 'graphql':
             import runpod  # optional backend: the runpod SDK (GraphQL)
             key = runpod.api_key

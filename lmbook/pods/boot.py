@@ -21,6 +21,8 @@ from ..train.optim import total_steps
 from ..runs.checkpoint import ckpt_step, latest_checkpoint
 from ..train.launch import launch_cmd
 from .guard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from ..rundir import RunDir
+from ..core import env_var, process_env
 
 # %% auto #0
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
@@ -53,19 +55,19 @@ class BootOptions:
     @classmethod
     def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
         "Options from RUN_* and friends in `env`, then `kw`."
-        env = os.environ if env is None else env
-        ov = {k: v for k, v in (p.split('=', 1) for p in env.get('RUN_OVERRIDES', '').split(',') if '=' in p)}
-        bad = [p for p in env.get('RUN_OVERRIDES', '').split(',') if p.strip() and '=' not in p]
+        get = lambda k, default=None: env_var(k, default, env)
+        ov = {k: v for k, v in (p.split('=', 1) for p in get('RUN_OVERRIDES', '').split(',') if '=' in p)}
+        bad = [p for p in get('RUN_OVERRIDES', '').split(',') if p.strip() and '=' not in p]
         if bad: raise ValueError(f"RUN_OVERRIDES item {bad[0]!r} must look like name=value")
-        num = lambda k: int(env[k]) if env.get(k, '').strip() else 0
-        o = cls(profile=env.get('RUN_CONFIG') or load_settings().profile,
-                experiment=env.get('RUN_EXPERIMENT', ''),
-                shard=env.get('RUN_SHARD') == '1', input=env.get('RUN_INPUT', ''),
-                    validation=env.get('RUN_VALIDATION', ''),
+        num = lambda k: int(get(k)) if get(k, '').strip() else 0
+        o = cls(profile=get('RUN_CONFIG') or load_settings().profile,
+                experiment=get('RUN_EXPERIMENT', ''),
+                shard=get('RUN_SHARD') == '1', input=get('RUN_INPUT', ''),
+                    validation=get('RUN_VALIDATION', ''),
                 shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()},
                     nproc=num('RUN_NPROC'),
-                tensorboard_port=num('TENSORBOARD_PORT') if env.get('TENSORBOARD_PORT') else 6006,
-                autokill=env.get('AUTOKILL', ''), on_failure=env.get('ON_FAILURE') or 'stop')
+                tensorboard_port=num('TENSORBOARD_PORT') if get('TENSORBOARD_PORT') else 6006,
+                autokill=get('AUTOKILL', ''), on_failure=get('ON_FAILURE') or 'stop')
         return replace(o, **kw).checked()
 
     def checked(self) -> 'BootOptions':
@@ -153,14 +155,14 @@ def stage_layout(o:BootOptions, ws:Path, log) -> Paths:
 # %% ../../nbs/07f_boot.ipynb #f660891b
 def cluster_torchrun_args(env:dict|None=None) -> str:
     "torchrun rendezvous flags from a multi-node environment ('' on a single node)."
-    env = os.environ if env is None else env
-    nodes = int(env.get('NUM_NODES') or env.get('NNODES') or 1)
+    nodes = int(env_var('NUM_NODES', env=env) or env_var('NNODES', env=env) or 1)
     if nodes <= 1: return ''
-    missing = [k for k in ('MASTER_ADDR', 'NODE_RANK') if not env.get(k)]
+    missing = [k for k in ('MASTER_ADDR', 'NODE_RANK') if not env_var(k, env=env)]
     if missing: raise ValueError(f"{nodes} nodes but {', '.join(missing)} not set: a multi-node run needs "
                                  "MASTER_ADDR and NODE_RANK on every node")
-    return (f"--nnodes={nodes} --node_rank={int(env['NODE_RANK'])} --master_addr={env['MASTER_ADDR']} "
-            f"--master_port={int(env.get('MASTER_PORT') or 29500)}")
+    return (f"--nnodes={nodes} --node_rank={int(env_var('NODE_RANK', env=env))} "
+            f"--master_addr={env_var('MASTER_ADDR', env=env)} "
+            f"--master_port={int(env_var('MASTER_PORT', env=env) or 29500)}")
 
 # %% ../../nbs/07f_boot.ipynb #72df71a4
 def run_config(o:BootOptions):
@@ -187,11 +189,10 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
 
 def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
-    env = os.environ if env is None else env
     # nodes share the volume: node 0 prepares everything once, the others wait for it
     if cluster_torchrun_args(env):
-        if int(env['NODE_RANK']): return wait_for_data(paths, log, float(env.get('LMBOOK_DATA_WAIT')
-                                                                         or 6*3600))
+        if int(env_var('NODE_RANK', env=env)):
+            return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600))
         o = replace(o, shard=True)
     if not o.shard:
         log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
@@ -219,14 +220,14 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
     ("The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or "
      "None.")
-    meta = paths.run/'meta.json'
-    if total is None and meta.is_file(): total = json.loads(meta.read_text()).get('total_steps')
+    rd = RunDir(paths.run)
+    if total is None and rd.meta.is_file(): total = rd.read_meta().get('total_steps')
     # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
     # wrote:
     # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety
     # (autokill
     # stops a pod with a volume; a damaged checkpoint is found and moved aside on the next resume)
-    last = latest_checkpoint(paths.checkpoints, hashes=False, warn=lambda m: None)
+    last = latest_checkpoint(rd.checkpoints, hashes=False, warn=lambda m: None)
     return last if last is not None and total and ckpt_step(last) >= total else None
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
@@ -256,7 +257,7 @@ def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
 
 def train_notebook() -> Path:
     "`nbs/train.ipynb` of the installed checkout, or `$LMBOOK_TRAIN_NB`."
-    p = Path(os.environ.get('LMBOOK_TRAIN_NB') or package_dir().parent/'nbs'/'train.ipynb')
+    p = Path(env_var('LMBOOK_TRAIN_NB') or package_dir().parent/'nbs'/'train.ipynb')
     if not p.is_file(): raise FileNotFoundError(f"{p} does not exist: install lmbook from a checkout (pip "
                                                 "install -e) or set LMBOOK_TRAIN_NB")
     return p
@@ -302,14 +303,14 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     ("Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the "
      "final checkpoint on the volume.")
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
-    total = planned_steps(o, nproc*int(os.environ.get('NUM_NODES') or os.environ.get('NNODES') or 1))
+    total = planned_steps(o, nproc*int(env_var('NUM_NODES') or env_var('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
         log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
     if guard and (spent := guard.over()): log(spent); return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
     # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
     # package
-    env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''
+    env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''  # the trainer's whole environment, passed on
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
@@ -317,7 +318,7 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
             rc, spent = _follow(cmd, paths, log, stop, guard, env=env, cwd=paths.run)
             if rc: break
     else:
-        out = paths.run/f"train-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.ipynb"
+        out = RunDir(paths.run).notebook(time.strftime('%Y%m%d-%H%M%S', time.gmtime()))
         log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
         rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env,
                             cwd=paths.run)
@@ -336,7 +337,6 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
 def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
     ("Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when "
      "RunPod took the call.")
-    env = os.environ if env is None else env
     if spent: action, why, last = 'stop', spent, 'spend-limit'
     elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
                        "being stopped"); return False
@@ -350,9 +350,9 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on "
                                                      "the volume"); return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
-    pod = env.get('RUNPOD_POD_ID')
+    pod = env_var('RUNPOD_POD_ID', env=env)
     if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
-    done = paths.run/'autokill.json'
+    done = RunDir(paths.run).autokill
     prev = json.loads(done.read_text()) if done.is_file() else {}
     # this pod was started again by hand after its autokill
     if (prev.get('pod'), prev.get('after')) == (pod, last):
@@ -369,7 +369,7 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
 def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
     "Run the boot stages against workspace `ws`, then autokill; the exit code (0: finished)."
     o, ws = o.checked(), Path(ws).resolve()
-    node = int(os.environ.get('NODE_RANK') or 0) if cluster_torchrun_args() else 0
+    node = int(env_var('NODE_RANK') or 0) if cluster_torchrun_args() else 0
     log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node
                              else f'boot-{o.experiment}-node{node}.log'))
     log(f"boot: {o.profile} as {o.experiment} in {ws} (stages "
@@ -380,7 +380,7 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             kernel = stage_install(o, log) if 1 in stages else None
             paths = stage_layout(o, ws, log)
             stage_data(o, paths, log)
-            guard = spend_guard(os.environ, ws, log)
+            guard = spend_guard(process_env(), ws, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
             log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum

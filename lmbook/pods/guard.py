@@ -10,6 +10,7 @@ import json, os, shutil, signal, socket, subprocess, threading, time
 from pathlib import Path
 from ..runlock import LOCK, lock_state
 from .api import RunPodAPI, check_safe
+from ..core import env_var, process_env
 
 # %% auto #0
 __all__ = ['stop_pod', 'trainer_pid', 'stop_run', 'wait_run', 'Stopped', 'StopSignals', 'SpendGuard', 'spend_guard']
@@ -22,15 +23,15 @@ def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
             ) -> bool:
     ("Stop or terminate `pod_id` from inside it: `runpodctl`, else the API with the pod's key; True when "
      "RunPod took it.")
-    env = os.environ if env is None else env
+    env = process_env(env)
     check_safe(pod_id, 'id', 'RUNPOD_POD_ID')
-    if shutil.which('runpodctl', path=env.get('PATH')):
+    if shutil.which('runpodctl', path=env_var('PATH', env=env)):
         r = subprocess.run(['runpodctl', 'stop' if action == 'stop' else 'remove', 'pod', pod_id],
                            stdin=subprocess.DEVNULL,
                            stdout=getattr(log, 'f', None), stderr=subprocess.STDOUT, env=dict(env))
         if r.returncode == 0: return True
         log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
-    try: RunPodAPI(env.get('RUNPOD_API_KEY') or None).action(pod_id, action)
+    try: RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None).action(pod_id, action)
     except ValueError as e: log(f"autokill: {e}"); return False
     return True
 
@@ -121,18 +122,18 @@ class SpendGuard:
 def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
     ("The pod's spend guard from MAX_HOURS / MAX_DOLLARS, priced from the API (the pod's key) or "
      "PRICE_PER_HOUR; None without a limit.")
-    num = lambda k: float(env.get(k) or 0)
+    num = lambda k: float(env_var(k, env=env) or 0)
     hours, dollars, price = num('MAX_HOURS'), num('MAX_DOLLARS'), num('PRICE_PER_HOUR')
     if not (hours or dollars): return None
-    pod = env.get('RUNPOD_POD_ID', '')
+    pod = env_var('RUNPOD_POD_ID', '', env)
     if dollars and pod:
-        try: price = (RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=2).pod(pod)
+        try: price = (RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None, tries=2).pod(pod)
                       or {}).get('cost') or price
         except ValueError as e: log(f"spend guard: the pod's price is not known from the API ({e}): using "
                                     f"${price:.2f}/h")
     if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR unset): --max-dollars cannot "
                                   "be applied")
-    t0 = float(env['LMBOOK_T0']) if env.get('LMBOOK_T0') else None
+    t0 = float(t) if (t := env_var('LMBOOK_T0', env=env)) else None
     g = SpendGuard(hours, dollars, price, Path(ws)/'logs'/f"spend-{pod or 'local'}.json", t0)
     if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "
                                  f"h (${lim*price:.2f} at ${price:.2f}/h)")

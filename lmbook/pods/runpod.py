@@ -17,6 +17,7 @@ from ..core import load_settings, check_name, package_dir, cli_options
 from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
 from .plan import plan, format_plan, pod_overrides, card_image
+from ..core import env_var, process_env
 
 # %% auto #0
 __all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
@@ -157,7 +158,7 @@ class PodSpec:
 # %% ../../nbs/07e_runpod.ipynb #9221ec18
 def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
     "(env to send, the secret values in it) for `spec`, reading `env:` secrets from `environ`."
-    environ = os.environ if environ is None else environ
+    environ = process_env(environ)  # names the spec chooses (`env:NAME`), so not through `env_var`
     env, hidden = {k: str(v) for k, v in spec.env.items()}, set()
     for k, src in spec.secrets.items():
         if src == 'generate': v = secrets.token_urlsafe(18)
@@ -286,7 +287,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     if autokill: env['AUTOKILL'] = autokill
     env |= spend_env(gpu_type, gpus, cloud_type, max_hours, max_dollars)
     env.update(extra_env or {})
-    sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if os.environ.get('JUPYTER_PASSWORD') else 'generate')
+    sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
     spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment,
                    gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
@@ -301,8 +302,7 @@ SERVE_SECRET = 'lmbook_api_key'  # the RunPod secret an endpoint pod's key comes
 def serve_key(given:str='', environ:dict|None=None) -> str:
     "Where an endpoint pod's key comes from: `given`, else your $LMBOOK_API_KEY, else the RunPod secret."
     if given: return given
-    environ = os.environ if environ is None else environ
-    if environ.get('LMBOOK_API_KEY'): return 'env:LMBOOK_API_KEY'
+    if env_var('LMBOOK_API_KEY', env=environ): return 'env:LMBOOK_API_KEY'
     return f'{{{{ RUNPOD_SECRET_{SERVE_SECRET} }}}}'
 
 def serve_spec(export:str, # the served model's path on the volume: an export, run or checkpoint folder

@@ -10,6 +10,8 @@ import os, shlex, shutil, subprocess
 from pathlib import Path, PurePosixPath
 from ..core import check_name, paths_for
 from .api import RunPodAPI, RunPodError, check_safe
+from ..rundir import RUN_FILES
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['ssh_target', 'pod_workspace', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'upload', 'upload_cmd', 'add_pod_cli',
@@ -22,11 +24,11 @@ def ssh_target(pod:dict) -> tuple[list[str], str]:
                                              f"{pod.get('status')}): wait, or use JupyterLab")
     opts = ['-o', 'StrictHostKeyChecking=accept-new', '-o', 'BatchMode=yes', '-p',
             str(int(pod['ssh']['port']))]
-    return opts + shlex.split(os.environ.get('LMBOOK_SSH_OPTS', '')), f"root@{pod['ssh']['host']}"
+    return opts + shlex.split(env_var('LMBOOK_SSH_OPTS', '')), f"root@{pod['ssh']['host']}"
 
 def pod_workspace() -> str:
     "Where a pod mounts its volume: /workspace."
-    return os.environ.get('LMBOOK_POD_WORKSPACE', '/workspace').rstrip('/')
+    return env_var('LMBOOK_POD_WORKSPACE', '/workspace').rstrip('/')
 
 def _pod(pod_id:str, api:RunPodAPI|None=None) -> dict:
     p = (api or RunPodAPI()).pod(pod_id)
@@ -61,7 +63,7 @@ def copy_cmd(src:str, # what to copy: a local path (push) or a path on the pod (
 
 def _have_rsync(opts:list[str], host:str) -> bool:
     "rsync on both ends (one ssh round trip to ask the pod)."
-    if os.environ.get('LMBOOK_COPY') in ('rsync', 'tar'): return os.environ['LMBOOK_COPY'] == 'rsync'
+    if (how := env_var('LMBOOK_COPY')) in ('rsync', 'tar'): return how == 'rsync'
     return bool(shutil.which('rsync')) and subprocess.run(['ssh', *opts, host, 'command -v rsync'],
                                                           stdin=subprocess.DEVNULL,
                                                           capture_output=True).returncode == 0
@@ -90,7 +92,7 @@ def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
     out = Path(dest) if dest else paths_for(exp).run
     opts, host = ssh_target(p)
     cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints
-                   else ['checkpoints'], _have_rsync(opts, host))
+                   else [RUN_FILES['checkpoints']], _have_rsync(opts, host))
     rc = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL).returncode
     if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines "
                              "above")
@@ -109,7 +111,7 @@ def _logs_cmd(a) -> int:
 # %% ../../nbs/07c_sync.ipynb #70c10709
 def s3_endpoint(data_center:str) -> str:
     "RunPod's S3-compatible endpoint for a data center (or `$LMBOOK_S3_ENDPOINT`)."
-    if ep := os.environ.get('LMBOOK_S3_ENDPOINT'): return ep
+    if ep := env_var('LMBOOK_S3_ENDPOINT'): return ep
     return f"https://s3api-{check_safe(data_center, 'data_center', 'data center id').lower()}.runpod.io/"
 
 def upload(path:str, # local file or folder
@@ -125,7 +127,7 @@ def upload(path:str, # local file or folder
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to upload")
     dest = (dest or f"uploads/{p.resolve().name}").strip('/')
     if '..' in dest.split('/'): raise ValueError(f"--dest {dest!r} must stay inside the volume")
-    ak, sk = os.environ.get('RUNPOD_S3_ACCESS_KEY'), os.environ.get('RUNPOD_S3_SECRET_KEY')
+    ak, sk = env_var('RUNPOD_S3_ACCESS_KEY'), env_var('RUNPOD_S3_SECRET_KEY')
     s3 = boto3.client('s3', endpoint_url=s3_endpoint(data_center), region_name=data_center,
                       aws_access_key_id=ak, aws_secret_access_key=sk)
     cfg = TransferConfig(multipart_threshold=100*2**20, multipart_chunksize=100*2**20)

@@ -12,6 +12,7 @@ from ..core import paths_for, check_name, check_writable
 from ..config import load_config_file
 from .metrics import read_metrics
 from ..core import gpu_table, find_gpu
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['GPT2_HELLASWAG', 'PLOTS', 'OPTIONAL', 'SMOOTHED', 'X_AXES', 'series', 'smoothed', 'run_dir', 'run_price',
@@ -43,7 +44,7 @@ def run_dir(experiment:str, root:Path|None=None) -> Path:
     d = paths_for(check_name(experiment), root=root).run
     if not d.is_dir():
         runs = sorted(p.name for p in d.parent.glob('*')
-                      if (p/'metrics.jsonl').is_file()) if d.parent.is_dir() else []
+                      if RunDir(p).metrics.is_file()) if d.parent.is_dir() else []
         raise FileNotFoundError(f"no run {experiment!r} in {d.parent}; runs there: "
                                 f"{', '.join(runs) or 'none'}")
     return d
@@ -51,7 +52,7 @@ def run_dir(experiment:str, root:Path|None=None) -> Path:
 # %% ../../nbs/04g_analysis.ipynb #eb94e179
 def run_price(run:Path) -> float|None:
     "USD per hour of the run in folder `run`, all its GPUs together; None where its hours have no price."
-    try: meta = json.loads((Path(run)/'meta.json').read_text())
+    try: meta = RunDir(run).read_meta()
     except (OSError, ValueError): return None
     gpus = meta.get('world_size') or 1
     if isinstance(meta.get('gpu_price_per_hour'), (int, float)): return meta['gpu_price_per_hour']*gpus
@@ -66,7 +67,7 @@ GPT2_HELLASWAG = {(12, 768): ('GPT-2 124M', 0.2945), (24, 1024): ('GPT-2 350M', 
 
 def references(run:Path) -> dict[str, list[tuple[float, str]]]:
     "Published values to draw beside the run in folder `run`, by metric name."
-    try: cfg = load_config_file(Path(run)/'training.toml')
+    try: cfg = load_config_file(RunDir(run).config)
     except (OSError, ValueError): return {}
     m, out = cfg.model, {}
     if m.arch == 'gpt2' and (ref := GPT2_HELLASWAG.get((m.n_layer, m.n_embd))):
@@ -116,7 +117,7 @@ def _figure(plt, runs:dict, names:tuple, x:str, scale:float, smooth:float, refs:
 def read_eval(run:Path) -> dict:
     ("The harness results in the run folder's eval.json (`lmbook eval --tasks`): {task: {metric: value}}, {} "
      "without one.")
-    try: d = json.loads((Path(run)/'eval.json').read_text())
+    try: d = json.loads(RunDir(run).eval.read_text())
     except (OSError, ValueError): return {}
     return {t: m for t, m in d.items() if isinstance(m, dict)} if isinstance(d, dict) else {}
 
@@ -153,7 +154,7 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
     if not exps: raise ValueError("give at least one experiment name to plot")
     smoothed([], smooth)  # a bad smooth fails before any work
     dirs = {e: run_dir(e, root) for e in exps}
-    check_writable(*(paths_for(e, root=root).plots for e in exps),
+    check_writable(*(RunDir(d).plots for d in dirs.values()),
                    fix='plots go into the run folder: make it writable, or plot a copy')
     runs, refs = {e: read_metrics(d) for e, d in dirs.items()}, {e: references(d) for e, d in dirs.items()}
     for e, d in dirs.items():
@@ -173,7 +174,7 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
         ax.set_title(f"{fname} — {', '.join(exps)}")
         fig.tight_layout()
         for e in exps:
-            out = paths_for(e, root=root).plots
+            out = RunDir(dirs[e]).plots
             out.mkdir(parents=True, exist_ok=True)
             stem = fname if len(exps) == 1 else f"{fname}-vs-{'-'.join(x for x in exps if x != e)}"[:120]
             fig.savefig(out/f"{stem}.png", dpi=110)
@@ -183,8 +184,8 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
         fig = _tasks_figure(plt, {e: read_eval(d) for e, d in dirs.items()})
         for e in exps:
             stem = 'tasks' if len(exps) == 1 else f"tasks-vs-{'-'.join(x for x in exps if x != e)}"[:120]
-            fig.savefig(paths_for(e, root=root).plots/f"{stem}.png", dpi=110)
-            written[e].append(paths_for(e, root=root).plots/f"{stem}.png")
+            fig.savefig(RunDir(dirs[e]).plots/f"{stem}.png", dpi=110)
+            written[e].append(RunDir(dirs[e]).plots/f"{stem}.png")
         figs.append(fig)
     if show: plt.show()
     for f in figs: plt.close(f)

@@ -19,16 +19,16 @@ from ..core import sha256_file
 from ..config import resume_rules
 from ..data.tokenizer import load_tokenizer
 from ..distributed import DistInfo, all_reduce, barrier
+from ..rundir import BEST
 
 # %% auto #0
-__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'BEST', 'CheckpointError',
-           'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'has_frozen',
-           'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot',
-           'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'write_checkpoint', 'save_checkpoint',
-           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
-           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
-           'config_changes', 'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes',
-           'disk_plan', 'write_seconds']
+__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'CheckpointError', 'CheckpointSpaceError',
+           'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'has_frozen', 'trainable_names', 'full_state',
+           'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes',
+           'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
+           'prune_checkpoints', 'verify_checkpoint', 'load_weights', 'read_rank_state', 'read_checkpoint',
+           'latest_checkpoint', 'check_compatible', 'changed_keys', 'config_changes', 'check_config_change',
+           'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes', 'disk_plan', 'write_seconds']
 
 # %% ../../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -598,8 +598,6 @@ def prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Opti
     self.prep.start()
 
 # %% ../../nbs/04b_checkpoint.ipynb #e2e36f5d
-BEST = 'best'  # the folder of the checkpoint with the lowest val_loss, beside the step checkpoints
-
 @patch
 def load_best(self:Checkpointer,
               at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`

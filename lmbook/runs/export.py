@@ -16,6 +16,7 @@ from ..model.lora import LoRALinear, lora_parts, lora_state, merge_lora
 from ..data.tokenizer import EOT
 from ..data.sft import END
 from .sample import load_model, is_chat
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['CHAT_TEMPLATE', 'PEFT_NAMES', 'hf_config', 'hf_rope', 'hf_state_dict', 'write_tokenizer', 'shareable',
@@ -273,7 +274,7 @@ def push_to_hub(folder:Path, # an exported folder
                ) -> str:
     "Upload an exported folder to a Hugging Face model repository; return its URL."
     import huggingface_hub as hh  # slow to import: only Hub files need it
-    token = token or os.environ.get('HF_TOKEN') or hh.get_token()
+    token = token or env_var('HF_TOKEN') or hh.get_token()
     if not token: raise ValueError(f"no Hugging Face token to upload {folder} to {repo_id}: set HF_TOKEN or "
                                    "run `huggingface-cli login`")
     if not (Path(folder)/'config.json').is_file(): raise FileNotFoundError(f"{folder} is not an exported "
@@ -308,7 +309,7 @@ def add_cli(sub):
     def run(args) -> int:
         if args.push_to_hub:  # refuse before writing anything when the upload cannot happen
             import huggingface_hub as hh  # slow to import: only Hub files need it
-            if not (os.environ.get('HF_TOKEN') or hh.get_token()):
+            if not (env_var('HF_TOKEN') or hh.get_token()):
                 raise ValueError(f"no Hugging Face token to upload to {args.push_to_hub}: set HF_TOKEN or "
                                  "run `huggingface-cli login`")
         out = export_hf(args.source, args.out_dir, args.root, args.overwrite, args.dtype,

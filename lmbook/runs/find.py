@@ -12,6 +12,7 @@ from ..core import paths_for, sha256_file
 from ..config import did_you_mean
 from ..data.tokenizer import load_tokenizer
 from .checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+from ..rundir import BEST, RunDir
 
 # %% auto #0
 __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'unknown_run', 'best_base', 'find_checkpoint', 'run_of',
@@ -38,7 +39,7 @@ def unknown_run(name:str, # the experiment asked for
                ) -> str:
     "Why there is no run `name`: the runs there are, the closest first, and how to make one."
     have = sorted(p.name for p in Path(runs).glob('*')
-                  if (p/'checkpoints').is_dir()) if Path(runs).is_dir() else []
+                  if RunDir(p).checkpoints.is_dir()) if Path(runs).is_dir() else []
     return (f"no run {name!r} in {runs}{did_you_mean(name, have)}; runs with checkpoints there: "
             f"{', '.join(have) or 'none'} "
             f"(train one with `lmbook train -e {name}`)")
@@ -55,11 +56,11 @@ def best_base(source:str|Path) -> str|None:
 def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     "The checkpoints folder of a run folder or experiment name, and how to name it in an error."
     p = Path(source)
-    if p.is_dir(): return (p/'checkpoints' if (p/'checkpoints').is_dir() else p), f"folder {p}"
+    if p.is_dir(): return (RunDir(p).checkpoints if RunDir(p).checkpoints.is_dir() else p), f"folder {p}"
     if '/' in source or '\\' in source or p.exists():
         raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an "
                                 "experiment name")
-    ck = paths_for(source, root=root).checkpoints
+    ck = RunDir(paths_for(source, root=root).run).checkpoints
     if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
     return ck, f"experiment {source!r}"
 
@@ -72,16 +73,16 @@ def find_checkpoint(source:str|Path,
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=3))
     if (base := best_base(source)) is not None:
         ckdir, what = _ckpt_dir(base, root)
-        if not (ckdir/'best').is_dir() and not list_checkpoints(ckdir):
+        if not (ckdir/BEST).is_dir() and not list_checkpoints(ckdir):
             raise FileNotFoundError(f"no checkpoint in {ckdir} ({what}) yet: train it first")
-        if not (ckdir/'best').is_dir():
+        if not (ckdir/BEST).is_dir():
             raise FileNotFoundError(f"no best checkpoint in {ckdir} ({what}): a run writes best/ at its "
                                     "first validation after a step; "
                                     f"name {base} alone for its newest checkpoint")
-        source = ckdir/'best'
+        source = ckdir/BEST
     p = Path(source)
     if p.is_dir() and ((p/'COMPLETE').exists() or (p/'state.json').exists() or p.name.startswith('step_')
-                       or p.name == 'best'):
+                       or p.name == BEST):
         try: verify_for_inference(p)
         except CheckpointError as e:
             raise ValueError(f"checkpoint {p} cannot be used: {e}; name its run folder or experiment to use "
@@ -98,13 +99,13 @@ def find_checkpoint(source:str|Path,
 def run_of(ck:Path) -> Path|None:
     "The run folder holding checkpoint `ck` (in checkpoints/ or beside them, e.g. a best/ folder)."
     for d in (ck.parent.parent, ck.parent):
-        if (d/'meta.json').is_file() or (d/'training.toml').is_file(): return d
-    return ck.parent.parent if ck.parent.name == 'checkpoints' else None
+        if RunDir(d).meta.is_file() or RunDir(d).config.is_file(): return d
+    return ck.parent.parent if ck.parent == RunDir(ck.parent.parent).checkpoints else None
 
 def experiment_of(run:Path|None) -> str|None:
     "The experiment of run folder `run`: its `meta.json` says, else the folder's name."
     if run is None: return None
-    try: return json.loads((run/'meta.json').read_text()).get('experiment') or run.name
+    try: return RunDir(run).read_meta().get('experiment') or run.name
     except (OSError, json.JSONDecodeError): return run.name
 
 def find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):

@@ -9,13 +9,14 @@ from __future__ import annotations
 import errno, json, math, os, time
 from pathlib import Path
 from typing import Callable
+from ..rundir import RUN_FILES, RunDir
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
            'MetricsLogger', 'console', 'RunLog']
 
 # %% ../../nbs/04a_metrics.ipynb #bbe24bdc
-METRICS = 'metrics.jsonl'
+METRICS = RUN_FILES['metrics']
 
 def clean_row(row:dict) -> dict:
     "`row` with non-finite floats as None."
@@ -112,7 +113,7 @@ class MetricsLogger:
                 # slow to import: only a run that logs to TensorBoard
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(Path(run_dir)/'tensorboard'))
+                self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
             except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip "
                                     "install tensorboard)")
         if wandb_project:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os, shutil, threading, time
 from pathlib import Path
 from typing import Callable
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['mirror_target', 'upload_hf', 'upload_s3', 'stage', 'Mirror']
@@ -27,7 +28,7 @@ def mirror_target(spec:str) -> tuple[str, str, str]:
 def upload_hf(folder:Path, repo:str, path:str):
     "Upload `folder` into `path` of the private model repository `repo` (created when missing)."
     import huggingface_hub as hh  # optional: only runs that mirror to the Hub need it
-    api = hh.HfApi(token=os.environ.get('HF_TOKEN') or None)
+    api = hh.HfApi(token=env_var('HF_TOKEN') or None)
     api.create_repo(repo, private=True, exist_ok=True, repo_type='model')
     api.upload_folder(folder_path=str(folder), repo_id=repo, path_in_repo=path, repo_type='model',
                       commit_message=f"lmbook checkpoint {path}")
@@ -35,7 +36,7 @@ def upload_hf(folder:Path, repo:str, path:str):
 def upload_s3(folder:Path, bucket:str, path:str):
     "Upload every file of `folder` under `path/` in `bucket` (the endpoint and keys from the environment)."
     import boto3  # optional (the s3 extra): only runs that mirror to S3 need it
-    s3 = boto3.client('s3', endpoint_url=os.environ.get('AWS_ENDPOINT_URL') or None)
+    s3 = boto3.client('s3', endpoint_url=env_var('AWS_ENDPOINT_URL') or None)
     for f in sorted(Path(folder).rglob('*')):
         if f.is_file(): s3.upload_file(str(f), bucket, f"{path}/{f.relative_to(folder).as_posix()}")
 

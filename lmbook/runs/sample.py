@@ -21,6 +21,7 @@ from .checkpoint import SHAPE_KEYS, load_weights
 from .find import best_base, experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import END, chat_prompt, record_messages, split_examples
 from ..model.hfimport import gpt2_from_hf, hf_init_model, hf_kind
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['CHAT_FALLBACK', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'SAMPLE_RANGES', 'inference_device', 'Loaded',
@@ -360,10 +361,10 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
 # %% ../../nbs/04e_sample.ipynb #e31659a7
 def write_samples(run_dir:Path, step:int, samples:list[dict]):
     "Append `samples` at `step` to `samples.jsonl` and `samples.md` in `run_dir`."
-    run_dir = Path(run_dir)
-    with open(run_dir/'samples.jsonl', 'a') as f:
+    rd = RunDir(run_dir)
+    with open(rd.samples_jsonl, 'a') as f:
         for s in samples: f.write(json.dumps(dict(step=step, **s)) + '\n')
-    with open(run_dir/'samples.md', 'a') as f:
+    with open(rd.samples, 'a') as f:
         f.write(f"\n## step {step}\n\n")
         for s in samples:
             f.write(f"- **{s['prompt']}**{' → ' if s.get('chat') else ''}{s['text']}\n".replace('\n\n', '\n'))

@@ -8,6 +8,7 @@ Docs: https://lmbook.github.io/lmbook/api.html.md"""
 from __future__ import annotations
 import asyncio, functools, hmac, ipaddress, json, os, socket, sys, threading, time, uuid
 from types import SimpleNamespace
+from ..core import env_var
 from .engine import Busy, Engine, Job, Served, load_served
 from ..runs.sample import TextStream, stop_ids
 from ..data.sft import ROLES, END
@@ -382,7 +383,7 @@ def add_cli(sub):
 def run_serve(a) -> int:
     "`lmbook serve`: load, listen, serve until SIGTERM or Ctrl-C, drain, exit 0."
     if a.max_batch < 1: raise ValueError(f"--max-batch {a.max_batch}: give at least 1")
-    key = a.api_key or os.environ.get('LMBOOK_API_KEY') or None
+    key = a.api_key or env_var('LMBOOK_API_KEY') or None
     if not a.runpod: need_web(); check_bind(a.host, key, a.insecure)
     s = load_served(a.source, a.device)
     engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=not a.no_graphs)

@@ -20,6 +20,7 @@ from ..model.levers import lever_report
 from ..distributed import DistInfo, all_reduce, dist_env, init_distributed
 from .step import cuda_allocator_defaults, resolve_compile, train_step
 from .runstart import build_trainable, fit_batch
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['synthetic_batches', 'file_batches', 'make_step', 'eager_val_loss', 'bench_row', 'time_steps', 'timed_figures',
@@ -108,7 +109,7 @@ def bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:st
                 parallel=tc.parallel if world > 1 else 'none', tokens_per_step=cfg.tokens_per_step*world,
                 ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile,
                 compile_mode=compile_mode, inductor=inductor or {},
-                alloc_conf=os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''),
+                alloc_conf=env_var('PYTORCH_CUDA_ALLOC_CONF', ''),
                 dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
                 torch=torch.__version__, cuda=torch.version.cuda)
 

@@ -17,6 +17,8 @@ from ..data.sft import sft_val_batches, sft_val_rows
 from ..runs.sample import inference_device, load_model
 from .validation import bits_per_byte, hellaswag_accuracy, load_hellaswag, token_byte_lengths
 from .lmeval import hellaswag_task, run_tasks
+from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['evaluate', 'eval_torchrun', 'eval_cmd', 'add_cli']
@@ -73,7 +75,8 @@ def evaluate(source:str|Path,
         if report and info.is_main: report(hs)
     if info.is_main and lm.run is not None:
         try:
-            with open(lm.run/'eval.jsonl', 'a') as f: f.write(json.dumps(dict(res, time=time.time())) + '\n')
+            with open(RunDir(lm.run).eval_log, 'a') as f:
+                f.write(json.dumps(dict(res, time=time.time())) + '\n')
         except OSError as e:  # a read-only run folder: the numbers are still the answer
             (warn
              or print)(f"{lm.run} is read-only ({e.strerror}): the result is not added to its eval.jsonl")
@@ -124,7 +127,7 @@ def eval_cmd(args) -> int:
         raise ValueError("--batches, --batch-size and --limit must be >= 0, --nproc >= 1")
     tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
     if tasks and args.nproc > 1: raise ValueError("--tasks runs in one process: leave out --nproc")
-    if args.nproc > 1 and 'RANK' not in os.environ: return eval_torchrun(args)
+    if args.nproc > 1 and env_var('RANK') is None: return eval_torchrun(args)
     done = False  # every rank ends here together unless one crashed
     try:
         r = evaluate(args.source, args.root, args.device, args.batches, args.batch_size,
@@ -135,11 +138,11 @@ def eval_cmd(args) -> int:
         done = True
     except (ValueError, FileNotFoundError):
         done = True
-        if int(os.environ.get('RANK', 0)) != 0: return EXIT_USER_ERROR  # rank 0 says why
+        if int(env_var('RANK', '0')) != 0: return EXIT_USER_ERROR  # rank 0 says why
         raise
     finally: cleanup_distributed(wait_s=60 if done else 0)
     if tasks: r['tasks'] = _run_tasks(args, tasks)
-    if args.json and int(os.environ.get('RANK', 0)) == 0: print(json.dumps(r))
+    if args.json and int(env_var('RANK', '0')) == 0: print(json.dumps(r))
     return 0
 
 def add_cli(sub):

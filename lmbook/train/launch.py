@@ -17,6 +17,8 @@ from ..distributed import check_parallel, cleanup_distributed, set_parent_death_
 from ..runs.metrics import RunLog
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
+from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['WORKER', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd',
@@ -85,11 +87,11 @@ def main(argv:list[str]|None=None) -> int:
         cfg, _, experiment, _ = resolve_args(a)
         rc = train_process(cfg, experiment, a.root, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
-        if int(os.environ.get('RANK', 0)) == 0: _say_error(e)
+        if int(env_var('RANK', '0')) == 0: _say_error(e)
         rc = EXIT_USER_ERROR
     finally: cleanup_distributed(wait_s=60 if rc is not None else 0)  # a crash leaves at once
-    if os.environ.get('LMBOOK_EXIT_FILE') and int(os.environ.get('RANK', 0)) == 0:
-        Path(os.environ['LMBOOK_EXIT_FILE']).write_text(json.dumps(dict(exit_code=rc)))
+    if (exit_file := env_var('LMBOOK_EXIT_FILE')) and int(env_var('RANK', '0')) == 0:
+        Path(exit_file).write_text(json.dumps(dict(exit_code=rc)))
     return rc
 
 WORKER = 'import sys; from lmbook.train.launch import main; sys.exit(main())'
@@ -133,7 +135,7 @@ def launch(profile:str, # profile name or config file
     ("Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not "
      "finish.")
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
-    e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))
+    e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
     if 'torch.distributed.run' in cmd or prepare_only:
         yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
                            grace_s, forward_signals)
@@ -198,7 +200,7 @@ def detach(profile:str, # profile name or config file
           ) -> tuple[int, Path]:
     ("Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that "
      "file).")
-    out = paths_for(experiment, root=Path(root) if root else None).run/'train.out'
+    out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
             '--profile', str(profile),
@@ -237,7 +239,7 @@ def start_run(cfg, # the resolved `Config`
         pid, out = detach(profile, experiment, overrides, root, torchrun_args)
         print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
               "this terminal does not stop it)\n"
-              f"  follow it:  tail -f {out.parent/'train.log'}   (its output: {out})\n"
+              f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"
               f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
         return EXIT_FINISHED
     if cfg.train.nproc == 1 and not torchrun_args: return train_process(cfg, experiment, root, prepare_only)

@@ -17,6 +17,7 @@ except ImportError: lm_eval, TemplateLM = None, object
 from ..config import did_you_mean
 from ..runs.sample import load_model, generate
 from .step import autocast
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['LmbookLM', 'local_task', 'hellaswag_task', 'run_tasks', 'save_results']
@@ -162,11 +163,11 @@ def run_tasks(source:str|Path,
 def save_results(run:Path, results:dict, step:int, checkpoint:str) -> Path:
     ("Merge `results` into `run`/eval.json: each task's newest metrics, with the step and checkpoint they "
      "came from.")
-    path = Path(run)/'eval.json'
+    path = RunDir(run).eval
     try: have = json.loads(path.read_text())
     except (OSError, ValueError): have = {}
     have.update({t: dict(v, step=step, checkpoint=checkpoint, time=time.time()) for t, v in results.items()})
-    tmp = path.with_name(f'.eval.json.{os.getpid()}.tmp')
+    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     tmp.write_text(json.dumps(have, indent=1))
     os.replace(tmp, path)
     return path

@@ -16,6 +16,8 @@ from ..runlock import pid_alive
 from ..runs.metrics import format_duration, read_metrics, format_row
 from .launch import TrainingExit
 from ..runs.analysis import series
+from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['TRAIN_PARAMS', 'ANALYSIS_PARAMS', 'USER_ERRORS', 'check_params', 'one_line_errors', 'train_overrides', 'train_config',
@@ -131,18 +133,17 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
                ) -> bool:
     ("Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill "
      "or a script.")
-    env = os.environ if env is None else env
-    if env.get('LMBOOK_DASHBOARD') in ('0', '1'): return env['LMBOOK_DASHBOARD'] == '1'
+    if (on := env_var('LMBOOK_DASHBOARD', env=env)) in ('0', '1'): return on == '1'
     if shell is None:
         try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
         except ImportError: return False
     kernel = getattr(shell, 'kernel', None)
     if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
-    if any(w in _parent_cmd(int(env.get('JPY_PARENT_PID') or 0)) for w in ('papermill', 'nbclient',
+    if any(w in _parent_cmd(int(env_var('JPY_PARENT_PID', env=env) or 0)) for w in ('papermill', 'nbclient',
                                                                            'nbconvert')): return False
     try: cell_id = (kernel.get_parent() or {}).get('metadata', {}).get('cellId')
     except Exception: cell_id = None
-    return bool(cell_id) or 'JPY_SESSION_NAME' in env
+    return bool(cell_id) or env_var('JPY_SESSION_NAME', env=env) is not None
 
 # %% ../../nbs/05k_runnb.ipynb #bf98fd71
 def terminal(env:dict|None=None, # the environment (default: os.environ)
@@ -150,13 +151,12 @@ def terminal(env:dict|None=None, # the environment (default: os.environ)
             ):
     ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
      "add.")
-    env = os.environ if env is None else env
     if shell is None:
         try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
         except ImportError: return None
     # a script or nbdev's tests: stdout is the terminal
     if getattr(shell, 'kernel', None) is None: return None
-    cmd = _parent_cmd(int(env.get('JPY_PARENT_PID') or 0))
+    cmd = _parent_cmd(int(env_var('JPY_PARENT_PID', env=env) or 0))
     if 'papermill' not in cmd or '--log-output' in cmd: return None
     try: fd = sys.stderr.fileno()  # ipykernel's copy of the terminal, kept behind its capture of fd 2
     except (AttributeError, OSError, ValueError):
@@ -177,13 +177,13 @@ def _jsonl(path:Path) -> list[dict]:
 
 def last_sample(run:Path) -> dict|None:
     "The newest sample of the run folder `run` (`step`, `prompt`, `text`), or None before the first."
-    s = _jsonl(Path(run)/'samples.jsonl')
+    s = _jsonl(RunDir(run).samples_jsonl)
     return s[-1] if s else None
 
 def run_length(run:Path) -> int|None:
     ("The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote "
      "it).")
-    try: return int(json.loads((Path(run)/'meta.json').read_text())['total_steps'])
+    try: return int(RunDir(run).read_meta()['total_steps'])
     except (OSError, ValueError, KeyError, TypeError): return None
 
 # %% ../../nbs/05k_runnb.ipynb #e20453cf
@@ -263,7 +263,7 @@ def follow(lines:Iterable[str], # the trainer's output lines
         from IPython.display import display  # notebook kernels only
         display(dash.widget)
     def redraw(final=False):
-        try: recs = read_metrics(run/'metrics.jsonl')
+        try: recs = read_metrics(RunDir(run).metrics)
         except FileNotFoundError: return
         dash.update(recs, time.time()-t0, last_sample(run), run_length(run) or max_steps, force=final)
     try:
@@ -299,10 +299,10 @@ def run_state(run:Path, # the run folder
     "'done' (its last step is logged), 'running' (its trainer is alive) or 'stopped' (neither)."
     run, now = Path(run), time.time() if now is None else now
     n = run_length(run)
-    try: steps = [r['step'] for r in read_metrics(run/'metrics.jsonl') if 'loss' in r or 'val_loss' in r]
+    try: steps = [r['step'] for r in read_metrics(RunDir(run).metrics) if 'loss' in r or 'val_loss' in r]
     except FileNotFoundError: steps = []
     if n is not None and steps and max(steps) >= n: return 'done'
-    lock = run/'.lock'
+    lock = RunDir(run).lock
     if lock.is_file():
         try: info = json.loads(lock.read_text())
         except (OSError, json.JSONDecodeError): info = {}
@@ -334,7 +334,7 @@ def watch(runs:dict[str, Path], # experiment -> run folder
     while True:
         states = {e: run_state(d, stale_s) for e, d in runs.items()}
         for e, d in runs.items():
-            try: recs = read_metrics(d/'metrics.jsonl')
+            try: recs = read_metrics(RunDir(d).metrics)
             except FileNotFoundError: continue
             if e in dashes: dashes[e].update(recs, None, last_sample(d), run_length(d), force=True)
             else: print(f"{e} [{states[e]}] {progress_line(recs, run_length(d) or 0, None)}", flush=True)

@@ -28,6 +28,8 @@ from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
 from .optim import schedule_for, total_steps
 from .step import Trainable, is_oom, make_trainable, train_step
+from .step import Trainable, is_oom, make_trainable, train_step
+from ..rundir import RunDir
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
@@ -249,7 +251,7 @@ def _found(cfg:Config, paths, run_dir:Path) -> Init:
         # the run's own checkpoint replaces the weights, unless it holds only adapters
         if cfg.train.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
                                                         "adapters, so its base must be there: restore it")
-        if cfg.train.auto_resume and list_checkpoints(Path(run_dir)/'checkpoints'): return Init()
+        if cfg.train.auto_resume and list_checkpoints(RunDir(run_dir).checkpoints): return Init()
         raise
 
 def lora_base(cfg:Config, init:Init) -> dict|None:
@@ -341,7 +343,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
 
 def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
     "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
-    saved = run_dir/'training.toml'
+    saved = RunDir(run_dir).config
     if cfg.train.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
         # the resume check explains

@@ -27,7 +27,7 @@ CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.
 def cuda_allocator_defaults():
     ("Let CUDA's caching allocator grow segments (less fragmentation) unless the user chose otherwise; call "
      "before CUDA starts.")
-    os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', CUDA_ALLOC_CONF)
+    os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', CUDA_ALLOC_CONF)  # PyTorch reads it as CUDA starts
 
 # %% ../../nbs/05b_step.ipynb #7e8fad3e
 def resolve_dtype(dtype:str, device:str) -> torch.dtype|None:

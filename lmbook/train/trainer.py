@@ -27,6 +27,8 @@ from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
 from .runstart import Init, run_start
 from .validation import Validator, hellaswag_examples, mean_loss, train_evals
+from ..rundir import RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
@@ -56,7 +58,7 @@ def agree_stop(signum:int, info:DistInfo) -> int:
 # %% ../../nbs/05e_trainer.ipynb #98667602
 def choose_run_dir(run:Path, auto_resume:bool) -> Path:
     "The run folder to use: `run` itself, or a fresh sibling when not resuming an existing run."
-    used = lambda p: (p/'metrics.jsonl').exists() or (p/'checkpoints').exists()
+    used = lambda p: RunDir(p).metrics.exists() or RunDir(p).checkpoints.exists()
     if auto_resume or not used(run): return run
     i = 2
     while used(run.with_name(f'{run.name}-{i}')): i += 1
@@ -121,7 +123,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
     run_dir = choose_run_dir(paths.run, cfg.train.auto_resume)
     lock = lock_run(run_dir, info, say)
     try:
-        if info.is_main: log.open(run_dir/'train.log')
+        if info.is_main: log.open(RunDir(run_dir).log)
         hellaswag = hellaswag_examples(cfg.train, root)  # before the data: a missing file stops the run now
         s = run_start(cfg, paths, run_dir, info, say, init, examples)
         tc, tok = s.cfg.train, s.prepared.tokenizer_dir
@@ -136,7 +138,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
 def _price_env() -> float|None:
     ("USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod "
      "pod.")
-    v = os.environ.get('LMBOOK_GPU_PRICE', '').strip()
+    v = env_var('LMBOOK_GPU_PRICE', '').strip()
     if not v: return None
     try: return float(v)
     except ValueError:
@@ -145,11 +147,12 @@ def _price_env() -> float|None:
 def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     "Rank 0 writes this start's config and `meta.json`; return the config file written."
     r.dir.mkdir(parents=True, exist_ok=True)
-    if not (r.dir/'training.toml').exists(): path = save_config(r.cfg, r.dir)[0]
+    rd = RunDir(r.dir)
+    if not rd.config.exists(): path = save_config(r.cfg, r.dir)[0]
     else:
-        (r.dir/'configs').mkdir(exist_ok=True)
-        path, i = r.dir/'configs'/f'start-step-{step}.toml', 1
-        while path.exists(): i += 1; path = r.dir/'configs'/f'start-step-{step}-{i}.toml'
+        rd.configs.mkdir(exist_ok=True)
+        path, i = rd.restart_config(step), 1
+        while path.exists(): i += 1; path = rd.restart_config(step, i)
         changes = (resumed or {}).get('changes')
         head = f"# resumed at step {step} with allow_config_change: {'; '.join(changes)}\n" if changes else ''
         path.write_text(head + to_toml(config_dict(r.cfg)))
@@ -162,7 +165,7 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
                 on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 levers=lever_report(r.cfg, r.info.device, r.t.fp8),
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
-    (r.dir/'meta.json').write_text(json.dumps(meta, indent=1))
+    rd.write_meta(meta)
     return path
 
 # %% ../../nbs/05e_trainer.ipynb #5fa227ff
@@ -392,9 +395,10 @@ def _best_line(ck:Checkpointer) -> str:
 
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
-    ck = Checkpointer(r.dir/'checkpoints', tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
+    ck = Checkpointer(RunDir(r.dir).checkpoints, tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
                       tc.ckpt_minutes)
-    mirror = Mirror(tc.mirror, experiment, r.dir/'.mirror', r.log) if tc.mirror and r.info.is_main else None
+    mirror = (Mirror(tc.mirror, experiment, RunDir(r.dir).mirror, r.log) if tc.mirror and r.info.is_main
+              else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
     slog = StepLog(r, metrics)

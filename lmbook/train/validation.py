@@ -18,6 +18,7 @@ from ..data.tokenizer import load_tokenizer
 from ..distributed import all_reduce
 from fastcore.basics import patch
 from .step import Trainable, autocast
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['LOGITS_AT_ONCE', 'HELLASWAG_URL', 'OFFLINE_ENV', 'token_byte_lengths', 'bits_per_byte', 'read_hellaswag',
@@ -118,7 +119,7 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
     path = Path(root or workspace_root())/'cache'/'hellaswag'/Path(url).name
     if path.is_file(): return path
     fix = f"download {url} to {path}, or pass --hellaswag-file FILE"
-    off = [k for k in OFFLINE_ENV if os.environ.get(k, '').lower() in ('1', 'true', 'yes', 'on')]
+    off = [k for k in OFFLINE_ENV if env_var(k, '').lower() in ('1', 'true', 'yes', 'on')]
     if off: raise FileNotFoundError("HellaSwag's validation file is not in the cache and downloads are off "
                                     f"({off[0]}=1): {fix}")
     path.parent.mkdir(parents=True, exist_ok=True)
