@@ -14,7 +14,7 @@ py=python3; [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev
 site=$(mktemp -d); tmp=$(mktemp -d)        # the wheels installed for this run; the 13.5 GB model
 trap 'rm -rf "$tmp" "$site"' EXIT          # removed however the script ends
 trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-for w in ${LMBOOK_WHEELS:-.whl}/{starlette,uvicorn,h11,anyio,click,idna,typing_extensions}-*.whl; do
+for w in ${LMBOOK_WHEELS:-.whl}/{starlette,uvicorn,h11,anyio,click,idna,typing_extensions,fastcore}-*.whl; do
   [ -f "$w" ] || continue
   n=$(basename "$w" | cut -d- -f1)
   "$py" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$n" 2>/dev/null ||
