@@ -141,7 +141,8 @@ class Decoder:
         for B in up_to(self.kv.k.shape[1], 1):
             for L in up_to(self.kv.k.shape[3], 64):
                 B2, L2 = self.sizes(B, L)
-                if (B2, L2) not in self.captured: self.capture(B2, L2, self.tensor([0]*B2), self.tensor([0]*B2))
+                zeros = self.tensor([0]*B2)
+                if (B2, L2) not in self.captured: self.capture(B2, L2, zeros, zeros)
 
     def capture(self, B:int, L:int, t:torch.Tensor, p:torch.Tensor):
         "Record the step for `B` rows and `L` keys as a CUDA graph, after one run on a side stream."
@@ -175,7 +176,7 @@ class Engine:
         self.seeds = torch.zeros(max_batch, 2, dtype=torch.long, device=dev)
         cuda = str(dev).startswith('cuda')
         self.step = Decoder(m, self.kv, cuda if graphs is None else graphs and cuda)
-        self.step.warm()  # every CUDA graph before the first request: a capture would stall the running streams
+        self.step.warm()  # every CUDA graph before the first request: a capture stalls running streams
         self.waiting, self.cv, self.steps, self.stopped = collections.deque(), threading.Condition(), 0, False
         self.thread = threading.Thread(target=self._loop, daemon=True, name='lmbook-engine')
         if start: self.thread.start()
