@@ -20,7 +20,8 @@ from .loader import prepare_data
 from .optim import total_steps
 from .checkpoint import ckpt_step, latest_checkpoint
 from .launch import launch_cmd
-from .podguard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from .podguard import stop_pod, exit_container, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from .podguard import watch_spend
 
 # %% auto #0
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
@@ -362,7 +363,8 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
     log.sync(); os.sync()
     if stop_pod(pod, action, log, env): return True
-    log(f"autokill: could not {action} pod {pod}: it is billing, stop it by hand"); done.unlink()
+    log(f"autokill: could not {action} pod {pod} through RunPod's API"); done.unlink()
+    exit_container(log, env)
     return False
 
 # %% ../nbs/08f_boot.ipynb #109713fa
@@ -379,11 +381,13 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
         try:
             kernel = stage_install(o, log) if 1 in stages else None
             paths = stage_layout(o, ws, log)
-            stage_data(o, paths, log)
             guard = spend_guard(os.environ, ws, log)
+            watch_spend(guard, stop, log)  # counts through the data stage too, from the pod's create time
+            stage_data(o, paths, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
             log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+            spent = stop.spent
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
             log(f"error: {e}"); rc = 2
         except Exception:  # unattended: whatever went wrong must be in the log on the volume

@@ -253,7 +253,7 @@ def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, m
     env = dict(PATH=str(bin_), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
     o = BootOptions(experiment='ak')
     assert not autokill(o, paths, 3, log, env)
-    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop it by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
+    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop the pod by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
     assert autokill(o, paths, 3, log, dict(env, RUNPOD_API_KEY='rpa_PODSCOPEDkey42'))
     assert f.pods['pod1234abc']['status'] == 'EXITED' and f.calls('POST', '/v2/pods/pod1234abc/action')[-1][2] == dict(action='stop')
     assert ('runpodctl failed' in ' '.join(lines)) == (runpodctl == 'failing')

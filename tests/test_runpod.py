@@ -192,10 +192,11 @@ def test_status_wait_lifecycle_and_volumes(fake, capsys, monkeypatch):
     assert 'volume       vol123abc (EU-RO-1)' in out and HF not in out and 'JUPYTER_PASSWORD' not in out
     assert pid in run(capsys, 'pod', 'list')[1]
     assert run(capsys, 'pod', 'restart', pid)[0] == 0 and fake.calls('POST', f'/v2/pods/{pid}/action')[-1][2] == dict(action='restart')
-    assert run(capsys, 'pod', 'stop', pid)[0] == 0 and fake.pods[pid]['status'] == 'EXITED'
+    assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0 and fake.pods[pid]['status'] == 'EXITED'
     one_line_error(*run(capsys, 'pod', 'wait', pid, '--timeout', '1', '--poll', '0'), 'EXITED')
     one_line_error(*run(capsys, 'pod', 'restart', pid), '409', 'EXITED')  # RunPod restarts only a running pod
-    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'RUNNING'
+    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'STARTING'  # then RUNNING, as RunPod's
+    assert run(capsys, 'pod', 'wait', pid, '--poll', '0')[0] == 0 and fake.pods[pid]['status'] == 'RUNNING'
     one_line_error(*run(capsys, 'pod', 'terminate', pid), '--yes', 'network volume vol123abc keeps the run')
     assert pid in fake.pods
     rc, out, err = run(capsys, 'pod', 'terminate', pid, '--yes')
