@@ -3,7 +3,7 @@ import re
 from pathlib import Path
 import pytest
 from fake_runpod import FakeRunPod, serve
-from test_runpod import bare_remote, run, one_line_error, HEAD, KEY, HF
+from test_runpod import bare_remote, remotes_in, run, one_line_error, HEAD, KEY, HF
 
 
 @pytest.fixture
@@ -15,6 +15,7 @@ def gql(monkeypatch, tmp_path):
         monkeypatch.setenv(k, v)
     monkeypatch.delenv('JUPYTER_PASSWORD', raising=False)
     monkeypatch.setattr(runpod, 'api_key', None)
+    remotes_in(tmp_path, monkeypatch)
     f.repo = bare_remote(tmp_path/'remote.git', HEAD)
     monkeypatch.chdir(tmp_path)
     yield f
