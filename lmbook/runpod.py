@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from .podapi import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
                            rest_body, SAFE_VALUES)
-from . import podsync
+from . import podsync, podwatch
 from .core import load_settings, check_name, package_dir, cli_options
 from .config import get_config, parse_assignments
 from .podplan import find_gpu, gpu_table, plan, format_plan, pod_overrides, card_image
@@ -638,8 +638,7 @@ def add_guard_options(p):
     p.add_argument('--timeout', type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
 
-POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs', 'stop': 'stop (the volume and container '
-                'disk stay)',
+POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
                 'resume': 'start a stopped pod again', 'restart': 'restart the container (reruns the boot '
                     'pipeline)',
                 'terminate': 'delete the pod (asks first; a network volume stays)',
@@ -679,5 +678,6 @@ def add_cli(sub):
     add_plan_cli(pod)
     add_create_cli(pod)
     add_pod_commands(pod)
+    podwatch.add_stop_cli(pod)
     podsync.add_pod_cli(pod)
     add_volumes_cli(pod)

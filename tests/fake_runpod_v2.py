@@ -81,7 +81,7 @@ class FakeRunPodV2:
         self.balance = 100.0            # dollars on the account: a create at 0 is answered 402
         self.no_free_gpus = False       # a start finds no free GPU on the pod's machine
         self.logs = {}                  # pod id -> a file whose lines are the container's stdout
-        self.ssh_keys = []              # the account's registered SSH public keys
+        self.ssh_keys = ['ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEKEYFORTESTS me@laptop']  # the account's SSH public keys
 
     def down(self, seconds):
         "Be unreachable for `seconds` on the fake's clock."

@@ -102,7 +102,7 @@ def test_a_manifest_created_twice_is_one_pod_and_one_clear_answer(fake, capsys):
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml', '--retry-wait', '0')
     assert rc == 0 and 'created' in out, err
     (pid,) = fake.pods
-    assert run(capsys, 'pod', 'stop', pid)[0] == 0
+    assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')
     assert rc == 0 and out.count('\n') == 1 and 'already exists, status EXITED: nothing created' in out and f'lmbook pod resume {pid}' in out, out
     assert 'created:' not in out and len(fake.pods) == 1 and len(posts(fake)) == 1
