@@ -357,3 +357,16 @@ def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
     one_line_error(*run(capsys, *base, '--profile', 'configs/my.yaml'), '/workspace/')
     rc, out, err = run(capsys, *base, '--profile', '/workspace/configs/my.yaml')
     assert rc == 0 and 'RUN_CONFIG: /workspace/configs/my.yaml' in out, err
+
+
+def test_the_readme_in_a_clone_of_a_local_mirror_stops_at_its_first_command(tmp_path):
+    "The README's laptop commands, run in order in a fresh clone whose origin is a local path: the first one says what to do."
+    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1].split('```bash\n')[1].split('```')[0]
+    cmds = [l.split('  #')[0].strip() for l in readme.splitlines() if l.startswith('lmbook ')]
+    clone = tmp_path/'clone'
+    subprocess.run(['git', 'clone', '-q', str(ROOT), str(clone)], check=True)  # origin: a path on this machine
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')} | dict(RUNPOD_API_KEY=KEY, LMBOOK_WORKSPACE=str(tmp_path/'ws'),
+                                                                                       PYTHONPATH=str(clone))
+    first = subprocess.run([sys.executable, '-m', 'lmbook.cli', *cmds[0].split()[1:]], cwd=clone, env=env, capture_output=True, text=True)
+    assert first.returncode == 2 and first.stdout == '', first.stdout + first.stderr
+    assert first.stderr.count('\n') == 1 and 'push lmbook' in first.stderr and '--repo' in first.stderr, first.stderr
