@@ -53,6 +53,7 @@ stop_pod() {  # the guard: stop this pod (runpodctl, else REST v2), retried with
 }
 
 spend_watch() {  # the spend guard until lmbook boot runs (it guards from then on): the seconds left, then a stop
+  [ -n "$MAX_HOURS$MAX_DOLLARS" ] || return 0
   left=$(SPEND=$SPEND python3 -c 'import json, os, time
 e = lambda k: float(os.environ.get(k) or 0)
 lims = [x for x in (e("MAX_HOURS")*3600, e("MAX_DOLLARS")/e("PRICE_PER_HOUR")*3600 if e("PRICE_PER_HOUR") else 0) if x]

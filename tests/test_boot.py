@@ -146,7 +146,16 @@ def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
     assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
     for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu', '--rdzv_endpoint=$HEAD:29500',
               '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
-    capsys.readouterr()
+    assert '#SBATCH --cpus-per-task=64' in txt and not txt.rstrip().endswith('&') and 'wait' not in txt
+    assert 'lmbook prepare' in capsys.readouterr().out  # on the login node, before sbatch; the script only trains
+    # each node's task expands its own rank: run the script with fakes of scontrol, srun (node 3 of 4) and lmbook
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    for name, body in dict(scontrol='echo node-a', srun='shift; SLURM_NODEID=3 exec "$@"', lmbook='echo "$@" > "$OUT"').items():
+        (bin_/name).write_text(f'#!/bin/sh\n{body}\n'); (bin_/name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4', SLURM_JOB_ID='7',
+               SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
+    assert subprocess.run(['bash', str(out)], env=env).returncode == 0
+    assert '--node_rank=3 ' in (tmp_path/'args').read_text() and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text()
     assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
     assert capsys.readouterr().err.startswith('error:')
 
