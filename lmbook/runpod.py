@@ -472,19 +472,22 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
     if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
         f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
-    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec)
+    dcs = api.data_centers() if spec.volume_id else None  # a volume moves only to one that has volumes
+    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec, dcs=dcs)
     spec.validate()
 
 def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
                     spec:PodSpec, # the pod about to be created
                     log=print, # where a note on few free GPUs goes
+                    dcs:list[dict]|None=None, # `RunPodAPI.data_centers`: only those with volumes are suggested
                    ):
     "Refuse a create that RunPod's catalog says cannot be placed now: none of these GPUs free where it goes."
     if a is None: return  # not known (the GraphQL backend does not ask)
     n, where = f"{spec.gpu_count} x {spec.gpu_type}", spec.data_center
     level = a['data_centers'].get(where, 'NONE') if where else a['overall'] or 'NONE'
+    vols = None if dcs is None else {d['id'] for d in dcs if d['volumes']}
     others = ', '.join(f"{k} ({v})" for k, v in sorted(a['data_centers'].items())
-                       if v != 'NONE' and k != where) or 'none'
+                       if v != 'NONE' and k != where and (vols is None or k in vols)) or 'none'
     if level == 'NONE':
         raise CapacityError(f"RunPod's catalog has no {n} free in {where or 'any data center'} now: try "
                             "later, fewer GPUs or another card"
@@ -550,7 +553,12 @@ def _pods_cmd(a) -> int:
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     if a.pod_cmd == 'status': print(format_status(p)); return 0
-    api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
+    try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
+    except CapacityError as e:
+        if a.pod_cmd != 'resume' or not p['volume_id']: raise
+        raise RunPodError(f"{e}: its machine has no free GPU now; a new pod on the same volume resumes the run: "
+                          f"lmbook pod create ... --volume {p['volume_id']} --experiment "
+                          f"{p['env'].get('RUN_EXPERIMENT', 'EXP')}") from None
     after = dict(resume='; the boot pipeline resumes the run',
                  restart='; the container restarts and boots again',
                  stop='; the GPU is released, the disks stay (and bill)')
