@@ -479,7 +479,7 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
 def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
                     spec:PodSpec, # the pod about to be created
                     log=print, # where a note on few free GPUs goes
-                    dcs:list[dict]|None=None, # `RunPodAPI.data_centers`: only those with volumes are suggested
+                    dcs:list[dict]|None=None, # `RunPodAPI.data_centers`: suggest only those with volumes
                    ):
     "Refuse a create that RunPod's catalog says cannot be placed now: none of these GPUs free where it goes."
     if a is None: return  # not known (the GraphQL backend does not ask)
@@ -556,8 +556,8 @@ def _pods_cmd(a) -> int:
     try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
     except CapacityError as e:
         if a.pod_cmd != 'resume' or not p['volume_id']: raise
-        raise RunPodError(f"{e}: its machine has no free GPU now; a new pod on the same volume resumes the run: "
-                          f"lmbook pod create ... --volume {p['volume_id']} --experiment "
+        raise RunPodError(f"{e}: its machine has no free GPU now; a new pod on the same volume resumes the "
+                          f"run: lmbook pod create ... --volume {p['volume_id']} --experiment "
                           f"{p['env'].get('RUN_EXPERIMENT', 'EXP')}") from None
     after = dict(resume='; the boot pipeline resumes the run',
                  restart='; the container restarts and boots again',
