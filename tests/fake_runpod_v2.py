@@ -77,15 +77,17 @@ class FakeRunPodV2:
         self.query = {}                 # the query of the call being answered
         self.clock = time.monotonic     # the fake's time (a test may run it faster than real time)
         self.down_until = 0.0           # until then (on `clock`) every call finds no server: the connection drops
+        self.down_next = 0              # an outage of this many seconds that the next call starts
         self.unanswered = 0             # calls dropped while down
         self.balance = 100.0            # dollars on the account: a create at 0 is answered 402
         self.no_free_gpus = False       # a start finds no free GPU on the pod's machine
         self.logs = {}                  # pod id -> a file whose lines are the container's stdout
         self.ssh_keys = ['ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEKEYFORTESTS me@laptop']  # the account's SSH public keys
 
-    def down(self, seconds):
-        "Be unreachable for `seconds` on the fake's clock."
-        self.down_until = self.clock() + seconds
+    def down(self, seconds, from_next_call=False):
+        "Be unreachable for `seconds` on the fake's clock, from now or from the next call on."
+        if from_next_call: self.down_next = seconds
+        else: self.down_until = self.clock() + seconds
 
     def calls(self, method=None, path=None):
         "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
@@ -103,6 +105,7 @@ class FakeRunPodV2:
             try: body = json.loads(raw)
             except ValueError: return self.problem(Problem(400, 'request body is not JSON'))
         with self.lock:
+            if self.down_next: self.down_until, self.down_next = self.clock() + self.down_next, 0
             if self.clock() < self.down_until: self.unanswered += 1; return 0, None, {}
             self.requests.append((method, path, dict(headers), body))
             try:

@@ -11,6 +11,7 @@ RUNPODCTL = '''#!/bin/sh
   for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
   grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
 } >> "$WS/runpodctl-calls"
+exit 0
 '''
 
 

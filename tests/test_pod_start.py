@@ -72,8 +72,9 @@ def test_a_failed_stage_before_boot_stops_the_pod_and_says_why(api, tmp_path, ho
     env = container(tmp_path, api.url, LMBOOK_REPO=repo, LMBOOK_COMMIT='')
     p = pid1(env)
     try:
-        wait_for(lambda: stops(api), 120, 'the guard to stop the pod')
-        log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
+        log_file = tmp_path/'workspace'/'logs'/'boot-pod.log'
+        wait_for(lambda: log_file.is_file() and 'guard: pod stopped' in log_file.read_text(), 120, 'the guard to stop the pod')
+        log = log_file.read_text()
         want = 'git clone' if how == 'clone' else 'pip install -e'
         assert f'guard: {want}' in log and 'stopping pod pod1234abc' in log and 'guard: pod stopped (REST API)' in log, log
         assert stops(api) == [dict(action='stop')] and api.pods['pod1234abc']['status'] == 'EXITED'

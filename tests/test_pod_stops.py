@@ -82,7 +82,7 @@ def test_max_dollars_stops_the_pod_during_data_preparation(api, tmp_path, down):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = ws/'logs'/'boot-sd.log'
     wait_for(lambda: log.is_file() and 'spend guard: the pod stops' in log.read_text(), 60, 'the spend guard')
-    api.down(down)
+    api.down(down, from_next_call=True)  # the price was asked: the next call is the stop
     rc = p.wait(120)
     log = log.read_text()
     assert 'stage 3/4 data: skipped' not in log and 'over --max-dollars 1' in log, log
