@@ -129,8 +129,8 @@ def tiny_llama_folder(ws:Path) -> Path:
     folder = ws/'tiny-llama'
     with LOCK:
         if not (folder/'model.safetensors').is_file():
-            from lmbook.hfimport import tiny_llama
-            from lmbook.sft import builtin_chat, write_jsonl
+            from lmbook.dev.fixtures import tiny_llama
+            from lmbook.data.sft import builtin_chat, write_jsonl
             tiny_llama(folder, vocab=1024, layers=2, width=128, context=256)
             write_jsonl(builtin_chat(), ws/'chat.jsonl')
     return folder
@@ -162,7 +162,7 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     "The exported folder, read by transformers on CUDA, gives lmbook's logits (and peft's adapters too)."
     import torch
     from transformers import AutoModelForCausalLM
-    from lmbook.sample import load_model
+    from lmbook.runs.sample import load_model
     os.environ['LMBOOK_WORKSPACE'] = str(ws)
     lm = load_model(f'{exp_name}:best', ws, DEVICE)
     ids = torch.tensor([lm.tokenizer.encode('What does abs do in Python?')], device=DEVICE)
@@ -184,7 +184,7 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
 def run_sample(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook sample` on CUDA (a plain run and a QLoRA one); KV-cache decoding gives the no-cache tokens."
     import torch
-    from lmbook.sample import load_model, generate
+    from lmbook.runs.sample import load_model, generate
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
         p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples', '2',
                    log=out/f'{row.name}-{src}.log')
@@ -225,7 +225,7 @@ def free_port() -> int:
 
 
 def run_serve(row:Row, ws:Path, out:Path) -> dict:
-    "`lmbook serve` on CUDA answers 8 concurrent chat requests."
+    "`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM exits 0."
     port = free_port()
     env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
     log = open(out/f'{row.name}.log', 'w')
@@ -238,7 +238,7 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
             except OSError: check(srv.poll() is None, 'the server exited'); time.sleep(0.5)
         res, t0 = [None]*8, time.perf_counter()
         def ask(i):
-            body = json.dumps(dict(model='m', max_tokens=32, temperature=0,
+            body = json.dumps(dict(model='finetune-lora', max_tokens=32, temperature=0,
                                    messages=[dict(role='user', content=f'What does abs do? ({i})')])).encode()
             req = urllib.request.Request(f'{base}/chat/completions', body, {'Content-Type': 'application/json'})
             with urllib.request.urlopen(req, timeout=120) as r: res[i] = json.loads(r.read())
@@ -249,9 +249,10 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
     finally:
         srv.send_signal(signal.SIGTERM)
         try: srv.wait(30)
-        except subprocess.TimeoutExpired: srv.kill()
+        except subprocess.TimeoutExpired: srv.kill(); srv.wait()
         log.close()
     check(all(r and r['choices'][0]['message']['content'] is not None for r in res), f"answers: {res}")
+    check(srv.returncode == 0, f"the server exited {srv.returncode} after SIGTERM, not 0")
     toks = sum(r['usage']['completion_tokens'] for r in res)
     return dict(answered=8, completion_tokens=toks, tok_per_s=round(toks / dt, 1), seconds_for_8=round(dt, 2))
 

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         found = [f for p in (map(Path, a.notebooks) if a.notebooks else sorted(NBS.glob('*.ipynb'))) for f in problems(p)]
         for f in found: print(f"error: {f}", file=sys.stderr)
         return 1 if found else 0
-    if not a.notebooks: ap.error('name the notebooks to execute, e.g. nbs/03c_optim.ipynb')
+    if not a.notebooks: ap.error('name the notebooks to execute, e.g. nbs/05a_optim.ipynb')
     rc = 0
     for nb in a.notebooks:
         p = Path(nb).resolve()

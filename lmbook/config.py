@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses, difflib, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 import yaml
+from .rundir import RunDir
 try: import tomllib
 except ImportError: import tomli as tomllib
 
@@ -18,10 +19,10 @@ except ImportError: import tomli as tomllib
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
            'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
            'TrainConfig', 'Config', 'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'config_fields',
-           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'parse_assignments',
-           'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m',
-           'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml', 'save_config',
-           'load_config_file', 'get_config']
+           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
+           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
+           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml',
+           'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ class TrainConfig:
     eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
     log_every: int = cfield(10, at_least(1), 'free', "steps between metric lines")
     ckpt_every: int = cfield(500, at_least(1), 'free', "steps between checkpoints (and one at the end)")
+    ckpt_minutes: float = cfield(30.0, at_least(0), 'free', "wall-clock minutes between checkpoints besides "
+                                 "ckpt_every (0: off); the start warns when a write takes longer")
     keep_ckpts: int = cfield(2, at_least(1), 'free', "checkpoints kept on disk")
     sample_every: int = cfield(0, at_least(0), 'free', "steps between sampled continuations (0: only at the "
                                "end)")
@@ -434,6 +437,12 @@ def fields_table(section:str) -> str:
         rows.append('| ' + ' | '.join(x.replace('|', '&#124;') for x in cells) + ' |')
     return '\n'.join(rows)
 
+def field_values(a, # parsed arguments
+                 names:Iterable[str], # the config fields `field_option` made options for
+                ) -> dict:
+    "The overrides those options hold: field -> value, for each one given."
+    return {n: v for n in names if (v := getattr(a, n, None)) is not None and v is not False}
+
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:
     ("`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}` (values typed later by "
@@ -489,7 +498,7 @@ def smoke() -> Config:
                   DataConfig(take=0, val_ratio=0.05),
                   TrainConfig(batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, eval_every=50,
                               eval_steps=8,
-                              log_every=10, ckpt_every=100, device='cpu', compile='false'))
+                              log_every=10, ckpt_every=100, ckpt_minutes=0, device='cpu', compile='false'))
 
 @profile
 def m3_medium() -> Config:
@@ -517,6 +526,7 @@ def runpod_1b() -> Config:
                   TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000,
                               eval_every=500))
 
+# %% ../nbs/01_config.ipynb #d147044e
 @profile
 def runpod_2b() -> Config:
     "~2B parameters: hidden 2560, 24 layers, 40 heads."
@@ -568,11 +578,11 @@ def to_toml(d:dict) -> str:
 # %% ../nbs/01_config.ipynb #7231d46d
 def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:
     "Write `training.toml` and `training.yaml` into `run_dir`."
-    run_dir = Path(run_dir); run_dir.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir); rd.path.mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
-    (run_dir/'training.toml').write_text(to_toml(d))
-    (run_dir/'training.yaml').write_text(yaml.safe_dump(d, sort_keys=False))
-    return run_dir/'training.toml', run_dir/'training.yaml'
+    rd.config.write_text(to_toml(d))
+    rd.config_yaml.write_text(yaml.safe_dump(d, sort_keys=False))
+    return rd.config, rd.config_yaml
 
 def load_config_file(path:Path) -> Config:
     "A `Config` from a TOML, YAML or JSON file."

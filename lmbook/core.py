@@ -9,15 +9,16 @@ from __future__ import annotations
 import configparser, hashlib, os, random, re, subprocess, tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
+import yaml
 import lmbook
 from . import __version__
 
 # %% auto #0
-__all__ = ['SETTINGS_ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'EXIT_INTERRUPTED', 'EXIT_CODES',
-           'PEAK_BF16_TFLOPS', 'Settings', 'package_dir', 'find_settings_file', 'load_settings', 'on_runpod',
-           'workspace_root', 'check_name', 'nonblank', 'default_experiment', 'resolve_experiment', 'cli_options',
-           'Paths', 'paths_for', 'check_writable', 'seed_everything', 'pick_device', 'git_commit', 'sha256_file',
-           'environment_info', 'peak_flops']
+__all__ = ['SETTINGS_ENV', 'ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'EXIT_INTERRUPTED',
+           'EXIT_CODES', 'PEAK_BF16_TFLOPS', 'Settings', 'env_var', 'process_env', 'package_dir', 'find_settings_file',
+           'load_settings', 'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment',
+           'resolve_experiment', 'cli_options', 'Paths', 'paths_for', 'check_writable', 'seed_everything',
+           'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops', 'gpu_table', 'find_gpu']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -53,6 +54,80 @@ class Settings:
     # RunPod API: rest (REST API v2) or graphql (the runpod SDK)
     api: str = 'rest'
 
+# %% ../nbs/00_core.ipynb #377e76c4
+ENV = {  # every environment variable lmbook reads -> what it means
+    **{var: f"overrides the `{key}` setting" for key, var in SETTINGS_ENV.items()},
+    'LMBOOK_SETTINGS': "the settings.ini to use instead of the nearest one",
+    'LMBOOK_GPU_PRICES': "a GPU table (YAML) to use instead of the packaged gpu_prices.yaml",
+    'LMBOOK_GPU_PRICE': "USD per GPU-hour for a run's cost plots off a RunPod pod",
+    'LMBOOK_LOCK_STALE_S': "seconds without a heartbeat before a run's lock counts as stale (120)",
+    'LMBOOK_EXIT_FILE': "where a training process leaves its exit code for `lmbook train` (set by it)",
+    'LMBOOK_DASHBOARD': "1 or 0: the live dashboard of the run notebooks on or off",
+    'LMBOOK_OFFLINE': "1: no downloads (the HellaSwag file), like HF_HUB_OFFLINE",
+    'LMBOOK_TRAIN_NB': "the training notebook a pod runs instead of the checkout's nbs/train.ipynb",
+    'LMBOOK_SSH_OPTS': "more ssh options for `lmbook pod push/fetch/logs`",
+    'LMBOOK_POD_WORKSPACE': "the workspace on the pod for `lmbook pod push/fetch` (/workspace)",
+    'LMBOOK_COPY': "rsync or tar: how `lmbook pod push/fetch` copies (default: rsync where both have it)",
+    'LMBOOK_S3_ENDPOINT': "the S3 endpoint of RunPod's volumes, instead of the data center's",
+    'LMBOOK_DATA_WAIT': "seconds a pod of a multi-node run waits for node 0's data (6 h)",
+    'LMBOOK_T0': "when the pod started (epoch seconds), for its spend guard",
+    'LMBOOK_STOP_DEADLINE': "seconds a pod retries its own stop before its container exits instead (600)",
+    'LMBOOK_STOP_PAUSE': "the longest pause in seconds between two tries of that stop (60)",
+    'LMBOOK_START_PID': "the pod start script's pid, which a stop that cannot reach the API asks to exit",
+    'LMBOOK_GUARD_POLL': "seconds between two looks of the pod's spend guard (30)",
+    'RUN_OVERRIDES': "a pod's config overrides, name=value,...",
+    'RUN_SHARD': "1: a pod shards the corpus and trains the tokenizer before training",
+    'RUN_INPUT': "a pod's training text (files or a dataset)",
+    'RUN_VALIDATION': "a pod's validation text",
+    'RUN_NPROC': "processes a pod trains with (default: its GPUs)",
+    'TENSORBOARD_PORT': "the port of a pod's TensorBoard (6006; 0: none)",
+    'AUTOKILL': "stop or terminate: what a pod does to itself after its final checkpoint",
+    'ON_FAILURE': "stop or keep: what a pod does after a failed run",
+    'MAX_HOURS': "a pod's spend guard: hours it may run",
+    'MAX_DOLLARS': "a pod's spend guard: dollars it may spend",
+    'PRICE_PER_HOUR': "a pod's price when the API does not say",
+    'RUNPOD_POD_ID': "set by RunPod inside a pod",
+    'RUNPOD_API_KEY': "the RunPod API key",
+    'LMBOOK_API_KEY': "the key `lmbook serve` asks its clients for (also sent to an endpoint pod)",
+    'RUNPOD_API_BASE_URL': "the RunPod API's address (https://api.runpod.io), e.g. a fake one in tests",
+    'RUNPOD_S3_ACCESS_KEY': "the S3 access key of RunPod's volumes",
+    'RUNPOD_S3_SECRET_KEY': "the S3 secret key of RunPod's volumes",
+    'JUPYTER_PASSWORD': "the pod's Jupyter password (default: a generated one)",
+    'RANK': "this process's rank (set by torchrun)",
+    'LOCAL_RANK': "this process's rank on its node (set by torchrun)",
+    'WORLD_SIZE': "the number of processes (set by torchrun)",
+    'NUM_NODES': "the nodes of a multi-node pod cluster (set by RunPod; NNODES elsewhere)",
+    'NNODES': "the nodes of a multi-node job",
+    'NODE_RANK': "this node's rank in a multi-node job",
+    'MASTER_ADDR': "node 0's address in a multi-node job",
+    'MASTER_PORT': "node 0's rendezvous port in a multi-node job (29500)",
+    'HF_TOKEN': "the Hugging Face token",
+    'HUGGINGFACEHUB_API_TOKEN': "the Hugging Face token, under its older name",
+    'HF_HUB_OFFLINE': "1: the Hugging Face libraries stay offline",
+    'HF_DATASETS_OFFLINE': "1: the datasets library stays offline",
+    'HF_HOME': "the Hugging Face cache (default: the workspace's hf_cache)",
+    'HF_HUB_CACHE': "the Hugging Face hub cache",
+    'HF_DATASETS_CACHE': "the datasets library's cache",
+    'XDG_CACHE_HOME': "the user's cache folder, where the default hub cache lives",
+    'AWS_ENDPOINT_URL': "the S3 endpoint of a checkpoint mirror at s3://",
+    'PYTORCH_CUDA_ALLOC_CONF': "PyTorch's CUDA allocator settings, recorded by benchmarks",
+    'JPY_PARENT_PID': "the process that started a Jupyter kernel (papermill or a notebook server)",
+    'JPY_SESSION_NAME': "set by JupyterLab for a notebook a person has open",
+    'PATH': "where `runpodctl` is looked for on a pod",
+}
+
+def env_var(name:str, # a variable `ENV` lists
+            default:str|None=None, # the value when it is not set
+            env:dict|None=None, # the environment (default: this process's)
+           ) -> str|None:
+    "The value of environment variable `name`: lmbook's one reader of the environment."
+    assert name in ENV, f"{name} is not in ENV: add it there with what it means"
+    return (os.environ if env is None else env).get(name, default)
+
+def process_env(env:dict|None=None) -> dict:
+    "`env`, else this process's environment itself (to pass on whole, or to set a library's default in)."
+    return os.environ if env is None else env
+
 # %% ../nbs/00_core.ipynb #f04c76a2
 def package_dir() -> Path:
     "The folder of the installed `lmbook` package."
@@ -61,7 +136,7 @@ def package_dir() -> Path:
 def find_settings_file() -> Path|None:
     ("The `settings.ini` in use: `$LMBOOK_SETTINGS`, else the nearest one above the cwd, else beside the "
      "package.")
-    if p := os.environ.get('LMBOOK_SETTINGS'):
+    if p := env_var('LMBOOK_SETTINGS'):
         if not Path(p).is_file(): raise FileNotFoundError(f"LMBOOK_SETTINGS={p} does not exist: point it at "
                                                           "a settings.ini or unset it")
         return Path(p)
@@ -80,7 +155,6 @@ def _coerce(name, value, typ):
 
 def load_settings(path:Path|None=None, env:dict|None=None) -> Settings:
     "Read `settings.ini` (all sections), then let environment variables override each key."
-    env = os.environ if env is None else env
     path = find_settings_file() if path is None else Path(path)
     known = {f.name: f for f in fields(Settings)}
     vals = {}
@@ -93,14 +167,13 @@ def load_settings(path:Path|None=None, env:dict|None=None) -> Settings:
                                                     f"{', '.join(known)}")
                 vals[k] = v
     for k, var in SETTINGS_ENV.items():
-        if env.get(var): vals[k] = env[var]
+        if v := env_var(var, env=env): vals[k] = v
     return Settings(**{k: _coerce(k, v, known[k].type) for k, v in vals.items()})
 
 # %% ../nbs/00_core.ipynb #2ac67843
 def on_runpod(env:dict|None=None) -> bool:
     "True inside a RunPod pod."
-    env = os.environ if env is None else env
-    return bool(env.get('RUNPOD_POD_ID'))
+    return bool(env_var('RUNPOD_POD_ID', env=env))
 
 def workspace_root(settings:Settings|None=None) -> Path:
     "The one artifact root every path derives from."
@@ -140,8 +213,7 @@ def _name_from_profile(profile:str) -> str:
 def default_experiment(profile:str|None=None, settings:Settings|None=None, env:dict|None=None) -> str:
     ("The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' "
      "profile, else named after `profile`.")
-    env = os.environ if env is None else env
-    if env.get(SETTINGS_ENV['experiment']): return check_name(env[SETTINGS_ENV['experiment']])
+    if e := env_var(SETTINGS_ENV['experiment'], env=env): return check_name(e)
     profile = nonblank(profile, 'profile') or (settings or load_settings(env=env)).profile
     own = settings or load_settings(env={})  # the file's pairing of profile and experiment, not $RUN_CONFIG's
     if profile == own.profile: return check_name(own.experiment)
@@ -201,16 +273,9 @@ class Paths:
     train: Path          # train text shards
     val: Path            # validation text shards
     tokenizer: Path      # tokenizer bundle
-    run: Path            # run directory: config, metrics, checkpoints, plots, samples
+    run: Path            # run directory: config, metrics, checkpoints, plots, samples (its files: `RunDir`)
     cache: Path          # token files
     hf_cache: Path       # Hugging Face cache
-
-    @property
-    def checkpoints(self) -> Path: return self.run/'checkpoints'
-    @property
-    def plots(self) -> Path: return self.run/'plots'
-    @property
-    def metrics(self) -> Path: return self.run/'metrics.jsonl'
 
 def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) -> Paths:
     "The `Paths` of `experiment` in the workspace (`root` overrides it)."
@@ -295,3 +360,30 @@ def peak_flops(device_name:str|None) -> float|None:
     for k in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
         if k.upper() in name: return PEAK_BF16_TFLOPS[k]*1e12
     return None
+
+# %% ../nbs/00_core.ipynb #74d3f4d6
+def gpu_table(path:Path|None=None) -> dict[str, dict]:
+    ("RunPod GPU type id -> aliases, usable memory (GB), peak bf16 TFLOP/s, $/GPU-hour; from the editable "
+     "price table.")
+    path = Path(path or env_var('LMBOOK_GPU_PRICES') or package_dir()/'gpu_prices.yaml')
+    if not path.is_file(): raise FileNotFoundError(f"GPU price table {path} does not exist: unset "
+                                                   "LMBOOK_GPU_PRICES or copy lmbook/gpu_prices.yaml there")
+    try: d = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e: raise ValueError(f"cannot parse {path}: {str(e).splitlines()[0]}") from None
+    gpus = d.get('gpus')
+    if not isinstance(gpus, dict) or not gpus: raise ValueError(f"{path} has no `gpus:` table")
+    for k, g in gpus.items():
+        if not isinstance(g, dict) or not all(isinstance(g.get(f), (int, float)) and g[f] > 0
+                                              for f in ('mem_gb', 'peak_tflops')):
+            raise ValueError(f"{path}: GPU {k!r} needs positive mem_gb and peak_tflops")
+    return gpus
+
+def find_gpu(name:str, table:dict|None=None) -> str:
+    "The RunPod GPU type id that `name` (an id or an alias, any case) stands for."
+    table = table or gpu_table()
+    n = name.strip().lower()
+    for k, g in table.items():
+        if n == k.lower() or n in [str(a).lower() for a in g.get('aliases', [])]: return k
+    short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
+    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is "
+                     "lmbook/gpu_prices.yaml)")

@@ -85,6 +85,14 @@ install() {  # stage 1: the checkout and its virtualenv on the volume, at the co
   "$V/bin/lmbook" boot --help > /dev/null || { stop_pod "lmbook does not start from $V"; return 1; }
 }
 
+vllm_serve() {  # vLLM's OpenAI server on the exported model; the key goes as VLLM_API_KEY, never on a command line
+  "$V/bin/python" -c 'import vllm' 2>/dev/null || "$V/bin/pip" install -q vllm || { stop_pod "pip install vllm failed"; return 1; }
+  export VLLM_API_KEY="$LMBOOK_API_KEY"
+  exec "$V/bin/python" -m vllm.entrypoints.openai.api_server --model "$RUN_SERVE" --served-model-name "$(basename "$RUN_SERVE")" \
+    --host 0.0.0.0 --port "${SERVE_PORT:-8000}"
+}
+
+
 pass() {  # a container stop signals PID 1 only: pass it on to boot, wait until boot has checkpointed the run
   say "start: got SIG$1: passing SIGTERM on to lmbook boot (pid $B) and waiting for it"
   kill -TERM "$B" 2>/dev/null
@@ -97,11 +105,15 @@ trap 'pass TERM 143' TERM
 trap 'pass HUP 129' HUP
 trap 'pass INT 130' INT
 
-# an endpoint pod (RUN_SERVE: pod create --serve) serves a model instead of training one
+# an endpoint pod (RUN_SERVE: pod create --serve) serves a model instead of training one, behind $LMBOOK_API_KEY
 if [ -n "${RUN_SERVE:-}" ]; then set -- serve "$RUN_SERVE" --host 0.0.0.0 --port "${SERVE_PORT:-8000}"; else set -- boot; fi
 spend_watch &
 G=$!
-( install >> "$L" 2>&1 && { kill "$G" 2>/dev/null; exec "$V/bin/lmbook" "$@" >> "$L" 2>&1; } ) &
+if [ "${SERVE_ENGINE:-lmbook}" = vllm ] && [ -n "${RUN_SERVE:-}" ]; then
+  ( install >> "$L" 2>&1 && { kill "$G" 2>/dev/null; vllm_serve >> "$L" 2>&1; } ) &
+else
+  ( install >> "$L" 2>&1 && { kill "$G" 2>/dev/null; exec "$V/bin/lmbook" "$@" >> "$L" 2>&1; } ) &
+fi
 B=$!
 "${LMBOOK_START:-/start.sh}" &  # the image's own start script: sshd, JupyterLab, RunPod's proxy
 I=$!

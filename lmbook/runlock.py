@@ -8,19 +8,21 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 from __future__ import annotations
 import contextlib, json, os, signal, socket, threading, time, uuid
 from pathlib import Path
+from .rundir import RUN_FILES
+from .core import env_var
 
 # %% auto #0
 __all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'STOP_REQUEST', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock',
            'data_lock', 'request_stop', 'take_stop_request']
 
 # %% ../nbs/01a_runlock.ipynb #9d3fe902
-LOCK = '.lock'
+LOCK = RUN_FILES['lock']
 HEARTBEAT_S = 30.0   # seconds between heartbeats of the owner
 _TOKENS = set()      # tokens of the locks this process holds
 
 def stale_after() -> float:
     "Seconds without a heartbeat after which a lock is stale (env `LMBOOK_LOCK_STALE_S`, default 120)."
-    v = os.environ.get('LMBOOK_LOCK_STALE_S', '120')
+    v = env_var('LMBOOK_LOCK_STALE_S', '120')
     try: s = float(v)
     except ValueError: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be a number of seconds") from None
     if s <= 0: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be positive")
@@ -171,7 +173,7 @@ def data_lock(folder:Path, # the experiment's cache folder (`Paths.cache`)
         if not _HELD[key][1]: _HELD.pop(key)[0].release()
 
 # %% ../nbs/01a_runlock.ipynb #5dbb5506
-STOP_REQUEST = 'STOP'  # a file in the run folder that asks its trainer to checkpoint and stop
+STOP_REQUEST = RUN_FILES['stop']  # a file in the run folder that asks its trainer to checkpoint and stop
 
 def request_stop(run_dir:Path, why:str='a stop request') -> Path:
     "Ask the trainer of `run_dir` to checkpoint and stop at its next step; the request file."

@@ -17,7 +17,7 @@ def _rows(p): return [json.loads(l) for l in Path(p).read_text().splitlines()]
 
 
 def test_bench_cli_writes_one_row_per_batch_size(tmp_path, capsys):
-    from lmbook.bench import main
+    from lmbook.train.bench import main
     out = tmp_path/'b.jsonl'
     assert main([*TINY, '--out', str(out), '--label', 'ci']) == 0
     rows = _rows(out)
@@ -30,8 +30,8 @@ def test_bench_cli_writes_one_row_per_batch_size(tmp_path, capsys):
 
 
 def test_bench_reads_real_token_files(tmp_path):
-    from lmbook.loader import write_token_dir
-    from lmbook.bench import bench
+    from lmbook.data.loader import write_token_dir
+    from lmbook.train.bench import bench
     tok = write_token_dir(tmp_path/'tok', [np.random.default_rng(0).integers(0, 4000, 20_000).astype(np.uint16)], eot_id=0)
     rows = bench('smoke', dict(block_size=32, n_layer=1, n_embd=64), [4], steps=1, warmup=1, data=tok)
     assert rows[0]['data'] == str(tok) and rows[0]['tok_per_s'] > 0
@@ -40,7 +40,7 @@ def test_bench_reads_real_token_files(tmp_path):
 @pytest.mark.parametrize('args,msg', [(['--set', 'ce_chunk'], 'name=value'), (['--set', 'nonsense=1'], 'unknown config key'),
                                       (['--data', '/nonexistent/tok'], 'does not exist')])
 def test_bench_user_errors(args, msg, capsys):
-    from lmbook.bench import main
+    from lmbook.train.bench import main
     assert main(['--profile', 'smoke', '--steps', '1', *args]) == 2
     assert msg in capsys.readouterr().err
 
@@ -49,7 +49,7 @@ def test_bench_under_torchrun_ddp(tmp_path):
     out = tmp_path/'d.jsonl'
     torchrun = Path(sys.executable).parent/'torchrun'
     r = subprocess.run([str(torchrun), '--standalone', '--nproc_per_node', '2', '--no-python', sys.executable, '-c',
-                        'from lmbook.bench import main; main()', *TINY[:-6], '--batch-sizes', '2', '--steps', '1',
+                        'from lmbook.train.bench import main; main()', *TINY[:-6], '--batch-sizes', '2', '--steps', '1',
                         '--warmup', '1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert r.returncode == 0, r.stderr[-2000:]
@@ -60,7 +60,7 @@ def test_bench_under_torchrun_ddp(tmp_path):
 
 def test_memory_estimate_shape():
     from lmbook.config import get_config
-    from lmbook.memory import estimate_memory, max_batch_size
+    from lmbook.model.memory import estimate_memory, max_batch_size
     c = get_config('runpod_2b')
     est = [estimate_memory(c, b)['total_gb'] for b in (1, 8, 16)]
     assert est[0] < est[1] < est[2]

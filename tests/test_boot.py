@@ -106,7 +106,7 @@ def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
 
 
 def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
-    from lmbook.boot import BootOptions, autokill
+    from lmbook.pods.boot import BootOptions, autokill
     from lmbook.core import paths_for
     paths = paths_for('ak', root=tmp_path)
     paths.run.mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
 
 
 def test_boot_options_come_from_the_pod_environment():
-    from lmbook.boot import BootOptions
+    from lmbook.pods.boot import BootOptions
     o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8', AUTOKILL='terminate'))
     assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8, 'terminate')
     with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
@@ -173,7 +173,7 @@ FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose 
 def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     "Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a later pod only boots."
     import shlex, signal, time
-    from lmbook.runpod import start_command
+    from lmbook.pods.runpod import start_command
     ws, bin_, rec = tmp_path/'ws', tmp_path/'bin', tmp_path/'rec'
     bin_.mkdir()
     fakes = tmp_path/'fakes'; fakes.mkdir()
@@ -223,7 +223,7 @@ def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
 
 def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeypatch):
     "Stage 1 inside the volume's venv: the same commit only registers the kernel; a new commit reinstalls first."
-    import lmbook.boot as boot
+    import lmbook.pods.boot as boot
     from lmbook.core import git_commit, package_dir
     venv = tmp_path/'venv'; venv.mkdir()
     monkeypatch.setattr(sys, 'prefix', str(venv))
@@ -248,13 +248,13 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
 def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, monkeypatch, runpodctl):
     "Without a working `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY (REST v2); an API failure is logged on the volume, never raised."
     from fake_runpod_v2 import FakeRunPodV2, serve
-    from lmbook.boot import BootOptions, autokill
+    from lmbook.pods.boot import BootOptions, autokill
     from lmbook.core import paths_for
     f = FakeRunPodV2('rpa_PODSCOPEDkey42')
     f.add_pod('pod1234abc', name='ak-1')
     srv, url = serve(f)
     monkeypatch.setenv('RUNPOD_API_BASE_URL', url)
-    monkeypatch.setattr('lmbook.podapi.time.sleep', lambda s: None)
+    monkeypatch.setattr('lmbook.pods.api.time.sleep', lambda s: None)
     paths = paths_for('ak', root=tmp_path); paths.run.mkdir(parents=True)
     bin_ = tmp_path/'bin'; bin_.mkdir()
     if runpodctl == 'failing': (bin_/'runpodctl').write_text('#!/bin/sh\necho "runpodctl: unauthorized"; exit 1\n'); (bin_/'runpodctl').chmod(0o755)
@@ -274,7 +274,7 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
     "--max-dollars on the pod: priced from the API, the run stops mid-way with a checkpoint, then the pod stops (its volume kept)."
     import time
     from fake_runpod_v2 import FakeRunPodV2, serve
-    from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+    from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
     ws, env = pod
     f = FakeRunPodV2('rpa_PODSCOPEDkey42')
     f.add_pod('pod1234abc', name='sg-1')  # an H100 at $2.69/h
@@ -296,7 +296,7 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
 
 
 def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_trainers(capsys):
-    from lmbook.boot import slurm_script
+    from lmbook.pods.boot import slurm_script
     for kw in (dict(partition='gpu; rm -rf ~'), dict(workspace='/scratch/my runs'), dict(venv='/opt/$(id)/venv')):
         with pytest.raises(ValueError, match='SLURM|path'): slurm_script('runpod_2b', 'fw-2b', **kw)
     txt = slurm_script('runpod_2b', 'fw-2b', workspace='/scratch/$USER/lmbook', venv='$HOME/venvs/lmbook', partition='gpu-h100')
@@ -308,7 +308,7 @@ def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_tr
 def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):
     "TensorBoard serves the workspace's runs on its port (all interfaces, for RunPod's proxy); a second boot leaves it be."
     import signal, socket, time, urllib.request
-    from lmbook.boot import start_tensorboard
+    from lmbook.pods.boot import start_tensorboard
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
     lines = []
     p = start_tensorboard(tmp_path, port, lines.append)

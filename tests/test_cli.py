@@ -1,5 +1,5 @@
 "The `lmbook` command and the project-level promises: README in sync, settings, a model import that stays light."
-import json, subprocess, sys
+import json, re, subprocess, sys
 from conftest import ROOT, lmbook_cmd
 
 
@@ -59,7 +59,7 @@ def test_sampling_an_unknown_run_names_the_runs_there(workspace):
 
 
 def test_model_import_pulls_in_no_cloud_notebook_or_dataset_library():
-    code = ("import sys, lmbook.model; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', 'nbdev', 'matplotlib', 'tokenizers') "
+    code = ("import sys, lmbook.model.gpt; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', 'nbdev', 'matplotlib', 'tokenizers') "
             "if m in sys.modules]; print(bad)")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert r.stdout.strip() == '[]', r.stdout + r.stderr
@@ -92,3 +92,16 @@ def test_shared_options_read_the_same_everywhere():
         root = [a for a in p._actions if '--root' in a.option_strings]
         assert not root or 'workspace' in root[0].help, cmd
     assert '--checkout' in subs['readme'].format_help()
+
+
+def test_help_loads_no_torch_and_the_table_matches_the_modules():
+    "`lmbook --help` imports no torch; each command's module registers the help line the table lists for it."
+    import argparse, subprocess, sys
+    from lmbook.cli import COMMANDS, build_parser
+    code = "import sys, lmbook.cli as c; c.main(['--help'])"
+    out = subprocess.run([sys.executable, '-X', 'importtime', '-c', code], capture_output=True, text=True)
+    assert 'usage: lmbook' in out.stdout and not re.search(r'\|\s+torch$', out.stderr, re.M)
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in sub._choices_actions} == {c: h for c, (_, h) in COMMANDS.items()}
+    light = next(a for a in build_parser('train', light=True)._actions if isinstance(a, argparse._SubParsersAction))
+    assert '--nproc' in light.choices['train'].format_help() and not light.choices['bench']._actions

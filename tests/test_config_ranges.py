@@ -63,8 +63,8 @@ def test_values_that_were_accepted(k, v):
 
 def test_train_with_any_bad_value_writes_nothing(workspace, capsys, monkeypatch):
     "`lmbook train --set k=v` for every out-of-range value: exit 2, one `error:` line naming the key, an empty workspace."
-    import lmbook.launch
-    monkeypatch.setattr(lmbook.launch, 'train', lambda *a, **k: pytest.fail('a bad value reached the trainer'))
+    import lmbook.train.launch
+    monkeypatch.setattr(lmbook.train.launch, 'train', lambda *a, **k: pytest.fail('a bad value reached the trainer'))
     from lmbook.config import parse_assignments
     seen = set()
     for k, v in CASES:

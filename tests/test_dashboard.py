@@ -3,7 +3,7 @@ real kernel's request), plain progress lines under papermill (the analysis noteb
 import json, os, socket, threading, time
 from pathlib import Path
 import pytest
-from lmbook.runnb import Dashboard, follow, interactive, run_state, watch
+from lmbook.train.runnb import Dashboard, follow, interactive, run_state, watch
 from test_notebooks import papermill_run
 
 FAKE = [dict(step=0, val_loss=8.3)] + [dict(step=s, loss=8.0 - s/50, lr=3e-4, tok_per_s=9100.0, mfu=0.41) for s in range(10, 110, 10)]
@@ -53,7 +53,7 @@ def test_interactive_on_a_real_kernel():
     km, kc = start_new_kernel(kernel_name='python3', env=env)
     try:
         def ask(metadata):
-            msg = kc.session.msg('execute_request', dict(code='from lmbook.runnb import interactive; print(interactive())', silent=False,
+            msg = kc.session.msg('execute_request', dict(code='from lmbook.train.runnb import interactive; print(interactive())', silent=False,
                                  store_history=False, user_expressions={}, allow_stdin=False, stop_on_error=True), metadata=metadata)
             kc.shell_channel.send(msg)
             out = []

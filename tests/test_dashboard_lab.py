@@ -7,7 +7,7 @@ from test_docs import Chromium, Tab, chromium
 
 CELL = '''import json, time
 from pathlib import Path
-from lmbook.runnb import follow, interactive
+from lmbook.train.runnb import follow, interactive
 run = Path('demo'); run.mkdir(exist_ok=True)
 (run/'meta.json').write_text(json.dumps(dict(total_steps=60)))
 (run/'samples.jsonl').write_text(json.dumps(dict(step=20, prompt='Once', text=' upon a time')) + '\\n')

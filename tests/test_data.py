@@ -7,10 +7,10 @@ import pytest, torch
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, shard_docs, read_manifest, _route_val, add_cli as data_cli, source_kind
-from lmbook.tokenizer import (ensure_tokenizer, tokenize_split, load_tokenizer, open_tokens, read_header, EOT,
+from lmbook.data.prepare import shard_corpus, shard_docs, read_manifest, _route_val, add_cli as data_cli, source_kind
+from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, load_tokenizer, open_tokens, read_header, EOT,
                               CHAT_TOKENS, add_cli as tok_cli, token_dir)
-from lmbook.loader import TokenLoader, val_batches, prepare_data, token_files
+from lmbook.data.loader import TokenLoader, val_batches, prepare_data, token_files
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an they "
          "you were her she there been one all we their has would when if more no out so said what up its about into than "
@@ -132,7 +132,7 @@ def test_hf_streaming_path(tmp_path, monkeypatch):
     for p in tmp_path.rglob('*'):
         if p.is_file() and p.suffix in ('.json', '.txt'): assert 'hf_secret_token_value' not in p.read_text(errors='ignore')
     # interrupted mid-stream, then resumed from the stream state saved with the last complete shard
-    import lmbook.data as D
+    import lmbook.data.prepare as D
     route, opened = D._route_val, []
     def crash(i, *a):
         if i == 650: raise RuntimeError('pod preempted')

@@ -7,8 +7,8 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 from lmbook.cli import main
-from lmbook.tokenizer import train_bpe, open_tokens
-from lmbook.loader import TokenLoader
+from lmbook.data.tokenizer import train_bpe, open_tokens
+from lmbook.data.loader import TokenLoader
 
 
 @pytest.fixture

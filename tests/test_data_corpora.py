@@ -6,8 +6,8 @@ import pytest
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, shard_docs
-from lmbook.corpus import local_docs, MAX_DOC_BYTES
+from lmbook.data.prepare import shard_corpus, shard_docs
+from lmbook.data.corpus import local_docs, MAX_DOC_BYTES
 
 WORDS = 'the of and to in a is that for it as was with be by on not café naïve 東京 données'.split()
 
@@ -89,7 +89,7 @@ def test_pysource_corpus_is_deterministic_and_capped(tmp_path):
 
 def test_pysource_imports_nothing():
     import subprocess, sys
-    code = ("import sys, itertools; from lmbook.data import iter_docs; before = set(sys.modules); "
+    code = ("import sys, itertools; from lmbook.data.prepare import iter_docs; before = set(sys.modules); "
             "n = sum(1 for _ in itertools.islice(iter_docs('pysource'), 5000)); print(n, sorted(m for m in set(sys.modules) - before if not m.startswith('_sysconfigdata')))")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
     assert r.stdout.split(' ', 1) == ['5000', '[]\n'], r.stdout + r.stderr

@@ -7,11 +7,11 @@ import pytest
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, read_manifest, check_shards, write_manifest
-from lmbook.corpus import input_files
-from lmbook.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer, adopt_tokenizer,
+from lmbook.data.prepare import shard_corpus, read_manifest, check_shards, write_manifest
+from lmbook.data.corpus import input_files
+from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer, adopt_tokenizer,
                               new_bpe, write_tokens)
-from lmbook.loader import TokenLoader, val_batches, write_token_dir
+from lmbook.data.loader import TokenLoader, val_batches, write_token_dir
 
 
 @pytest.fixture(scope='module')
@@ -111,3 +111,13 @@ def test_adopted_tokenizer_gets_special_tokens(built, tmp_path):
     assert a.decode(a.encode('hello world')) == 'hello world' and a.token_id('<|assistant|>') is not None
     assert ensure_tokenizer(tmp_path/'bundle', vocab_size=999).vocab_size == a.vocab_size  # an adopted bundle is reused as is
     with pytest.raises(FileNotFoundError, match='--tokenizer-json'): adopt_tokenizer(tmp_path/'nope.json', tmp_path/'b2')
+
+
+def test_an_interrupted_first_write_does_not_block_the_experiment(built, tmp_path):
+    "Ctrl-C between the first token file and the manifest's rename: the next run starts that folder afresh."
+    d, tk = built
+    t = tmp_path/'tokens'; t.mkdir()
+    (t/'shard_00000.bin').write_bytes(b'\0'*64); (t/'.manifest.json.4242.tmp').write_text('{"files": [')
+    m = tokenize_split(d/'train', tk, t)
+    assert m['files'] and (t/'manifest.json').is_file() and not list(t.glob('.manifest.json.*.tmp'))
+    assert sorted(p.name for p in t.iterdir() if p.suffix == '.bin') == sorted(f['name'] for f in m['files'])

@@ -7,16 +7,16 @@ import pytest, torch
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data import shard_corpus, read_manifest
-from lmbook.corpus import builtin_docs
-from lmbook.tokenizer import ensure_tokenizer, tokenize_split
-from lmbook.loader import TokenLoader, val_batches, write_token_dir
+from lmbook.data.prepare import shard_corpus, read_manifest
+from lmbook.data.corpus import builtin_docs
+from lmbook.data.tokenizer import ensure_tokenizer, tokenize_split
+from lmbook.data.loader import TokenLoader, val_batches, write_token_dir
 
 SLOW_SHARD = """
 import sys, time, itertools
 from pathlib import Path
-from lmbook.data import shard_corpus
-from lmbook.corpus import builtin_docs
+from lmbook.data.prepare import shard_corpus
+from lmbook.data.corpus import builtin_docs
 def slow():
     for i, d in enumerate(builtin_docs()):
         if i >= 150: time.sleep(0.01)

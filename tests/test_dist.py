@@ -10,9 +10,9 @@ def _fsdp_cpu_ok():
     try: check_parallel('fsdp', 'cpu'); return True
     except ValueError: return False
 FSDP_CPU = pytest.mark.skipif(not _fsdp_cpu_ok(), reason='FSDP2 on the CPU needs torch >= 2.6')
-from lmbook.trainer import train
-from lmbook.launch import launch_cmd, launch
-from lmbook.checkpoint import list_checkpoints
+from lmbook.train.trainer import train
+from lmbook.train.launch import launch_cmd, launch
+from lmbook.runs.checkpoint import list_checkpoints
 
 # global batch 8 sequences: 1 process x batch 4 x grad_accum 2, or 2 processes x batch 4
 TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
@@ -55,7 +55,7 @@ def test_resume_with_another_world_size(ws, single):
 def _pids_running(exp, ws):
     "Processes (torchrun and workers) of experiment `exp` in workspace `ws`."
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.launch' in l and str(ws) in l]
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.train.launch' in l and str(ws) in l]
 
 @pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_kill9_torchrun_then_resume(ws, single, parallel):

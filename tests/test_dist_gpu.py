@@ -6,8 +6,8 @@ It prints one JSON line `GPU_KILL_RESUME {...}` for the experiment log and write
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
-from lmbook.launch import launch_cmd
-from lmbook.checkpoint import list_checkpoints
+from lmbook.train.launch import launch_cmd
+from lmbook.runs.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason='needs 2 CUDA GPUs')
 
@@ -24,7 +24,7 @@ def start(ws, exp):
 
 def workers(exp, ws):
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.launch' in l and str(ws) in l]
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.train.launch' in l and str(ws) in l]
 
 def test_ddp_two_gpus_kill9_and_resume(tmp_path):
     ws = Path(os.environ.get('LMBOOK_GPU_TEST_WS', tmp_path))

@@ -1,7 +1,7 @@
 "Per-document attention where FlexAttention is missing (torch before 2.5, as on older pod images): the SDPA mask, or a clear refusal."
 import pytest
 import torch
-import lmbook.model as model
+import lmbook.model.gpt as model
 from lmbook.config import ModelConfig
 
 

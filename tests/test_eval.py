@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 import pytest
 from lmbook.config import get_config
-from lmbook.trainer import train
+from lmbook.train.trainer import train
 from conftest import lmbook_cmd, rows
 
 TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
@@ -63,7 +63,7 @@ def test_two_ranks_give_one_rank_numbers(ws, run, hs):
 
 def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path):
     "lmbook eval --tasks: a task defined on a local JSONL and lm-eval's own hellaswag on --hellaswag-file, results in eval.json."
-    from lmbook.lmeval import local_task
+    from lmbook.train.lmeval import local_task
     local_task('hs_local', hs, tmp_path/'tasks')
     r = ev(ws, '--tasks', 'hs_local,hellaswag', '--include-path', tmp_path/'tasks', '--hellaswag-file', hs)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -5,12 +5,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from lmbook.core import paths_for
+from lmbook.rundir import RunDir
 from lmbook.config import get_config, config_dict
-from lmbook.checkpoint import save_checkpoint, tokenizer_ref
-from lmbook.tokenizer import train_bpe, save_bundle
-from lmbook.model import GPT
-from lmbook.sample import load_model
-from lmbook import export, hfimport
+from lmbook.runs.checkpoint import save_checkpoint, tokenizer_ref
+from lmbook.data.tokenizer import train_bpe, save_bundle
+from lmbook.model.gpt import GPT
+from lmbook.runs.sample import load_model
+from lmbook.runs import export
+from lmbook.model import hfimport
 from conftest import lmbook_cmd
 
 TEXT = 'The cat ate the mat. The dog sat on the bone.'
@@ -24,7 +26,7 @@ def tiny_run(ws, exp, **kw):
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() == 1: p.add_(0.1*torch.randn_like(p))
-    save_checkpoint(paths.checkpoints, 3, m, torch.optim.AdamW(m.parameters()),
+    save_checkpoint(RunDir(paths.run).checkpoints, 3, m, torch.optim.AdamW(m.parameters()),
                     dict(tokens=0, config=config_dict(cfg), tokenizer=tokenizer_ref(paths.tokenizer)))
     return exp
 
@@ -121,7 +123,7 @@ def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
     cfg = get_config('smoke', dict(arch='gpt2', bias=True, vocab_size=300, block_size=16, n_layer=2, n_head=4, n_embd=32))
     assert cfg.model == m
     model = GPT(m); model.load_state_dict(sd)
-    save_checkpoint(paths.checkpoints, 0, model, torch.optim.AdamW(model.parameters()),
+    save_checkpoint(RunDir(paths.run).checkpoints, 0, model, torch.optim.AdamW(model.parameters()),
                     dict(tokens=0, config=config_dict(cfg), tokenizer=tokenizer_ref(paths.tokenizer)))
     out = export.export_hf('from-gpt2', workspace/'hf'/'back')
     back = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 from conftest import rows, lmbook_cmd
 from lmbook.config import get_config
-from lmbook.trainer import train
-from lmbook.launch import launch_cmd
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step, CheckpointSpaceError
-import lmbook.checkpoint as ckpt_mod
+from lmbook.train.trainer import train
+from lmbook.train.launch import launch_cmd
+from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step, CheckpointSpaceError
+import lmbook.runs.checkpoint as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from conftest import lmbook_cmd
 from lmbook.core import paths_for
-from lmbook.data import read_manifest
+from lmbook.data.prepare import read_manifest
 from lmbook.runlock import data_lock, DATA_LOCK
 
 EXE = str(Path(sys.executable).parent/'lmbook')
@@ -52,7 +52,7 @@ def test_two_prepares_at_once(workspace):
 
 def test_boot_data_stage_takes_the_lock(workspace):
     "The boot pipeline's data stage waits for another preparation of the same experiment too."
-    from lmbook.boot import stage_data, BootOptions
+    from lmbook.pods.boot import stage_data, BootOptions
     p = paths_for('booted', root=workspace)
     holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from lmbook.runlock import data_lock\n'
                                'with data_lock(sys.argv[1]): print("held", flush=True); time.sleep(2)', str(p.cache)],

@@ -3,7 +3,7 @@ import os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 PM = str(Path(sys.executable).parent/'papermill')
 OVERRIDES = 'take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,warmup_steps=3,ckpt_every=100,tensorboard=false'
@@ -49,7 +49,7 @@ def test_notebook_run_stops_with_checkpoint(nbws, how):
         wait_for(lambda: metrics.is_file() and '"step": 3,' in metrics.read_text(), 240, 'step 3 in metrics.jsonl')
         kernel = [c for c in children(pm.pid) if 'ipykernel' in cmdline(c)]
         assert len(kernel) == 1
-        trainer = [c for c in children(kernel[0]) if 'lmbook.launch' in cmdline(c)]
+        trainer = [c for c in children(kernel[0]) if 'lmbook.train.launch' in cmdline(c)]
         assert len(trainer) == 1
         if how == 'sigterm-papermill': pm.send_signal(signal.SIGTERM)
         else: os.kill(kernel[0], signal.SIGKILL)

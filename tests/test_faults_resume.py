@@ -7,10 +7,10 @@ import torch
 from conftest import rows, lmbook_cmd
 from lmbook.cli import main
 from lmbook.config import get_config, field_index
-from lmbook.trainer import train
-from lmbook.checkpoint import (FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, list_checkpoints, verify_checkpoint, read_checkpoint,
+from lmbook.train.trainer import train
+from lmbook.runs.checkpoint import (FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, list_checkpoints, verify_checkpoint, read_checkpoint,
                                ckpt_step)
-import lmbook.checkpoint as ckpt_mod
+import lmbook.runs.checkpoint as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=4, warmup_steps=2, ckpt_every=4, keep_ckpts=2, tensorboard=False)

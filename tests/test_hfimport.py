@@ -9,9 +9,9 @@ from safetensors.torch import load_file, save_file
 transformers = pytest.importorskip('transformers')
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 from lmbook.config import Config, apply_overrides
-from lmbook.model import GPT
-from lmbook.export import hf_config, hf_state_dict
-from lmbook.hfimport import hf_model_config, hf_init_model
+from lmbook.model.gpt import GPT
+from lmbook.runs.export import hf_config, hf_state_dict
+from lmbook.model.hfimport import hf_model_config, hf_init_model
 
 SHAPE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)
@@ -82,8 +82,8 @@ def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
     "lmbook finetune --init-from hf:FOLDER with QLoRA, then lmbook export: a merged bf16 transformers model."
     import subprocess, sys
     from conftest import lmbook_cmd, ROOT
-    from lmbook.sft import builtin_chat, write_jsonl
-    from lmbook.sample import load_model
+    from lmbook.data.sft import builtin_chat, write_jsonl
+    from lmbook.runs.sample import load_model
     subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/tiny_llama.py'), str(tmp_path/'tiny')], check=True)
     write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
     r = lmbook_cmd('finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'q', '--lora-rank', 4,
@@ -114,9 +114,9 @@ def logits_peft(folder, idx):
 def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
     "A LoRA fine-tune of hf:FOLDER checkpoints its adapters and their base's hash, resumes, and exports them for peft."
     from conftest import lmbook_cmd
-    from lmbook.hfimport import tiny_llama
-    from lmbook.sft import builtin_chat, write_jsonl
-    from lmbook.sample import load_model
+    from lmbook.dev.fixtures import tiny_llama
+    from lmbook.data.sft import builtin_chat, write_jsonl
+    from lmbook.runs.sample import load_model
     tiny_llama(tmp_path/'tiny'); write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
     args = ['finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'l', '--lora-rank', 4,
             '--lora-targets', 'q,k,v,o,mlp', '--set', 'block_size=128', 'batch_size=2', 'eval_every=2', 'ckpt_every=2',
@@ -145,7 +145,7 @@ def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
 def test_nf4_layout_is_bitsandbytes():
     "lmbook's 4-bit weights are bitsandbytes' own: the same bytes from its quantize_4bit, the same weights from its dequantize."
     bf = pytest.importorskip('bitsandbytes.functional')
-    from lmbook.lora import nf4_quantize, nf4_dequantize
+    from lmbook.model.lora import nf4_quantize, nf4_dequantize
     w = torch.randn(256, 192, generator=torch.Generator().manual_seed(0))
     packed, absmax = nf4_quantize(w)
     q, st = bf.quantize_4bit(w, blocksize=64, quant_type='nf4', compress_statistics=False)

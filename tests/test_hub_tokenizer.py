@@ -10,8 +10,8 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 from lmbook.cli import main
 from lmbook.config import get_config
 from lmbook.core import paths_for
-from lmbook.loader import prepare_data
-from lmbook.tokenizer import EOT, CHAT_TOKENS, load_tokenizer, open_tokens, hub_tokenizer_json, token_dir
+from lmbook.data.loader import prepare_data
+from lmbook.data.tokenizer import EOT, CHAT_TOKENS, load_tokenizer, open_tokens, hub_tokenizer_json, token_dir
 
 
 def bpe_json(path:Path, size:int=0):
@@ -122,8 +122,8 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
     "init_from=hf:gpt2 loads the cached published weights exactly (step-0 model == the import); shape and tokenizer are checked before any data is written."
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from lmbook.runstart import init_model
-    from lmbook.hfimport import gpt2_from_hf
+    from lmbook.train.runstart import init_model
+    from lmbook.model.hfimport import gpt2_from_hf
     tok, path = hub('models--gpt2')
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=2))

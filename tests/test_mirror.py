@@ -12,7 +12,7 @@ S3_ENV = dict(AWS_ACCESS_KEY_ID='testing', AWS_SECRET_ACCESS_KEY='testing', AWS_
 @pytest.fixture(scope='module')
 def model_and_data(tmp_path_factory):
     from tiny_llama import tiny_llama
-    from lmbook.sft import builtin_chat, write_jsonl
+    from lmbook.data.sft import builtin_chat, write_jsonl
     d = tmp_path_factory.mktemp('m')
     return tiny_llama(d/'tiny'), write_jsonl(builtin_chat()[:20], d/'chat.jsonl')
 
@@ -54,7 +54,7 @@ def test_hf_mirror(tmp_path):
     from fake_hub import FakeHub
     ck = tmp_path/'step_00000002'; ck.mkdir(); (ck/'model.safetensors').write_bytes(b'w'*64); (ck/'COMPLETE').write_text('ok')
     hub = FakeHub()
-    code = ("from lmbook.mirror import Mirror; import sys; from pathlib import Path\n"
+    code = ("from lmbook.runs.mirror import Mirror; import sys; from pathlib import Path\n"
             f"m = Mirror('hf://me/ckpts', 'exp', Path({str(tmp_path)!r})/'.mirror'); m.submit(Path({str(ck)!r})); m.close()\n"
             "sys.exit(0 if m.done == ['step_00000002'] else 1)")
     try:

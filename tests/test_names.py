@@ -31,7 +31,7 @@ def test_blank_names_are_one_line_errors(workspace, capsys, argv, what):
 
 
 def test_default_experiment_follows_the_profile(workspace, monkeypatch):
-    from lmbook.launch import train_args, resolve_args
+    from lmbook.train.launch import train_args, resolve_args
     import argparse
     monkeypatch.delenv('RUN_EXPERIMENT', raising=False)
     monkeypatch.delenv('RUN_CONFIG', raising=False)

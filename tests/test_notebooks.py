@@ -4,9 +4,9 @@ from pathlib import Path
 import papermill
 import pytest
 from conftest import ROOT
-from lmbook.runnb import TRAIN_PARAMS, ANALYSIS_PARAMS
-from lmbook.metrics import read_metrics
-from lmbook.analysis import summarize
+from lmbook.train.runnb import TRAIN_PARAMS, ANALYSIS_PARAMS
+from lmbook.runs.metrics import read_metrics
+from lmbook.runs.analysis import summarize
 
 PM = str(Path(sys.executable).parent/'papermill')
 
@@ -102,7 +102,7 @@ def test_analysis_names_the_runs_that_exist(workspace):
 
 def test_finetune_published_journey(tmp_path):
     "nbs/finetune_published.ipynb with its defaults: a tiny random Llama imported, QLoRA-tuned, sampled, exported, served."
-    from lmbook.hfimport import PUBLISHED_PARAMS
+    from lmbook.train.finetune import PUBLISHED_PARAMS
     found = papermill.inspect_notebook(str(ROOT/'nbs'/'finetune_published.ipynb'))
     assert list(found) == list(PUBLISHED_PARAMS) and all(found[k]['default'] == repr(v) for k, v in PUBLISHED_PARAMS.items())
     out = tmp_path/'out.ipynb'

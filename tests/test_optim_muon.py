@@ -2,8 +2,8 @@
 from pathlib import Path
 import pytest
 from lmbook.config import get_config
-from lmbook.trainer import train
-from lmbook.launch import launch
+from lmbook.train.trainer import train
+from lmbook.train.launch import launch
 from lmbook.distributed import check_parallel
 from conftest import rows
 

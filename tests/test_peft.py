@@ -9,8 +9,9 @@ peft = pytest.importorskip('peft')
 from transformers import AutoModelForCausalLM
 from peft import PeftModel
 from lmbook.config import apply_overrides, Config
-from lmbook.hfimport import hf_model_config, hf_init_model, hf_tokenizer, tiny_llama
-from lmbook.export import write_peft_adapter
+from lmbook.model.hfimport import hf_model_config, hf_init_model, hf_tokenizer
+from lmbook.dev.fixtures import tiny_llama
+from lmbook.runs.export import write_peft_adapter
 
 VOCAB, RANK, ALPHA = 512, 4, 12.0  # tiny_llama's published vocabulary; alpha/rank = 3
 

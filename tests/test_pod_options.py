@@ -2,7 +2,7 @@
 a create, and `pod create --serve`: each sent only where RunPod's API takes it, checked by the fakes (REST v2 against
 the contract written from RunPod's OpenAPI document; GraphQL against the SDK's mutation)."""
 import pytest
-from lmbook.podapi import RunPodAPI, RunPodError
+from lmbook.pods.api import RunPodAPI, RunPodError
 from test_runpod import fake, run, create, one_line_error, posts, HEAD
 from test_runpod_graphql import gql
 from fake_runpod_v2 import violations
@@ -61,7 +61,22 @@ def test_serve_pod(fake, capsys):
     assert violations({'$ref': 'CreatePodRequest'}, body) == []
     assert body['env']['RUN_SERVE'] == '/workspace/exports/chat-7b' and body['env']['LMBOOK_COMMIT'] == HEAD
     assert '8000/http' in body['ports'] and 'RUN_CONFIG' not in body['env'] and pod['name'].startswith('serve-chat-7b-')
-    assert f"https://{pod['id']}-8000.proxy.runpod.net/v1" in out
+    assert f"https://{pod['id']}-8000.proxy.runpod.net/v1 (lmbook)" in out
+    assert body['env']['SERVE_ENGINE'] == 'lmbook' and body['env']['LMBOOK_API_KEY'] == '{{ RUNPOD_SECRET_lmbook_api_key }}'
+    assert 'key: the RunPod secret lmbook_api_key' in out and "Authorization: Bearer <the key>" in out
+
+
+def test_serve_pod_with_vllm_and_your_key(fake, capsys, monkeypatch):
+    "--engine vllm: the same pod with SERVE_ENGINE=vllm; --serve-key env:NAME sends your key, masked in the output."
+    monkeypatch.setenv('MY_SERVE_KEY', 'sk-mine-0123456789')
+    rc, out, err = run(capsys, 'pod', 'create', '--serve', '/workspace/exports/chat-7b', '--gpu', 'H100', '--volume', 'vol123abc',
+                       '--retry-wait', '0', '--repo', fake.repo, '--engine', 'vllm', '--serve-key', 'env:MY_SERVE_KEY')
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    body = pod['body']
+    assert violations({'$ref': 'CreatePodRequest'}, body) == []
+    assert body['env']['SERVE_ENGINE'] == 'vllm' and body['env']['LMBOOK_API_KEY'] == 'sk-mine-0123456789'
+    assert '(vllm); key: your $MY_SERVE_KEY' in out and 'sk-mine' not in out + err
     one_line_error(*run(capsys, 'pod', 'create', '--serve', 'exports/x', '--gpu', 'H100', '--repo', fake.repo), '/workspace/exports/NAME')
 
 

@@ -4,8 +4,8 @@ import json, os, shlex, signal, subprocess, sys, sysconfig, time
 from pathlib import Path
 import pytest
 from fake_runpod_v2 import FakeRunPodV2, serve
-from lmbook.runpod import start_command
-from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.pods.runpod import start_command
+from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = 'rpa_PODSCOPEDkey42'
@@ -27,11 +27,13 @@ def volume_venv(path):
 
 def container(tmp_path, url, **env):
     "The environment a pod's container has, with a stand-in for the image's /start.sh."
+    # this checkout itself as the pod's: no commit to check out, or a commit made meanwhile would move it
+    here = env.get('LMBOOK_SRC') == str(ROOT) and 'LMBOOK_COMMIT' not in env
     start = tmp_path/'start.sh'
     start.write_text('#!/bin/bash\nexec sleep 600\n'); start.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'TMPDIR')}
     return base | dict(HOME=str(tmp_path/'home'), LMBOOK_WORKSPACE=str(tmp_path/'workspace'), RUN_EXPERIMENT='pod', RUN_CONFIG='smoke',
-                       RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT=HEAD,
+                       RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT='' if here else HEAD,
                        HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1', TENSORBOARD_PORT='0') | env
 
 
@@ -121,12 +123,12 @@ def test_an_endpoint_pod_serves_the_model(api, tmp_path):
     model = tiny_llama(tmp_path/'workspace'/'exports'/'tiny')
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
     env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT), LMBOOK_VENV=str(volume_venv(tmp_path/'venv')),
-                    RUN_SERVE=str(model), SERVE_PORT=str(port), RUN_EXPERIMENT='serve-tiny')
+                    RUN_SERVE=str(model), SERVE_PORT=str(port), RUN_EXPERIMENT='serve-tiny', LMBOOK_API_KEY='sk-pod-key')
     p = pid1(env)
     try:
         def answer():
             req = urllib.request.Request(f'http://127.0.0.1:{port}/v1/completions', b'{"prompt": "What", "max_tokens": 3}',
-                                         {'Content-Type': 'application/json'})
+                                         {'Content-Type': 'application/json', 'Authorization': 'Bearer sk-pod-key'})
             try: return json.loads(urllib.request.urlopen(req, timeout=5).read())
             except OSError: return None
         r = wait_for(answer, 120, 'the endpoint to answer')
@@ -134,3 +136,23 @@ def test_an_endpoint_pod_serves_the_model(api, tmp_path):
         assert not (tmp_path/'workspace'/'runs').exists()  # nothing trained
     finally:
         os.killpg(p.pid, signal.SIGKILL); p.wait()
+
+
+def test_an_endpoint_pod_with_vllm(api, tmp_path):
+    "SERVE_ENGINE=vllm: the start command runs vLLM's OpenAI server on the export, its key as VLLM_API_KEY only."
+    fake = tmp_path/'fake'/'vllm'/'entrypoints'/'openai'
+    fake.mkdir(parents=True)
+    for d in (fake, fake.parent, fake.parent.parent): (d/'__init__.py').write_text('')
+    (fake/'api_server.py').write_text("import json, os, sys\nopen(os.environ['LMBOOK_WORKSPACE'] + '/vllm.json', 'w')"
+                                      ".write(json.dumps(dict(argv=sys.argv[1:], key=os.environ.get('VLLM_API_KEY'))))\n")
+    venv = volume_venv(tmp_path/'venv')
+    (next(venv.glob('lib/python*/site-packages'))/'fake-vllm.pth').write_text(str(tmp_path/'fake') + '\n')
+    env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT), LMBOOK_VENV=str(venv),
+                    RUN_SERVE='/workspace/exports/chat-7b', SERVE_PORT='8000', SERVE_ENGINE='vllm', RUN_EXPERIMENT='serve-chat',
+                    LMBOOK_API_KEY='sk-pod-key')
+    p = pid1(env)
+    try: got = json.loads(wait_for(lambda: (tmp_path/'workspace'/'vllm.json').is_file() and (tmp_path/'workspace'/'vllm.json').read_text(),
+                                   60, "vLLM's server to start"))
+    finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
+    assert got == dict(argv=['--model', '/workspace/exports/chat-7b', '--served-model-name', 'chat-7b', '--host', '0.0.0.0',
+                             '--port', '8000'], key='sk-pod-key')

@@ -44,7 +44,7 @@ def finished_run(tmp_path):
 
 
 def test_autokill_stops_the_pod_after_three_minutes_without_an_api(api, tmp_path, monkeypatch):
-    from lmbook.boot import BootOptions, autokill
+    from lmbook.pods.boot import BootOptions, autokill
     monkeypatch.setenv('RUNPOD_API_BASE_URL', api.url)
     paths, log = finished_run(tmp_path), Log()
     api.down(180)
@@ -56,7 +56,7 @@ def test_autokill_stops_the_pod_after_three_minutes_without_an_api(api, tmp_path
 
 def test_autokill_ends_the_container_when_the_api_never_answers(api, tmp_path, monkeypatch):
     "Ten minutes without an answer: the start script (a stand-in here) is asked to exit, which ends the container and its bill."
-    from lmbook.boot import BootOptions, autokill
+    from lmbook.pods.boot import BootOptions, autokill
     monkeypatch.setenv('RUNPOD_API_BASE_URL', api.url)
     paths, log = finished_run(tmp_path), Log()
     api.down(10**9)

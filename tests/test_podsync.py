@@ -91,7 +91,7 @@ def test_logs_come_from_the_logs_endpoint_and_ssh_needs_a_registered_key(pod, tm
 def test_pod_stop_waits_for_the_stop_checkpoint_then_stops_the_pod(pod, ws, capsys):
     "A trainer on the pod's volume gets the stop request over SSH, writes its checkpoint, and only then is the pod stopped."
     from test_pod_signals import train
-    from lmbook.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+    from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
     FAKE['api'].add_pod('podGS', name='gs-1', env=dict(RUN_EXPERIMENT='gs'))
     os.environ['LMBOOK_POD_WORKSPACE'] = str(ws)  # restored by the fixture's monkeypatch
     p = train(ws, 'gs')
@@ -140,6 +140,6 @@ def test_upload_to_a_network_volume_without_a_pod(tmp_path, capsys, monkeypatch)
 
 
 def test_the_s3_endpoint_is_the_data_centers(monkeypatch):
-    from lmbook.podsync import s3_endpoint
+    from lmbook.pods.sync import s3_endpoint
     monkeypatch.delenv('LMBOOK_S3_ENDPOINT', raising=False)
     assert s3_endpoint('EU-RO-1') == 'https://s3api-eu-ro-1.runpod.io/'

@@ -132,7 +132,7 @@ def test_half_failed_create_is_found_by_name_and_not_billed_twice(fake, capsys):
 
 
 def test_busy_and_failing_api_calls_are_retried_with_backoff(fake, capsys, monkeypatch):
-    import lmbook.podapi as podapi
+    import lmbook.pods.api as podapi
     waits = []
     monkeypatch.setattr(podapi.time, 'sleep', waits.append)
     fake.add_pod('podAAA', name='a')
@@ -155,7 +155,7 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     one_line_error(rc, out, err, 'RunPod API error (400)', 'chars hidden')
     for s in (HF, KEY): assert s not in out + err
     monkeypatch.setenv('RUNPOD_API_BASE_URL', 'http://127.0.0.1:9')
-    monkeypatch.setattr('lmbook.podapi.time.sleep', lambda s: None)
+    monkeypatch.setattr('lmbook.pods.api.time.sleep', lambda s: None)
     one_line_error(*run(capsys, 'pod', 'status', 'pod0001xyz'), 'no usable answer from the RunPod API')
 
 
@@ -246,7 +246,7 @@ def test_the_volume_data_center_comes_from_the_api(fake, capsys):
 
 def test_the_fake_rejects_what_runpod_would(fake):
     "The contract at work: an unknown field, a volume on Community Cloud or in another data center, an action that does not exist."
-    from lmbook.podapi import RestV2, RunPodError
+    from lmbook.pods.api import RestV2, RunPodError
     api = RestV2(KEY, set())
     body = dict(name='x', image='img', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1), mounts=dict(network=[dict(volumeId='vol123abc', path='/workspace')]))
     for bad, word in [(dict(body, gpuCount=2), "additional properties 'gpuCount'"), (dict(body, cloud='ALL'), 'must be one of'),
@@ -262,8 +262,8 @@ def test_the_fake_rejects_what_runpod_would(fake):
 def test_wait_times_out_saying_the_pod_bills_and_how_to_stop_it(fake, capsys):
     fake.polls_until_running = 10**6
     assert run(capsys, *create(fake))[0] == 0
-    from lmbook.podapi import RunPodAPI, RunPodError
-    from lmbook.runpod import wait_running
+    from lmbook.pods.api import RunPodAPI, RunPodError
+    from lmbook.pods.runpod import wait_running
     t = iter(range(0, 10**6, 100))
     with pytest.raises(RunPodError, match=r'not running after 300 s \(status STARTING\), and it is billing \(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
         wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None, clock=lambda: next(t), log=lambda m: None)

@@ -6,15 +6,15 @@ import torch
 from safetensors.torch import load_file
 from lmbook.config import get_config
 from lmbook.core import paths_for
-from lmbook.trainer import train
-from lmbook.model import GPT
-from lmbook.lora import add_lora
-from lmbook.sample import load_model
-from lmbook.runs import find_checkpoint
-from lmbook.tokenizer import load_tokenizer, train_bpe
-from lmbook.finetune import finetune, finetune_config, FINETUNE_PARAMS
-from lmbook.runstart import init_model, resolve_init
-from lmbook.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
+from lmbook.train.trainer import train
+from lmbook.model.gpt import GPT
+from lmbook.model.lora import add_lora
+from lmbook.runs.sample import load_model
+from lmbook.runs.find import find_checkpoint
+from lmbook.data.tokenizer import load_tokenizer, train_bpe
+from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
+from lmbook.train.runstart import init_model, resolve_init
+from lmbook.data.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
 from conftest import lmbook_cmd, rows
 
 quiet = lambda *a, **k: None
@@ -82,7 +82,7 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
     root, data = pre
     cfg = finetune_config('pre', data, FT, root)
     paths = paths_for('ft-init', root=root)
-    m = init_model(resolve_init(cfg, paths, paths.run))
+    m = init_model(*resolve_init(cfg, paths, paths.run))
     src = load_model('pre', root).model.state_dict()
     assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
     with pytest.raises(ValueError) as e: finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root, log=quiet)
@@ -133,7 +133,7 @@ def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
     m = GPT(cfg.model); m.load_state_dict({**base, 'lm_head.weight': base['wte.weight']})  # tied head
     add_lora(m, 2, 4.0); m.load_state_dict(a, strict=False); m.eval()
     out = root/'hf-lora'
-    from lmbook.export import export_hf
+    from lmbook.runs.export import export_hf
     export_hf('ft-a', out, root=root)
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
@@ -260,3 +260,44 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root, '--max-steps', '2',
                    '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
+
+
+def test_finetune_takes_the_training_road(pre, monkeypatch):
+    "`lmbook finetune --nproc 2` checks first, then hands torchrun the checked config as its profile, as `train` would."
+    import lmbook.train.launch as launch
+    from lmbook.cli import main
+    from lmbook.config import load_config_file
+    root, data = pre
+    seen = {}
+    monkeypatch.setattr(launch, 'run_training', lambda profile, experiment, ov, **kw: seen.update(profile=profile, **kw))
+    assert main(['finetune', '--init-from', 'pre', '--data', str(data), '-e', 'ft-road', '--root', str(root),
+                 '--nproc', '2', '--lora-rank', '4', '--max-steps', '3']) == 0
+    cfg = load_config_file(Path(seen['profile']))
+    assert (cfg.train.nproc, cfg.train.lora_rank, cfg.train.max_steps) == (2, 4, 3) and cfg.train.init_from.endswith('pre')
+    assert seen['forward_signals'] and not (root/'runs'/'ft-road').exists()  # nothing trained in this process
+    assert main(['finetune', '--init-from', 'pre', '--data', str(root/'missing.jsonl'), '-e', 'ft-road2',
+                 '--root', str(root), '--nproc', '2']) == 2 and 'profile' in seen
+
+
+def counter(monkeypatch, fn) -> list:
+    "Count the calls of `fn` through every lmbook module that holds it by name."
+    n = [0]
+    def counted(*a, **k):
+        n[0] += 1
+        return fn(*a, **k)
+    for m in list(sys.modules.values()):
+        if not getattr(m, '__name__', '').startswith('lmbook'): continue
+        for k, v in list(vars(m).items()):
+            if v is fn: monkeypatch.setattr(m, k, counted)
+    return n
+
+
+def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
+    "One fine-tune finds its init checkpoint once, checks its shape once and reads the fine-tuning file once."
+    from lmbook.train import runstart
+    from lmbook.data import sft
+    root, data = pre
+    found, checked = counter(monkeypatch, runstart.init_checkpoint), counter(monkeypatch, runstart.check_init_shape)
+    read = counter(monkeypatch, sft.read_sft)
+    finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
+    assert (found[0], checked[0], read[0]) == (1, 1, 1)

@@ -4,36 +4,67 @@ import ast, re
 from pathlib import Path
 import pytest
 from conftest import ROOT
+from lmbook.core import ENV
+from lmbook.rundir import RUN_FILES, BEST
 
 PKG, NBS = ROOT/'lmbook', ROOT/'nbs'
-GENERATED = {'__init__', '_modidx'}  # nbdev writes these: the version, and the index of every symbol's page
+GENERATED = {'_modidx'}  # nbdev writes it: the index of every symbol's page
 MAX_LINE, MAX_FUNCTION = 110, 50
+# The chapters, bottom to top: a module imports from its own chapter or from one below it. The foundation
+# (lmbook/*.py but the command line) sits under every chapter; `cli` sits on top of them all.
+CHAPTERS = ['data', 'model', 'runs', 'train', 'serve', 'pods', 'dev']
+
+
+def name_of(path:Path) -> str:
+    "A module's dotted name inside lmbook: `train.trainer`, `data` for `data/__init__.py`, `__init__` for the package."
+    parts = list(path.relative_to(PKG).with_suffix('').parts)
+    if parts[-1] == '__init__' and len(parts) > 1: parts = parts[:-1]
+    return '.'.join(parts)
 
 
 def modules() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PKG.glob('*.py')) if p.stem not in GENERATED}
+    return {name_of(p): p for p in sorted(PKG.rglob('*.py')) if p.stem not in GENERATED and '__pycache__' not in p.parts}
+
+
+def rank(m:str) -> int:
+    "Where module `m` sits among the chapters: 0 the foundation, then the chapters, then the command line."
+    if m == 'cli': return len(CHAPTERS) + 1
+    top = m.split('.')[0]
+    return CHAPTERS.index(top) + 1 if top in CHAPTERS else 0
 
 
 def notebooks() -> dict[str, str]:
     "module -> its notebook's file name, for every notebook with `default_exp`."
     out = {}
     for nb in sorted(NBS.glob('*.ipynb')):
-        m = re.search(r'#\|\s*default_exp\s+(\w+)', nb.read_text())
-        if m: out[m.group(1)] = nb.name
+        m = re.search(r'#\|\s*default_exp\s+([\w.]+)', nb.read_text())
+        if m: out[m.group(1).removesuffix('.__init__')] = nb.name
     return out
 
 
-def imports(path:Path) -> list[tuple[str, int, bool]]:
+def resolve(here:str, node:ast.ImportFrom) -> list[str]:
+    "The lmbook modules an `ImportFrom` in module `here` names, relative or absolute."
+    if node.level:
+        pkg = here.split('.') if here in CHAPTERS or here == '__init__' else here.split('.')[:-1]
+        if here == '__init__': pkg = []
+        base = pkg[:len(pkg) - node.level + 1]
+        mod = '.'.join(base + ([node.module] if node.module else []))
+    elif node.module and (node.module == 'lmbook' or node.module.startswith('lmbook.')):
+        mod = node.module.partition('lmbook')[2].lstrip('.')
+    else: return []
+    known = modules()
+    subs = [f"{mod}.{a.name}".lstrip('.') for a in node.names if f"{mod}.{a.name}".lstrip('.') in known]
+    return subs or ([mod] if mod in known else [])
+
+
+def imports(path:Path, here:str|None=None) -> list[tuple[str, int, bool]]:
     "(lmbook module, line, inside a function) of every import of the package's own modules in `path`."
+    here = here or name_of(path)
     tree, out = ast.parse(path.read_text()), []
     inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
     for n in ast.walk(tree):
-        if isinstance(n, ast.ImportFrom):
-            if n.level == 1: names = [n.module.split('.')[0]] if n.module else [a.name for a in n.names]
-            elif n.module and n.module.startswith('lmbook.'): names = [n.module.split('.')[1]]
-            elif n.module == 'lmbook': names = [a.name for a in n.names]
-            else: names = []
-        elif isinstance(n, ast.Import): names = [a.name.split('.')[1] for a in n.names if a.name.startswith('lmbook.')]
+        if isinstance(n, ast.ImportFrom): names = resolve(here, n)
+        elif isinstance(n, ast.Import): names = [a.name.partition('.')[2] for a in n.names if a.name.startswith('lmbook.')]
         else: continue
         out += [(m, n.lineno, id(n) in inner) for m in names if m in modules()]
     return out
@@ -51,6 +82,13 @@ def test_imports_only_go_down():
     nbs = notebooks()
     up = [f"{m} ({nbs[m]}) imports {t} ({nbs[t]}) at line {line}" for m, p in modules().items()
           for t, line, _ in imports(p) if t != m and nbs[t] > nbs[m]]
+    assert not up, '\n'.join(up)
+
+
+def test_chapters_are_layered():
+    "A module imports from its own chapter or one below it; the foundation imports no chapter."
+    up = [f"{m} imports {t} at line {line}" for m, p in modules().items()
+          for t, line, _ in imports(p) if rank(t) > rank(m)]
     assert not up, '\n'.join(up)
 
 
@@ -87,8 +125,10 @@ def test_no_private_names_across_modules():
 
 def generated_lines(path:Path) -> set[int]:
     "Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__` (wrapped at 120)."
-    tree = ast.parse(path.read_text())
-    out = set(range(tree.body[0].lineno, tree.body[0].end_lineno + 1)) if ast.get_docstring(tree) else set()
+    tree, out = ast.parse(path.read_text()), set()
+    for n in tree.body[:2]:  # the docstring, after `__version__` in the package's own __init__
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
+            out |= set(range(n.lineno, n.end_lineno + 1))
     for n in tree.body:
         if isinstance(n, ast.Assign) and any(getattr(t, 'id', '') == '__all__' for t in n.targets):
             out |= set(range(n.lineno, n.end_lineno + 1))
@@ -111,6 +151,64 @@ def test_readable_width_and_length():
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     "The import walk finds an import hidden in a function body, so an upward one cannot slip through."
     p = tmp_path/'x.py'
-    p.write_text("from .core import paths_for\ndef f():\n    from lmbook.cli import main  # late\n")
-    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'x': p})
-    assert imports(p) == [('core', 1, False), ('cli', 3, True)]
+    p.write_text("from ..core import paths_for\nfrom .step import f\ndef f():\n    from lmbook.cli import main  # late\n")
+    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None, 'x': p})
+    assert imports(p, 'train.x') == [('core', 1, False), ('train.step', 2, False), ('cli', 4, True)]
+    assert rank('cli') > rank('pods.boot') > rank('train.trainer') > rank('data.sft') > rank('core')
+
+
+def test_exit_codes_are_named():
+    "A command's exit code is one of core's names (EXIT_USER_ERROR...), never a bare 2, 3 or 130."
+    bare = re.compile(r'(\breturn|\bexit\(|\brc =|\bcode =)\s*(2|3|130)\b(?!\s*[*+/-])')
+    found = [f"{m}:{i}" for m, p in modules().items() for i, l in enumerate(p.read_text().splitlines(), 1)
+             if bare.search(l.split('#')[0])]
+    assert not found, f"bare exit codes: {found}"
+
+
+# A run folder's file names belong to `lmbook.rundir`; these literals equal one but name another thing.
+NOT_RUN_FILES = {'data.tokenizer': {'meta.json'}}  # the tokenizer bundle's own meta.json, not a run's
+
+
+def run_file_literals(path:Path, names:set[str]) -> list[tuple[int, str]]:
+    "(line, name) of each literal in `path` among `names`; a key (`{'best': 1}`, `d['best']`) is a field."
+    tree = ast.parse(path.read_text())
+    keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys if k is not None}
+    keys |= {id(s.slice) for s in ast.walk(tree) if isinstance(s, ast.Subscript)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in names and id(n) not in keys]
+
+
+def test_run_folder_names_only_in_rundir():
+    "No module but `rundir` spells a run folder's file name: they ask `RunDir` (or `RUN_FILES`, `BEST`)."
+    names = {*RUN_FILES.values(), BEST}
+    found = [f"{m}:{line} {name!r}" for m, p in modules().items() if m != 'rundir'
+             for line, name in run_file_literals(p, names) if name not in NOT_RUN_FILES.get(m, ())]
+    assert not found, "run-folder file names outside lmbook.rundir:\n" + '\n'.join(found)
+
+
+def environ_reads(path:Path) -> list[int]:
+    "Lines of `path` that read `os.environ` (or call `os.getenv`), not write it or pass it on whole."
+    tree, passed = ast.parse(path.read_text()), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+            passed.add(id(n.value))  # os.environ[k] = v: set for this process's libraries and its children
+        elif isinstance(n, ast.Attribute) and n.attr == 'setdefault':
+            passed.add(id(n.value))  # a library's default, read by the library (PyTorch, Hugging Face)
+        elif isinstance(n, ast.Call) and getattr(n.func, 'id', '') == 'dict' and n.args:
+            passed.add(id(n.args[0]))  # dict(os.environ, ...): a child process's whole environment
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ('environ', 'getenv')]
+    return [n.lineno for n in uses if getattr(n.value, 'id', '') == 'os' and id(n) not in passed]
+
+
+def test_environment_read_in_one_place():
+    "Only `core.env_var` reads the environment, for names in `ENV` and the docs; others set it or pass it on."
+    reads = [f"{m}:{line}" for m, p in modules().items() if m != 'core' for line in environ_reads(p)]
+    assert not reads, "os.environ read outside core.env_var: " + ', '.join(reads)
+    calls = [(m, n) for m, p in modules().items() for n in ast.walk(ast.parse(p.read_text()))]
+    unlisted = [f"{m}:{n.lineno} {n.args[0].value}" for m, n in calls
+                if isinstance(n, ast.Call) and getattr(n.func, 'id', '') == 'env_var' and n.args
+                and isinstance(n.args[0], ast.Constant) and n.args[0].value not in ENV]
+    assert not unlisted, "variables read but not in core.ENV: " + ', '.join(unlisted)
+    docs = (NBS/'index.ipynb').read_text()
+    missing = [v for v in ENV if f'`{v}`' not in docs]
+    assert not missing, f"not listed in nbs/index.ipynb's settings: {missing}"

@@ -3,8 +3,8 @@ import hashlib, json
 from pathlib import Path
 import pytest
 from lmbook.config import get_config
-from lmbook.trainer import train, NonFiniteError
-from lmbook.checkpoint import list_checkpoints, check_compatible
+from lmbook.train.trainer import train, NonFiniteError
+from lmbook.runs.checkpoint import list_checkpoints, check_compatible
 from conftest import rows
 
 # tiny and fast: 2 layers of width 64 on 64-token windows; the data is a slice of the built-in corpus
@@ -68,8 +68,20 @@ def test_divergent_run_stops(ws):
     assert any(l.startswith('error: training diverged') for l in log)
 
 def test_sample_from_run(ws):
-    from lmbook.sample import sample_run
+    from lmbook.runs.sample import sample_run
     train(cfg(max_steps=4), 'sampled', root=ws, log=quiet([]))
     out = sample_run('sampled', ['Return the'], max_new_tokens=8, root=ws, device='cpu')
     assert out[0]['prompt'] == 'Return the' and isinstance(out[0]['text'], str) and out[0]['text']
     assert out == sample_run('sampled', ['Return the'], max_new_tokens=8, root=ws, device='cpu')  # seeded
+
+
+def test_checkpoints_on_time(ws, monkeypatch):
+    "With `ckpt_minutes`, a checkpoint is due once that much wall time has passed, whatever `ckpt_every` says; the start warns when a write is measured slower than the interval."
+    from lmbook.runs import checkpoint
+    monkeypatch.setattr(checkpoint, 'write_seconds', lambda folder, nbytes: 120.0)  # a slow volume
+    log = []
+    res = train(cfg(max_steps=3, ckpt_every=100, ckpt_minutes=1e-9, keep_ckpts=5), 'on-time', root=ws, log=quiet(log))
+    assert [p.name for p in list_checkpoints(Path(res['run_dir'])/'checkpoints')] == ['step_00000003', 'step_00000002', 'step_00000001']
+    assert sum('about 120 s to write' in l and 'ckpt_minutes=1e-09' in l for l in log) == 1
+    off = train(cfg(max_steps=3, ckpt_every=100), 'on-steps', root=ws, log=quiet(log))  # smoke: ckpt_minutes=0
+    assert [p.name for p in list_checkpoints(Path(off['run_dir'])/'checkpoints')] == ['step_00000003']

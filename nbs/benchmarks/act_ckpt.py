@@ -33,11 +33,11 @@ def main():
     ap.add_argument('--steps', type=int, default=3, help='timed optimizer steps of each row')
     ap.add_argument('--tiny', action='store_true', help='toy shapes on the CPU, to check the script end to end')
     a = ap.parse_args()
-    from lmbook.step import cuda_allocator_defaults
-    from lmbook.runstart import fit_batch
+    from lmbook.train.step import cuda_allocator_defaults
+    from lmbook.train.runstart import fit_batch
     cuda_allocator_defaults()
     import torch
-    from lmbook.bench import measure, format_rows
+    from lmbook.train.bench import measure, format_rows
     from lmbook.config import get_config
     from lmbook.distributed import DistInfo
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}

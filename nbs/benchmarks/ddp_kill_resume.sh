@@ -21,14 +21,14 @@ RUN=$!   # this script's run: only its torchrun (a child of it) is killed below
 for i in $(seq 600); do   # wait until step 50 is logged (checkpoints at 20 and 40), then kill -9 torchrun
   s=$(tail -n 1 $M/kill/metrics.jsonl 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read() or "{}").get("step", 0))' 2>/dev/null)
   [ "${s:-0}" -ge 50 ] && break; sleep 0.5; done
-pkill -9 -P "$RUN" -f torch.distributed.run; sleep 3; echo "killed at step $s; left: $(pgrep -fc 'lmbook.launch' || true) worker processes"
+pkill -9 -P "$RUN" -f torch.distributed.run; sleep 3; echo "killed at step $s; left: $(pgrep -fc 'lmbook.train.launch' || true) worker processes"
 ls $M/kill/checkpoints | tee "$O/ckpts_after_kill.txt"
 python3 -c "$L" train --experiment kill $ARGS > "$O/kill2.log" 2>&1; echo "resume exit $?"
 grep -iE "resum|step +9?0/|done" "$O/kill2.log" | head -5
 cp $M/ref/metrics.jsonl "$O/ref_metrics.jsonl"; cp $M/kill/metrics.jsonl "$O/kill_metrics.jsonl"
 python3 - "$O" <<'PY'
 import json, sys
-from lmbook.analysis import read_metrics
+from lmbook.runs.analysis import read_metrics
 o = sys.argv[1]
 ref = {r['step']: r for r in read_metrics(f'{o}/ref_metrics.jsonl') if 'loss' in r}
 kill = {r['step']: r for r in read_metrics(f'{o}/kill_metrics.jsonl') if 'loss' in r}

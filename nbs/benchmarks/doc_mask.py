@@ -35,7 +35,7 @@ def packed_batch(B, T, vocab, doc_len, eot, g, device):
 def speed(a, write):
     import torch, torch._dynamo
     from lmbook.config import get_config
-    from lmbook.model import GPT, doc_mask, create_block_mask
+    from lmbook.model.gpt import GPT, doc_mask, create_block_mask
     cuda = torch.cuda.is_available() and not a.tiny
     dev = 'cuda' if cuda else 'cpu'
     shape = (dict(n_layer=2, n_head=4, n_embd=64, block_size=128, vocab_size=512) if a.tiny else
@@ -82,10 +82,10 @@ def speed(a, write):
 def val_losses(run, root, device):
     "Validation loss of a fine-tuned run's held-out examples: each example alone (masked) and packed without a mask."
     import functools, torch
-    from lmbook.validation import bits_per_byte, token_byte_lengths
-    from lmbook.model import doc_mask
-    from lmbook.sample import load_model
-    from lmbook.sft import sft_val_rows
+    from lmbook.train.validation import bits_per_byte, token_byte_lengths
+    from lmbook.model.gpt import doc_mask
+    from lmbook.runs.sample import load_model
+    from lmbook.data.sft import sft_val_rows
     lm = load_model(run, root, device)
     x, y = sft_val_rows(lm.config, lm.tokenizer)
     batches = [(x[i:i+8], y[i:i+8]) for i in range(0, len(x), 8)]
@@ -99,10 +99,10 @@ def val_losses(run, root, device):
 def loss(a, write):
     import torch
     from lmbook.config import get_config
-    from lmbook.metrics import read_metrics
-    from lmbook.sft import builtin_chat, write_jsonl
-    from lmbook.finetune import finetune
-    from lmbook.trainer import train
+    from lmbook.runs.metrics import read_metrics
+    from lmbook.data.sft import builtin_chat, write_jsonl
+    from lmbook.train.finetune import finetune
+    from lmbook.train.trainer import train
     cuda = torch.cuda.is_available() and not a.tiny
     dev = 'cuda' if cuda else 'cpu'
     root = Path(a.root) if a.root else scratch('doc-mask-')

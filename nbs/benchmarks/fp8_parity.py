@@ -62,7 +62,7 @@ def main():
     print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
     if a.prepare: return
     if not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
-    from lmbook.step import cuda_allocator_defaults
+    from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
     from lmbook.config import get_config
     from time_to_loss import run

@@ -2,7 +2,7 @@
 import sys, torch
 from torch.profiler import profile, ProfilerActivity
 from lmbook.config import get_config
-from lmbook.bench import make_step, synthetic_batches
+from lmbook.train.bench import make_step, synthetic_batches
 
 prof_name, sets = sys.argv[1], dict(a.split('=', 1) for a in sys.argv[2:])
 cfg = get_config(prof_name, sets)

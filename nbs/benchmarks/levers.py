@@ -44,10 +44,10 @@ def main():
     ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
-    from lmbook.step import cuda_allocator_defaults
+    from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
     import torch
-    from lmbook.bench import measure, format_rows
+    from lmbook.train.bench import measure, format_rows
     from lmbook.config import get_config
     import tokens
     t0 = time.time()

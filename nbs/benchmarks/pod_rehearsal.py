@@ -1,5 +1,5 @@
 """The pod rehearsal: the nearest thing to a real RunPod pod without RunPod. It runs the pod's exact start command
-(`lmbook.runpod.start_command`) under bash as a container's PID 1 (a process group of its own), with a stand-in for
+(`lmbook.pods.runpod.start_command`) under bash as a container's PID 1 (a process group of its own), with a stand-in for
 the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (tests/fake_runpod_v2.py) on 127.0.0.1 as
 RunPod. The start command clones a snapshot of this checkout at its commit, installs it into the volume's virtualenv
 and runs `lmbook boot`: volume layout, data (the built-in corpus: no download), training through papermill. Mid-run
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
 IMPORTS = dict(pyyaml='yaml')
 KEY, POD, EXP = 'rpa_REHEARSALkey0000', 'podrehearsal01', 'rehearsal'
-START_SH = Path('/tmp/lmbook-start.sh')  # where the start command (lmbook.runpod.start_command) writes itself
+START_SH = Path('/tmp/lmbook-start.sh')  # where the start command (lmbook.pods.runpod.start_command) writes itself
 
 
 def say(*a): print(f"[rehearsal {time.strftime('%H:%M:%S')}]", *a, flush=True)
@@ -119,7 +119,7 @@ def main():
     repo, commit = snapshot(src)
     deps_s = volume_venv(ws/'venvs'/'lmbook', Path(a.wheels))
     start = shlex.split(sh([str(ws/'venvs'/'lmbook'/'bin'/'python'), '-c', 'import sys; sys.path.insert(0, sys.argv[1]); '
-                            'from lmbook.runpod import start_command; print(start_command())', str(src)]))
+                            'from lmbook.pods.runpod import start_command; print(start_command())', str(src)]))
     standin = work/'start.sh'
     standin.write_text('#!/bin/bash\n# stands in for the image\'s /start.sh (sshd, JupyterLab), which then sleeps\nexec sleep infinity\n'); standin.chmod(0o755)
     calls = work/'api-calls.jsonl'

@@ -6,7 +6,7 @@
 set -e
 O="${OUT:-.}/profiles_fit.jsonl"
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
-B='from lmbook.bench import main; main()'
+B='from lmbook.train.bench import main; main()'
 R="ce_chunk=0 attn_backend=sdpa"; G2B="n_layer=24 n_embd=2560 n_head=40"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "$B" --profile gpt2_124m --label 124m-recipe    --set $R grad_accum=8 --batch-sizes 64 --steps 3 --out "$O" | tail -1
@@ -14,4 +14,4 @@ python3 -c "$B" --profile gpt2_124m --label 2b-recipe-b4   --set $R $G2B grad_ac
 python3 -c "$B" --profile gpt2_124m --label 2b-recipe-b16  --set $R $G2B grad_accum=2 --batch-sizes 16 --steps 3 --out "$O" | tail -1
 python3 -c "$B" --profile runpod_2b --label runpod2b-b8    --set grad_accum=4 --batch-sizes 8 --steps 3 --out "$O" | tail -1
 python3 -c "$B" --profile runpod_4b --label runpod4b-b2    --set grad_accum=4 --batch-sizes 2 --steps 2 --out "$O" | tail -1
-python3 -c "import json; from lmbook.bench import format_rows; print(format_rows([json.loads(l) for l in open('$O')]))"
+python3 -c "import json; from lmbook.train.bench import format_rows; print(format_rows([json.loads(l) for l in open('$O')]))"

@@ -50,8 +50,8 @@ def make_model(folder:Path, shape:dict, device:str) -> Path:
 
 def chat_rows(folder:Path, seq:int):
     "The packed (inputs, targets) rows of the built-in chat records, as lmbook's fine-tuning makes them."
-    from lmbook.sft import builtin_chat, record_messages, render_chat, pack
-    from lmbook.hfimport import hf_tokenizer
+    from lmbook.data.sft import builtin_chat, record_messages, render_chat, pack
+    from lmbook.model.hfimport import hf_tokenizer
     tk = hf_tokenizer(folder)[0]
     ex = [render_chat(record_messages(r), tk) for r in builtin_chat()]
     return pack([(i[:seq + 1], m[:seq + 1]) for i, m in ex], seq, tk.eot_id), tk
@@ -67,7 +67,7 @@ def peak(dev:str) -> dict:
 def run_lmbook(folder:Path, data:Path, a, quant:str, ckpt:str) -> dict:
     "One lmbook fine-tuning run; its rows read back from metrics.jsonl."
     import torch
-    from lmbook.finetune import finetune
+    from lmbook.train.finetune import finetune
     ws = scratch('lmbook-ws-', folder)  # inside the work folder, so a row killed mid-run leaves nothing behind either
     ov = dict(lora_rank=LORA['r'], lora_alpha=LORA['alpha'], lora_targets='q,k,v,o', quant=quant, block_size=a.seq,
               batch_size=1, grad_accum=1, max_steps=a.steps, warmup_steps=1, lr=a.lr, min_lr_ratio=1.0, log_every=1,
@@ -147,7 +147,7 @@ def main():
     work = scratch('qlora7b-')
     t0 = time.time()
     make_model(work, SHAPE_TINY if a.tiny else SHAPE_7B, a.device)
-    from lmbook.sft import builtin_chat, write_jsonl
+    from lmbook.data.sft import builtin_chat, write_jsonl
     write_jsonl(builtin_chat(), work/'chat.jsonl')
     made = round(time.time() - t0, 1)
     names = [f'lmbook-qlora-ckpt-{c}' for c in a.ckpt.split(',')] + ['lmbook-lora-bf16-ckpt-full', 'hf-peft-bnb']

@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
 trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
 N=${1:-$(nvidia-smi -L | wc -l)}; O="${OUT:-.}/scaling.jsonl"
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-B='from lmbook.bench import main; main()'
+B='from lmbook.train.bench import main; main()'
 one() { CUDA_VISIBLE_DEVICES=0 python3 -c "$B" "$@" --out "$O" | tail -2; }
 many() { torchrun --standalone --nproc_per_node "$N" --log-dir "$tmp" --no-python python3 -c "$B" "$@" --out "$O" | tail -2; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -25,6 +25,6 @@ n = int(sys.argv[2])
 for one, many in [('124m-1gpu', f'124m-ddp{n}'), ('4b-1gpu', f'4b-fsdp{n}')]:
     if one in rows and many in rows:
         print(f"{many}: {rows[many]['tok_per_s']:,.0f} tok/s = {rows[many]['tok_per_s_per_gpu']/rows[one]['tok_per_s']:.1%} per GPU of {one}")
-from lmbook.bench import format_rows
+from lmbook.train.bench import format_rows
 print(format_rows(list(rows.values())))
 PY

@@ -1,66 +1,172 @@
-"""Load test of `lmbook serve`: N concurrent clients, each sending requests one after another over real HTTP to a
-server on 127.0.0.1; prints and writes p50/p95 latency, tokens/s and how many waves decoded them.
-usage: python nbs/benchmarks/serve_load.py SOURCE [--clients 8] [--requests 32] [--max-tokens 64] [--max-batch 8]
-                                            [--device auto] [--out FILE.json]
+"""Load test of `lmbook serve`, and transformers' `generate` on the same model for comparison.
+`lmbook serve SOURCE` runs as its own process on 127.0.0.1; N clients each send streamed chat requests one after
+another (a fixed number each, or for a fixed time). One JSON row per client count: tok/s over all clients, p50/p95
+time to first token, time per output token, p50/p95 latency, and the requests dropped (a connection reset or
+refused, a timeout), refused with 429 (then retried after Retry-After), or failed with another status.
+usage: python nbs/benchmarks/serve_load.py SOURCE [--clients 1,8,32] [--requests 4 | --duration 60] [--max-tokens 128]
+                                           [--max-batch 64] [--context 1024] [--no-graphs] [--device auto] [--out FILE]
+       python nbs/benchmarks/serve_load.py SOURCE --hf-generate 1,32 [--max-tokens 128]   (transformers' generate)
        python nbs/benchmarks/serve_load.py --tiny ...   (a small random Llama made on the spot: the CPU check)
 With --tiny the model's folder is a scratch folder, removed when the script ends (see scratch.py)."""
-import argparse, json, statistics, sys, threading, time, urllib.request
+import argparse, http.client, json, os, signal, statistics, subprocess, sys, threading, time
 from pathlib import Path
-import torch
-from lmbook.serve import load_served, make_server
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ['What does abs do in Python?', 'Explain what a list is.', 'How do I open a file?', 'What is a dictionary?']
+KEY = 'sk-load-test'
 
 
-def client(port:int, n:int, max_tokens:int, out:list, k:int):
-    "Send `n` chat requests one after another; append (latency s, completion tokens) of each to `out`."
-    for i in range(n):
-        body = dict(model='m', messages=[dict(role='user', content=PROMPTS[(k + i) % len(PROMPTS)])], max_tokens=max_tokens,
-                    temperature=0.8, seed=k*1000 + i)
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
-                                     {'Content-Type': 'application/json'})
-        t0 = time.perf_counter()
-        r = json.loads(urllib.request.urlopen(req, timeout=600).read())
-        out.append((time.perf_counter() - t0, r['usage']['completion_tokens']))
+def start_server(source:str, a) -> tuple[subprocess.Popen, int]:
+    "`lmbook serve SOURCE` on a free port: (process, port)."
+    args = ['--max-batch', a.max_batch, '--max-queue', a.max_queue, '--device', a.device] + (['--context', a.context] if a.context else [])
+    p = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'serve', source, '--port', '0', *map(str, args)]
+                         + ['--no-graphs']*a.no_graphs, cwd=ROOT, env={**os.environ, 'LMBOOK_API_KEY': KEY},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in p.stdout:
+        print(line.rstrip(), file=sys.stderr)
+        if line.startswith('serving '):
+            threading.Thread(target=lambda: [print(l.rstrip(), file=sys.stderr) for l in p.stdout], daemon=True).start()
+            return p, int(line.split('http://127.0.0.1:')[1].split('/')[0])
+    raise SystemExit(f"the server did not start (exit {p.wait()})")
 
 
-def load_test(source:str, clients:int=8, requests:int=32, max_tokens:int=64, max_batch:int=8, device:str='auto') -> dict:
-    "Serve `source`, run the clients, return the figures."
-    s = load_served(source, device)
-    srv = make_server(s, port=0, max_batch=max_batch)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    res, per = [], max(1, requests//clients)
+def ask(port:int, body:dict) -> dict:
+    "One streamed request: {'ttft', 'latency', 'tokens'}, or {'status'} when refused, or {'dropped'}."
+    c = http.client.HTTPConnection('127.0.0.1', port, timeout=600)
+    t0 = time.perf_counter()
     try:
-        client(srv.server_port, 1, 4, [], 0)  # warm-up
-        waves0, t0 = srv.RequestHandlerClass.engine.waves, time.perf_counter()
-        th = [threading.Thread(target=client, args=(srv.server_port, per, max_tokens, res, k)) for k in range(clients)]
-        for t in th: t.start()
-        for t in th: t.join()
-        wall, waves = time.perf_counter() - t0, srv.RequestHandlerClass.engine.waves - waves0
-    finally: srv.shutdown(); srv.server_close()
-    lat = sorted(r[0] for r in res)
-    toks = sum(r[1] for r in res)
-    q = statistics.quantiles(lat, n=20) if len(lat) > 1 else lat*19
-    dev = torch.cuda.get_device_name() if s.device.startswith('cuda') else 'cpu'
-    return dict(source=str(source), device=dev, clients=clients, requests=len(res), max_tokens=max_tokens, max_batch=max_batch,
-                p50_s=round(statistics.median(lat), 3), p95_s=round(q[18], 3), tokens=toks, wall_s=round(wall, 2),
-                tok_per_s=round(toks/wall, 1), waves=waves, torch=torch.__version__, date=time.strftime('%Y-%m-%d'))
+        c.request('POST', '/v1/chat/completions', json.dumps(body), {'Content-Type': 'application/json',
+                                                                       'Authorization': f'Bearer {KEY}'})
+        r = c.getresponse()
+        if r.status != 200: return dict(status=r.status, retry=float(r.getheader('Retry-After') or 0), body=r.read())
+        first, tokens = None, 0
+        for line in r:
+            if not line.startswith(b'data: {'): continue
+            d = json.loads(line[6:])
+            if first is None and d['choices'] and d['choices'][0]['delta'].get('content'): first = time.perf_counter()
+            if d.get('usage'): tokens = d['usage']['completion_tokens']
+        t1 = time.perf_counter()
+        return dict(ttft=(first or t1) - t0, latency=t1 - t0, tokens=tokens)
+    except (OSError, http.client.HTTPException) as e: return dict(dropped=f"{type(e).__name__}: {e}")
+    finally: c.close()
 
 
-if __name__ == '__main__':
+def client(port:int, k:int, a, until:float, out:list):
+    "Send requests one after another: `a.requests` of them, or until `until`; a 429 waits and tries again."
+    i = 0
+    while (i < a.requests) if not a.duration else time.perf_counter() < until:
+        body = dict(model=a.name, messages=[dict(role='user', content=PROMPTS[(k + i) % len(PROMPTS)])],
+                    max_tokens=a.max_tokens, temperature=0.8, seed=k*1000 + i, stream=True,
+                    stream_options=dict(include_usage=True))
+        r = ask(port, body)
+        out.append(r)
+        if r.get('status') == 429: time.sleep(r['retry'] or 1); continue
+        i += 1
+
+
+def figures(res:list, wall:float) -> dict:
+    "The row's figures from every request's result."
+    ok = [r for r in res if 'tokens' in r]
+    q = lambda xs, p: round(statistics.quantiles(xs, n=100)[p - 1], 3) if len(xs) > 1 else round(xs[0], 3) if xs else None
+    ttft, lat = [r['ttft'] for r in ok], [r['latency'] for r in ok]
+    tpot = [(r['latency'] - r['ttft'])/(r['tokens'] - 1)*1000 for r in ok if r['tokens'] > 1]
+    toks = sum(r['tokens'] for r in ok)
+    return dict(answered=len(ok), dropped=sum('dropped' in r for r in res), refused_429=sum(r.get('status') == 429 for r in res),
+                failed=sum(r.get('status') not in (None, 429) for r in res), tokens=toks, wall_s=round(wall, 2),
+                tok_per_s=round(toks/wall, 1), ttft_p50_s=q(ttft, 50), ttft_p95_s=q(ttft, 95),
+                tpot_p50_ms=q(tpot, 50), latency_p50_s=q(lat, 50), latency_p95_s=q(lat, 95),
+                drops=sorted({r['dropped'] for r in res if 'dropped' in r})[:3])
+
+
+def run_clients(port:int, clients:int, a) -> dict:
+    "`clients` concurrent clients against the server on `port`: the figures."
+    res, t0 = [], time.perf_counter()
+    th = [threading.Thread(target=client, args=(port, k, a, t0 + a.duration, res)) for k in range(clients)]
+    for t in th: t.start()
+    for t in th: t.join()
+    return figures(res, time.perf_counter() - t0)
+
+
+def serve_rows(source:str, a) -> list[dict]:
+    "One row per client count, all against one server (warmed up first at the largest count)."
+    p, port = start_server(source, a)
+    a.name = json.loads(http_get(port, '/v1/models'))['data'][0]['id']
+    rows = []
+    try:
+        warm = argparse.Namespace(**{**vars(a), 'requests': 1, 'duration': 0})
+        run_clients(port, max(a.clients), warm)  # the CUDA graphs of the batch sizes to come are captured here
+        for c in a.clients:
+            rows.append(dict(kind='lmbook serve', clients=c, **run_clients(port, c, a), max_tokens=a.max_tokens,
+                             max_batch=a.max_batch, context=a.context, graphs=not a.no_graphs))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        code = p.wait(120)
+    for r in rows: r['server_exit'] = code
+    return rows
+
+
+def http_get(port:int, path:str) -> bytes:
+    c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
+    c.request('GET', path, headers={'Authorization': f'Bearer {KEY}'})
+    return c.getresponse().read()
+
+
+def hf_rows(source:str, a) -> list[dict]:
+    "transformers' own `generate` on the same folder: greedy, `max_tokens` new tokens for each row of a batch."
+    import torch
+    from transformers import AutoModelForCausalLM
+    dev = 'cuda' if a.device == 'auto' and torch.cuda.is_available() else 'cpu' if a.device == 'auto' else a.device
+    dt = torch.bfloat16 if dev.startswith('cuda') else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dt).to(dev).eval()
+    rows = []
+    for b in a.hf_generate:
+        ids = torch.randint(100, model.config.vocab_size, (b, 24), device=dev, generator=None)
+        gen = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                       do_sample=False, pad_token_id=0)
+        gen(8)  # warm-up
+        if dev.startswith('cuda'): torch.cuda.synchronize()
+        t0 = time.perf_counter(); out = gen(a.max_tokens)
+        if dev.startswith('cuda'): torch.cuda.synchronize()
+        dt_s = time.perf_counter() - t0
+        toks = (out.shape[1] - ids.shape[1])*b
+        rows.append(dict(kind='transformers generate', batch=b, tokens=toks, wall_s=round(dt_s, 2),
+                         tok_per_s=round(toks/dt_s, 1), tpot_p50_ms=round(dt_s/(out.shape[1] - ids.shape[1])*1000, 2),
+                         max_tokens=a.max_tokens, transformers=__import__('transformers').__version__))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('source', nargs='?'); ap.add_argument('--tiny', action='store_true')
-    ap.add_argument('--clients', type=int, default=8); ap.add_argument('--requests', type=int, default=32)
-    ap.add_argument('--max-tokens', type=int, default=64); ap.add_argument('--max-batch', type=int, default=8)
-    ap.add_argument('--device', default='auto'); ap.add_argument('--out', type=Path)
-    a = ap.parse_args()
+    ints = lambda s: [int(x) for x in s.split(',')]
+    ap.add_argument('--clients', type=ints, default=[8]); ap.add_argument('--requests', type=int, default=4, help='per client')
+    ap.add_argument('--duration', type=float, default=0, help='seconds each client keeps sending (instead of --requests)')
+    ap.add_argument('--max-tokens', type=int, default=64); ap.add_argument('--max-batch', type=int, default=64)
+    ap.add_argument('--max-queue', type=int, default=256); ap.add_argument('--context', type=int, default=None)
+    ap.add_argument('--no-graphs', action='store_true'); ap.add_argument('--device', default='auto')
+    ap.add_argument('--hf-generate', type=ints, default=None, metavar='BATCHES', help="transformers' generate instead")
+    ap.add_argument('--out', type=Path, help='append the rows here (JSON lines)')
+    a = ap.parse_args(argv)
     if a.tiny:
         sys.path.insert(0, str(Path(__file__).parent))
         from tiny_llama import tiny_llama
         from scratch import scratch
         a.source = str(tiny_llama(scratch('serve-load-')/'tiny', width=128, layers=4, context=512))
     if not a.source: ap.error('give SOURCE or --tiny')
-    r = load_test(a.source, a.clients, a.requests, a.max_tokens, a.max_batch, a.device)
-    if a.tiny: r['source'] = 'tiny random Llama (4 layers x 128)'
-    print(json.dumps(r))
-    if a.out: a.out.write_text(json.dumps(r, indent=1) + '\n')
+    rows = hf_rows(a.source, a) if a.hf_generate else serve_rows(a.source, a)
+    import torch
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() and a.device != 'cpu' else 'cpu'
+    for r in rows:
+        if dev == 'cpu' and 'graphs' in r: r['graphs'] = False  # CUDA graphs are for CUDA only
+        r.update(source='tiny random Llama (4 layers x 128)' if a.tiny else str(a.source), device=dev,
+                 torch=torch.__version__, date=time.strftime('%Y-%m-%d'))
+        print(json.dumps(r), flush=True)
+        if a.out:
+            with open(a.out, 'a') as f: f.write(json.dumps(r) + '\n')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

@@ -1,20 +1,38 @@
 #!/bin/bash
-# The GPU rows of "Serving" in nbs/benchmarks.md on ONE GPU, from the repo root, one call of about 3 minutes:
+# The GPU rows of "Serving" in nbs/benchmarks.md on ONE GPU, from the repo root, one call of about 6 minutes:
 #   bash nbs/benchmarks/serve_load.sh           (rows to $OUT/serve_load_gpu.jsonl)
-# A random model of Llama-2-7B's shape, in bf16, served by lmbook serve on 127.0.0.1 and loaded by 1, 8 and 32 concurrent
-# clients (chat requests of up to 128 new tokens); then the same with --max-batch 1 (no batching) at 8 clients.
+# A random model of Llama-2-7B's shape in bf16 (13.5 GB, written to a scratch folder under $TMPDIR and removed however
+# the script ends; nothing else is written but the rows), then, each in its own process:
+#   1. transformers' own `generate` on it at batch 1 and 32 (greedy, 128 new tokens);
+#   2. lmbook serve on 127.0.0.1 (64 rows of 1,024 positions: 32 GB of KV cache, CUDA graphs) with 1, 8, 32 and 64
+#      concurrent clients, 4 streamed chat requests of 128 new tokens each;
+#   3. the same with --no-graphs (the eager decode step) at 1 and 32 clients.
+# Needs torch with CUDA, transformers, starlette and uvicorn (bash .ci/gpu-wheels carries the last two); no internet.
 set -e
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-tmp=$(mktemp -d)                           # scratch: the 13 GB model
-trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
+py=python3; [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null && py=.venv/bin/python
+site=$(mktemp -d); tmp=$(mktemp -d)        # the wheels installed for this run; the 13.5 GB model
+trap 'rm -rf "$tmp" "$site"' EXIT          # removed however the script ends
 trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
+for w in ${LMBOOK_WHEELS:-.whl}/{starlette,uvicorn,h11,anyio,click,idna,typing_extensions}-*.whl; do
+  [ -f "$w" ] || continue
+  n=$(basename "$w" | cut -d- -f1)
+  "$py" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$n" 2>/dev/null ||
+    "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$w"
+done
+export PYTHONPATH=$site:$PYTHONPATH
+"$py" -c 'import starlette, uvicorn' || { echo "starlette and uvicorn are missing: run bash .ci/gpu-wheels where an index is reachable"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+df -h "${TMPDIR:-/tmp}" | tail -1
 dir=$tmp/llama7b
-python3 -c "
+"$py" -c "
 import sys; sys.path.insert(0, 'nbs/benchmarks')
 from pathlib import Path
 from qlora_7b import make_model, SHAPE_7B
 make_model(Path('$dir'), SHAPE_7B, 'cuda')"
 out=${OUT:-.}/serve_load_gpu.jsonl
-for c in 1 8 32; do python3 nbs/benchmarks/serve_load.py "$dir" --clients $c --requests $((c*4)) --max-tokens 128 --max-batch 32 | tee -a "$out"; done
-python3 nbs/benchmarks/serve_load.py "$dir" --clients 8 --requests 32 --max-tokens 128 --max-batch 1 | tee -a "$out"
+load() { "$py" nbs/benchmarks/serve_load.py "$dir" --max-tokens 128 --out "$out" "$@"; }
+load --hf-generate 1,32
+load --clients 1,8,32,64 --requests 4 --max-batch 64 --context 1024
+load --clients 1,32 --requests 4 --max-batch 64 --context 1024 --no-graphs
+echo "rows in $out"

@@ -29,10 +29,10 @@ RECIPE = dict(ce_chunk=0, attn_backend='sdpa', compile='auto', fp8='off', fused_
 def run(name, cfg, train, val, eval_every, eval_batches, out, target=None):
     "Train `cfg` for its max_steps; write a row every `eval_every` steps; return the rows."
     import torch
-    from lmbook.bench import make_step, file_batches, eager_val_loss, _sync
+    from lmbook.train.bench import make_step, file_batches, eager_val_loss, _sync
     from lmbook.core import pick_device
-    from lmbook.loader import val_batches
-    from lmbook.optim import schedule_for
+    from lmbook.data.loader import val_batches
+    from lmbook.train.optim import schedule_for
     device = pick_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     t, step, _ = make_step(cfg, device)
@@ -80,7 +80,7 @@ def main():
     ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
     ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
-    from lmbook.step import cuda_allocator_defaults
+    from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
     from lmbook.config import get_config
     import tokens

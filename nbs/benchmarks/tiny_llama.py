@@ -1,9 +1,9 @@
 """Write a small random Llama (transformers folder: config.json, model.safetensors, tokenizer.json) that stands in for a
-published model where the Hub cannot be reached (`lmbook.hfimport.tiny_llama`).
+published model where the Hub cannot be reached (`lmbook.dev.fixtures.tiny_llama`).
 usage: python nbs/benchmarks/tiny_llama.py OUT_DIR [--vocab 512] [--layers 2] [--width 64] [--context 256]"""
 import argparse
 from pathlib import Path
-from lmbook.hfimport import tiny_llama
+from lmbook.dev.fixtures import tiny_llama
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

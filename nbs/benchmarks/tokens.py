@@ -36,7 +36,7 @@ def prepare(ws:Path, exp:str, dataset:str='sources', max_mb:float=40) -> tuple[P
     "Train and validation token folders of `dataset` in workspace `ws`."
     from lmbook.config import get_config
     from lmbook.core import paths_for
-    from lmbook.loader import prepare_data
+    from lmbook.data.loader import prepare_data
     if dataset == 'sources': dataset = str(source_corpus(Path(ws)/'corpus'/f'sources-{max_mb:g}MB.jsonl', max_mb))
     cfg = get_config('gpt2_124m', dict(dataset=dataset, dataset_config='', vocab_size=8192, val_ratio=0.1, tokenizer=''))  # its own 8192-token BPE
     pd = prepare_data(cfg, paths_for(exp, root=ws))
