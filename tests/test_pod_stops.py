@@ -8,6 +8,7 @@ import pytest
 from conftest import lmbook_cmd
 from fake_runpod_v2 import FakeRunPodV2, serve
 from test_pod_start import container, pid1, wait_for, KEY
+from lmbook.rundir import RunDir
 
 FAST = 60  # fake seconds a wall second
 POD = 'pod1234abc'
@@ -37,8 +38,8 @@ def finished_run(tmp_path):
     "A run folder whose final checkpoint (step 4 of 4) is complete."
     from lmbook.core import paths_for
     paths = paths_for('ak', root=tmp_path)
-    (paths.checkpoints/'step_00000004').mkdir(parents=True)
-    (paths.checkpoints/'step_00000004'/'COMPLETE').write_text(json.dumps(dict(step=4, files={})))
+    (RunDir(paths.run).checkpoints/'step_00000004').mkdir(parents=True)
+    (RunDir(paths.run).checkpoints/'step_00000004'/'COMPLETE').write_text(json.dumps(dict(step=4, files={})))
     (paths.run/'meta.json').write_text(json.dumps(dict(total_steps=4)))
     return paths
 
