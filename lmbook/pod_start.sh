@@ -2,35 +2,68 @@
 # start command, so it runs as the container's PID 1. It installs lmbook on the volume (the exact commit of
 # $LMBOOK_COMMIT from $LMBOOK_REPO), starts `lmbook boot` in the background, runs the image's own start script
 # (sshd, JupyterLab) beside it, and passes a container stop's SIGTERM on to boot, which checkpoints the run.
-# A stage that fails before boot runs stops the pod through RunPod's API (the guard), logging why on the volume.
+# A stage that fails before boot runs stops the pod through RunPod's API (the guard), logging why on the volume;
+# so does the spend guard, which counts from the pod's create time. A stop the API does not take within
+# LMBOOK_STOP_DEADLINE seconds ends this script instead: an exited container is EXITED, which bills no GPU time.
 W=${LMBOOK_WORKSPACE:-/workspace}
 S=${LMBOOK_SRC:-$W/lmbook}
 V=${LMBOOK_VENV:-$W/venvs/lmbook}
 mkdir -p "$W/logs"
 L=$W/logs/boot-${RUN_EXPERIMENT:-run}.log
 say() { echo "[boot $(date -u +%T)] $*" >> "$L"; }
+touch "$L"
+tail -n 0 -F "$L" 2>/dev/null &  # the boot log on the container's stdout too: RunPod's logs show it without SSH
+export LMBOOK_START_PID=$$  # boot asks this script to exit when the API cannot stop the pod
+# the spend guard's clock: the create time on the pod's first start (the image pull counts), else this start's
+SPEND=$W/logs/spend-${RUNPOD_POD_ID:-local}.json
+if [ -z "$LMBOOK_T0" ] || [ -e "$SPEND" ]; then export LMBOOK_T0=$(date +%s); fi
 
-stop_pod() {  # the guard: stop this pod through the API (runpodctl first, else REST v2 with the pod's own key)
-  say "guard: $1: stopping pod ${RUNPOD_POD_ID:-?} (the volume keeps this log)"
-  [ -n "$RUNPOD_POD_ID" ] || { say "guard: RUNPOD_POD_ID is not set: not a RunPod pod, nothing to stop"; return 1; }
-  if command -v runpodctl >/dev/null 2>&1 && runpodctl stop pod "$RUNPOD_POD_ID" >> "$L" 2>&1; then
-    say "guard: pod stopped (runpodctl)"; return 0
-  fi
-  for i in 1 2 3 4 5; do
-    code=$(python3 -c 'import json, os, sys, urllib.request as u
+api_stop() {  # one stop through REST v2 with the pod's own key: the HTTP status (0: no answer)
+  python3 -c 'import json, os, urllib.request as u
 url = os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io").rstrip("/") + "/v2/pods/" + os.environ["RUNPOD_POD_ID"] + "/action"
 req = u.Request(url, json.dumps({"action": "stop"}).encode(), {"Authorization": "Bearer " + os.environ.get("RUNPOD_API_KEY", ""),
                 "Content-Type": "application/json"})
 try: print(u.urlopen(req, timeout=30).status)
-except Exception as e: print(getattr(e, "code", 0))' 2>> "$L")
+except Exception as e: print(getattr(e, "code", 0))' 2>> "$L"
+}
+
+stop_pod() {  # the guard: stop this pod (runpodctl, else REST v2), retried with backoff; else end the container
+  say "guard: $1: stopping pod ${RUNPOD_POD_ID:-?} (the volume keeps this log)"
+  [ -n "$RUNPOD_POD_ID" ] || { say "guard: RUNPOD_POD_ID is not set: not a RunPod pod, nothing to stop"; return 1; }
+  t0=$(date +%s); i=0; deadline=${LMBOOK_STOP_DEADLINE:-600}
+  while :; do
+    if command -v runpodctl >/dev/null 2>&1 && runpodctl stop pod "$RUNPOD_POD_ID" >> "$L" 2>&1; then
+      say "guard: pod stopped (runpodctl)"; return 0
+    fi
+    code=$(api_stop)
     case $code in
       2*) say "guard: pod stopped (REST API)"; return 0 ;;
-      429|5*|0) sleep $((i * i)) ;;
-      *) break ;;
+      404) say "guard: pod $RUNPOD_POD_ID is gone already"; return 0 ;;
+      429|5*|0) ;;
+      *) break ;;  # a refusal no retry changes (a wrong key)
     esac
+    [ $(( $(date +%s) - t0 )) -lt "${deadline%.*}" ] || break
+    p=$(awk -v i=$i -v m="${LMBOOK_STOP_PAUSE:-60}" 'BEGIN { p = 2 ^ i; print (p < m ? p : m) }')
+    say "guard: no stop yet (answer ${code:-none}); trying again in $p s"
+    sleep "$p"; i=$((i + 1))
   done
-  say "guard: could not stop pod $RUNPOD_POD_ID (last answer: ${code:-none}): it is billing, stop it by hand"
+  say "guard: RunPod's API did not stop pod $RUNPOD_POD_ID (last answer: ${code:-none}): ending the container instead, which bills no GPU time"
+  kill -TERM "$LMBOOK_START_PID"
   return 1
+}
+
+spend_watch() {  # the spend guard until lmbook boot runs (it guards from then on): the seconds left, then a stop
+  [ -n "$MAX_HOURS$MAX_DOLLARS" ] || return 0
+  left=$(SPEND=$SPEND python3 -c 'import json, os, time
+e = lambda k: float(os.environ.get(k) or 0)
+lims = [x for x in (e("MAX_HOURS")*3600, e("MAX_DOLLARS")/e("PRICE_PER_HOUR")*3600 if e("PRICE_PER_HOUR") else 0) if x]
+try: d = json.load(open(os.environ["SPEND"]))
+except Exception: d = {}
+before = float(d.get("seconds_before", 0)) + float(d.get("seconds", 0))
+print(max(0, min(lims) - before - (time.time() - e("LMBOOK_T0"))) if lims else "")' 2>> "$L")
+  [ -n "$left" ] || return 0
+  sleep "$left"
+  stop_pod "spend guard: the pod reached MAX_HOURS/MAX_DOLLARS before lmbook boot ran"
 }
 
 install() {  # stage 1: the checkout and its virtualenv on the volume, at the commit the pod was created with
@@ -59,16 +92,6 @@ vllm_serve() {  # vLLM's OpenAI server on the exported model; the key goes as VL
     --host 0.0.0.0 --port "${SERVE_PORT:-8000}"
 }
 
-# an endpoint pod (RUN_SERVE: pod create --serve) serves a model instead of training one, behind $LMBOOK_API_KEY
-if [ -n "${RUN_SERVE:-}" ]; then set -- serve "$RUN_SERVE" --host 0.0.0.0 --port "${SERVE_PORT:-8000}"; else set -- boot; fi
-if [ "${SERVE_ENGINE:-lmbook}" = vllm ] && [ -n "${RUN_SERVE:-}" ]; then
-  ( install >> "$L" 2>&1 && vllm_serve >> "$L" 2>&1 ) &
-else
-  ( install >> "$L" 2>&1 && exec "$V/bin/lmbook" "$@" >> "$L" 2>&1 ) &
-fi
-B=$!
-"${LMBOOK_START:-/start.sh}" &  # the image's own start script: sshd, JupyterLab, RunPod's proxy
-I=$!
 
 pass() {  # a container stop signals PID 1 only: pass it on to boot, wait until boot has checkpointed the run
   say "start: got SIG$1: passing SIGTERM on to lmbook boot (pid $B) and waiting for it"
@@ -81,6 +104,19 @@ pass() {  # a container stop signals PID 1 only: pass it on to boot, wait until 
 trap 'pass TERM 143' TERM
 trap 'pass HUP 129' HUP
 trap 'pass INT 130' INT
+
+# an endpoint pod (RUN_SERVE: pod create --serve) serves a model instead of training one, behind $LMBOOK_API_KEY
+if [ -n "${RUN_SERVE:-}" ]; then set -- serve "$RUN_SERVE" --host 0.0.0.0 --port "${SERVE_PORT:-8000}"; else set -- boot; fi
+spend_watch &
+G=$!
+if [ "${SERVE_ENGINE:-lmbook}" = vllm ] && [ -n "${RUN_SERVE:-}" ]; then
+  ( install >> "$L" 2>&1 && { kill "$G" 2>/dev/null; vllm_serve >> "$L" 2>&1; } ) &
+else
+  ( install >> "$L" 2>&1 && { kill "$G" 2>/dev/null; exec "$V/bin/lmbook" "$@" >> "$L" 2>&1; } ) &
+fi
+B=$!
+"${LMBOOK_START:-/start.sh}" &  # the image's own start script: sshd, JupyterLab, RunPod's proxy
+I=$!
 
 wait "$B"
 while kill -0 "$I" 2>/dev/null; do wait "$I"; done  # the start script keeps SSH and JupyterLab up until the pod stops

@@ -6,13 +6,14 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 
 # %% ../nbs/01a_runlock.ipynb #236cfbdd
 from __future__ import annotations
-import contextlib, json, os, socket, threading, time, uuid
+import contextlib, json, os, signal, socket, threading, time, uuid
 from pathlib import Path
 from .rundir import RUN_FILES
 from .core import env_var
 
 # %% auto #0
-__all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock', 'data_lock']
+__all__ = ['LOCK', 'HEARTBEAT_S', 'DATA_LOCK', 'STOP_REQUEST', 'stale_after', 'pid_alive', 'lock_state', 'RunLocked', 'RunLock',
+           'data_lock', 'request_stop', 'take_stop_request']
 
 # %% ../nbs/01a_runlock.ipynb #9d3fe902
 LOCK = RUN_FILES['lock']
@@ -170,3 +171,19 @@ def data_lock(folder:Path, # the experiment's cache folder (`Paths.cache`)
     finally:
         _HELD[key][1] -= 1
         if not _HELD[key][1]: _HELD.pop(key)[0].release()
+
+# %% ../nbs/01a_runlock.ipynb #5dbb5506
+STOP_REQUEST = RUN_FILES['stop']  # a file in the run folder that asks its trainer to checkpoint and stop
+
+def request_stop(run_dir:Path, why:str='a stop request') -> Path:
+    "Ask the trainer of `run_dir` to checkpoint and stop at its next step; the request file."
+    p = Path(run_dir)/STOP_REQUEST
+    p.write_text(json.dumps(dict(why=why, time=time.time(), host=socket.gethostname())))
+    return p
+
+def take_stop_request(run_dir:Path) -> int:
+    "SIGTERM's number when a stop was requested in `run_dir` (the request is removed), else 0."
+    try: os.unlink(Path(run_dir)/STOP_REQUEST)
+    except FileNotFoundError: return 0
+    except OSError: pass  # another rank took it first, or a read-only copy: still a request
+    return int(signal.SIGTERM)

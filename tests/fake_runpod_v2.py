@@ -1,8 +1,10 @@
 """A fake of RunPod's REST API v2 on 127.0.0.1 for tests. Every request is checked against `runpod_v2_contract.json`
 (written from RunPod's published OpenAPI v2 description) and rejected as the real API would: unknown fields or
 values of the wrong type (422), a network volume on Community Cloud or in another data center (400), an action
-the pod's status does not allow (409). Errors are RFC 9457 problem bodies; every pod it answers has a status
-the contract knows."""
+the pod's status does not allow (409), the cross-field rules of a create (`contract_rules`), a create on an empty
+account (402). Errors are RFC 9457 problem bodies; every pod it answers has a status the contract knows. A test can
+take it down for a while on its own clock (`down`), refuse a start for want of free GPUs, and serve a pod's
+container log (`logs`) as the logs endpoint's Server-Sent Events."""
 import json, re, threading, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -73,6 +75,19 @@ class FakeRunPodV2:
         self.lock = threading.Lock()
         self.stock = {}                 # (GPU id, data center) -> AvailabilityLevel of a pod of one GPU (default: HIGH everywhere)
         self.query = {}                 # the query of the call being answered
+        self.clock = time.monotonic     # the fake's time (a test may run it faster than real time)
+        self.down_until = 0.0           # until then (on `clock`) every call finds no server: the connection drops
+        self.down_next = 0              # an outage of this many seconds that the next call starts
+        self.unanswered = 0             # calls dropped while down
+        self.balance = 100.0            # dollars on the account: a create at 0 is answered 402
+        self.no_free_gpus = False       # a start finds no free GPU on the pod's machine
+        self.logs = {}                  # pod id -> a file whose lines are the container's stdout
+        self.ssh_keys = ['ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEKEYFORTESTS me@laptop']  # the account's SSH public keys
+
+    def down(self, seconds, from_next_call=False):
+        "Be unreachable for `seconds` on the fake's clock, from now or from the next call on."
+        if from_next_call: self.down_next = seconds
+        else: self.down_until = self.clock() + seconds
 
     def calls(self, method=None, path=None):
         "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
@@ -90,6 +105,8 @@ class FakeRunPodV2:
             try: body = json.loads(raw)
             except ValueError: return self.problem(Problem(400, 'request body is not JSON'))
         with self.lock:
+            if self.down_next: self.down_until, self.down_next = self.clock() + self.down_next, 0
+            if self.clock() < self.down_until: self.unanswered += 1; return 0, None, {}
             self.requests.append((method, path, dict(headers), body))
             try:
                 if headers.get('Authorization') != f'Bearer {self.key}': raise Problem(401, 'missing or invalid bearer token')
@@ -105,7 +122,7 @@ class FakeRunPodV2:
                     if errs: raise Problem(422, 'Request validation failed.', errs)
                 elif body is not None: raise Problem(422, 'Request validation failed.', ['$: this operation takes no body'])
                 status, out = getattr(self, op.split()[0].lower() + '_' + re.sub(r'\W+', '_', op.split()[1][4:]).strip('_'))(*args, body=body)
-                if out is not None and 'status' in out: assert out['status'] in ENUMS['PodStatus'], out['status']
+                if isinstance(out, dict) and 'status' in out: assert out['status'] in ENUMS['PodStatus'], out['status']
                 return status, out, {}
             except Problem as p: return self.problem(p)
             except _Lost: return 502, None, {}
@@ -148,6 +165,8 @@ class FakeRunPodV2:
     def post_pods(self, body):
         if self.echo_errors: raise Problem(400, f'cannot place pod: {json.dumps(body)}')
         if ('gpu' in body) == ('cpu' in body): raise Problem(400, 'exactly one of gpu or cpu must be set')
+        self.contract_rules(body)
+        if self.balance <= 0: raise Problem(402, 'insufficient balance: add funds to deploy')
         if 'image' not in body and 'templateId' not in body: raise Problem(422, 'Request validation failed.', ["$: missing property 'image'"])
         mounts = body.get('mounts', {})
         if 'persistent' in mounts and 'network' in mounts: raise Problem(400, 'at most one of mounts.persistent and mounts.network')
@@ -167,6 +186,28 @@ class FakeRunPodV2:
         if self.lose_next_answer: self.lose_next_answer = False; raise _Lost()
         return 201, self.view(pod)
 
+    def contract_rules(self, body):
+        "The cross-field rules of a create that the schema alone does not carry (400), from the contract and the pod docs."
+        gpu, mounts = body.get('gpu') or {}, body.get('mounts') or {}
+        if gpu.get('allowedCudaVersions') and gpu.get('minCudaVersion'):
+            raise Problem(400, 'gpu.allowedCudaVersions and gpu.minCudaVersion are mutually exclusive')
+        if 'cpu' in body and 'persistent' in mounts: raise Problem(400, 'mounts.persistent is invalid for a CPU pod')
+        if len(body.get('env') or {}) > 50: raise Problem(400, 'a pod takes at most 50 environment variables')
+        if any(p.endswith('/udp') for p in body.get('ports') or []): raise Problem(400, 'pods do not support UDP ports')
+        if gpu.get('id') in GPUS and gpu.get('count', 1) > GPUS[gpu['id']][2]:
+            raise Problem(400, f"at most {GPUS[gpu['id']][2]} x {gpu['id']} in one pod")
+
+    def get_pods_id_logs(self, pod_id, body=None):
+        "The pod's container log as Server-Sent Events, the last `tail` lines (default 100)."
+        if pod_id not in self.pods: raise Problem(404, 'pod not found')
+        f = self.logs.get(pod_id)
+        lines = Path(f).read_text().splitlines() if f and Path(f).is_file() else []
+        tail = int(self.query.get('tail', 100))
+        ev = [json.dumps(dict(ts=f'2026-11-26T12:00:{i % 60:02d}Z', source='container', line=l)) for i, l in enumerate(lines)]
+        return 200, Stream(''.join(f'id: {i}\ndata: {e}\n\n' for i, e in enumerate(ev[len(ev) - tail if tail else len(ev):])))
+
+    def get_account_ssh_keys(self, body=None): return 200, dict(keys=list(self.ssh_keys))
+
     def get_pods_id(self, pod_id, body=None):
         p = self.pods.get(pod_id)
         if p is None: raise Problem(404, 'pod not found')
@@ -185,7 +226,10 @@ class FakeRunPodV2:
         a = body['action']
         if a not in CONTRACT['actions_by_status'].get(p['status'], []): raise Problem(409, f"cannot {a} a pod that is {p['status']}")
         if a == 'terminate': del self.pods[pod_id]; return 204, None
-        p['status'] = dict(stop='EXITED', start='RUNNING', restart='RUNNING')[a]
+        if a == 'start' and self.no_free_gpus:
+            raise Problem(400, 'There are not enough free GPUs on the host machine to start this pod.')
+        p['status'] = dict(stop='EXITED', start='STARTING', restart='STARTING')[a]
+        p['polls'] = 0
         return 200, self.view(p)
 
     def get_network_volumes(self, body=None): return 200, dict(networkVolumes=list(self.volumes.values()))
@@ -230,15 +274,21 @@ class FakeRunPodV2:
 class _Lost(Exception): pass
 
 
+class Stream(str): "A text/event-stream body."
+
+
 def serve(fake, port=0):
     "Start `fake` on `port` (0: a free one) of 127.0.0.1 in a thread; (server, base URL)."
     class H(BaseHTTPRequestHandler):
         def _any(self):
             n = int(self.headers.get('Content-Length') or 0)
             code, out, hdrs = fake.handle(self.command, self.path, self.headers, self.rfile.read(n) if n else b'')
-            data = b'' if code == 204 else json.dumps(out).encode() if out is not None else b'<html>502 Bad Gateway</html>'
+            if code == 0: self.close_connection = True; return  # down: the connection drops unanswered
+            data = (b'' if code == 204 else out.encode() if isinstance(out, Stream) else json.dumps(out).encode() if out is not None
+                    else b'<html>502 Bad Gateway</html>')
             self.send_response(code)
-            hdrs = dict({'Content-Type': 'application/json' if out is not None else 'text/html'}, **hdrs)
+            kind = 'text/event-stream' if isinstance(out, Stream) else 'application/json' if out is not None else 'text/html'
+            hdrs = dict({'Content-Type': kind}, **hdrs)
             for k, v in hdrs.items(): self.send_header(k, v)
             self.send_header('Content-Length', str(len(data))); self.end_headers(); self.wfile.write(data)
         do_GET = do_POST = do_DELETE = do_PATCH = _any

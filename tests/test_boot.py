@@ -11,6 +11,7 @@ RUNPODCTL = '''#!/bin/sh
   for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
   grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
 } >> "$WS/runpodctl-calls"
+exit 0
 '''
 
 
@@ -146,7 +147,16 @@ def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
     assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
     for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu', '--rdzv_endpoint=$HEAD:29500',
               '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
-    capsys.readouterr()
+    assert '#SBATCH --cpus-per-task=64' in txt and not txt.rstrip().endswith('&') and 'wait' not in txt
+    assert 'lmbook prepare' in capsys.readouterr().out  # on the login node, before sbatch; the script only trains
+    # each node's task expands its own rank: run the script with fakes of scontrol, srun (node 3 of 4) and lmbook
+    bin_ = tmp_path/'bin'; bin_.mkdir()
+    for name, body in dict(scontrol='echo node-a', srun='shift; SLURM_NODEID=3 exec "$@"', lmbook='echo "$@" > "$OUT"').items():
+        (bin_/name).write_text(f'#!/bin/sh\n{body}\n'); (bin_/name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4', SLURM_JOB_ID='7',
+               SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
+    assert subprocess.run(['bash', str(out)], env=env).returncode == 0
+    assert '--node_rank=3 ' in (tmp_path/'args').read_text() and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text()
     assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
     assert capsys.readouterr().err.startswith('error:')
 
@@ -253,7 +263,7 @@ def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, m
     env = dict(PATH=str(bin_), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
     o = BootOptions(experiment='ak')
     assert not autokill(o, paths, 3, log, env)
-    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop it by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
+    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop the pod by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
     assert autokill(o, paths, 3, log, dict(env, RUNPOD_API_KEY='rpa_PODSCOPEDkey42'))
     assert f.pods['pod1234abc']['status'] == 'EXITED' and f.calls('POST', '/v2/pods/pod1234abc/action')[-1][2] == dict(action='stop')
     assert ('runpodctl failed' in ' '.join(lines)) == (runpodctl == 'failing')

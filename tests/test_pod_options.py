@@ -36,8 +36,9 @@ def test_machine_minimums_and_template_over_graphql(gql, capsys):
 
 def test_no_gpu_free_in_the_volumes_data_center(fake, capsys):
     fake.stock[(H100, 'EU-RO-1')] = 'NONE'
-    one_line_error(*run(capsys, *create(fake)), 'no 2 x NVIDIA H100 80GB HBM3 free in EU-RO-1', 'US-KS-2 (HIGH)')
-    assert not posts(fake)
+    rc, out, err = run(capsys, *create(fake))
+    one_line_error(rc, out, err, 'no 2 x NVIDIA H100 80GB HBM3 free in EU-RO-1', 'US-KS-2 (HIGH)')
+    assert 'CA-MTL-1' not in err and not posts(fake)  # it has no network volumes: no place for this one
     fake.stock[(H100, 'EU-RO-1')] = 'LOW'
     rc, out, err = run(capsys, *create(fake))
     assert rc == 0 and 'few 2 x NVIDIA H100 80GB HBM3 are free in EU-RO-1 (LOW)' in out and len(posts(fake)) == 1, err
@@ -77,3 +78,27 @@ def test_serve_pod_with_vllm_and_your_key(fake, capsys, monkeypatch):
     assert body['env']['SERVE_ENGINE'] == 'vllm' and body['env']['LMBOOK_API_KEY'] == 'sk-mine-0123456789'
     assert '(vllm); key: your $MY_SERVE_KEY' in out and 'sk-mine' not in out + err
     one_line_error(*run(capsys, 'pod', 'create', '--serve', 'exports/x', '--gpu', 'H100', '--repo', fake.repo), '/workspace/exports/NAME')
+
+
+def test_a_resume_without_free_gpus_points_to_a_new_pod_on_the_volume(fake, capsys):
+    fake.add_pod('podOLD', status='EXITED', env=dict(RUN_EXPERIMENT='fw-2b'), mounts=dict(network=[dict(volumeId='vol123abc', path='/workspace')]))
+    fake.no_free_gpus = True
+    one_line_error(*run(capsys, 'pod', 'resume', 'podOLD'), 'not enough free GPUs', 'lmbook pod create', '--volume vol123abc', '--experiment fw-2b')
+    fake.no_free_gpus = False
+    assert run(capsys, 'pod', 'resume', 'podOLD')[0] == 0 and fake.pods['podOLD']['status'] == 'STARTING'  # then RUNNING
+
+
+def test_the_fake_keeps_the_contracts_cross_field_rules_and_lmbook_never_breaks_them(fake, capsys):
+    from fake_runpod_v2 import Problem
+    gpu = dict(id=H100, count=1)
+    for body, words in ((dict(gpu=dict(gpu, minCudaVersion='12.8', allowedCudaVersions=['12.8'])), 'mutually exclusive'),
+                        (dict(cpu=dict(id='cpu3c'), mounts=dict(persistent=dict(size=20, path='/workspace'))), 'CPU pod'),
+                        (dict(gpu=gpu, env={f'V{i}': 'x' for i in range(51)}), 'at most 50'),
+                        (dict(gpu=gpu, ports=['8888/http', '5000/udp']), 'UDP'),
+                        (dict(gpu=dict(id=H100, count=9)), 'at most 8')):
+        with pytest.raises(Problem, match=words): fake.contract_rules(body)
+    for args, words in ((['--env', *[f'V{i}=x' for i in range(45)]], 'at most 50'), (['--gpus', '9'], '1 to 8')):
+        one_line_error(*run(capsys, *create(fake), *args), words)
+    fake.balance = 0
+    one_line_error(*run(capsys, *create(fake)), 'insufficient balance', 'add credit')
+    assert not fake.pods

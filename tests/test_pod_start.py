@@ -27,11 +27,13 @@ def volume_venv(path):
 
 def container(tmp_path, url, **env):
     "The environment a pod's container has, with a stand-in for the image's /start.sh."
+    # this checkout itself as the pod's: no commit to check out, or a commit made meanwhile would move it
+    here = env.get('LMBOOK_SRC') == str(ROOT) and 'LMBOOK_COMMIT' not in env
     start = tmp_path/'start.sh'
     start.write_text('#!/bin/bash\nexec sleep 600\n'); start.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'TMPDIR')}
     return base | dict(HOME=str(tmp_path/'home'), LMBOOK_WORKSPACE=str(tmp_path/'workspace'), RUN_EXPERIMENT='pod', RUN_CONFIG='smoke',
-                       RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT=HEAD,
+                       RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url, LMBOOK_START=str(start), LMBOOK_COMMIT='' if here else HEAD,
                        HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1', TENSORBOARD_PORT='0') | env
 
 
@@ -72,8 +74,9 @@ def test_a_failed_stage_before_boot_stops_the_pod_and_says_why(api, tmp_path, ho
     env = container(tmp_path, api.url, LMBOOK_REPO=repo, LMBOOK_COMMIT='')
     p = pid1(env)
     try:
-        wait_for(lambda: stops(api), 120, 'the guard to stop the pod')
-        log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
+        log_file = tmp_path/'workspace'/'logs'/'boot-pod.log'
+        wait_for(lambda: log_file.is_file() and 'guard: pod stopped' in log_file.read_text(), 120, 'the guard to stop the pod')
+        log = log_file.read_text()
         want = 'git clone' if how == 'clone' else 'pip install -e'
         assert f'guard: {want}' in log and 'stopping pod pod1234abc' in log and 'guard: pod stopped (REST API)' in log, log
         assert stops(api) == [dict(action='stop')] and api.pods['pod1234abc']['status'] == 'EXITED'

@@ -6,6 +6,7 @@ import pytest
 from fake_runpod_v2 import FakeRunPodV2, serve
 from test_runpod import run, one_line_error, KEY
 
+FAKE = {}  # the fake API of the running `pod` fixture
 SSHD = shutil.which('sshd') or next((p for p in ('/usr/sbin/sshd', '/usr/bin/sshd') if os.path.exists(p)), None)
 
 
@@ -44,12 +45,14 @@ def pod(sshd, tmp_path, monkeypatch):
     f.ssh = ('127.0.0.1', port)
     f.add_pod('podSSH', name='fw-2b-1', env=dict(RUN_EXPERIMENT='fw-2b'))
     srv, url = serve(f)
+    FAKE['api'] = f
     vol = tmp_path/'volume'
     run_dir = vol/'runs'/'fw-2b'
     (run_dir/'checkpoints'/'step_00000010').mkdir(parents=True)
     (run_dir/'checkpoints'/'step_00000010'/'model.safetensors').write_bytes(b'\0'*1000)
     (run_dir/'metrics.jsonl').write_text('{"step": 10, "loss": 3.2}\n')
     (vol/'logs').mkdir(); (vol/'logs'/'boot-fw-2b.log').write_text(''.join(f'[boot] line {i}\n' for i in range(20)))
+    f.logs['podSSH'] = vol/'logs'/'boot-fw-2b.log'  # the start script copies it to the container's stdout
     for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, LMBOOK_SSH_OPTS=opts, LMBOOK_POD_WORKSPACE=str(vol),
                      LMBOOK_WORKSPACE=str(tmp_path/'laptop')).items(): monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
@@ -76,10 +79,35 @@ def test_push_and_fetch_over_ssh(pod, tmp_path, capsys, monkeypatch, copy):
     assert rc == 0 and (tmp_path/'all'/'checkpoints'/'step_00000010'/'model.safetensors').stat().st_size == 1000, err
 
 
-def test_logs_over_ssh(pod, capfd):
-    from lmbook.cli import main
-    assert main(['pod', 'logs', 'podSSH', '-n', '3']) == 0
-    assert capfd.readouterr().out.splitlines() == ['[boot] line 17', '[boot] line 18', '[boot] line 19']
+def test_logs_come_from_the_logs_endpoint_and_ssh_needs_a_registered_key(pod, tmp_path, capsys):
+    rc, out, err = run(capsys, 'pod', 'logs', 'podSSH', '-n', '3')
+    assert rc == 0 and out.splitlines() == ['[boot] line 17', '[boot] line 18', '[boot] line 19'], err
+    FAKE['api'].ssh_keys = []  # RunPod's startSsh does nothing without a key: say so before ssh fails with 255
+    for cmd in (['push', pod/'logs', 'podSSH'], ['fetch', 'podSSH'], ['stop', 'podSSH']):
+        one_line_error(*run(capsys, 'pod', *cmd), 'no SSH public key is registered', 'SSH Public Keys')
+    assert FAKE['api'].pods['podSSH']['status'] == 'RUNNING'
+
+
+def test_pod_stop_waits_for_the_stop_checkpoint_then_stops_the_pod(pod, ws, capsys):
+    "A trainer on the pod's volume gets the stop request over SSH, writes its checkpoint, and only then is the pod stopped."
+    from test_pod_signals import train
+    from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+    FAKE['api'].add_pod('podGS', name='gs-1', env=dict(RUN_EXPERIMENT='gs'))
+    os.environ['LMBOOK_POD_WORKSPACE'] = str(ws)  # restored by the fixture's monkeypatch
+    p = train(ws, 'gs')
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    else: raise AssertionError(''.join(out))
+    rc, o, err = run(capsys, 'pod', 'stop', 'podGS', '--poll', '0.2')
+    rest = p.stdout.read()
+    assert rc == 0 and p.wait(30) == 143, err + rest
+    (msg,) = [l for l in rest.splitlines() if l.startswith('stopped by SIGTERM')]
+    newest = list_checkpoints(Path(ws)/'runs'/'gs'/'checkpoints')[0]
+    assert f'at step {ckpt_step(newest)}/' in msg and verify_checkpoint(newest) and f'with {newest.name} complete' in o
+    assert FAKE['api'].pods['podGS']['status'] == 'EXITED' and 'waiting for the stop checkpoint' in err
+    assert not (Path(ws)/'runs'/'gs'/'STOP').exists()
 
 
 def test_upload_to_a_network_volume_without_a_pod(tmp_path, capsys, monkeypatch):

@@ -10,13 +10,22 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAD = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
+GIT_HOST = 'https://git.lmbook.test/'  # pods refuse local repositories: this host is a folder of the test (git's insteadOf)
+
+
+def remotes_in(folder, monkeypatch):
+    "Make `GIT_HOST`'s repositories the bare repositories in `folder`."
+    for k, v in dict(GIT_CONFIG_COUNT='1', GIT_CONFIG_KEY_0=f'url.file://{folder}/.insteadOf', GIT_CONFIG_VALUE_0=GIT_HOST).items():
+        monkeypatch.setenv(k, v)
+
+
 def bare_remote(path, sha):
     "A bare repository sharing this checkout's objects whose only branch points at `sha`: a remote that has `sha` and its past."
     subprocess.run(['git', 'init', '-q', '--bare', str(path)], check=True)
     common = subprocess.run(['git', 'rev-parse', '--git-common-dir'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     (path/'objects'/'info'/'alternates').write_text(str((ROOT/common).resolve()/'objects') + '\n')
     subprocess.run(['git', 'update-ref', 'refs/heads/main', sha], cwd=path, check=True)
-    return f'file://{path}'
+    return GIT_HOST + path.name
 
 
 @pytest.fixture
@@ -25,6 +34,7 @@ def fake(monkeypatch, tmp_path):
     srv, url = serve(f)
     for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF, LMBOOK_WORKSPACE=str(tmp_path/'ws')).items(): monkeypatch.setenv(k, v)
     for k in ('JUPYTER_PASSWORD', 'LMBOOK_RUNPOD_API', 'RUNPOD_GPU_TYPE', 'RUNPOD_GPU_COUNT'): monkeypatch.delenv(k, raising=False)
+    remotes_in(tmp_path, monkeypatch)
     f.repo = bare_remote(tmp_path/'remote.git', HEAD)
     monkeypatch.chdir(tmp_path)
     yield f
@@ -39,7 +49,7 @@ def run(capsys, *args):
 
 
 def one_line_error(rc, out, err, *words):
-    lines = [l for l in err.strip().splitlines() if not l.startswith('warning:')]
+    lines = [l for l in err.strip().splitlines() if not l.startswith(('warning:', 'note:'))]
     assert rc == 2 and len(lines) == 1 and lines[0].startswith('error: '), err
     for w in words: assert w in err, err
 
@@ -92,7 +102,7 @@ def test_a_manifest_created_twice_is_one_pod_and_one_clear_answer(fake, capsys):
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml', '--retry-wait', '0')
     assert rc == 0 and 'created' in out, err
     (pid,) = fake.pods
-    assert run(capsys, 'pod', 'stop', pid)[0] == 0
+    assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')
     assert rc == 0 and out.count('\n') == 1 and 'already exists, status EXITED: nothing created' in out and f'lmbook pod resume {pid}' in out, out
     assert 'created:' not in out and len(fake.pods) == 1 and len(posts(fake)) == 1
@@ -114,8 +124,11 @@ def test_capacity_is_retried_after_a_lookup_then_a_clear_error(fake, capsys):
 def test_half_failed_create_is_found_by_name_and_not_billed_twice(fake, capsys):
     fake.lose_next_answer = True
     rc, out, err = run(capsys, *create(fake, '--tries', '1'))
-    assert rc == 0 and 'already exists' in out, err
-    assert len(fake.pods) == 1 and len(posts(fake)) == 1
+    (pid,) = fake.pods
+    assert rc == 0 and f'pod {pid} (' in out and 'created' in out and 'already exists' not in out, err
+    assert 'jupyter' in out and len(fake.pods) == 1 and len(posts(fake)) == 1  # its URLs, as for any new pod
+    rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml', '--retry-wait', '0')
+    assert rc == 0 and 'already exists' in out and len(posts(fake)) == 1  # a second create of the same spec
 
 
 def test_busy_and_failing_api_calls_are_retried_with_backoff(fake, capsys, monkeypatch):
@@ -178,7 +191,9 @@ def test_the_pod_runs_a_commit_the_remote_has(fake, capsys, tmp_path):
     rc, out, err = run(capsys, *base, '--repo', old, '--commit', 'HEAD~1')
     parent = subprocess.run(['git', 'rev-parse', 'HEAD~1'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert rc == 0 and f'LMBOOK_COMMIT: {parent}' in out, err
-    one_line_error(*run(capsys, *base, '--repo', f'file://{tmp_path}/nothing.git'), 'cannot read')
+    one_line_error(*run(capsys, *base, '--repo', GIT_HOST + 'nothing.git'), 'cannot read')
+    for local in (f'file://{tmp_path}/remote.git', str(tmp_path/'remote.git')):  # a pod cannot clone from this machine
+        one_line_error(*run(capsys, *base, '--repo', local), 'a pod cannot clone', 'push', '--repo')
     if not subprocess.run(['git', 'remote'], cwd=ROOT, capture_output=True, text=True).stdout.strip():
         one_line_error(*run(capsys, *base), "no remote 'origin'", '--repo')
 
@@ -192,10 +207,11 @@ def test_status_wait_lifecycle_and_volumes(fake, capsys, monkeypatch):
     assert 'volume       vol123abc (EU-RO-1)' in out and HF not in out and 'JUPYTER_PASSWORD' not in out
     assert pid in run(capsys, 'pod', 'list')[1]
     assert run(capsys, 'pod', 'restart', pid)[0] == 0 and fake.calls('POST', f'/v2/pods/{pid}/action')[-1][2] == dict(action='restart')
-    assert run(capsys, 'pod', 'stop', pid)[0] == 0 and fake.pods[pid]['status'] == 'EXITED'
+    assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0 and fake.pods[pid]['status'] == 'EXITED'
     one_line_error(*run(capsys, 'pod', 'wait', pid, '--timeout', '1', '--poll', '0'), 'EXITED')
     one_line_error(*run(capsys, 'pod', 'restart', pid), '409', 'EXITED')  # RunPod restarts only a running pod
-    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'RUNNING'
+    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'STARTING'  # then RUNNING, as RunPod's
+    assert run(capsys, 'pod', 'wait', pid, '--poll', '0')[0] == 0 and fake.pods[pid]['status'] == 'RUNNING'
     one_line_error(*run(capsys, 'pod', 'terminate', pid), '--yes', 'network volume vol123abc keeps the run')
     assert pid in fake.pods
     rc, out, err = run(capsys, 'pod', 'terminate', pid, '--yes')
@@ -341,3 +357,16 @@ def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
     one_line_error(*run(capsys, *base, '--profile', 'configs/my.yaml'), '/workspace/')
     rc, out, err = run(capsys, *base, '--profile', '/workspace/configs/my.yaml')
     assert rc == 0 and 'RUN_CONFIG: /workspace/configs/my.yaml' in out, err
+
+
+def test_the_readme_in_a_clone_of_a_local_mirror_stops_at_its_first_command(tmp_path):
+    "The README's laptop commands, run in order in a fresh clone whose origin is a local path: the first one says what to do."
+    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1].split('```bash\n')[1].split('```')[0]
+    cmds = [l.split('  #')[0].strip() for l in readme.splitlines() if l.startswith('lmbook ')]
+    clone = tmp_path/'clone'
+    subprocess.run(['git', 'clone', '-q', str(ROOT), str(clone)], check=True)  # origin: a path on this machine
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')} | dict(RUNPOD_API_KEY=KEY, LMBOOK_WORKSPACE=str(tmp_path/'ws'),
+                                                                                       PYTHONPATH=str(clone))
+    first = subprocess.run([sys.executable, '-m', 'lmbook.cli', *cmds[0].split()[1:]], cwd=clone, env=env, capture_output=True, text=True)
+    assert first.returncode == 2 and first.stdout == '', first.stdout + first.stderr
+    assert first.stderr.count('\n') == 1 and 'push lmbook' in first.stderr and '--repo' in first.stderr, first.stderr

@@ -3,7 +3,7 @@ import re
 from pathlib import Path
 import pytest
 from fake_runpod import FakeRunPod, serve
-from test_runpod import bare_remote, run, one_line_error, HEAD, KEY, HF
+from test_runpod import bare_remote, remotes_in, run, one_line_error, HEAD, KEY, HF
 
 
 @pytest.fixture
@@ -15,6 +15,7 @@ def gql(monkeypatch, tmp_path):
         monkeypatch.setenv(k, v)
     monkeypatch.delenv('JUPYTER_PASSWORD', raising=False)
     monkeypatch.setattr(runpod, 'api_key', None)
+    remotes_in(tmp_path, monkeypatch)
     f.repo = bare_remote(tmp_path/'remote.git', HEAD)
     monkeypatch.chdir(tmp_path)
     yield f
@@ -41,7 +42,7 @@ def test_the_sdk_backend_creates_watches_and_stops_a_pod(gql, capsys):
     assert rc == 0 and 'RUNNING' in out and 'ssh root@203.0.113.7 -p 40022' in out
     one_line_error(*run(capsys, 'pod', 'restart', pid), 'no restart')
     assert not gql.ops('podRestart')
-    assert run(capsys, 'pod', 'stop', pid)[0] == 0 and gql.pods[pid]['desiredStatus'] == 'EXITED'
+    assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0 and gql.pods[pid]['desiredStatus'] == 'EXITED'
     assert run(capsys, 'pod', 'resume', pid)[0] == 0 and 'gpuCount: 1' in gql.ops('podResume')[0]
     assert run(capsys, 'pod', 'terminate', pid, '--yes')[0] == 0 and pid not in gql.pods
     assert 'vol123abc' in run(capsys, 'pod', 'volume', 'list')[1]

@@ -14,8 +14,8 @@ from ..core import env_var
 
 # %% auto #0
 __all__ = ['SAFE_VALUES', 'STATUSES', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError', 'RateLimited',
-           'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'gql_view', 'GraphQL',
-           'RunPodAPI']
+           'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'sse_lines', 'gql_view',
+           'GraphQL', 'RunPodAPI']
 
 # %% ../../nbs/07b_api.ipynb #c06b0c1f
 class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
@@ -159,9 +159,33 @@ class RestV2:
     def data_centers(self) -> list[dict]:
         return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
                 '/catalog/datacenters')['dataCenters']]
+    def ssh_keys(self) -> list[str]: return self.call('GET', '/account/ssh-keys')['keys']
+    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+        q = urllib.parse.urlencode(dict(tail=int(tail)))
+        req = urllib.request.Request(f"{self.base}/pods/{pod_id}/logs?{q}", method='GET', headers={
+            'Authorization': f'Bearer {self.key}', 'Accept': 'text/event-stream'})
+        lines = []
+        try:
+            with urllib.request.urlopen(req, timeout=None if follow else 10) as r: sse_lines(r, lines, out)
+        except TimeoutError: pass  # the backfill is over: the stream only waits for new lines now
+        except urllib.error.HTTPError as e:
+            raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                                 f"({type(e).__name__}): check the network and retry") from None
+        return lines
 
 def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
                                       data_center=v.get('dataCenter', ''))
+
+# %% ../../nbs/07b_api.ipynb #26e72876
+def sse_lines(stream, lines:list, out=None) -> list[str]:
+    "The `line` of each `data:` event of `stream`, appended to `lines` (and given to `out`) as it comes."
+    for raw in stream:
+        if raw.startswith(b'data:'):
+            lines.append(l := json.loads(raw[5:]).get('line', ''))
+            if out: out(l)
+    return lines
 
 # %% ../../nbs/07b_api.ipynb #ae266698
 _POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { '
@@ -210,7 +234,11 @@ class GraphQL:
 
     def _gql(self, query:str) -> dict:
         from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
-        return self._call(run_graphql_query, query)['data']
+        r = self._call(run_graphql_query, query)
+        if not isinstance(r, dict) or not isinstance(r.get('data'), dict):
+            raise TransientError("RunPod's GraphQL API answered without `data`: a passing failure on its "
+                                 "side, or RUNPOD_API_BASE_URL is not its address")
+        return r['data']
     def pods(self) -> list[dict]:
         q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
         return [gql_view(p) for p in self._gql(q)['myself']['pods']]
@@ -254,6 +282,10 @@ class GraphQL:
         return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
     # not asked over GraphQL: the volume's own data center is checked instead
     def data_centers(self) -> list[dict]|None: return None
+    def ssh_keys(self) -> None: return None  # not known over GraphQL
+    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+        raise RunPodError("RunPod's GraphQL API has no pod logs: use the REST API (api = rest), or "
+                          "the log on the volume over SSH")
 
 # %% ../../nbs/07b_api.ipynb #fc9b26df
 BACKENDS = dict(rest=RestV2, graphql=GraphQL)
@@ -311,6 +343,12 @@ class RunPodAPI:
     def volume(self, vol_id:str) -> dict|None: return self.retry(self.b.volume, check_safe(vol_id, 'id',
                                                                                            'volume id'))
     def data_centers(self) -> list[dict]|None: return self.retry(self.b.data_centers)
+    def ssh_keys(self) -> list[str]|None:
+        "The SSH public keys registered with the account (None: not known)."
+        return self.retry(self.b.ssh_keys)
+    def logs(self, pod_id:str, tail:int=100, follow:bool=False, out=None) -> list[str]:
+        "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
+        return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
         check_safe(name, 'name', 'volume name'); check_safe(data_center, 'data_center', 'data center id')
         if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to "

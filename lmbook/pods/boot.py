@@ -20,7 +20,8 @@ from ..data.loader import prepare_data
 from ..train.optim import total_steps
 from ..runs.checkpoint import ckpt_step, latest_checkpoint
 from ..train.launch import launch_cmd
-from .guard import stop_pod, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from .guard import stop_pod, exit_container, stop_run, wait_run, StopSignals, Stopped, spend_guard
+from .guard import watch_spend
 from ..rundir import RunDir
 from ..core import env_var, process_env
 
@@ -362,7 +363,8 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
     log.sync(); os.sync()
     if stop_pod(pod, action, log, env): return True
-    log(f"autokill: could not {action} pod {pod}: it is billing, stop it by hand"); done.unlink()
+    log(f"autokill: could not {action} pod {pod} through RunPod's API"); done.unlink()
+    exit_container(log, env)
     return False
 
 # %% ../../nbs/07g_boot.ipynb #109713fa
@@ -379,11 +381,13 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
         try:
             kernel = stage_install(o, log) if 1 in stages else None
             paths = stage_layout(o, ws, log)
-            stage_data(o, paths, log)
             guard = spend_guard(process_env(), ws, log)
+            watch_spend(guard, stop, log)  # counts through the data stage too, from the pod's create time
+            stage_data(o, paths, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
             log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+            spent = stop.spent
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
             log(f"error: {e}"); rc = EXIT_USER_ERROR
         except Exception:  # unattended: whatever went wrong must be in the log on the volume
@@ -419,6 +423,16 @@ def _orchestrate_cmd(a) -> int:
     return run_pipeline(o, ws, stages=(2, 3, 4))
 
 # %% ../../nbs/07g_boot.ipynb #1ad93ea0
+def _sbatch_lines(experiment:str, nodes:int, gpus_per_node:int, cpus_per_task:int, time_limit:str,
+                  partition:str, account:str, mem:str) -> list[str]:
+    "The `#SBATCH` header: one task a node (torchrun starts the GPU processes), its CPUs and memory."
+    opt = lambda k, v: [f'#SBATCH --{k}={v}'] if v else []
+    return (['#!/bin/bash', f'#SBATCH --job-name=lmbook-{experiment}', f'#SBATCH --nodes={nodes}',
+             '#SBATCH --ntasks-per-node=1', f'#SBATCH --gpus-per-node={gpus_per_node}',
+             f'#SBATCH --cpus-per-task={cpus_per_task or 8*gpus_per_node}', f'#SBATCH --time={time_limit}',
+             '#SBATCH --signal=TERM@120', '#SBATCH --requeue', f'#SBATCH --output=lmbook-{experiment}-%j.out']
+            + opt('partition', partition) + opt('account', account) + opt('mem', mem))
+
 def slurm_script(profile:str, # profile name or config file
                  experiment:str, # run name
                  nodes:int=2, # nodes
@@ -427,40 +441,42 @@ def slurm_script(profile:str, # profile name or config file
                  time_limit:str='24:00:00', # SLURM --time
                  partition:str='', # SLURM partition ('' : the default)
                  venv:str='', # virtualenv to activate ('' : lmbook on PATH)
+                 account:str='', # SLURM --account ('' : the default)
+                 mem:str='', # SLURM --mem per node, e.g. 480G ('' : the cluster's default)
+                 cpus_per_task:int=0, # CPUs for each node's task (0 : 8 a GPU)
+                 modules:str='', # `module load` these first, e.g. 'cuda/12.4 python/3.11'
                 ) -> str:
     "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
     check_name(experiment); get_config(profile)
-    if nodes < 1 or gpus_per_node < 1: raise ValueError("nodes and gpus_per_node must be >= 1")
+    if nodes < 1 or gpus_per_node < 1 or cpus_per_task < 0: raise ValueError("nodes and gpus_per_node must "
+                                                                             "be >= 1, cpus_per_task >= 0")
     if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit):
         raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
-    if partition and not re.fullmatch(r'[A-Za-z0-9_.,-]+', partition): raise ValueError("SLURM partition "
-        f"{partition!r}: letters, digits, . _ - and commas only")
+    for what, v, rx in (('partition', partition, r'[A-Za-z0-9_.,-]*'),
+                        ('account', account, r'[A-Za-z0-9_.-]*'), ('mem', mem, r'(\d+[KMGT]?)?'),
+                        ('modules', modules, r'[A-Za-z0-9_./+ -]*')):
+        if not re.fullmatch(rx, v): raise ValueError(f"SLURM {what} {v!r}: it must match {rx}")
     # pasted into double quotes: $VAR expands, nothing else is special
     for what, path in (('workspace', workspace), ('venv', venv)):
         if path and not re.fullmatch(r'[A-Za-z0-9_./~+@:${}-]+', path):
             raise ValueError(f"{what} path {path!r}: letters, digits, . _ - / ~ + @ : and $VAR only (no "
                              "spaces or quotes)")
     q = shlex.quote
-    targs = ('--nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID --rdzv_backend=c10d '
+    # escaped: each node's own task expands its rank, not the batch host
+    targs = ('--nnodes=$SLURM_NNODES --node_rank=\\$SLURM_NODEID --rdzv_backend=c10d '
              '--rdzv_endpoint=$HEAD:29500 --rdzv_id=$SLURM_JOB_ID')
-    lines = ['#!/bin/bash', f'#SBATCH --job-name=lmbook-{experiment}', f'#SBATCH --nodes={nodes}',
-             '#SBATCH --ntasks-per-node=1',
-             f'#SBATCH --gpus-per-node={gpus_per_node}', f'#SBATCH --time={time_limit}',
-                 '#SBATCH --signal=TERM@120', '#SBATCH --requeue',
-             f'#SBATCH --output=lmbook-{experiment}-%j.out'] + ([f'#SBATCH --partition={partition}']
-                                                                if partition else []) + [
-             '', '# generated by `lmbook slurm`: resubmitting (or --requeue) resumes from the newest '
-                 'checkpoint',
-             'set -euo pipefail',
-                 f'export LMBOOK_WORKSPACE="{workspace}"'] + ([f'source "{venv}/bin/activate"'] if venv
-                                                              else []) + [
-             'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-             f'lmbook prepare --profile {q(profile)} --experiment {q(experiment)} --quiet   # once, on the '
-                 'shared filesystem',
-             f"srun --kill-on-bad-exit=1 bash -c \"lmbook train --profile {q(profile)} --experiment "
-                 f"{q(experiment)} --nproc {gpus_per_node} "
-             f"--torchrun-args '{targs}'\" &", 'wait $!', '']
-    return '\n'.join(lines)
+    return '\n'.join(_sbatch_lines(experiment, nodes, gpus_per_node, cpus_per_task, time_limit, partition,
+                                   account, mem) + [
+        '', '# generated by `lmbook slurm`: resubmitting (or --requeue) resumes from the newest checkpoint',
+        '# prepare the data once first, where the shared filesystem is: '
+        f'lmbook prepare --profile {q(profile)} --experiment {q(experiment)}',
+        'set -euo pipefail'] + ([f'module load {modules}'] if modules else []) + [
+        f'export LMBOOK_WORKSPACE="{workspace}"'] + ([f'source "{venv}/bin/activate"'] if venv else []) + [
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # no `&`/`wait`: --signal without B: goes to the tasks (the trainers), not to this batch shell
+        "srun --kill-on-bad-exit=1 bash -c "
+        f"\"lmbook train --profile {q(profile)} --experiment {q(experiment)} "
+        f"--nproc {gpus_per_node} --torchrun-args \\\"{targs}\\\"\"", ''])
 
 # %% ../../nbs/07g_boot.ipynb #24acf036
 def add_cli(sub):
@@ -487,13 +503,19 @@ def add_cli(sub):
     p.add_argument('--time', default='24:00:00')
     p.add_argument('--partition', default='')
     p.add_argument('--venv', default='')
+    p.add_argument('--account', default='')
+    p.add_argument('--mem', default='', help='memory per node, e.g. 480G')
+    p.add_argument('--cpus-per-task', type=int, default=0, help='CPUs of each node (default: 8 a GPU)')
+    p.add_argument('--modules', default='', help="modules to load first, e.g. 'cuda/12.4 python/3.11'")
     p.add_argument('--out', help='write here instead of printing')
     p.set_defaults(func=_slurm_cmd)
 
 def _slurm_cmd(a) -> int:
-    txt = (slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
-                        a.venv))
-    if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: sbatch {a.out}")
+    txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
+                       a.venv, a.account, a.mem, a.cpus_per_task, a.modules)
+    prep = f"lmbook prepare --profile {shlex.quote(a.profile)} --experiment {shlex.quote(a.experiment)}"
+    if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: {prep} (on the login node, once), then "
+                                                 f"sbatch {a.out}")
     else: print(txt, end='')
     return 0
 

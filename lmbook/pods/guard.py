@@ -9,30 +9,61 @@ from __future__ import annotations
 import json, os, shutil, signal, socket, subprocess, threading, time
 from pathlib import Path
 from ..runlock import LOCK, lock_state
-from .api import RunPodAPI, check_safe
+from .api import RunPodAPI, NotFound, TransientError, check_safe
 from ..core import env_var, process_env
 
 # %% auto #0
-__all__ = ['stop_pod', 'trainer_pid', 'stop_run', 'wait_run', 'Stopped', 'StopSignals', 'SpendGuard', 'spend_guard']
+__all__ = ['STOP_DEADLINE_S', 'STOP_PAUSE_S', 'stop_pod', 'exit_container', 'trainer_pid', 'stop_run', 'wait_run', 'Stopped',
+           'StopSignals', 'SpendGuard', 'spend_guard', 'watch_spend']
 
 # %% ../../nbs/07d_guard.ipynb #b528e008
-def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
-             action:str, # 'stop' (the volume and disk stay) or 'terminate'
-             log, # a `BootLog` (its file takes runpodctl's output)
-             env:dict|None=None, # the environment (PATH, RUNPOD_API_KEY)
-            ) -> bool:
-    ("Stop or terminate `pod_id` from inside it: `runpodctl`, else the API with the pod's key; True when "
-     "RunPod took it.")
-    env = process_env(env)
-    check_safe(pod_id, 'id', 'RUNPOD_POD_ID')
-    if shutil.which('runpodctl', path=env_var('PATH', env=env)):
+STOP_DEADLINE_S = 600  # how long a stop keeps trying the API before the container exits instead
+STOP_PAUSE_S = 60      # the longest pause between two tries
+
+def _stop_once(pod_id:str, action:str, log, env:dict) -> bool|None:
+    "One try: True when RunPod took it, None when a later try may succeed, False when none will."
+    if shutil.which('runpodctl', path=env.get('PATH')):
         r = subprocess.run(['runpodctl', 'stop' if action == 'stop' else 'remove', 'pod', pod_id],
                            stdin=subprocess.DEVNULL,
                            stdout=getattr(log, 'f', None), stderr=subprocess.STDOUT, env=dict(env))
         if r.returncode == 0: return True
         log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
-    try: RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None).action(pod_id, action)
+    try: RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=1).action(pod_id, action)
+    except NotFound: return True  # already gone
+    except TransientError as e: log(f"autokill: {e}"); return None
     except ValueError as e: log(f"autokill: {e}"); return False
+    return True
+
+def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
+             action:str, # 'stop' (the volume and disk stay) or 'terminate'
+             log, # a `BootLog` (its file takes runpodctl's output)
+             env:dict|None=None, # the environment (PATH, RUNPOD_API_KEY, LMBOOK_STOP_DEADLINE)
+             clock=time.monotonic, sleep=time.sleep, # time, injectable for tests
+            ) -> bool:
+    "Stop or terminate `pod_id` from inside it, retried with backoff; True when RunPod took it."
+    env = process_env(env)
+    check_safe(pod_id, 'id', 'RUNPOD_POD_ID')
+    deadline = float(env_var('LMBOOK_STOP_DEADLINE', env=env) or STOP_DEADLINE_S)
+    most = float(env_var('LMBOOK_STOP_PAUSE', env=env) or STOP_PAUSE_S)
+    t0, i = clock(), 0
+    while (ok := _stop_once(pod_id, action, log, env)) is None and clock() - t0 < deadline:
+        pause = min(most, 2.0**i, max(0.0, deadline - (clock() - t0)))
+        log(f"autokill: the {action} did not go through; trying again in {pause:g} s "
+            f"({clock() - t0:.0f} of {deadline:.0f} s)")
+        sleep(pause); i += 1
+    return bool(ok)
+
+# %% ../../nbs/07d_guard.ipynb #d4056dec
+def exit_container(log, env:dict|None=None) -> bool:
+    "Ask the pod's start script (PID 1) to exit, ending the container and its GPU bill; False outside one."
+    pid = int(env_var('LMBOOK_START_PID', env=env) or 0)
+    if not pid:
+        log("autokill: not under the pod's start script (LMBOOK_START_PID unset): stop the pod by hand")
+        return False
+    log(f"autokill: ending the container instead (start script pid {pid}): an exited container is EXITED, "
+        "which bills no GPU time; the volume keeps everything")
+    try: os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError: return False
     return True
 
 # %% ../../nbs/07d_guard.ipynb #f64e616e
@@ -72,7 +103,7 @@ class StopSignals:
     ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
      "exit.")
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    def __init__(self): self.signum, self.training, self.old = 0, False, {}
+    def __init__(self): self.signum, self.training, self.old, self.spent = 0, False, {}, ''
     def _handler(self, signum, frame):
         self.signum = self.signum or signum
         if not self.training: raise Stopped(signum)
@@ -138,3 +169,21 @@ def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
     if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "
                                  f"h (${lim*price:.2f} at ${price:.2f}/h)")
     return g
+
+# %% ../../nbs/07d_guard.ipynb #d3882018
+def watch_spend(guard:SpendGuard|None, # the pod's spend guard (None: no limit, nothing to watch)
+                stop:StopSignals, # boot's stop flags: the thread ends once training starts
+                log, # the boot log
+                every_s:float|None=None, # seconds between checks (default: $LMBOOK_GUARD_POLL, else 30)
+               ) -> threading.Thread|None:
+    "A thread that stops boot (SIGTERM, the reason in `stop.spent`) once the guard is over, until training."
+    if guard is None: return None
+    every = every_s or float(env_var('LMBOOK_GUARD_POLL') or 30)
+    def watch():
+        while not (stop.signum or stop.training):
+            time.sleep(every)
+            if not (stop.signum or stop.training) and (why := guard.over()):
+                log(why); stop.spent = why; os.kill(os.getpid(), signal.SIGTERM); return
+    t = threading.Thread(target=watch, name='spend-guard', daemon=True)
+    t.start()
+    return t

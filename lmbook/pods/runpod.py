@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from .api import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
                            rest_body, SAFE_VALUES)
-from . import sync as podsync
+from . import sync as podsync, watch as podwatch
 from ..core import load_settings, check_name, package_dir, cli_options
 from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
@@ -23,8 +23,8 @@ from ..core import env_var, process_env
 __all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
            'resolve_env', 'code_source', 'start_script', 'start_command', 'check_pod_args', 'run_overrides',
            'spend_env', 'pod_spec', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage', 'request_text',
-           'create_pod_retrying', 'wait_running', 'format_status', 'check_available', 'add_plan_cli', 'add_create_cli',
-           'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+           'create_pod_retrying', 'wait_running', 'format_status', 'check_origin', 'check_available', 'add_plan_cli',
+           'add_create_cli', 'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../../nbs/07f_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -55,9 +55,11 @@ _PLACEHOLDER = re.compile(r'[<>{}]|\.\.\.|…|\bexample\.(com|org|net)\b|\.inval
                           re.I)
 
 def check_repo(url:str) -> str:
-    ("A git URL a pod can clone (https, ssh, git@host:path, file or an absolute path), not a placeholder; "
-     "else a one-line error.")
-    git_url = r'(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+|/\S+'
+    "A git URL a pod can clone (https, ssh, git@host:path), not a placeholder; else a one-line error."
+    if isinstance(url, str) and re.match(r'file:|/|\.{0,2}/|~', url):
+        raise ValueError(f"repository {url!r} is on this machine, which a pod cannot clone from: push lmbook "
+                         "where the pod can reach it (e.g. GitHub) and give --repo URL")
+    git_url = r'(https?|ssh|git)://\S+|[\w.-]+@[\w.-]+:\S+'
     if not isinstance(url, str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(git_url, url):
         raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook "
                          "repository (--repo), "
@@ -119,6 +121,11 @@ class PodSpec:
                              "the final checkpoint with it, "
                              "seconds after it is written: use --autokill stop, or give --volume")
         for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
+        if len(self.env) + len(self.secrets) > 49:  # LMBOOK_T0 is added when sent
+            raise ValueError(f"{len(self.env) + len(self.secrets)} environment variables: RunPod takes at "
+                             "most 50 a pod, and lmbook adds one; drop some --env")
+        if any(p.strip().endswith('/udp') for p in self.ports.split(',')):
+            raise ValueError(f"ports {self.ports!r}: RunPod pods take no UDP ports, only http and tcp")
         if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
         if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
             raise ValueError("env LMBOOK_COMMIT must be the full 40-character commit the pod checks out "
@@ -372,15 +379,17 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
                         sleep=time.sleep) -> tuple[dict, bool]:
     ("(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient "
      "errors are retried.")
+    sent = False  # a create went out whose answer was lost: a pod found by its name is this call's
     for i in range(tries):
-        if (found := api.find_pod(spec.name)): return found, False
+        if (found := api.find_pod(spec.name)): return found, sent
         try: return api.create_pod(spec, env), True
         except (CapacityError, TransientError) as e:
+            sent = sent or isinstance(e, TransientError)
             if i == tries - 1:
                 if isinstance(e, TransientError):  # the last request may have made the pod: look once more
                     try: found = api.find_pod(spec.name)
                     except TransientError: found = None
-                    if found: return found, False
+                    if found: return found, True
                     raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether "
                                       f"pod {spec.name} exists before you try again") from None
                 raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, "
@@ -426,7 +435,13 @@ def format_status(p:dict) -> str:
     return '\n'.join(lines)
 
 # %% ../../nbs/07f_runpod.ipynb #30b1d909
+def check_origin(checkout:Path|None=None):
+    "Refuse, in one line, a checkout whose `origin` a pod cannot clone (a path or `file://`)."
+    r = _git('remote', 'get-url', 'origin', cwd=Path(checkout or package_dir().parent))
+    if not r.returncode: check_repo(r.stdout.strip())
+
 def _plan_cmd(a) -> int:
+    check_repo(a.repo) if a.repo else check_origin()  # the first pod command says what a pod cannot clone
     p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count,
              parse_assignments(a.set), a.cloud,
              volume=bool(a.volume), image=a.image)
@@ -481,19 +496,22 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
     if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
         f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
-    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec)
+    dcs = api.data_centers() if spec.volume_id else None  # a volume moves only to one that has volumes
+    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec, dcs=dcs)
     spec.validate()
 
 def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
                     spec:PodSpec, # the pod about to be created
                     log=print, # where a note on few free GPUs goes
+                    dcs:list[dict]|None=None, # `RunPodAPI.data_centers`: suggest only those with volumes
                    ):
     "Refuse a create that RunPod's catalog says cannot be placed now: none of these GPUs free where it goes."
     if a is None: return  # not known (the GraphQL backend does not ask)
     n, where = f"{spec.gpu_count} x {spec.gpu_type}", spec.data_center
     level = a['data_centers'].get(where, 'NONE') if where else a['overall'] or 'NONE'
+    vols = None if dcs is None else {d['id'] for d in dcs if d['volumes']}
     others = ', '.join(f"{k} ({v})" for k, v in sorted(a['data_centers'].items())
-                       if v != 'NONE' and k != where) or 'none'
+                       if v != 'NONE' and k != where and (vols is None or k in vols)) or 'none'
     if level == 'NONE':
         raise CapacityError(f"RunPod's catalog has no {n} free in {where or 'any data center'} now: try "
                             "later, fewer GPUs or another card"
@@ -506,6 +524,10 @@ def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
     if a.save: spec.to_yaml(a.save); print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
+    env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
+    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE'):
+        print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
+              "stops it", file=sys.stderr)
     if a.dry_run:
         print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are '
                                      'checked against the API when sent:')
@@ -554,7 +576,12 @@ def _pods_cmd(a) -> int:
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     if a.pod_cmd == 'status': print(format_status(p)); return 0
-    api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
+    try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
+    except CapacityError as e:
+        if a.pod_cmd != 'resume' or not p['volume_id']: raise
+        raise RunPodError(f"{e}: its machine has no free GPU now; a new pod on the same volume resumes the "
+                          f"run: lmbook pod create ... --volume {p['volume_id']} --experiment "
+                          f"{p['env'].get('RUN_EXPERIMENT', 'EXP')}") from None
     after = dict(resume='; the boot pipeline resumes the run',
                  restart='; the container restarts and boots again',
                  stop='; the GPU is released, the disks stay (and bill)')
@@ -583,6 +610,7 @@ def add_plan_cli(pod):
     p.add_argument('--cloud', choices=('secure', 'community'), default='secure')
     p.add_argument('--volume', help='the network volume the pod would use')
     p.add_argument('--image', help='the image the pod would run')
+    p.add_argument('--repo', help="git URL the pod would clone (default: this checkout's origin)")
     p.add_argument('--json', action='store_true')
     p.set_defaults(func=_plan_cmd)
 
@@ -646,8 +674,7 @@ def add_guard_options(p):
     p.add_argument('--timeout', type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
 
-POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs', 'stop': 'stop (the volume and container '
-                'disk stay)',
+POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
                 'resume': 'start a stopped pod again', 'restart': 'restart the container (reruns the boot '
                     'pipeline)',
                 'terminate': 'delete the pod (asks first; a network volume stays)',
@@ -687,5 +714,6 @@ def add_cli(sub):
     add_plan_cli(pod)
     add_create_cli(pod)
     add_pod_commands(pod)
+    podwatch.add_stop_cli(pod)
     podsync.add_pod_cli(pod)
     add_volumes_cli(pod)

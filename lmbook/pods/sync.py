@@ -14,8 +14,8 @@ from ..rundir import RUN_FILES
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['ssh_target', 'pod_workspace', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'upload', 'upload_cmd', 'add_pod_cli',
-           'add_volume_cli']
+__all__ = ['ssh_target', 'pod_workspace', 'check_ssh', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'upload', 'upload_cmd',
+           'add_pod_cli', 'add_volume_cli']
 
 # %% ../../nbs/07c_sync.ipynb #4afb4cfc
 def ssh_target(pod:dict) -> tuple[list[str], str]:
@@ -29,6 +29,14 @@ def ssh_target(pod:dict) -> tuple[list[str], str]:
 def pod_workspace() -> str:
     "Where a pod mounts its volume: /workspace."
     return env_var('LMBOOK_POD_WORKSPACE', '/workspace').rstrip('/')
+
+def check_ssh(api:RunPodAPI, what:str='copy over SSH'):
+    "Refuse in one line when RunPod has no SSH key of yours for pods (its `startSsh` does nothing then)."
+    keys = api.ssh_keys()
+    if keys is not None and not keys:
+        raise RunPodError(f"no SSH public key is registered with RunPod, so pods have no SSH and lmbook "
+                          f"cannot {what}: add ~/.ssh/id_ed25519.pub at runpod.io > Settings > SSH Public "
+                          "Keys, then restart the pod")
 
 def _pod(pod_id:str, api:RunPodAPI|None=None) -> dict:
     p = (api or RunPodAPI()).pod(pod_id)
@@ -78,6 +86,7 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
     if not dest.startswith(w + '/') or '..' in dest.split('/'): raise ValueError(f"--dest {dest!r}: push "
                                                                                  "onto the volume, a path "
                                                                                      f"under {w}/")
+    api = api or RunPodAPI(); check_ssh(api)
     opts, host = ssh_target(_pod(pod_id, api))
     rc = subprocess.run(copy_cmd(str(p), dest, opts, host, True, rsync=_have_rsync(opts, host)), shell=True,
                         stdin=subprocess.DEVNULL).returncode
@@ -87,6 +96,7 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
 def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
           api:RunPodAPI|None=None) -> Path:
     "Copy the pod's run folder (without checkpoints unless asked) into the local workspace; the local folder."
+    api = api or RunPodAPI(); check_ssh(api)
     p = _pod(pod_id, api)
     exp = check_name(experiment or p['env'].get('RUN_EXPERIMENT', ''))
     out = Path(dest) if dest else paths_for(exp).run
@@ -102,7 +112,11 @@ def _push_cmd(a) -> int: print(f"{a.path} -> pod {a.pod_id}:{push(a.path, a.pod_
 def _fetch_cmd(a) -> int:
     print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
 def _logs_cmd(a) -> int:
-    p = _pod(a.pod_id)
+    "The boot log: RunPod's logs endpoint (the start script copies it to the container's stdout), else SSH."
+    api = RunPodAPI()
+    p = _pod(a.pod_id, api)
+    if api.backend == 'rest': api.logs(a.pod_id, a.lines, a.follow, out=print); return 0
+    check_ssh(api, 'read the log over SSH')
     opts, host = ssh_target(p)
     exp = check_name(p['env'].get('RUN_EXPERIMENT', ''))
     return subprocess.call(['ssh', *opts, host, f"tail -n {int(a.lines)} "
@@ -166,7 +180,8 @@ def add_pod_cli(pod):
                    help='default: runs/<experiment> in your workspace'); p.add_argument('--checkpoints',
                            action='store_true', help='also copy the checkpoints (large)')
     p.set_defaults(func=_fetch_cmd)
-    p = pod.add_parser('logs', help='tail the boot log over SSH'); p.add_argument('pod_id')
+    p = pod.add_parser('logs', help="the boot log, from RunPod's logs endpoint (no SSH needed)")
+    p.add_argument('pod_id')
     p.add_argument('-n', '--lines', type=int, default=50); p.add_argument('-f', '--follow',
                                                                           action='store_true')
     p.set_defaults(func=_logs_cmd)

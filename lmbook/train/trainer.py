@@ -15,7 +15,7 @@ from ..runs import checkpoint as ckpt
 from ..core import paths_for, pick_device, environment_info, peak_flops, check_writable
 from ..core import on_runpod, EXIT_FINISHED
 from ..config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
-from ..runlock import RunLock, RunLocked
+from ..runlock import RunLock, RunLocked, take_stop_request
 from fastcore.basics import patch
 from ..data.tokenizer import load_tokenizer
 from ..model.levers import lever_report
@@ -380,7 +380,7 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         ev = log_step(r, slog, p, res, lr)
         if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, p.step, lr, ck.last)
         if tc.sample_every and p.step % tc.sample_every == 0 and p.step < r.total: _samples(r, p.step)
-        signum = agree_stop(flag.signum, r.info)
+        signum = agree_stop(flag.signum or take_stop_request(r.dir), r.info)  # or a STOP request
         save_if_due(r, ck, p, ev, signum)
         if signum: break
     return signum
