@@ -107,7 +107,7 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
     'export': ('lmbook.runs.export',
         'write a checkpoint as a Hugging Face transformers folder (and upload it)'),
-    'serve': ('lmbook.serve.api',
+    'serve': ('lmbook.serve.server',
         'serve a run or an exported model: OpenAI-compatible HTTP API (or a RunPod worker)'),
     'plot': ('lmbook.cli',
         'plot the metrics of one or more experiments against step, and the loss against tokens, time and '

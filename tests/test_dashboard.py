@@ -90,14 +90,18 @@ def test_analysis_notebook_follows_runs_to_their_end(workspace):
     write_run(live, FAKE, 200)                    # reaches its last step in about 8 s (epoch runs: length from meta.json)
     write_run(dead, FAKE, 500)
     (dead/'.lock').write_text(json.dumps(dict(host=socket.gethostname(), pid=2**22 + 11, heartbeat=time.time())))
-    def trainer():
+    out = workspace/'out.ipynb'
+    def trainer():  # once the notebook has shown the live run running (its output is saved every second)
+        deadline = time.time() + 180
+        while time.time() < deadline and 'live-run [running]' not in (out.read_text() if out.exists() else ''):
+            time.sleep(0.2)
         for s in range(110, 210, 10):
             time.sleep(0.8)
             with open(live/'metrics.jsonl', 'a') as f: f.write(json.dumps(dict(step=s, loss=5.5, lr=3e-4)) + '\n')
     t = threading.Thread(target=trainer); t.start()
-    out = workspace/'out.ipynb'
     t0 = time.time()
-    r = papermill_run('analysis.ipynb', out, ('experiments', 'live-run,dead-run'), ('refresh', 1), timeout=300)
+    r = papermill_run('analysis.ipynb', out, ('experiments', 'live-run,dead-run'), ('refresh', 1), timeout=300,
+                      extra=('--autosave-cell-every', '1'))
     t.join()
     assert r.returncode == 0, r.stderr[-3000:]
     nb = json.loads(out.read_text())

@@ -11,8 +11,8 @@ from lmbook.runs.analysis import summarize
 PM = str(Path(sys.executable).parent/'papermill')
 
 
-def papermill_run(nb, out, *params, timeout=600):
-    args = [PM, str(ROOT/'nbs'/nb), str(out), '--cwd', str(ROOT)]
+def papermill_run(nb, out, *params, timeout=600, extra=()):
+    args = [PM, str(ROOT/'nbs'/nb), str(out), '--cwd', str(ROOT), *extra]
     for k, v in params: args += ['-p', k, str(v)]
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=os.environ)
 

@@ -330,7 +330,7 @@ def test_every_lmbook_command_the_pod_docs_name_exists():
     import argparse, shlex
     from lmbook.cli import build_parser
     readme = (ROOT/'README.md').read_text().split('## On a RunPod pod', 1)[1].split('\n## ', 1)[0]
-    page = '\n'.join(''.join(c['source']) for c in json.loads((ROOT/'nbs'/'pods.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
+    page = '\n'.join(''.join(c['source']) for c in json.loads((ROOT/'nbs'/'on_runpod.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
     text = (readme + '\n' + page).replace('\\\n', ' ')
     lines = [m.split('  #')[0].strip() for m in re.findall(r'(?m)^(lmbook [^\n`]+)', text)]
     named = [c for c in re.findall(r'`(lmbook [^`]+)`', text)]

@@ -7,7 +7,7 @@ Docs: https://lmbook.github.io/lmbook/serve.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../../nbs/06_serve.ipynb #16a11b6a
+# %% ../../nbs/06_serve.ipynb #ee741387
 import importlib, importlib.util, warnings
 
 def __getattr__(name:str):
