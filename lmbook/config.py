@@ -419,7 +419,8 @@ def field_option(p, # an argparse parser
                  *flags:str, # the option's flags (default: --name-with-dashes)
                  **kw) -> None:
     "Add an option for config field `name` to `p`, its type, choices and help taken from the field."
-    f = config_fields()[name]; m = f.metadata
+    f = config_fields()[name]
+    m = f.metadata
     if 'action' not in kw:
         kw.setdefault('type', _TYPES[f.type])
         if m['allowed'].choices: kw.setdefault('choices', m['allowed'].choices)
@@ -578,7 +579,8 @@ def to_toml(d:dict) -> str:
 # %% ../nbs/01_config.ipynb #7231d46d
 def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:
     "Write `training.toml` and `training.yaml` into `run_dir`."
-    rd = RunDir(run_dir); rd.path.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir)
+    rd.path.mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
     rd.config.write_text(to_toml(d))
     rd.config_yaml.write_text(yaml.safe_dump(d, sort_keys=False))

@@ -308,7 +308,9 @@ def check_writable(*paths:Path, # folders (existing or to be made) and existing 
 def seed_everything(seed:int):
     "Seed python, numpy and torch (all devices)."
     import numpy as np, torch  # core stays light: torch loads where a device is chosen
-    random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 # %% ../nbs/00_core.ipynb #cd19a966
 def pick_device(device:str='auto') -> str:

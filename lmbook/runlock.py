@@ -72,11 +72,14 @@ class RunLock:
         data = json.dumps(dict(self.info, heartbeat=time.time())).encode()
         if exclusive:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try: os.write(fd, data); os.fsync(fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
             finally: os.close(fd)
         else:
             tmp = self.path.with_name(f'{self.path.name}.tmp-{self.token}')
-            tmp.write_bytes(data); os.replace(tmp, self.path)
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)
 
     def owned(self) -> bool:
         "Whether the lock file is this lock's."
@@ -102,7 +105,9 @@ def _take(self:RunLock):
                                            f"{self.path}) and rerun")
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):
-        try: self._write(exclusive=True); break
+        try:
+            self._write(exclusive=True)
+            break
         except FileExistsError: pass
         d, why = lock_state(self.path)
         if d is None: continue  # released meanwhile: try again
@@ -121,10 +126,14 @@ def _acquire(self:RunLock,
     "Take the lock, taking over a stale one; raise `RunLocked` when another holds it (or wait for it)."
     said = False
     while True:
-        try: self._take(); break
+        try:
+            self._take()
+            break
         except RunLocked as e:
             if not wait or self.path.is_dir(): raise
-            if not said: self.log(f"{e}; waiting for it to finish"); said = True
+            if not said:
+                self.log(f"{e}; waiting for it to finish")
+                said = True
             time.sleep(poll_s)
     _TOKENS.add(self.token)
     self.thread = threading.Thread(target=self._beat, name='runlock-heartbeat', daemon=True)
@@ -145,7 +154,9 @@ def _beat(self:RunLock):
 def _release(self:RunLock):
     "Stop the heartbeat and remove the lock file if it is still this lock's."
     self.stop.set()
-    if self.thread: self.thread.join(); self.thread = None
+    if self.thread:
+        self.thread.join()
+        self.thread = None
     try:
         if self.owned(): self.path.unlink()
     except OSError: pass
