@@ -130,7 +130,8 @@ class TokenLoader:
 # %% ../../nbs/02d_loader.ipynb #5ec7dd78
 def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path:
     "A token folder with one file per array and its manifest (for tests and benchmarks)."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for i, a in enumerate(arrays):
         write_tokens(out_dir/f'shard_{i:05d}.bin', a, n_docs=int((a == eot_id).sum()))
@@ -188,10 +189,12 @@ def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chu
                                      f"tokenizer has {vocab_size} ids: "
                                      "give the tokenizer that made this file")
                 if eot_id is not None: docs += int((a == eot_id).sum())
-                g.write(b); at += a.size
+                g.write(b)
+                at += a.size
         with open(tmp, 'r+b') as g: g.write(HEADER.pack(MAGIC, VERSION, 2, n, docs))
     except BaseException:
-        tmp.unlink(missing_ok=True); raise
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, dst)
     m = dict(format='lmbook-tokens', version=1, dtype='uint16', files=[dict(name=dst.name, tokens=n,
                                                                             docs=docs)],

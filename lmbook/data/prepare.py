@@ -134,7 +134,8 @@ OWN_FILES = 'shard_[0-9][0-9][0-9][0-9][0-9].*'  # the shard and token files thi
 
 def claim_folder(folder:Path) -> dict|None:
     "The manifest of `folder`, or None to start afresh (an interrupted first write's files removed)."
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     if (m := read_manifest(folder)) is not None: return m
     others = sorted(p.name for p in folder.iterdir() if not p.name.startswith('.') and not p.match(OWN_FILES))
     if others: raise ValueError(f"{folder} holds files but no {MANIFEST} ({others[0]}...): use another "
@@ -164,7 +165,9 @@ class _ShardWriter:
             self.f = gzip.open(self.tmp, 'wt', encoding='utf-8', newline='\n',
                                compresslevel=6) if self.gz else \
                      open(self.tmp, 'w', encoding='utf-8', newline='\n')
-        self.f.write(escape_doc(doc)); self.f.write('\n'); self.n += 1
+        self.f.write(escape_doc(doc))
+        self.f.write('\n')
+        self.n += 1
 
     @property
     def name(self) -> str: return f"shard_{len(self.m['shards']):05d}.txt" + ('.gz' if self.gz else '')
@@ -185,7 +188,10 @@ class _ShardWriter:
         write_manifest(self.folder, self.m)
 
     def abort(self):
-        if self.f is not None: self.f.close(); self.tmp.unlink(missing_ok=True); self.f = None
+        if self.f is not None:
+            self.f.close()
+            self.tmp.unlink(missing_ok=True)
+            self.f = None
 
 def _totals(shards): return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
                                  bytes=sum(s['bytes'] for s in shards))
@@ -251,7 +257,8 @@ def _truncate(folder:Path, m:dict, pos:int):
     "Drop shards that reach past source position `pos` (a split closed after its sibling was last saved)."
     keep = [s for s in m['shards'] if s['source_end'] <= pos]
     for s in m['shards'][len(keep):]: (folder/s['name']).unlink(missing_ok=True)
-    m['shards'] = keep; m.update(source_docs=pos, **_totals(keep))
+    m['shards'] = keep
+    m.update(source_docs=pos, **_totals(keep))
 
 # %% ../../nbs/02b_prepare.ipynb #77196b69
 def _check_shard_args(mode:str, split:str, take:int, val_dir:Path|None, val_ratio:float, lines_per_shard:int):
@@ -312,7 +319,8 @@ def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDo
     try:
         for doc in docs:
             w = ws[_split_of(i, args)]
-            w.add(doc); i += 1
+            w.add(doc)
+            i += 1
             if w.full: _close_shards(ws, ms, stats, hf, i)
     except BaseException:
         for w in ws.values(): w.abort()

@@ -76,8 +76,10 @@ def render_chat(messages:list[dict], # turns from `record_messages`
     for m in messages:
         body = tokenizer.encode(m['content']) + [tid(END)]
         train = int(m['role'] == 'assistant')
-        ids += [tid(ROLES[m['role']])] + body; mask += [0] + [train]*len(body)
-    ids.append(tokenizer.eot_id); mask.append(int(messages[-1]['role'] == 'assistant'))
+        ids += [tid(ROLES[m['role']])] + body
+        mask += [0] + [train]*len(body)
+    ids.append(tokenizer.eot_id)
+    mask.append(int(messages[-1]['role'] == 'assistant'))
     return ids, mask
 
 def chat_prompt(prompt:str, system:str='') -> str:
@@ -108,8 +110,11 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
                 raise ValueError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
             ids, mask = render_chat(record_messages(rec, where), tokenizer)
             if len(ids) > block_size + 1:
-                cut.append(where); ids, mask = ids[:block_size + 1], mask[:block_size + 1]
-                if not any(mask[1:]): dropped.append(where); continue
+                cut.append(where)
+                ids, mask = ids[:block_size + 1], mask[:block_size + 1]
+                if not any(mask[1:]):
+                    dropped.append(where)
+                    continue
             out.append((ids, mask))
     if not out:
         raise ValueError(f"{path} holds no example to train on: add prompt/response or messages records, "
@@ -135,7 +140,8 @@ def pack(examples:list[tuple[list[int], list[int]]],
         if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does not fit a row "
                                                        f"of {block_size + 1}")
         if len(cur) + len(ids) > block_size + 1:
-            rows.append((cur, cm)); cur, cm = [eot_id], [0]
+            rows.append((cur, cm))
+            cur, cm = [eot_id], [0]
         # a full-length example fills a row of its own, without the start token
         if len(ids) == block_size + 1: cur, cm = [], []
         cur, cm = cur + ids, cm + mask
@@ -143,7 +149,8 @@ def pack(examples:list[tuple[list[int], list[int]]],
     buf = torch.full((len(rows), block_size + 1), eot_id, dtype=torch.int64)
     keep = torch.zeros((len(rows), block_size + 1), dtype=torch.bool)
     for r, (ids, mask) in enumerate(rows):
-        buf[r, :len(ids)] = torch.tensor(ids); keep[r, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        buf[r, :len(ids)] = torch.tensor(ids)
+        keep[r, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
     return buf[:, :-1].contiguous(), torch.where(keep[:, 1:], buf[:, 1:], -1).contiguous()
 
 # %% ../../nbs/02e_sft.ipynb #4b522c04
@@ -227,7 +234,8 @@ def builtin_chat() -> list[dict]:
 
 def write_jsonl(records:list[dict], path:Path) -> Path:
     "Write `records` one JSON object a line to `path`, all at once (a temporary file, then renamed)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
     try:
         tmp.write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records))

@@ -67,7 +67,8 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
     def capped():
         n = 0
         for d in docs:
-            yield d; n += len(d)
+            yield d
+            n += len(d)
             if max_bytes and n >= max_bytes: return
     tok = new_bpe()
     tr = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
@@ -79,7 +80,8 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
 def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
     ("Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into "
      "`out_dir`.")
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t)
                                                                             for t in SPECIAL_TOKENS},
                 sha256=tk.sha256, **meta)
@@ -287,7 +289,9 @@ def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, o
             # encode the next chunk while this one is packed
             if i + chunk < len(docs): nxt = ex.submit(enc, i + chunk)
             flat = []
-            for e in encs: flat.append(eot); flat.extend(e.ids)
+            for e in encs:
+                flat.append(eot)
+                flat.extend(e.ids)
             try: out.append(np.array(flat, dtype))
             except OverflowError: raise ValueError(f"token id {max(flat)} does not fit "
                                                    f"{np.dtype(dtype).name}: use dtype uint32") from None
@@ -328,7 +332,8 @@ def _token_progress(total:int, on:bool) -> tuple:
         nonlocal ntok
         ntok += len(toks)
         if bar is not None:
-            bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
+            bar.update(len(docs))
+            bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
     return bar, tick
 
 def _tokenize_shard(shard_dir:Path, s:dict, tk:Tokenizer, dt, dest:Path, on_chunk=None) -> dict:
