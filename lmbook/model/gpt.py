@@ -39,7 +39,8 @@ def keep_apart():
     "Replace each `apart` function by its `torch.compiler.disable` version, once: call before compiling."
     for ns, name in APART:
         if not getattr(ns[name], 'kept_apart', False):
-            ns[name] = torch.compiler.disable(ns[name]); ns[name].kept_apart = True
+            ns[name] = torch.compiler.disable(ns[name])
+            ns[name].kept_apart = True
 
 # %% ../../nbs/03a_gpt.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
@@ -202,7 +203,8 @@ def write_rows(kbuf:torch.Tensor, vbuf:torch.Tensor, # (B, nkv, S, hd) a layer's
     B, nkv, T, hd = k.shape
     at = pos[:, None] + torch.arange(T, device=pos.device)  # (B, T) the new positions
     idx = at[:, None, :, None].expand(B, nkv, T, hd)
-    kbuf.scatter_(2, idx, k); vbuf.scatter_(2, idx, v)
+    kbuf.scatter_(2, idx, k)
+    vbuf.scatter_(2, idx, v)
     n = span or kbuf.shape[2]
     seen = torch.arange(n, device=pos.device) <= at[:, :, None]  # (B, T, n): a row sees its own past only
     return kbuf[:, :, :n], vbuf[:, :, :n], seen[:, None]
