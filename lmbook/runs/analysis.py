@@ -163,14 +163,17 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
                         for r in runs[e]])
     plan = [(f, names, 'step', 1.0, 'step') for f, names in PLOTS.items()]
     for k, (x, label, scale) in X_AXES.items():
-        if scale is None: scale, unit = _time_unit(runs); label = f"{label} ({unit})"
+        if scale is None:
+            scale, unit = _time_unit(runs)
+            label = f"{label} ({unit})"
         plan.append((f"loss_{k}", PLOTS['loss'], x, scale, label))
     written, figs = {e: [] for e in exps}, []
     for fname, names, x, scale, xlabel in plan:
         # nobody logged it
         if not any(series(recs, n, x)[0] for recs in runs.values() for n in names): continue
         fig, ax = _figure(plt, runs, names, x, scale, smooth, refs)
-        ax.set_xlabel(xlabel); ax.set_ylabel('loss' if fname.startswith('loss') else fname)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel('loss' if fname.startswith('loss') else fname)
         ax.set_title(f"{fname} — {', '.join(exps)}")
         fig.tight_layout()
         for e in exps:

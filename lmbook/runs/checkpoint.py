@@ -106,7 +106,9 @@ def dedupe(sd:dict) -> tuple[dict, dict]:
     for k, v in sd.items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
         if key in seen and v.numel(): aliases[k] = seen[key]
-        else: seen[key] = k; out[k] = v.contiguous()
+        else:
+            seen[key] = k
+            out[k] = v.contiguous()
     return out, aliases
 
 # %% ../../nbs/04b_checkpoint.ipynb #d8cb5c61
@@ -221,14 +223,16 @@ def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
 
 # %% ../../nbs/04b_checkpoint.ipynb #24db2bfc
 def _torch_save(obj, path:Path):
-    torch.save(obj, path); _fsync(path)
+    torch.save(obj, path)
+    _fsync(path)
 
 def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
 
 def _seal(tmp:Path, step:int, files:dict):
     "Write the manifest `COMPLETE` (each file's size and sha256) last, and flush the folder."
     (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
-    _fsync(tmp/'COMPLETE'); _fsync(tmp)
+    _fsync(tmp/'COMPLETE')
+    _fsync(tmp)
 
 def _publish(tmp:Path, final:Path):
     "Rename the sealed folder `tmp` to `final`, replacing an older one."
@@ -236,7 +240,8 @@ def _publish(tmp:Path, final:Path):
     if old.exists(): shutil.rmtree(old)
     # replaced by two renames: a complete folder is always there but for an instant
     if final.exists(): os.replace(final, old)
-    os.replace(tmp, final); _fsync(final.parent)
+    os.replace(tmp, final)
+    _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 # %% ../../nbs/04b_checkpoint.ipynb #c92285e2
@@ -251,7 +256,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      name:str|None=None,
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
-    ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
+    ckpt_dir = Path(ckpt_dir)
+    name = name or ckpt_name(step)
     final, tmp = ckpt_dir/name, ckpt_dir/f'.tmp-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
@@ -305,7 +311,9 @@ def move_damaged(path:Path, log:Callable|None=None) -> Path:
     "Move a checkpoint that does not verify to `damaged/` beside it."
     dest = path.parent/'damaged'/path.name
     i = 1
-    while dest.exists(): i += 1; dest = path.parent/'damaged'/f'{path.name}-{i}'
+    while dest.exists():
+        i += 1
+        dest = path.parent/'damaged'/f'{path.name}-{i}'
     dest.parent.mkdir(exist_ok=True)
     os.replace(path, dest)
     (log or print)(f"warning: moved damaged checkpoint {path.name} to {dest.relative_to(path.parent.parent)}")
@@ -319,13 +327,18 @@ def prune_checkpoints(ckpt_dir:Path, keep:int, good:set|None=None, log:Callable|
     for p in list_checkpoints(ckpt_dir):
         if kept < keep:
             if p.name not in good:
-                try: verify_checkpoint(p); good.add(p.name)
+                try:
+                    verify_checkpoint(p)
+                    good.add(p.name)
                 except CheckpointError as e:
                     (log or print)(f"warning: checkpoint {p.name} does not verify: {e}")
-                    move_damaged(p, log); continue
+                    move_damaged(p, log)
+                    continue
             kept += 1
         elif not (p/'COMPLETE').is_file(): move_damaged(p, log)
-        else: shutil.rmtree(p, ignore_errors=True); good.discard(p.name)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            good.discard(p.name)
     for p in Path(ckpt_dir).glob('.tmp-step_*'): shutil.rmtree(p, ignore_errors=True)
 
 # %% ../../nbs/04b_checkpoint.ipynb #7e15b5c7
@@ -515,7 +528,8 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     # the config's betas, weight decay, ..., not the checkpoint's
     for g, h in zip(optimizer.param_groups, hyper): g.update(h)
     data['fresh_optimizer'] = bool(fresh)
-    self.last = step; self.good.add(path.name)
+    self.last = step
+    self.good.add(path.name)
     # a lowered keep_ckpts frees its space now
     if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)
     return data
@@ -570,8 +584,12 @@ def _tell(fn:Callable, path:Path, log:Callable):
 @patch
 def wait(self:Checkpointer):
     "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."
-    if self.prep is not None: self.prep.join(); self.prep = None
-    if self.thread is not None: self.thread.join(); self.thread = None
+    if self.prep is not None:
+        self.prep.join()
+        self.prep = None
+    if self.thread is not None:
+        self.thread.join()
+        self.thread = None
     if self.error is not None:
         e, self.error = self.error, None
         raise e
@@ -621,7 +639,8 @@ def load_best(self:Checkpointer,
                 move_damaged(best, self.log)
             else:
                 if at is not None and (step > at or st.get('lineage') not in (None, lineage)):
-                    self._discard_best(st, at); val, step = math.inf, -1
+                    self._discard_best(st, at)
+                    val, step = math.inf, -1
     self.best_saved = step if self.info.is_main else -1
     self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
@@ -637,8 +656,11 @@ def improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
 def _discard_best(self:Checkpointer, st:dict, at:int):
     "Move a `best/` that the run does not descend from to `discarded/`, saying so."
     dest, i = self.dir/'discarded'/f"{BEST}-{ckpt_name(int(st['step']))}", 1
-    while dest.exists(): i += 1; dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
-    dest.parent.mkdir(exist_ok=True); os.replace(self.dir/BEST, dest)
+    while dest.exists():
+        i += 1
+        dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
+    dest.parent.mkdir(exist_ok=True)
+    os.replace(self.dir/BEST, dest)
     self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the "
              "run that goes on "
              f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to "
@@ -651,7 +673,8 @@ def link_checkpoint(src:Path, # a complete step checkpoint
                     extra:dict, # what its state.json adds to `src`'s (`val_loss`)
                    ) -> Path:
     "Checkpoint `name` beside `src`, with its weights and rank files hard-linked; `OSError` if links fail."
-    src = Path(src); final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
+    src = Path(src)
+    final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
     man = json.loads((src/'COMPLETE').read_text())
     try:
         if tmp.exists(): shutil.rmtree(tmp)
@@ -659,7 +682,8 @@ def link_checkpoint(src:Path, # a complete step checkpoint
         files = {f: m for f, m in man['files'].items() if f == 'model.safetensors' or f.startswith('rank')}
         for f in files: os.link(src/f, tmp/f)
         st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
-        (tmp/'state.json').write_text(json.dumps(st, indent=1)); _fsync(tmp/'state.json')
+        (tmp/'state.json').write_text(json.dumps(st, indent=1))
+        _fsync(tmp/'state.json')
         files['state.json'] = _file_meta(tmp/'state.json')
         _seal(tmp, man['step'], dict(sorted(files.items())))
         _publish(tmp, final)
@@ -741,7 +765,9 @@ def _held_bytes(ckpt_dir:Path) -> int:
     files = {}
     for d in [*list_checkpoints(ckpt_dir), Path(ckpt_dir)/BEST]:
         for f in (d.iterdir() if d.is_dir() else []):
-            if f.is_file(): st = f.stat(); files[(st.st_dev, st.st_ino)] = st.st_size
+            if f.is_file():
+                st = f.stat()
+                files[(st.st_dev, st.st_ino)] = st.st_size
     return sum(files.values())
 
 @patch
@@ -763,11 +789,15 @@ def write_seconds(folder:Path, # where checkpoints go (made when missing)
                   probe:int=32 << 20, # bytes actually written and synced (at most `nbytes`)
                  ) -> float:
     "The seconds writing `nbytes` to `folder` takes, measured on a probe and scaled."
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     n, path = max(1, min(nbytes, probe)), folder/f'.write-probe-{os.getpid()}'
     t0 = time.perf_counter()
     try:
-        with open(path, 'wb') as f: f.write(os.urandom(n)); f.flush(); os.fsync(f.fileno())
+        with open(path, 'wb') as f:
+            f.write(os.urandom(n))
+            f.flush()
+            os.fsync(f.fileno())
     finally: path.unlink(missing_ok=True)
     return (time.perf_counter() - t0)*nbytes/n
 

@@ -111,7 +111,8 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
 # %% ../../nbs/04f_export.ipynb #6567c872
 def shareable(folder:Path) -> Path:
     "Give `folder` and the files in it the permissions the process's umask gives new files and folders."
-    mask = os.umask(0); os.umask(mask)
+    mask = os.umask(0)
+    os.umask(mask)
     folder = Path(folder)
     folder.chmod(0o777 & ~mask)
     for f in folder.iterdir():
@@ -182,7 +183,8 @@ def write_peft_adapter(out_dir:Path, # the adapter folder to write (made if miss
                       ) -> Path:
     "Write `adapter_config.json` and `adapter_model.safetensors` of a llama run's LoRA adapters."
     cfg, tensors = peft_adapter(sd, m, rank, alpha, targets, base_model)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out/'adapter_model.safetensors', metadata=dict(format='pt'))
     (out/'adapter_config.json').write_text(json.dumps(cfg, indent=1))
     return out
@@ -225,7 +227,9 @@ def export_hf(source:str|Path,
         shareable(tmp)
         if out.exists():
             old = out.with_name(f'.{out.name}.old-{os.getpid()}')
-            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
         else: os.replace(tmp, out)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -255,7 +259,8 @@ def write_adapter_and_base(lm, tmp:Path, out:Path, dtype:str):
     for name, mod in lm.model.named_modules():  # a 4-bit base dequantized, as its adapters saw it
         if isinstance(mod, LoRALinear): base[name + '.weight'] = mod.base_weight()
     write_hf_folder(tmp/'base', base, lm, dtype)
-    shareable(tmp/'base'); shareable(tmp/'adapter')
+    shareable(tmp/'base')
+    shareable(tmp/'adapter')
 
 def _holds_export(out:Path, lm, dtype:str) -> bool:
     "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."

@@ -90,7 +90,9 @@ def find_checkpoint(source:str|Path,
         return p
     ckdir, what = _ckpt_dir(str(source), root)
     for c in list_checkpoints(ckdir):
-        try: verify_for_inference(c); return c
+        try:
+            verify_for_inference(c)
+            return c
         except CheckpointError as e: warn(f"skipping checkpoint {c.name}: {e}")
     raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): train it first, or give a "
                             "checkpoint folder")

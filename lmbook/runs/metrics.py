@@ -93,7 +93,9 @@ def set_aside(path:Path, step:int, warn:Callable=print) -> Path|None:
     if not any(after): return None
     n, i = max(step, 0), 1
     side = path.with_name(f'metrics.after-step-{n}.jsonl')
-    while side.exists(): i += 1; side = path.with_name(f'metrics.after-step-{n}-{i}.jsonl')
+    while side.exists():
+        i += 1
+        side = path.with_name(f'metrics.after-step-{n}-{i}.jsonl')
     side.write_text(''.join(l + '\n' for l, a in zip(lines, after) if a))
     _write_lines(path, [l for l, a in zip(lines, after) if not a])
     what = f"after step {step}" if step >= 0 else "of an earlier start"
@@ -187,4 +189,6 @@ class RunLog:
             self.out = None
 
     def close(self):
-        if self.file: self.file.close(); self.file = None
+        if self.file:
+            self.file.close()
+            self.file = None

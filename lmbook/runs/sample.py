@@ -66,7 +66,9 @@ def load_model(source:str|Path,
               ) -> Loaded:
     "Model weights (not the optimizer), config and tokenizer of a checkpoint, for inference."
     ck = find_checkpoint(source, root, warn)
-    try: state = json.loads((ck/'state.json').read_text()); cfg = config_from_dict(state['config'])
+    try:
+        state = json.loads((ck/'state.json').read_text())
+        cfg = config_from_dict(state['config'])
     except (json.JSONDecodeError, KeyError, ValueError) as e:
         raise ValueError(f"checkpoint {ck} has a config this lmbook cannot read ({type(e).__name__}: {e}): "
                          "use the lmbook version that wrote it") from None
@@ -189,7 +191,9 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
         if kv is None: logits = model(idx[:, -bs:])
         else:
             # context full: slide by half
-            if kv.pos + new.shape[1] > bs: kv.reset(); new = idx[:, -max(bs//2, 1):]
+            if kv.pos + new.shape[1] > bs:
+                kv.reset()
+                new = idx[:, -max(bs//2, 1):]
             logits = model(new, cache=kv)
         new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         idx = torch.cat([idx, new], dim=1)
@@ -271,7 +275,9 @@ class TextStream:
 
     def push(self, i:int) -> str:
         "The text token `i` completes: '' while a character is still partial, and after a stop token."
-        if self.ended or i in self.stops: self.ended = True; return ''
+        if self.ended or i in self.stops:
+            self.ended = True
+            return ''
         if i in self.skip: return ''
         self.ids.append(int(i))
         text = self.tk.decode(self.ids)
@@ -336,7 +342,8 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
                    num_samples=num_samples)
     bs, eot = block_size or model.cfg.block_size, tokenizer.eot_id
     g = torch.Generator().manual_seed(seed)
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     res = []
     try:
         for p in prompts:
