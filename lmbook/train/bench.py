@@ -117,13 +117,15 @@ def time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[li
     "`warmup` untimed steps, then `steps` timed ones from a fresh peak-memory count; (losses, warmup_s, dts)."
     t0 = time.perf_counter()
     losses = [step(batches, lr(i)).item() for i in range(warmup)]
-    _sync(device); warmup_s = round(time.perf_counter() - t0, 2)
+    _sync(device)
+    warmup_s = round(time.perf_counter() - t0, 2)
     if device.startswith('cuda'): torch.cuda.reset_peak_memory_stats(device)
     dts = []
     for i in range(warmup, warmup + steps):
         t = time.perf_counter()
         losses.append(step(batches, lr(i)).item())
-        _sync(device); dts.append(time.perf_counter() - t)
+        _sync(device)
+        dts.append(time.perf_counter() - t)
     return losses, warmup_s, dts
 
 def timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card:str) -> dict:

@@ -156,8 +156,9 @@ def _exit_code(rc:int, exit_file:str) -> int:
     finally: Path(exit_file).unlink(missing_ok=True)
 
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
-    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-',
-                                     suffix='.json'); os.close(fd); os.unlink(exit_file)
+    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
+    os.close(fd)
+    os.unlink(exit_file)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=dict(env, LMBOOK_EXIT_FILE=exit_file),
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
@@ -174,7 +175,9 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try: proc.wait(grace_s)
-            except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
 
@@ -188,7 +191,8 @@ def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:in
     try:
         for line in gen: out(line.rstrip('\n'))
     except KeyboardInterrupt:
-        gen.close(); raise
+        gen.close()
+        raise
     return 0
 
 # %% ../../nbs/05f_launch.ipynb #e138cd59

@@ -79,7 +79,9 @@ def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); not
                    ):
     "Show `USER_ERRORS` raised in this kernel's cells as one `error:` line, as the `lmbook` command does."
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return
     if shell is not None: shell.set_custom_exc(USER_ERRORS, _one_line)
 
@@ -135,7 +137,9 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
      "or a script.")
     if (on := env_var('LMBOOK_DASHBOARD', env=env)) in ('0', '1'): return on == '1'
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return False
     kernel = getattr(shell, 'kernel', None)
     if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
@@ -152,7 +156,9 @@ def terminal(env:dict|None=None, # the environment (default: os.environ)
     ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
      "add.")
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return None
     # a script or nbdev's tests: stdout is the terminal
     if getattr(shell, 'kernel', None) is None: return None
@@ -197,10 +203,13 @@ def plot_png(recs:list[dict], dpi:int=80) -> bytes:
         if xs: ax1.plot(xs, ys, st, ms=3, label=n)
     xs, ys = series(recs, 'lr')
     if xs: ax2.plot(xs, ys, color='tab:green')
-    ax1.set(xlabel='step', ylabel='loss'); ax2.set(xlabel='step', ylabel='lr')
+    ax1.set(xlabel='step', ylabel='loss')
+    ax2.set(xlabel='step', ylabel='lr')
     if ax1.lines: ax1.legend()
     for a in (ax1, ax2): a.grid(alpha=0.3)
-    buf = io.BytesIO(); fig.savefig(buf, format='png'); return buf.getvalue()
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png')
+    return buf.getvalue()
 
 # %% ../../nbs/05k_runnb.ipynb #ee9ea62b
 class Dashboard:
@@ -273,7 +282,9 @@ def follow(lines:Iterable[str], # the trainer's output lines
                 try: tee.write(back + line.rstrip('\n') + '\n')
                 # that terminal is gone: the notebook keeps every line
                 except (OSError, ValueError): tee, own = None, False
-            if dash is not None and time.time() - last > every: redraw(); last = time.time()
+            if dash is not None and time.time() - last > every:
+                redraw()
+                last = time.time()
     # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
     except KeyboardInterrupt:
         if hasattr(lines, 'close'): lines.close()

@@ -144,7 +144,9 @@ def init_model(cfg:Config, # the run's config
                init:Init|None=None, # what its weights start from (None: found and checked here)
                device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of its `Init` and LoRA adapters when asked."
-    if init is None: init = find_init(cfg.train.init_from); check_init(cfg, init)
+    if init is None:
+        init = find_init(cfg.train.init_from)
+        check_init(cfg, init)
     if init.kind == 'llama':
         # built on the meta device, each weight placed (4-bit) as it is read
         return hf_init_model(cfg, init.path, device)
@@ -206,7 +208,9 @@ def prepare_run(cfg:Config, # the run's config
                 examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
                ):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
-    if init is None: init = find_init(cfg.train.init_from, paths.root); check_init(cfg, init)
+    if init is None:
+        init = find_init(cfg.train.init_from, paths.root)
+        check_init(cfg, init)
     # one data preparation of an experiment at a time
     with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
 
@@ -309,7 +313,10 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
         ok = False
     finally:
         t = x = None
-        gc.collect(); torch._dynamo.reset(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(dev)
+        gc.collect()
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
     return all_reduce(float(ok), 'min', dev) > 0
 
 # %% ../../nbs/05d_runstart.ipynb #df4d2572

@@ -85,7 +85,8 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     info = info or DistInfo(device=pick_device(tc.device))
     dev = info.device
     if dev.startswith('cuda'):
-        torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     parallel = parallel or tc.parallel
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block

@@ -152,7 +152,9 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     else:
         rd.configs.mkdir(exist_ok=True)
         path, i = rd.restart_config(step), 1
-        while path.exists(): i += 1; path = rd.restart_config(step, i)
+        while path.exists():
+            i += 1
+            path = rd.restart_config(step, i)
         changes = (resumed or {}).get('changes')
         head = f"# resumed at step {step} with allow_config_change: {'; '.join(changes)}\n" if changes else ''
         path.write_text(head + to_toml(config_dict(r.cfg)))
@@ -189,7 +191,9 @@ class StepLog:
         self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
         self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
 
-    def timed(self, seconds:float): self.t_train += seconds; self.n += 1
+    def timed(self, seconds:float):
+        self.t_train += seconds
+        self.n += 1
 
     def train_row(self, step:int, tokens:int, res:StepResult, lr:float, skipped:int) -> dict:
         "The row of a train step; starts the next timing window."
@@ -221,7 +225,8 @@ def write(self:StepLog, row:dict):
     row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
     eta = self.eta(row['step'])
     extra += f" | eta {format_duration(eta)}" if eta is not None else ''
-    self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
+    self.metrics.write(row)
+    self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../../nbs/05e_trainer.ipynb #1705d16e
 class NonFiniteError(RuntimeError):
@@ -372,13 +377,16 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         t0 = time.perf_counter()
         res = train_step(t, r.loader.next_batch, lr)
         slog.timed(time.perf_counter() - t0)
-        p.step += 1; p.tokens += r.tokens_per_step
+        p.step += 1
+        p.tokens += r.tokens_per_step
         # the snapshot buffers are made in the background, once the optimizer has its state
         if p.step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
         consec = consec + 1 if res.skipped else 0
         p.skipped += res.skipped
         ev = log_step(r, slog, p, res, lr)
-        if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, p.step, lr, ck.last)
+        if consec >= max(1, tc.max_nonfinite):
+            ck.wait()
+            raise diverged(r, consec, p.step, lr, ck.last)
         if tc.sample_every and p.step % tc.sample_every == 0 and p.step < r.total: _samples(r, p.step)
         signum = agree_stop(flag.signum or take_stop_request(r.dir), r.info)  # or a STOP request
         save_if_due(r, ck, p, ev, signum)
