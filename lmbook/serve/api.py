@@ -219,7 +219,9 @@ async def complete(request):
         return StreamingResponse(events(st.engine.s, job, rid, chat, watch, usage),
                                  media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     try: text = ''.join([p async for p in pieces(st.engine.s, job)])
-    except asyncio.CancelledError: job.cancelled = True; raise
+    except asyncio.CancelledError:
+        job.cancelled = True
+        raise
     finally: watch.cancel()
     if job.finish.startswith('error'): raise ApiError(500, job.finish, type='server_error')
     return JSONResponse(answer(st.engine.s, rid, chat, text, job))
@@ -238,7 +240,9 @@ async def events(s:Served, job:Job, rid:str, chat:bool, watch,
         kind = 'chat.completion.chunk' if chat else 'text_completion'
         if usage: yield say(dict(answer(s, rid, chat, '', job), object=kind, choices=[]))
         yield 'data: [DONE]\n\n'
-    finally: job.cancelled = True; watch.cancel()
+    finally:
+        job.cancelled = True
+        watch.cancel()
 
 # %% ../../nbs/06c_api.ipynb #29b39372
 async def models(request):
@@ -384,10 +388,14 @@ def run_serve(a) -> int:
     "`lmbook serve`: load, listen, serve until SIGTERM or Ctrl-C, drain, exit 0."
     if a.max_batch < 1: raise ValueError(f"--max-batch {a.max_batch}: give at least 1")
     key = a.api_key or env_var('LMBOOK_API_KEY') or None
-    if not a.runpod: need_web(); check_bind(a.host, key, a.insecure)
+    if not a.runpod:
+        need_web()
+        check_bind(a.host, key, a.insecure)
     s = load_served(a.source, a.device)
     engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=not a.no_graphs)
-    if a.runpod: start_runpod(engine, a.test_input); return 0
+    if a.runpod:
+        start_runpod(engine, a.test_input)
+        return 0
     sock = bind(a.host, a.port)
     print(f"serving {s.name} on http://{a.host}:{sock.getsockname()[1]}/v1 ({s.device}, chat={s.chat}, "
           f"{a.max_batch} rows of {engine.ctx} positions, key {'required' if key else 'not required'})",

@@ -67,7 +67,9 @@ def chat(lm, # a loaded chat run
     for line in lines:
         q = line.strip()
         if q in ('/exit', '/quit'): break
-        if q == '/reset': talk = list(start); continue
+        if q == '/reset':
+            talk = list(start)
+            continue
         if not q: continue
         talk.append(dict(role='user', content=q))
         talk.append(dict(role='assistant', content=reply(lm, talk, generator=g, **kw)))
@@ -102,7 +104,9 @@ def add_cli(sub):
             print(f"{lm.experiment or lm.path} (step {lm.step}): type a message; /reset starts anew, /exit "
                   "stops")
         users = []
-        def said(q): users.append(q); return q
+        def said(q):
+            users.append(q)
+            return q
         show = (lambda r: print(json.dumps(dict(user=users[-1], assistant=r)),
                                 flush=True)) if a.json else (lambda r: print(r + '\n', flush=True))
         chat(lm, (said(l.strip()) for l in _lines('you> ')), show, a.system, a.seed,
