@@ -24,7 +24,9 @@ class NotFound(RunPodError): "The pod, volume or GPU type asked for does not exi
 class TransientError(RunPodError):
     "No usable answer (network, 429, 5xx): safe to retry, after a lookup for a create."
     def __init__(self, msg:str,
-                 retry_after:float|None=None): super().__init__(msg); self.retry_after = retry_after
+                 retry_after:float|None=None):
+                     super().__init__(msg)
+                     self.retry_after = retry_after
 class RateLimited(TransientError): ("RunPod answered 429: the request was not processed; retry after "
                                     "`retry_after` s.")
 
@@ -350,7 +352,8 @@ class RunPodAPI:
         "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
         return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        check_safe(name, 'name', 'volume name'); check_safe(data_center, 'data_center', 'data center id')
+        check_safe(name, 'name', 'volume name')
+        check_safe(data_center, 'data_center', 'data center id')
         if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to "
                                                             "4096")
         dcs = self.data_centers()

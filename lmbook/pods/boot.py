@@ -90,22 +90,28 @@ class BootOptions:
 class BootLog:
     "Timestamped `[boot]` lines appended to a log file on the volume."
     def __init__(self, path:Path):
-        self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.path, 'a', buffering=1)
         try: st, so = os.fstat(self.f.fileno()), os.fstat(sys.stdout.fileno())
         except (OSError, ValueError, AttributeError): st = so = None
         self.echo = not (st and so and (st.st_ino, st.st_dev) == (so.st_ino, so.st_dev))
     def __call__(self, msg:str):
         line = f"[boot {time.strftime('%H:%M:%S', time.gmtime())}] {msg}"
-        self.f.write(line + '\n'); self.sync()
+        self.f.write(line + '\n')
+        self.sync()
         if self.echo: print(line, flush=True)
-    def sync(self): self.f.flush(); os.fsync(self.f.fileno())
+    def sync(self):
+        self.f.flush()
+        os.fsync(self.f.fileno())
 
 # %% ../../nbs/07g_boot.ipynb #f34a611f
 def stage_install(o:BootOptions, log) -> str|None:
     ("Refresh the volume's install if its checkout changed; the Jupyter kernel name to use (None: the "
      "default).")
-    if not o.install: log(f"stage 1/4 install: skipped, using {sys.executable} as it is"); return None
+    if not o.install:
+        log(f"stage 1/4 install: skipped, using {sys.executable} as it is")
+        return None
     if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv (this is "
                                                        f"{sys.executable}): use the pod start command, or "
                                                            "--no-install")
@@ -196,7 +202,8 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
             return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600))
         o = replace(o, shard=True)
     if not o.shard:
-        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
+        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing")
+        return
     for f in (o.input, o.validation, o.tokenizer_json):
         if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file "
                                                                "on the volume")
@@ -247,8 +254,10 @@ def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
      "it is off.")
     if not port: return None
     with socket.socket() as s:
-        if s.connect_ex(('127.0.0.1', port)) == 0: log(f"tensorboard: port {port} already serves something, "
-                                                       "not starting another"); return None
+        if s.connect_ex(('127.0.0.1', port)) == 0:
+            log(f"tensorboard: port {port} already serves something, "
+                "not starting another")
+            return None
     p = subprocess.Popen([sys.executable, '-m', 'tensorboard.main', '--logdir', str(logdir), '--port',
                           str(port), '--bind_all'],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -289,11 +298,14 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
     try:
         while p.poll() is None:
             if not passed and stop and stop.signum:
-                stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got"); passed = True
+                stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got")
+                passed = True
             if not passed and guard and time.monotonic() - beat > 2:
                 beat = time.monotonic()
-                if (spent := guard.over() or ''): log(spent); stop_run(p, paths.run, log,
-                                                                       'the spend limit'); passed = True
+                if (spent := guard.over() or ''):
+                    log(spent)
+                    stop_run(p, paths.run, log, 'the spend limit')
+                    passed = True
             time.sleep(0.2)
         return wait_run(p, paths.run), spent
     finally:
@@ -306,8 +318,11 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(env_var('NUM_NODES') or env_var('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
-        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
-    if guard and (spent := guard.over()): log(spent); return 1, spent
+        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train")
+        return 0, ''
+    if guard and (spent := guard.over()):
+        log(spent)
+        return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
     # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
     # package
@@ -328,7 +343,8 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     log.sync()
     if rc == 0 and not finished_checkpoint(paths):
         log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): "
-            "treating the run as unfinished"); rc = 1
+            "treating the run as unfinished")
+        rc = 1
     how = ('finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent
            else f'failed with exit code {rc}')
     log(f"stage 4/4 train: {how}")
@@ -339,31 +355,42 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     ("Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when "
      "RunPod took the call.")
     if spent: action, why, last = 'stop', spent, 'spend-limit'
-    elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
-                       "being stopped"); return False
+    elif rc > 128:
+        log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
+            "being stopped")
+        return False
     elif rc:
-        if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
-                                       "stays up (ON_FAILURE=keep)"); return False
+        if o.on_failure == 'keep':
+            log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
+                "stays up (ON_FAILURE=keep)")
+            return False
         action, why, last = ('stop',
                              f"the run failed (exit code {rc}); the volume keeps the run and this log",
                                  'failed')
     elif not o.autokill: return False
-    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on "
-                                                     "the volume"); return False
+    elif not (ck := finished_checkpoint(paths)):
+        log("autokill: not firing, no complete final checkpoint on "
+            "the volume")
+        return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env_var('RUNPOD_POD_ID', env=env)
-    if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
+    if not pod:
+        log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}")
+        return False
     done = RunDir(paths.run).autokill
     prev = json.loads(done.read_text()) if done.is_file() else {}
     # this pod was started again by hand after its autokill
     if (prev.get('pod'), prev.get('after')) == (pod, last):
         log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself "
-            "when done"); return False
+            "when done")
+        return False
     log(f"autokill: {action} pod {pod}: {why}")
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
-    log.sync(); os.sync()
+    log.sync()
+    os.sync()
     if stop_pod(pod, action, log, env): return True
-    log(f"autokill: could not {action} pod {pod} through RunPod's API"); done.unlink()
+    log(f"autokill: could not {action} pod {pod} through RunPod's API")
+    done.unlink()
     exit_container(log, env)
     return False
 
@@ -386,12 +413,15 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             stage_data(o, paths, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
-            log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+            log(f"boot: {e} before training; rerunning resumes where it stopped")
+            rc = 128 + e.signum
             spent = stop.spent
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
-            log(f"error: {e}"); rc = EXIT_USER_ERROR
+            log(f"error: {e}")
+            rc = EXIT_USER_ERROR
         except Exception:  # unattended: whatever went wrong must be in the log on the volume
-            log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}"); rc = 1
+            log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}")
+            rc = 1
         stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
         if paths is not None: autokill(o, paths, rc, log, spent=spent)
     log(f"boot: done, exit code {rc}")
@@ -447,7 +477,8 @@ def slurm_script(profile:str, # profile name or config file
                  modules:str='', # `module load` these first, e.g. 'cuda/12.4 python/3.11'
                 ) -> str:
     "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
-    check_name(experiment); get_config(profile)
+    check_name(experiment)
+    get_config(profile)
     if nodes < 1 or gpus_per_node < 1 or cpus_per_task < 0: raise ValueError("nodes and gpus_per_node must "
                                                                              "be >= 1, cpus_per_task >= 0")
     if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit):
@@ -514,8 +545,10 @@ def _slurm_cmd(a) -> int:
     txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
                        a.venv, a.account, a.mem, a.cpus_per_task, a.modules)
     prep = f"lmbook prepare --profile {shlex.quote(a.profile)} --experiment {shlex.quote(a.experiment)}"
-    if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: {prep} (on the login node, once), then "
-                                                 f"sbatch {a.out}")
+    if a.out:
+        Path(a.out).write_text(txt)
+        print(f"wrote {a.out}: {prep} (on the login node, once), then "
+              f"sbatch {a.out}")
     else: print(txt, end='')
     return 0
 

@@ -30,8 +30,12 @@ def _stop_once(pod_id:str, action:str, log, env:dict) -> bool|None:
         log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
     try: RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=1).action(pod_id, action)
     except NotFound: return True  # already gone
-    except TransientError as e: log(f"autokill: {e}"); return None
-    except ValueError as e: log(f"autokill: {e}"); return False
+    except TransientError as e:
+        log(f"autokill: {e}")
+        return None
+    except ValueError as e:
+        log(f"autokill: {e}")
+        return False
     return True
 
 def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
@@ -50,7 +54,8 @@ def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
         pause = min(most, 2.0**i, max(0.0, deadline - (clock() - t0)))
         log(f"autokill: the {action} did not go through; trying again in {pause:g} s "
             f"({clock() - t0:.0f} of {deadline:.0f} s)")
-        sleep(pause); i += 1
+        sleep(pause)
+        i += 1
     return bool(ok)
 
 # %% ../../nbs/07d_guard.ipynb #d4056dec
@@ -78,7 +83,9 @@ def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None
      "its own).")
     if (pid := trainer_pid(run_dir)):
         log(f"passing {why} on to the trainer (pid {pid}): it writes a checkpoint, then stops")
-        try: os.kill(pid, signal.SIGTERM); return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            return
         except ProcessLookupError: pass
     log(f"passing {why} on to the training processes (group {proc.pid})")
     try: os.killpg(proc.pid, signal.SIGTERM)
@@ -90,14 +97,17 @@ def wait_run(proc:subprocess.Popen, run_dir:Path, timeout_s:float=1800, poll_s:f
     t0 = time.monotonic()
     while (proc.poll() is None
            or trainer_pid(run_dir)) and time.monotonic() - t0 < timeout_s: time.sleep(poll_s)
-    if proc.poll() is None: proc.kill(); proc.wait()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
     return proc.returncode
 
 # %% ../../nbs/07d_guard.ipynb #6faea1d7
 class Stopped(Exception):
     "Boot was asked to stop (`signum`) outside training."
     def __init__(self, signum:int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 class StopSignals:
     ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
@@ -183,7 +193,10 @@ def watch_spend(guard:SpendGuard|None, # the pod's spend guard (None: no limit, 
         while not (stop.signum or stop.training):
             time.sleep(every)
             if not (stop.signum or stop.training) and (why := guard.over()):
-                log(why); stop.spent = why; os.kill(os.getpid(), signal.SIGTERM); return
+                log(why)
+                stop.spent = why
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
     t = threading.Thread(target=watch, name='spend-guard', daemon=True)
     t.start()
     return t

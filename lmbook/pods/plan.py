@@ -129,7 +129,8 @@ def plan(profile:str, # profile name or config file
     if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud "
                                                       "secure, or without --volume")
     if not 1 <= gpus <= 8: raise ValueError(f"--gpus {gpus}: a RunPod pod has 1 to 8 GPUs")
-    table = gpu_table(); gpu = find_gpu(gpu, table)
+    table = gpu_table()
+    gpu = find_gpu(gpu, table)
     need_cuda = str(table[gpu].get('min_cuda') or '')
     if image and image_cuda(image) and _cuda(image_cuda(image)) < _cuda(need_cuda):
         raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has "

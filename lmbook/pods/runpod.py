@@ -98,7 +98,8 @@ class PodSpec:
 
     def validate(self) -> 'PodSpec':
         "Check every field that reaches the request, and the combinations RunPod or the run would regret."
-        check_safe(self.name, 'name', 'pod name'); check_name(self.experiment)
+        check_safe(self.name, 'name', 'pod name')
+        check_name(self.experiment)
         check_safe(self.gpu_type, 'gpu', 'GPU type')
         if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
         if self.template_id: check_safe(self.template_id, 'id', 'template id')
@@ -120,7 +121,9 @@ class PodSpec:
             raise ValueError("autokill terminate without a network volume would delete the pod volume, and "
                              "the final checkpoint with it, "
                              "seconds after it is written: use --autokill stop, or give --volume")
-        for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
+        for k, v in self.env.items():
+            check_env_value(k, str(v))
+            check_not_secret(k, str(v))
         if len(self.env) + len(self.secrets) > 49:  # LMBOOK_T0 is added when sent
             raise ValueError(f"{len(self.env) + len(self.secrets)} environment variables: RunPod takes at "
                              "most 50 a pod, and lmbook adds one; drop some --env")
@@ -173,8 +176,11 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
             v = environ.get(src[4:])
             if not v: raise ValueError(f"secret {k} comes from ${src[4:]}, which is not set: export it, or "
                                        f"use a RunPod secret ('{{{{ RUNPOD_SECRET_name }}}}')")
-        else: env[k] = src; continue  # a reference: RunPod fills it in on the pod
-        env[k] = check_env_value(k, v); hidden.add(v)
+        else:
+            env[k] = src
+            continue  # a reference: RunPod fills it in on the pod
+        env[k] = check_env_value(k, v)
+        hidden.add(v)
     return env, hidden
 
 # %% ../../nbs/07f_runpod.ipynb #8c97510b
@@ -411,7 +417,8 @@ def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10
             raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, "
                               f"or `lmbook pod terminate {pod_id}` and create a new one")
         if p['status'] != last:
-            log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
+            log(f"pod {pod_id}: {p['status']}, waiting for the container")
+            last = p['status']
         if clock() - t0 > timeout_s:
             raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), "
                               "and it is billing "
@@ -522,16 +529,20 @@ def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 
 
 def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
-    if a.save: spec.to_yaml(a.save); print(f"manifest written to {a.save}")
+    if a.save:
+        spec.to_yaml(a.save)
+        print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
     if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE'):
         print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
               "stops it", file=sys.stderr)
     if a.dry_run:
-        print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are '
-                                     'checked against the API when sent:')
-        print(request_text(spec, env, hidden)); return 0
+        print(spec.to_yaml())
+        print('# the request (secrets masked), not sent; the volume and GPU type are '
+              'checked against the API when sent:')
+        print(request_text(spec, env, hidden))
+        return 0
     api = RunPodAPI(hidden=hidden)
     _checked_with_api(api, spec)
     pod, created = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
@@ -560,7 +571,8 @@ def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
                                                     "--yes to confirm")
         answer = input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ")
         if answer.strip().lower() not in ('y', 'yes'):
-            print('not terminated'); return 1
+            print('not terminated')
+            return 1
     api.terminate(pod_id)
     print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run"
                                          if p['volume_id'] else ''))
@@ -572,10 +584,14 @@ def _pods_cmd(a) -> int:
         for p in api.pods(): print(format_status(p).splitlines()[0])
         return 0
     if a.pod_cmd == 'terminate': return _terminate(api, a.pod_id, a.yes)
-    if a.pod_cmd == 'wait': print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll))); return 0
+    if a.pod_cmd == 'wait':
+        print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll)))
+        return 0
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-    if a.pod_cmd == 'status': print(format_status(p)); return 0
+    if a.pod_cmd == 'status':
+        print(format_status(p))
+        return 0
     try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
     except CapacityError as e:
         if a.pod_cmd != 'resume' or not p['volume_id']: raise

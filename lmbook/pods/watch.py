@@ -49,7 +49,8 @@ def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer 
                               f"{pod['id']} still runs: wait longer (--timeout), or `lmbook pod stop --now`")
         print(f"\rpod {pod['id']}: {s}, waiting for the stop checkpoint ({clock() - t0:.0f} s)", end='',
               file=out)
-        sleep(poll_s); s = state()
+        sleep(poll_s)
+        s = state()
     print(file=out)
     return s.split('/')[1] if '/' in s else ''
 
