@@ -26,7 +26,8 @@ def is_page(name:str) -> bool:
 # %% ../../nbs/08a_docs.ipynb #442ca5d2
 @contextlib.contextmanager
 def _in_dir(d:Path):
-    old = os.getcwd(); os.chdir(d)
+    old = os.getcwd()
+    os.chdir(d)
     try: yield
     finally: os.chdir(old)
 
@@ -156,7 +157,8 @@ def markdown_copies(out:Path) -> list[Path]:
     done = []
     for f in sorted(Path(out).rglob('*.llms.md')):
         new = f.with_name(f.name.removesuffix('.llms.md') + '.html.md')
-        f.replace(new); done.append(new)
+        f.replace(new)
+        done.append(new)
     for f in [Path(out)/'llms.txt', *done]:
         if f.is_file(): f.write_text(re.sub(r'([\w./-]+)\.llms\.md\b', r'\1.html.md', f.read_text()))
     return done
@@ -220,7 +222,9 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
         try: site = build(Path(tmp)/'site', quiet=True)
         # e.g. --out is a folder that is not a site
         except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None
-    markdown_copies(out); offline_css(out); member_links(out)
+    markdown_copies(out)
+    offline_css(out)
+    member_links(out)
     (out/STAMP).write_text(json.dumps(dict(inputs=docs_inputs(checkout))))
     return out, list(site.warnings)
 
