@@ -21,7 +21,8 @@ def profile_rows() -> list[dict]:
     estimate_memory = importlib.import_module('lmbook.model.memory').estimate_memory  # loads torch
     rows = []
     for name, fn in PROFILES.items():
-        c = fn(); m = c.model
+        c = fn()
+        m = c.model
         est = estimate_memory(c)
         rows.append(dict(profile=name, arch=m.arch, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                          n_kv_head=m.kv_heads, vocab_size=m.vocab_size, block_size=m.block_size,
@@ -183,7 +184,9 @@ def main(argv:list[str]|None=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = build_parser(next((a for a in argv if not a.startswith('-')), None), light=True)
     args = ap.parse_args(argv)
-    if not getattr(args, 'func', None): ap.print_help(); return EXIT_USER_ERROR
+    if not getattr(args, 'func', None):
+        ap.print_help()
+        return EXIT_USER_ERROR
     try: return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
