@@ -446,8 +446,7 @@ def field_values(a, # parsed arguments
 
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:
-    ("`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}` (values typed later by "
-     "`apply_overrides`).")
+    "`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}`, typed later by `apply_overrides`."
     out = {}
     for it in items or []:
         if '=' not in it: raise ValueError(f"override {it!r} must look like name=value, e.g. lr=3e-4")
@@ -510,8 +509,7 @@ def m3_medium() -> Config:
 
 @profile
 def gpt2_124m() -> Config:
-    ("GPT-2 small: nanoGPT's shape (bias-free, for like-for-like speed) and GPT-2's own tokenizer, so losses "
-     "compare with published ones.")
+    "GPT-2 small: nanoGPT's bias-free shape and GPT-2's tokenizer, so losses compare with published ones."
     return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
                               n_embd=768),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
