@@ -59,8 +59,7 @@ def site_dirs() -> list[Path]:
     return sorted({Path(p).resolve() for p in cands if Path(p).is_dir()})
 
 def pysource_files(roots:list[Path]|None=None) -> list[Path]:
-    ("The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: the stdlib, then each site folder), in a "
-     "fixed order.")
+    "The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: stdlib and site folders), in fixed order."
     roots = [Path(sysconfig.get_paths()['stdlib']).resolve(), *site_dirs()] if roots is None else [Path(r)
             for r in roots]
     out, seen = [], set()
@@ -133,8 +132,7 @@ class _Utf8:
             return None
 
 def _cut(b:bytes, limit:int) -> int:
-    ("Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at "
-     "a UTF-8 boundary.")
+    "Where to split `b` (longer than `limit`): a late newline or space, else a UTF-8 boundary."
     for sep in (b'\n', b' '):
         if (i := b.rfind(sep, limit//2, limit)) > 0: return i + 1
     i = limit

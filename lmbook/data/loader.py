@@ -163,8 +163,7 @@ def bin_dir(dataset:str) -> Path|None:
     return p if p.is_dir() and all((p/f).is_file() for f in BIN_FILES) else None
 
 def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chunk:int=1 << 24) -> dict:
-    ("Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking every id is below "
-     "`vocab_size`.")
+    "Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking ids against `vocab_size`."
     src, out_dir = Path(src), Path(out_dir)
     size = src.stat().st_size
     source = dict(bin=str(src.resolve()), bytes=size, mtime_ns=src.stat().st_mtime_ns, vocab_size=vocab_size)
@@ -232,8 +231,7 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
 
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
                  log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
-    ("Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` "
-     "(nanoGPT .bin folders are copied in).")
+    "Shard, train or reuse the tokenizer, and tokenize for `cfg` in `paths`, skipping what is done."
     # one preparation at a time
     with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
 

@@ -41,8 +41,7 @@ def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
     return env_var('HF_TOKEN', env=env) or env_var('HUGGINGFACEHUB_API_TOKEN', env=env) or None
 
 class HFDocs:
-    ("Documents of a Hugging Face dataset (an id or a local dataset folder), streamed; resumable through "
-     "`state()`.")
+    "Documents of a Hugging Face dataset (an id or a local folder), streamed; resumable through `state()`."
     def __init__(self, name:str, config:str='', split:str='train', text_field:str='text',
                  hf_cache:Path|None=None,
                  state:dict|None=None):  # `state`: what `state()` returned, to continue from there
@@ -220,8 +219,7 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
     return m
 
 def _keep_whole(folder:Path, m:dict) -> dict:
-    ("An unfinished manifest cut back to its shards that are all there: a half-written stage is redone, not "
-     "refused.")
+    "An unfinished manifest cut back to its complete shards, so a half-written stage is redone."
     ok = lambda s: (folder/s['name']).is_file() and (folder/s['name']).stat().st_size == s['bytes']
     i = next((i for i, s in enumerate(m['shards']) if not ok(s)), None)
     if i is None: return m
@@ -357,8 +355,7 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                  kind:str='auto',             # how to read `dataset`: 'auto', 'builtin', 'local' or 'hf'
                  docs:Iterable[str]|None=None # documents to shard instead of reading `dataset`
                 ) -> dict:
-    ("Shard `dataset` into `train_dir` (and `val_dir`); resumable and idempotent. Returns the manifests by "
-     "split.")
+    "Shard `dataset` into `train_dir` (and `val_dir`), resumably and idempotently; the manifests by split."
     _check_shard_args(mode, split, take, val_dir, val_ratio, lines_per_shard)
     src = dict(dataset=str(dataset), kind=source_kind(dataset, kind), config=config, hf_split=hf_split,
                text_field=text_field)

@@ -66,8 +66,7 @@ def record_messages(rec, # one parsed JSONL record
 def render_chat(messages:list[dict], # turns from `record_messages`
                 tokenizer, # an lmbook `Tokenizer` with the chat tokens
                ) -> tuple[list[int], list[int]]:
-    ("Token ids of a conversation and, per token, 1 where it is trained (assistant text and its `<|end|>`) "
-     "else 0.")
+    "Token ids of a conversation, and per token 1 where it is trained (the assistant's turns) else 0."
     tid = lambda t: tokenizer.token_id(t)
     if any(tid(t) is None for t in [*ROLES.values(), END]):
         raise ValueError("the tokenizer has no chat tokens (<|user|>, <|assistant|>, <|end|>): adopt it "
@@ -194,8 +193,7 @@ class SFTLoader:
 
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
                     world_size:int=1) -> list:
-    ("The same `n_batches` validation batches every call; ranks get disjoint rows (cycling when there are "
-     "few).")
+    "The same `n_batches` validation batches every call; ranks get disjoint rows, cycling when few."
     out = []
     for b in range(n_batches):
         idx = torch.from_numpy(((b*world_size + rank)*batch_size + np.arange(batch_size)) % len(x))
@@ -204,8 +202,7 @@ def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:in
 
 # %% ../../nbs/02e_sft.ipynb #f0a56ac1
 def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list]:
-    ("(train, val) examples: a seeded `val_ratio` share for validation (at least one when there are two); "
-     "one example serves both.")
+    "(train, val) examples, a seeded `val_ratio` share held out for validation."
     n = len(examples)
     if n < 2: return examples, examples
     n_val = min(n - 1, max(1, round(n*val_ratio))) if val_ratio > 0 else 0

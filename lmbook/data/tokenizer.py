@@ -47,8 +47,7 @@ class Tokenizer:
     def __repr__(self): return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
     @property
     def sha256(self) -> str:
-        ("The tokenizer's identity: sha256 of its canonical JSON (the same for a bundle and the object "
-         "loaded from it).")
+        "The tokenizer's identity: the sha256 of its canonical JSON, the same for a bundle and its load."
         return hashlib.sha256(self.tok.to_str().encode()).hexdigest()
 
 # %% ../../nbs/02c_tokenizer.ipynb #5ddc5efe
@@ -78,8 +77,7 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
 
 # %% ../../nbs/02c_tokenizer.ipynb #0a103653
 def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
-    ("Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into "
-     "`out_dir`.")
+    "Write `meta.json`, then `tokenizer.json` (which completes the bundle), atomically into `out_dir`."
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t)
@@ -114,8 +112,7 @@ def hub_names(repo_id:str) -> list[str]:
             v in HUB_ALIASES.items() if v == repo_id)]
 
 def hub_caches(hf_cache:Path|None=None) -> list[Path]:
-    ("Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's "
-     "`hf_cache`, the default one.")
+    "Hugging Face hub caches to search: the environment's, the workspace's `hf_cache`, the default."
     out = []
     if hub := env_var('HF_HUB_CACHE'): out.append(Path(hub))
     if home := env_var('HF_HOME'): out.append(Path(home)/'hub')
@@ -166,8 +163,7 @@ def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e
 
 # %% ../../nbs/02c_tokenizer.ipynb #100c0fbc
 def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
-    ("Copy a published `tokenizer.json` into a bundle (`meta` added to its meta.json), adding "
-     "`<|endoftext|>` and chat tokens it lacks.")
+    "Copy a published `tokenizer.json` into a bundle, adding the `<|endoftext|>` and chat tokens it lacks."
     p = Path(tokenizer_json)
     if not p.is_file(): raise FileNotFoundError(f"--tokenizer-json {p} does not exist")
     tok = HFTokenizer.from_file(str(p))
@@ -184,8 +180,7 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
                      tokenizer:str='',
                      hf_cache:Path|None=None, # the workspace's Hugging Face cache, for `tokenizer`
                     ) -> Tokenizer:
-    ("The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json` or Hub model "
-     "`tokenizer`'s, else trained on `train_dir`.")
+    "The bundle in `out_dir`: reused, else adopted from a file or a Hub model, else trained on `train_dir`."
     out_dir = Path(out_dir)
     if tokenizer_json is not None: tokenizer = ''
     if (out_dir/'tokenizer.json').is_file():
@@ -277,8 +272,7 @@ def _shard_lines(p:Path, sha:str) -> list[str]:
     return [unescape_doc(l) for l in lines]
 
 def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, on_chunk=None) -> np.ndarray:
-    ("Token ids of `docs`, each preceded by `<|endoftext|>`, as one array of `dtype`; `on_chunk(docs, ids)` "
-     "after each chunk.")
+    "Token ids of `docs`, each after `<|endoftext|>`, as one array of `dtype`; `on_chunk` after each chunk."
     # Rust, without the GIL
     enc = lambda i: tk.tok.encode_batch_fast(docs[i:i+chunk], add_special_tokens=False)
     out, eot = [], tk.eot_id
@@ -353,8 +347,7 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
                    dtype:str='auto',           # 'auto' (uint16 when the vocab fits), 'uint16' or 'uint32'
                    progress:bool=False         # show a progress bar with tokens/s
                   ) -> dict:
-    ("Tokenize every shard of `shard_dir` into `out_dir` (one token file per shard); resumable. Returns the "
-     "manifest.")
+    "Tokenize every shard of `shard_dir` into `out_dir`, one token file a shard, resumably; the manifest."
     shard_dir, out_dir = Path(shard_dir), Path(out_dir)
     tk = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     sm = check_shards(shard_dir, checksums=False)
