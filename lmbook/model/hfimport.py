@@ -52,8 +52,7 @@ def hf_gpt2_folder(name:str='gpt2',
                    # fetch config.json and model.safetensors when missing (and HF_HUB_OFFLINE is not set)
                    download:bool=False,
                   ) -> Path:
-    ("The local snapshot folder of a published GPT-2 (config.json and model.safetensors) in the Hugging Face "
-     "cache.")
+    "The local snapshot folder of a published GPT-2 in the Hugging Face cache."
     try: cfg, w = hub_file(name, 'config.json', hf_cache, download), hub_file(name, 'model.safetensors',
                                                                               hf_cache, download)
     except FileNotFoundError:
@@ -70,8 +69,7 @@ def gpt2_from_hf(folder:Path|str,
                  # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens
                  vocab_size:int|None=None,
                 ) -> tuple[ModelConfig, dict]:
-    ("An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder, exactly "
-     "(`bias=True` when it has biases).")
+    "An lmbook `gpt2` config and state dict holding exactly the weights of a `transformers` GPT-2 folder."
     if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute()
                                       or str(folder).startswith('.')):
         raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached "
@@ -191,8 +189,7 @@ def hf_kind(folder:Path) -> str:
     return json.loads((Path(folder)/'config.json').read_text()).get('model_type', '')
 
 def check_hf_shape(cfg:Config, folder:Path, vocab_size:int):
-    ("Refuse a run config whose model differs from `folder`'s (any context up to its own), naming the values "
-     "to set.")
+    "Refuse a run config whose model differs from `folder`'s, naming the values to set."
     want = hf_model_config(folder, cfg.model.block_size, vocab_size)
     diff = {k: getattr(want, k) for k in ('arch', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd',
                                           'mlp_hidden',
@@ -256,8 +253,7 @@ def hf_tokenizer(folder:Path) -> tuple[Tokenizer, list[str]]:
     return Tokenizer(tok), added
 
 def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
-    ("The tokenizer of `folder` as an lmbook bundle in `out_dir` (`hf_tokenizer`'s), reused when it is there "
-     "already.")
+    "The tokenizer of `folder` as an lmbook bundle in `out_dir`, reused when it is there already."
     tk, added = hf_tokenizer(folder)
     if (Path(out_dir)/'tokenizer.json').is_file():
         have = load_tokenizer(out_dir)
@@ -268,8 +264,7 @@ def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
     return load_tokenizer(out_dir)
 
 def new_token_rows(folder:Path) -> dict[int, tuple[list[int], list[int]]]:
-    ("Per token `hf_tokenizer` adds to `folder`'s tokenizer: (rows its embedding averages, rows its head row "
-     "averages).")
+    "Per token `hf_tokenizer` adds: (embedding rows it averages, head rows it averages)."
     c, (tk, added) = json.loads((Path(folder)/'config.json').read_text()), hf_tokenizer(folder)
     first = lambda v: v[0] if isinstance(v, list) else v
     bos, eos, out = first(c.get('bos_token_id')), first(c.get('eos_token_id')), {}
@@ -288,15 +283,13 @@ def init_new_tokens(model:GPT, rows:dict):
 
 # %% ../../nbs/03e_hfimport.ipynb #6e588e18
 def frozen_dtype(cfg:Config, device:str) -> torch.dtype:
-    ("The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA (unless "
-     "dtype=float32), else float32.")
+    "The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA, else float32."
     low = cfg.train.lora_rank and device.startswith('cuda') and cfg.train.dtype != 'float32'
     return torch.bfloat16 if low else torch.float32
 
 @torch.no_grad()
 def _place(model:GPT, name:str, t:torch.Tensor, device:str, dtype:torch.dtype, quant:str, train:bool):
-    ("Put weight `name` of `model` on `device` in `dtype` (4 bits for an adapted projection under "
-     "quant='nf4').")
+    "Put weight `name` of `model` on `device` in `dtype`, or in 4 bits for a projection under quant='nf4'."
     mod, attr = model.get_submodule(name.rpartition('.')[0]), name.rpartition('.')[2]
     setattr(mod, attr, torch.nn.Parameter(t.to(device, dtype), requires_grad=train))
     if isinstance(mod, LoRALinear) and attr == 'weight' and quant == 'nf4': quantize(mod)
