@@ -153,8 +153,7 @@ def _gather(obj, info:DistInfo) -> list|None:
 def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
              sharded:bool=False,
              info:DistInfo|None=None, buffers:dict|None=None) -> dict:
-    ("What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank); `buffers`: copy, to "
-     "write later.")
+    "What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank)."
     info = info or DistInfo()
     ranks = _gather(dict(rng=rng_state(), **(rank_state or {})), info)
     if sharded: msd, osd = full_state(model, optimizer)  # gathered to rank 0: a fresh copy
@@ -206,14 +205,12 @@ def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> Check
 
 # %% ../../nbs/04b_checkpoint.ipynb #6e737e44
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
-    ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
-     "`name`.")
+    "Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for `name`."
     free = shutil.disk_usage(ckpt_dir).free
     if free < need: raise _space_error(ckpt_dir, name or ckpt_name(step), need, free, keep)
 
 def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
-    ("Whether a failed write ran out of disk: `ENOSPC`, or any error (torch's is a `RuntimeError`) with no "
-     "room left for the rest.")
+    "Whether a failed write ran out of disk: `ENOSPC`, or any error with no room left."
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
     if not isinstance(e, Exception): return False  # an interrupt is not a full disk
     try:
@@ -320,8 +317,7 @@ def move_damaged(path:Path, log:Callable|None=None) -> Path:
     return dest
 
 def prune_checkpoints(ckpt_dir:Path, keep:int, good:set|None=None, log:Callable|None=None):
-    ("Keep the newest `keep` checkpoints that verify; move damaged ones aside; remove older ones and stale "
-     "temporaries.")
+    "Keep the newest `keep` checkpoints that verify; set damaged ones aside; remove older ones."
     good = set() if good is None else good
     kept = 0
     for p in list_checkpoints(ckpt_dir):
@@ -373,8 +369,7 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
 
 # %% ../../nbs/04b_checkpoint.ipynb #4b8d61cc
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
-    ("Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without "
-     "unpickling code.")
+    "Model and optimizer state (unless not `weights`), run and rank state, loaded without unpickling code."
     path = Path(path)
     msd = osd = None
     try:
@@ -393,8 +388,7 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
 # %% ../../nbs/04b_checkpoint.ipynb #37e98427
 def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, check:Callable|None=None,
                       on_skip:Callable|None=None) -> Path|None:
-    ("The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about (and "
-     "`on_skip`-ing) each newer one.")
+    "The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about newer ones."
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
     for p in list_checkpoints(ckpt_dir):
         try:
@@ -441,8 +435,7 @@ def changed_keys(old:dict, new:dict) -> list[tuple]:
             if k in old.get(sec, {}) and old[sec][k] != v]
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
-    ("Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' "
-     "refused).")
+    "Changes from config dict `old` to `new`: (those needing permission, those refused with why)."
     asked, refused = [], []
     for k, a, b in changed_keys(old, new):
         if k in FREE_KEYS or k in SHAPE_KEYS: continue
@@ -465,8 +458,7 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
 
 # %% ../../nbs/04b_checkpoint.ipynb #4be13a0d
 class Checkpointer:
-    ("When to save, what to keep, where to resume from; one write in flight in the background when "
-     "`background`.")
+    "When to save, what to keep, where to resume from; one write in flight in the background."
     def __init__(self, ckpt_dir:Path, # the run's checkpoints folder
                  every:int, # steps between checkpoints
                  keep:int=2, # checkpoints kept
@@ -596,8 +588,7 @@ def wait(self:Checkpointer):
 
 @patch
 def close(self:Checkpointer):
-    ("Finish the write in flight when leaving early (an error, an interrupt): log its error instead of "
-     "raising it.")
+    "Finish the write in flight when leaving early, logging its error instead of raising it."
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
@@ -621,8 +612,7 @@ def load_best(self:Checkpointer,
               at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
               lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
               ) -> float:
-    ("The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is "
-     "moved aside).")
+    "The val_loss of `best/` (inf when none; a damaged or foreign one is moved aside)."
     best, old, val, step = self.dir/BEST, self.dir/f'.old-{BEST}', math.inf, -1
     if self.info.is_main:
         shutil.rmtree(self.dir/f'.tmp-{BEST}', ignore_errors=True)

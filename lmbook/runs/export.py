@@ -125,8 +125,7 @@ CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|
                  "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 def write_chat_template(tokenizer, out_dir:Path):
-    ("Add lmbook's chat format to an exported folder: the tokenizer's `chat_template`, and `<|end|>` as an "
-     "end of generation.")
+    "Add lmbook's chat format to an exported folder: a `chat_template`, and `<|end|>` ending generation."
     out_dir, end = Path(out_dir), tokenizer.token_id(END)
     tc = json.loads((out_dir/'tokenizer_config.json').read_text())
     (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tc, chat_template=CHAT_TEMPLATE), indent=1))

@@ -22,8 +22,7 @@ __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'unknown_ru
 INFERENCE_FILES = ('model.safetensors', 'state.json')
 
 def verify_for_inference(path:Path) -> dict:
-    ("The manifest of checkpoint `path` if all its files have their recorded sizes and weights and state "
-     "their hashes.")
+    "The manifest of checkpoint `path` if its files have their recorded sizes and hashes."
     path = Path(path)
     man = verify_checkpoint(path, hashes=False)
     for name in INFERENCE_FILES:

@@ -50,8 +50,7 @@ def format_duration(s:float) -> str:
 
 # %% ../../nbs/04a_metrics.ipynb #8209cc00
 def read_metrics(path:Path) -> list[dict]:
-    ("Records of a `metrics.jsonl` (a file or a run directory), in step order, newest record per step and "
-     "kind.")
+    "Records of a `metrics.jsonl` (a file or a run folder) in step order, the newest per step and kind."
     path = Path(path)
     if path.is_dir(): path = path/METRICS
     if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the "
@@ -71,8 +70,7 @@ def _write_lines(path:Path, lines:list[str]):
     os.replace(tmp, path)
 
 def repair_metrics(path:Path, warn:Callable=print) -> int:
-    ("Drop the lines of `path` that are not whole records (a torn last line), warning about each; return how "
-     "many.")
+    "Drop the lines of `path` that are not whole records, warning about each; return how many."
     path = Path(path)
     if not path.is_file(): return 0
     txt = path.read_text()
@@ -126,8 +124,7 @@ class MetricsLogger:
             except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
 
     def start_at(self, step:int):
-        ("Make the file ready to continue after `step` (-1: a fresh start): repair it, set later records "
-         "aside.")
+        "Make the file ready to go on after `step` (-1: a fresh start): repair it, set later records aside."
         if not self.enabled: return
         repair_metrics(self.path, self.log)
         set_aside(self.path, step, self.log)

@@ -213,8 +213,7 @@ def is_chat(cfg) -> bool:
     return bool(cfg.data.sft_data)
 
 def chat_prompts(cfg, n:int=4) -> list[str]:
-    ("The first user turns of the `n` shortest held-out examples of a chat run's file (`CHAT_FALLBACK` "
-     "without it).")
+    "The first user turns of the `n` shortest held-out examples of a chat run (`CHAT_FALLBACK` without)."
     try:
         recs = [json.loads(l) for l in Path(cfg.data.sft_data).read_text(encoding='utf-8').splitlines()
                 if l.strip()]
@@ -226,8 +225,7 @@ def chat_prompts(cfg, n:int=4) -> list[str]:
     return sorted(dict.fromkeys(q for q in qs if q.strip()), key=len)[:n] or list(CHAT_FALLBACK)
 
 def chat_text(prompt:str) -> str:
-    ("What a chat run is given for `prompt`: one user turn and the assistant's tag, unless it holds reserved "
-     "tokens already.")
+    "What a chat run is given for `prompt`: a user turn and the assistant's tag, unless already tagged."
     return prompt if any(t in prompt for t in SPECIAL_TOKENS) else chat_prompt(prompt)
 
 def stop_ids(tokenizer, chat:bool=False) -> list[int]:
@@ -253,8 +251,7 @@ GENERIC_PROMPTS = ('The', 'In the beginning', 'It is', 'One of the most')
 DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
-    ("The prompts a run samples: its `sample_prompts` ('|'-separated), else a chat run's questions, else "
-     "ones that suit its dataset.")
+    "The prompts a run samples: its `sample_prompts`, else a chat run's questions, else its dataset's."
     if getattr(cfg.train, 'sample_prompts', ''):
         return [p.strip() for p in cfg.train.sample_prompts.split('|')]
     if is_chat(cfg): return chat_prompts(cfg)
@@ -263,8 +260,7 @@ def prompts_for(cfg) -> list[str]:
 
 # %% ../../nbs/04e_sample.ipynb #c3397e72
 class TextStream:
-    ("Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to a "
-     "stop token.")
+    "Text of token ids pushed one at a time, handed out in whole characters, up to a stop token."
     def __init__(self, tokenizer,
                  stop_id:int|list|None=None, # the token (or tokens) that end the text
                  skip:set=frozenset(), # tokens left out of the text (reserved ones)
@@ -292,8 +288,7 @@ class TextStream:
 
 def streamer(out:Callable, # called with each piece of text
              tokenizer, prompt:str, stops:list[int], chat:bool=False) -> Callable:
-    ("`emit(token_id)` for the first sample as `sample_texts` returns its text; `emit(None)` returns what is "
-     "left.")
+    "`emit(token_id)` for the first sample as `sample_texts` returns it; `emit(None)` returns the rest."
     skip = {getattr(tokenizer, 'token_id', lambda t: None)(t) for t in SPECIAL_TOKENS} - {None}
     ts, first = TextStream(tokenizer, stops, skip), [True]
     out(prompt + ('\n' if chat else ''))
@@ -320,8 +315,7 @@ SAMPLE_RANGES = dict(temperature=at_least(0), top_k=at_least(0), top_p=between(0
                      max_new_tokens=at_least(0), num_samples=between(1, 4096))
 
 def check_sampling(**opts):
-    ("Raise a one-line `ValueError` for a sampling option (`SAMPLE_RANGES`) out of its range; `top_k=None` "
-     "keeps all tokens.")
+    "Raise a one-line `ValueError` for a sampling option out of its range in `SAMPLE_RANGES`."
     for k, v in opts.items():
         if k == 'top_k' and v is None: continue
         if err := SAMPLE_RANGES[k].error(k, v): raise ValueError(err)
