@@ -57,8 +57,7 @@ def make_step(cfg:Config, # the config to train
               compile_mode:str='default', # torch.compile mode, or 'regional' (each block compiled on its own)
               inductor:dict|None=None, # torch._inductor.config settings
              ):
-    ("The trainer's `Trainable`, a `step(batches, lr) -> loss` doing one `trainer.train_step`, and the fp8 "
-     "recipe applied.")
+    "The trainer's `Trainable`, a `step(batches, lr) -> loss` of one `train_step`, and the fp8 recipe."
     info = info or DistInfo(device=device)
     compiled = resolve_compile(cfg.train.compile, device)
     if compiled and inductor:
@@ -88,8 +87,7 @@ def _card(device:str) -> str:
 def eager_val_loss(t, # a `trainer.Trainable`
                    batches:list, # (x, y) validation batches
                   ) -> float:
-    ("Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), "
-     "averaged across ranks.")
+    "Mean loss over `batches` through the uncompiled forward, averaged across ranks."
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
         with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()

@@ -91,8 +91,7 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
              root:Path|None=None, # workspace root (default: from settings)
              log:Callable=print, # where progress lines go
             ) -> dict:
-    ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
-     "return its result.")
+    "Fine-tune the run `init_from` on `data` as `experiment`, resumable like any run; its result."
     cfg, init, examples = checked(init_from, data, experiment, overrides, root, log)
     return train(cfg, experiment, root=root, log=log, init=init, examples=examples)
 

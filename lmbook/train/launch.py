@@ -79,8 +79,7 @@ def _say_error(e:Exception):
     except OSError: pass  # nobody is reading
 
 def main(argv:list[str]|None=None) -> int:
-    ("Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to "
-     "`LMBOOK_EXIT_FILE`.")
+    "Entry point of one training process, plain or a torchrun worker; rank 0 also records its exit code."
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
@@ -132,8 +131,7 @@ def launch(profile:str, # profile name or config file
            prepare_only:bool=False, # only prepare the data
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
           ) -> Iterator[str]:
-    ("Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not "
-     "finish.")
+    "Run the training in a subprocess, yielding its output lines; `TrainingExit` when it does not finish."
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
     if 'torch.distributed.run' in cmd or prepare_only:
@@ -149,8 +147,7 @@ class TrainingExit(RuntimeError):
                          "why")
 
 def _exit_code(rc:int, exit_file:str) -> int:
-    ("The worker's own exit code when it wrote one (torchrun reports 1 for any failed worker), else the "
-     "process's.")
+    "The worker's own exit code when it wrote one (torchrun says 1 for any failure), else the process's."
     try: return int(json.loads(Path(exit_file).read_text())['exit_code']) if rc else 0
     except (OSError, ValueError, KeyError): return 128 - rc if rc < 0 else rc
     finally: Path(exit_file).unlink(missing_ok=True)
@@ -202,8 +199,7 @@ def detach(profile:str, # profile name or config file
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
           ) -> tuple[int, Path]:
-    ("Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that "
-     "file).")
+    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (pid, that file)."
     out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',

@@ -163,8 +163,7 @@ def run_tasks(source:str|Path,
     return res
 
 def save_results(run:Path, results:dict, step:int, checkpoint:str) -> Path:
-    ("Merge `results` into `run`/eval.json: each task's newest metrics, with the step and checkpoint they "
-     "came from.")
+    "Merge `results` into the run's eval.json: each task's newest metrics, with their step and checkpoint."
     path = RunDir(run).eval
     try: have = json.loads(path.read_text())
     except (OSError, ValueError): have = {}

@@ -133,8 +133,7 @@ def _parent_cmd(pid:int) -> str:
 def interactive(env:dict|None=None, # the environment (default: os.environ)
                 shell=None, # the IPython shell (default: get_ipython())
                ) -> bool:
-    ("Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill "
-     "or a script.")
+    "Whether a person watches this kernel in a frontend with widgets (JupyterLab), not papermill."
     if (on := env_var('LMBOOK_DASHBOARD', env=env)) in ('0', '1'): return on == '1'
     if shell is None:
         try:
@@ -153,8 +152,7 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
 def terminal(env:dict|None=None, # the environment (default: os.environ)
              shell=None, # the IPython shell (default: get_ipython())
             ):
-    ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
-     "add.")
+    "A text stream to the terminal of the papermill that runs this kernel, or None where there is none."
     if shell is None:
         try:
             from IPython import get_ipython  # a notebook kernel only
@@ -187,8 +185,7 @@ def last_sample(run:Path) -> dict|None:
     return s[-1] if s else None
 
 def run_length(run:Path) -> int|None:
-    ("The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote "
-     "it).")
+    "The number of optimizer steps of the run in `run`, from its meta (None before the trainer wrote it)."
     try: return int(RunDir(run).read_meta()['total_steps'])
     except (OSError, ValueError, KeyError, TypeError): return None
 
@@ -257,8 +254,7 @@ def follow(lines:Iterable[str], # the trainer's output lines
            # a text stream that gets the lines too (default: `terminal()` when there is no dashboard)
            tee=None,
           ) -> None:
-    ("Print `lines` as they come, each once, and keep the dashboard of the run in `run` up to date where "
-     "there is one.")
+    "Print `lines` as they come, each once, and keep the run's dashboard up to date where there is one."
     run = Path(run)
     live = interactive() if live is None else live
     own = tee is None and echo and not live

@@ -68,8 +68,7 @@ def hub_init(init_from:str) -> str:
     return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
 
 def hub_llama(init_from:str) -> Path|None:
-    ("The folder of the Llama-family model an `init_from` such as 'hf:meta-llama/Llama-2-7b-hf' names, "
-     "else None.")
+    "The folder of the Llama-family model an `init_from` like 'hf:meta-llama/Llama-2-7b-hf' names, else None."
     name = hub_init(init_from)
     if not name or name in HUB_ALIASES or name.startswith('openai-community/'): return None
     folder = hf_folder(name)
@@ -167,8 +166,7 @@ def init_model(cfg:Config, # the run's config
 
 # %% ../../nbs/05d_runstart.ipynb #6bee2f97
 def adopt_init_tokenizer(ck:Path, state:dict, tok_dir:Path, root:Path|None=None):
-    ("Copy the tokenizer checkpoint `ck` was trained with into `tok_dir` (the new experiment's); return it "
-     "loaded.")
+    "Copy the tokenizer checkpoint `ck` was trained with into `tok_dir`; return it loaded."
     src = find_tokenizer(ck, state, experiment_of(run_of(ck)), root)
     tok_dir, src_dir = Path(tok_dir), Path(src.path).parent
     if (tok_dir/'tokenizer.json').is_file():

@@ -37,8 +37,7 @@ __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 class StopFlag:
-    ("Turns SIGTERM/SIGINT/SIGHUP (a closed SSH session) into a flag while active (main thread only); "
-     "restores the old handlers.")
+    "Turns SIGTERM/SIGINT/SIGHUP into a flag while active (main thread only); restores the old handlers."
     def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT,
                              signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
     def _handler(self, signum, frame): self.signum = signum
@@ -136,8 +135,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
-    ("USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod "
-     "pod.")
+    "USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset), for cost plots off a RunPod pod."
     v = env_var('LMBOOK_GPU_PRICE', '').strip()
     if not v: return None
     try: return float(v)
@@ -210,8 +208,7 @@ class StepLog:
 # %% ../../nbs/05e_trainer.ipynb #b0bc789d
 @patch
 def eta(self:StepLog, step:int, now:float|None=None) -> float|None:
-    ("Seconds left after `step`, at the pace since the first row this start wrote (None until there is "
-     "one).")
+    "Seconds left after `step`, at the pace since the first row this start wrote (None until there is one)."
     now = time.time() if now is None else now
     if self.first is None: self.first = (step, now)
     s0, t0 = self.first
