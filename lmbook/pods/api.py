@@ -23,12 +23,11 @@ class CapacityError(RunPodError): "No instance with the requested GPUs is free r
 class NotFound(RunPodError): "The pod, volume or GPU type asked for does not exist."
 class TransientError(RunPodError):
     "No usable answer (network, 429, 5xx): safe to retry, after a lookup for a create."
-    def __init__(self, msg:str,
-                 retry_after:float|None=None):
-                     super().__init__(msg)
-                     self.retry_after = retry_after
-class RateLimited(TransientError): ("RunPod answered 429: the request was not processed; retry after "
-                                    "`retry_after` s.")
+    def __init__(self, msg:str, retry_after:float|None=None):
+        super().__init__(msg)
+        self.retry_after = retry_after
+class RateLimited(TransientError):
+    "RunPod answered 429: the request was not processed; retry after `retry_after` s."
 
 def masked(text:str, hidden:set) -> str:
     "`text` with every secret value replaced by its length."
@@ -41,8 +40,7 @@ SAFE_VALUES = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-
                  data_center=r'[A-Za-z0-9][A-Za-z0-9_-]{0,31}')
 
 def check_safe(value:str, kind:str, what:str|None=None) -> str:
-    ("Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a "
-     "one-line error.")
+    "Return `value` when it matches the `kind` pattern (name, gpu, image, id...), else a one-line error."
     if not isinstance(value, str) or not re.fullmatch(SAFE_VALUES[kind], value):
         raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {SAFE_VALUES[kind]}")
     return value

@@ -107,8 +107,7 @@ class BootLog:
 
 # %% ../../nbs/07g_boot.ipynb #f34a611f
 def stage_install(o:BootOptions, log) -> str|None:
-    ("Refresh the volume's install if its checkout changed; the Jupyter kernel name to use (None: the "
-     "default).")
+    "Refresh the volume's install if its checkout changed; the Jupyter kernel to use (None: the default)."
     if not o.install:
         log(f"stage 1/4 install: skipped, using {sys.executable} as it is")
         return None
@@ -226,8 +225,7 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
 
 # %% ../../nbs/07g_boot.ipynb #7c2e88da
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
-    ("The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or "
-     "None.")
+    "The run's final checkpoint (step >= `total`, default: the trainer's), if complete, else None."
     rd = RunDir(paths.run)
     if total is None and rd.meta.is_file(): total = rd.read_meta().get('total_steps')
     # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
@@ -250,8 +248,7 @@ def gpu_count() -> int:
 
 # %% ../../nbs/07g_boot.ipynb #66a526d4
 def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
-    ("TensorBoard on `port` (all interfaces, for RunPod's proxy), detached; None when the port is taken or "
-     "it is off.")
+    "TensorBoard on `port` for RunPod's proxy, detached; None when the port is taken or it is off."
     if not port: return None
     with socket.socket() as s:
         if s.connect_ex(('127.0.0.1', port)) == 0:
@@ -289,8 +286,7 @@ def trainer_exit_code(out:Path, rc:int) -> int:
 
 # %% ../../nbs/07g_boot.ipynb #1f713b6b
 def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw) -> tuple[int, str]:
-    ("Run the training command in a session of its own; pass a stop, or the spend guard's, on to the "
-     "trainer. (exit code, spend reason)")
+    "Run the training command in its own session, passing stops on to the trainer; (exit code, spend reason)."
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
                          start_new_session=True, **kw)
     spent, passed, beat = '', False, 0.0
@@ -313,8 +309,7 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
 
 def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None,
                 guard=None) -> tuple[int, str]:
-    ("Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the "
-     "final checkpoint on the volume.")
+    "Train or resume the run; (exit code, spend guard's reason or ''): 0 when finished and saved."
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(env_var('NUM_NODES') or env_var('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
@@ -352,8 +347,7 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
 
 # %% ../../nbs/07g_boot.ipynb #24cecd1d
 def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
-    ("Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when "
-     "RunPod took the call.")
+    "Stop or terminate this pod once the run is finished, failed or over its limit; True when RunPod took it."
     if spent: action, why, last = 'stop', spent, 'spend-limit'
     elif rc > 128:
         log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "

@@ -79,8 +79,7 @@ def trainer_pid(run_dir:Path) -> int|None:
     return int(d['pid'])
 
 def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None:
-    ("SIGTERM to the trainer holding the run's lock, else to `proc`'s process group (started in a session of "
-     "its own).")
+    "SIGTERM to the trainer holding the run's lock, else to `proc`'s process group."
     if (pid := trainer_pid(run_dir)):
         log(f"passing {why} on to the trainer (pid {pid}): it writes a checkpoint, then stops")
         try:
@@ -92,8 +91,7 @@ def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None
     except ProcessLookupError: pass
 
 def wait_run(proc:subprocess.Popen, run_dir:Path, timeout_s:float=1800, poll_s:float=0.5) -> int:
-    ("Wait for `proc` to end and the trainer to let go of the run folder (its checkpoint written); `proc`'s "
-     "exit code.")
+    "Wait for `proc` to end and the trainer to let go of the run folder; `proc`'s exit code."
     t0 = time.monotonic()
     while (proc.poll() is None
            or trainer_pid(run_dir)) and time.monotonic() - t0 < timeout_s: time.sleep(poll_s)
@@ -110,8 +108,7 @@ class Stopped(Exception):
         self.signum = signum
 
 class StopSignals:
-    ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
-     "exit.")
+    "SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; old handlers restored on exit."
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     def __init__(self): self.signum, self.training, self.old, self.spent = 0, False, {}, ''
     def _handler(self, signum, frame):
@@ -161,8 +158,7 @@ class SpendGuard:
 
 # %% ../../nbs/07d_guard.ipynb #9a37044e
 def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
-    ("The pod's spend guard from MAX_HOURS / MAX_DOLLARS, priced from the API (the pod's key) or "
-     "PRICE_PER_HOUR; None without a limit.")
+    "The pod's spend guard from MAX_HOURS / MAX_DOLLARS and its price; None without a limit."
     num = lambda k: float(env_var(k, env=env) or 0)
     hours, dollars, price = num('MAX_HOURS'), num('MAX_DOLLARS'), num('PRICE_PER_HOUR')
     if not (hours or dollars): return None

@@ -28,8 +28,7 @@ def _shape(r) -> tuple: return (r['arch'], r['n_layer'], r['n_embd'], r['n_head'
 def _fp8(r) -> str: return str((r.get('overrides') or {}).get('fp8', 'off'))
 
 def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
-    ("(lowest measured multi-GPU tok/s per GPU over one-GPU tok/s at the same micro-batch, rows of one call; "
-     "where), else (0.9, 'assumed').")
+    "(multi-GPU over one-GPU tok/s per GPU as measured, where), else (0.9, 'assumed')."
     effs = []
     for r in rows:
         if r['world_size'] > 1 and r['parallel'] == parallel:
@@ -79,8 +78,7 @@ def _fits(cfg:Config, mem_gb:float, gpus:int, parallel:str|None=None) -> tuple[b
     return need <= mem_gb*(1 - HEADROOM), need
 
 def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
-    ("What would fit instead: the smallest single card, the fewest cards of `gpu` with FSDP, a smaller "
-     "micro-batch.")
+    "What would fit instead: the smallest single card, the fewest `gpu` cards with FSDP, a smaller batch."
     tips = []
     single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if _fits(cfg,
             g['mem_gb'], 1)[0])
@@ -93,8 +91,7 @@ def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
     return '; '.join(tips) or 'no card in the price table fits it'
 
 def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
-    ("`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs (unless a budget, "
-     "epochs or steps are set).")
+    "`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs."
     ov = dict(overrides or {})
     if gpus <= 1 or {'token_budget', 'epochs', 'max_steps'} & set(ov): return ov
     cfg = get_config(profile, ov)
@@ -123,8 +120,7 @@ def plan(profile:str, # profile name or config file
          volume:bool=False, # the pod uses a network volume (Secure Cloud only)
          image:str|None=None, # the image the pod runs (None: the card's default)
         ) -> dict:
-    ("Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does "
-     "not fit or cannot run.")
+    "Memory fit, tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what cannot run."
     if cloud not in ('secure', 'community'): raise ValueError(f"cloud={cloud!r}: choose secure or community")
     if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud "
                                                       "secure, or without --volume")

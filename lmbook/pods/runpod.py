@@ -41,8 +41,7 @@ _SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|
 _SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}')
 
 def check_not_secret(key:str, value:str) -> str:
-    ("Refuse a plain environment variable that holds (or is named like) a secret: it would be saved and "
-     "printed.")
+    "Refuse a plain environment variable that holds or is named like a secret: it would be shown."
     if _SECRET_KEY.search(key) or _SECRET_VALUE.search(value):
         raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put "
                          "in the manifest and the printed spec: "
@@ -193,8 +192,7 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
                 commit:str|None=None, # commit, branch or tag (default: the checkout's HEAD)
                 checkout:Path|None=None, # the local checkout (default: the one lmbook runs from)
                ) -> tuple[str, str, str]:
-    ("(repository URL, full commit, a warning or '') the pod should run; refuses a commit the remote does "
-     "not have.")
+    "(repository URL, full commit, a warning or '') the pod runs; refuses a commit the remote lacks."
     checkout = Path(checkout or package_dir().parent)
     if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a git "
                                                                                  "checkout: give --repo URL "
@@ -287,8 +285,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
             ) -> PodSpec:
-    ("A checked `PodSpec` that trains `profile` as `experiment` on `gpus` x `gpu`, JupyterLab and "
-     "TensorBoard on.")
+    "A checked `PodSpec` training `profile` as `experiment` on `gpus` x `gpu`, with Jupyter and TensorBoard."
     s = load_settings()
     check_name(experiment)
     gpu_type = find_gpu(gpu)
@@ -383,8 +380,7 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
 # %% ../../nbs/07f_runpod.ipynb #2525ca45
 def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print,
                         sleep=time.sleep) -> tuple[dict, bool]:
-    ("(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient "
-     "errors are retried.")
+    "(pod, created) for `spec`: the pod of its name, else a new one, retrying capacity and transient errors."
     sent = False  # a create went out whose answer was lost: a pod found by its name is this call's
     for i in range(tries):
         if (found := api.find_pod(spec.name)): return found, sent
@@ -406,8 +402,7 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
 
 def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print,
                  sleep=time.sleep, clock=time.monotonic) -> dict:
-    ("Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`, saying that "
-     "it bills.")
+    "Poll until the pod is RUNNING with its container up; after `timeout_s`, an error saying that it bills."
     t0, last = clock(), None
     while True:
         p = api.pod(pod_id)
@@ -720,8 +715,7 @@ def add_volumes_cli(pod):
     podsync.add_volume_cli(v, _volume_cmd)
 
 def add_cli(sub):
-    ("Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
-     "terminate, volume.")
+    "Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume...."
     pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods',
                          description='Plan, create, watch and stop RunPod pods. The commands that call '
                              'RunPod '
