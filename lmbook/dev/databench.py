@@ -20,8 +20,7 @@ __all__ = ['LOADER_SHAPES', 'bench_tokenize', 'bench_loader', 'random_token_dir'
 
 # %% ../../nbs/08b_databench.ipynb #8ea37958
 def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
-    ("tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch` on the same documents (best of "
-     "`repeats`).")
+    "tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch`, best of `repeats`."
     docs = list(shard_docs(shard_dir))
     ref, fast, ours, ntok = [], [], [], 0
     for _ in range(repeats):

@@ -32,8 +32,7 @@ def _in_dir(d:Path):
     finally: os.chdir(old)
 
 def _doc_cell(cell, eval_cell) -> bool:
-    ("Whether nbdev's `show_doc` run should execute `cell`: exported code, pure imports and `show_doc` calls "
-     "only.")
+    "Whether nbdev's `show_doc` run executes `cell`: exported code, imports and `show_doc` calls only."
     from nbdev.processors import _show_docs  # developer tool: the docs only
     if not eval_cell(cell): return False
     if cell.directives_.keys() & {'export', 'exports', 'exporti', 'exec_doc'}: return True
@@ -51,8 +50,7 @@ def _doc_cells_only():
 # %% ../../nbs/08a_docs.ipynb #84cca621
 def process_notebooks(checkout:Path, # the project folder, holding pyproject.toml
                      ) -> Path:
-    ("nbdev's processed notebooks of the pages of `checkout`, in `checkout/_proc`: the Quarto project to "
-     "render.")
+    "nbdev's processed notebooks of `checkout`'s pages in `checkout/_proc`: the Quarto project to render."
     from nbdev.config import get_config  # developer tool: the docs only
     from nbdev.quarto import refresh_quarto_yml  # developer tool: the docs only
     from nbdev.serve import proc_nbs  # developer tool: the docs only
@@ -79,8 +77,7 @@ def rewrite_links(text:str, # Markdown, or a notebook's JSON
                   names:dict[str, str], # notebook file -> its renamed file
                   site_url:str, # the site's address, e.g. https://lmbook.github.io/lmbook/
                  ) -> str:
-    ("`text` with links to the site's own address made relative and links to a notebook pointing at its "
-     "renamed file.")
+    "`text` with links to the site made relative and links to a notebook pointing at its page."
     text = re.sub(re.escape(site_url.rstrip('/')) + r'/([\w.-]+\.html)', r'\1', text)
     return re.sub(r'\]\(([\w.-]+\.ipynb)(?=[#)])', lambda m: '](' + names.get(m.group(1), m.group(1)), text)
 
@@ -152,8 +149,7 @@ def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
 
 # %% ../../nbs/08a_docs.ipynb #e0c7a5be
 def markdown_copies(out:Path) -> list[Path]:
-    ("Name each page's Markdown copy in the site `out` `<page>.html.md`, as Quarto's `keep-md` does, and "
-     "link `llms.txt` to them.")
+    "Name each page's Markdown copy `<page>.html.md`, as Quarto's `keep-md` does; link `llms.txt` to them."
     done = []
     for f in sorted(Path(out).rglob('*.llms.md')):
         new = f.with_name(f.name.removesuffix('.llms.md') + '.html.md')
@@ -165,8 +161,7 @@ def markdown_copies(out:Path) -> list[Path]:
 
 # %% ../../nbs/08a_docs.ipynb #00e97c25
 def offline_css(out:Path) -> list[str]:
-    ("Drop the stylesheets' imports from other sites (a theme's web fonts) in the site `out`; return what "
-     "was dropped.")
+    "Drop the stylesheets' imports from other sites (web fonts) in the site `out`; return what was dropped."
     dropped = []
     for f in Path(out).rglob('*.css'):
         t = f.read_text()
@@ -177,8 +172,7 @@ def offline_css(out:Path) -> list[str]:
 
 # %% ../../nbs/08a_docs.ipynb #122ab826
 def member_links(out:Path) -> int:
-    ("Point links to a `Class.method` anchor that no page has at the class's anchor, in the site `out`; "
-     "return how many.")
+    "Point links to a `Class.method` anchor no page has at the class's anchor; return how many."
     pages = {f.name: set(re.findall(r'\bid="([^"]+)"', f.read_text())) for f in Path(out).glob('*.html')}
     n = 0
     def fix(m):
