@@ -162,8 +162,8 @@ def load_settings(path:Path|None=None, env:dict|None=None) -> Settings:
         cp.read(path)
         for sec in cp.sections():
             for k, v in cp[sec].items():
-                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; known keys: "
-                                                    f"{', '.join(known)}")
+                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; "
+                                                    f"known keys: {', '.join(known)}")
                 vals[k] = v
     for k, var in SETTINGS_ENV.items():
         if v := env_var(var, env=env): vals[k] = v
@@ -227,9 +227,9 @@ CLI_OPTIONS = {  # name -> (flags, argparse keywords) of the options every comma
     'profile': (('--profile', '-p'), dict(default=None, metavar='PROFILE',
                 help='profile name or .toml/.yaml config file (default: settings profile, env RUN_CONFIG)')),
     'experiment': (('--experiment', '-e'), dict(default=None, metavar='NAME',
-                   help='experiment: names runs/NAME and its data folders (default: env RUN_EXPERIMENT, '
-                       'else the '
-                        "settings experiment for the settings profile, else the profile's name)")),
+                   help='experiment: names runs/NAME and its data folders (default: '
+                       'env RUN_EXPERIMENT, else the settings experiment for the '
+                       "settings profile, else the profile's name)")),
     'set': (('--set', '-s'), dict(action='extend', nargs='+', default=[], metavar='KEY=VALUE',
             help='config overrides, e.g. --set lr=3e-4 take=1000')),
     'root': (('--root',), dict(default=None, metavar='DIR', help='workspace root (default: settings '
@@ -314,8 +314,8 @@ def pick_device(device:str='auto') -> str:
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda') and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but no CUDA GPU is visible: use device='auto' or 'cpu'")
-    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'): raise ValueError(f"unknown device {device!r}: "
-                                                                            "use auto, cpu or cuda")
+    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
     return device
 
 # %% ../nbs/00_core.ipynb #f9caefc1
@@ -381,5 +381,5 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     for k, g in table.items():
         if n == k.lower() or n in [str(a).lower() for a in g.get('aliases', [])]: return k
     short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
-    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is "
-                     "lmbook/gpu_prices.yaml)")
+    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one "
+                     f"of {short} (the table is lmbook/gpu_prices.yaml)")
