@@ -190,8 +190,8 @@ def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
 def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
     import pyarrow.parquet as pq  # slow to import: parquet files only
     pf = pq.ParquetFile(p)
-    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass "
-                                                                 "--text-field NAME")
+    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: "
+                                                                 "pass --text-field NAME")
     for b in pf.iter_batches(columns=[text_field], batch_size=4096):
         for s in b.column(0).to_pylist():
             if s is None: continue

@@ -27,9 +27,9 @@ def token_files(token_dir:Path) -> list[tuple[Path, int]]:
     "(path, token count) of every token file in `token_dir`, checked against its manifest."
     token_dir = Path(token_dir)
     m = read_manifest(token_dir)
-    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no token "
-                                                                                "manifest: run `lmbook "
-                                                                                    "tokenize` first")
+    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no "
+                                                                                "token manifest: run "
+                                                                                "`lmbook tokenize` first")
     if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook "
                                                "tokenize` again to finish it")
     out = []
@@ -218,9 +218,9 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
     "Adopt the tokenizer of nanoGPT token files in `bd` and copy them in."
     tj = tokenizer_json or (bd/'tokenizer.json' if (bd/'tokenizer.json').is_file() else None)
     if tj is None and not cfg.data.tokenizer and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
-        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with "
-                         "--tokenizer-json PATH "
-                         "or a Hub id (tokenizer=gpt2), or put its tokenizer.json beside them")
+        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer "
+                         "that made them with --tokenizer-json PATH or a Hub id "
+                         "(tokenizer=gpt2), or put its tokenizer.json beside them")
     tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj, tokenizer=cfg.data.tokenizer,
                           hf_cache=paths.hf_cache)
     ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train',
@@ -241,8 +241,8 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedDat
     # what the tokenizer stage needs, checked before the long stages
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file():
         if tokenizer_json is not None and not Path(tokenizer_json).is_file():
-            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a "
-                                    "tokenizer.json")
+            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not "
+                                    "exist: give the path of a tokenizer.json")
         # found (or fetched) before any shard is written
         if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)
         if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
@@ -281,10 +281,10 @@ def data_status(cfg, paths) -> str:
     except ValueError: return 'with a damaged manifest'
     if not (tm.get('complete') and vm.get('complete')):
         n = sum(len(m.get('shards', [])) for m in (tm, vm))
-        return (f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents "
-                "kept)")
-    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer (the '
-                                                                       'shards are complete)')
+        return (f"while sharding ({n} whole shards "
+                f"of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)")
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer '
+                                                                       '(the shards are complete)')
     for k, m in toks.items():
         if not m.get('complete'):
             n = len((tm if k == 'train' else vm)['shards'])
@@ -304,9 +304,8 @@ def _prepare_cmd(args) -> int:
         print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in "
-          f"{pd.val_tokens}\n"
-          f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
+    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} "
+          f"tokens in {pd.val_tokens}\ntokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0
 
 def add_cli(sub):

@@ -246,8 +246,8 @@ def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:
         if not p.is_file(): raise FileNotFoundError(f"shard {p} listed in the manifest is missing: shard "
                                                     "again into a fresh folder")
         if p.stat().st_size != s['bytes'] or (checksums and sha256_file(p) != s['sha256']):
-            raise ValueError(f"shard {p} disagrees with its manifest (size or checksum): it was truncated "
-                             "or edited; shard again")
+            raise ValueError(f"shard {p} disagrees with its manifest (size or "
+                             "checksum): it was truncated or edited; shard again")
     return m
 
 # %% ../../nbs/02b_prepare.ipynb #5a806324
@@ -328,8 +328,8 @@ def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDo
 def _check_read(dataset:str, i:int, stats:SourceStats, args:dict, ms:dict, ws:dict):
     "Refuse a source that gave no document, or none for validation when some should go there."
     if i == 0 and stats.bad_bytes:
-        raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; "
-                         "convert it to UTF-8")
+        raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} "
+                         "documents decode; convert it to UTF-8")
     if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
     if args['mode'] == 'split' and args['val_ratio'] > 0 and not (ms['val']['docs'] or ws['val'].n):
         raise ValueError(f"{dataset} gave {i} documents and none went to validation "
@@ -408,8 +408,8 @@ def _shard_cmd(args) -> int:
                           progress=not args.quiet, kind='local' if args.input else dataset
                               if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
-        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> "
-              f"{getattr(p, k)}")
+        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} "
+              f"shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
     sk = next(iter(ms.values())).get('skipped') or {}
     if sk.get('bad_bytes') or sk.get('split'):
         print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split "
@@ -422,13 +422,13 @@ def add_cli(sub):
                     'experiment', 'root', 'quiet')
     a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after '
                    '--take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
-    a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod '
-                   'modes')
+    a.add_argument('--split', choices=('train', 'val'), default='train',
+                   help='destination of smoke/prod modes')
     a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings '
                    'shard_lines, env SHARD_LINES)')
     a.add_argument('--take', type=int, default=None, help='documents to read (0: all; smoke default 10000)')
-    a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes '
-                   'to val')
+    a.add_argument('--val-ratio', type=float, default=0.05,
+                   help='split mode: probability a document goes to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
     a.add_argument('--dataset', default=None, help="Hugging Face dataset id or local dataset folder, "
@@ -436,8 +436,8 @@ def add_cli(sub):
     a.add_argument('--dataset-config', default=None,
                    help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
-    a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or '
-                   'folder of them')
+    a.add_argument('--input', default=None,
+                   help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')
     a.add_argument('--text-field', default='text', help='field or column holding the text')
     a.set_defaults(func=_shard_cmd)
     return a

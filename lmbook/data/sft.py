@@ -44,12 +44,12 @@ def record_messages(rec, # one parsed JSONL record
             if not isinstance(m, dict) or 'role' not in m or 'content' not in m:
                 raise ValueError(f"{where}: message {i} must be an object with role and content")
             if m['role'] not in ROLES:
-                raise ValueError(f"{where}: message {i} has unknown role {m['role']!r}: use one of "
-                                 f"{', '.join(ROLES)}")
+                raise ValueError(f"{where}: message {i} has unknown "
+                                 f"role {m['role']!r}: use one of {', '.join(ROLES)}")
             out.append(dict(role=m['role'], content=_content(m['content'], where, f'message {i}')))
         if not any(m['role'] == 'assistant' and m['content'].strip() for m in out):
-            raise ValueError(f"{where}: the conversation has no assistant turn with text: nothing to learn "
-                             "from")
+            raise ValueError(f"{where}: the conversation has no assistant "
+                             "turn with text: nothing to learn from")
         return out
     if 'prompt' not in rec and 'response' not in rec:
         raise ValueError(f"{where}: a record needs prompt and response, or messages; it has "
@@ -116,12 +116,12 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
                     continue
             out.append((ids, mask))
     if not out:
-        raise ValueError(f"{path} holds no example to train on: add prompt/response or messages records, "
-                         "one per line")
+        raise ValueError(f"{path} holds no example to train on: add "
+                         "prompt/response or messages records, one per line")
     if cut and log:
-        log(f"warning: {len(cut)} example(s) of {path} are longer than block_size + 1 = {block_size + 1} "
-            "tokens and were "
-                        f"truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
+        log(f"warning: {len(cut)} example(s) of {path} are longer "
+            f"than block_size + 1 = {block_size + 1} tokens and "
+            f"were truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
                                                                                  "response token and were "
                                                                                      "dropped" if dropped
                                                                                          else ''))
@@ -136,8 +136,8 @@ def pack(examples:list[tuple[list[int], list[int]]],
     "Inputs and targets (rows, block_size), int64: examples packed in order, untrained targets -1."
     rows, cur, cm = [], [eot_id], [0]
     for ids, mask in examples:
-        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does not fit a row "
-                                                       f"of {block_size + 1}")
+        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does "
+                                                       f"not fit a row of {block_size + 1}")
         if len(cur) + len(ids) > block_size + 1:
             rows.append((cur, cm))
             cur, cm = [eot_id], [0]
@@ -185,10 +185,9 @@ class SFTLoader:
     def load_state_dict(self, d:dict):
         "Continue exactly where the loader that saved `d` stopped."
         if d.get('kind') != 'sft' or d.get('rows') != len(self.x) or d.get('block_size') != self.T:
-            raise ValueError(f"loader state is for other data ({d.get('rows')} rows of "
-                             f"{d.get('block_size')}) than this fine-tuning set "
-                             f"({len(self.x)} rows of {self.T}): resume with the same sft_data and "
-                             "block_size")
+            raise ValueError(f"loader state is for other data ({d.get('rows')} rows "
+                             f"of {d.get('block_size')}) than this fine-tuning set ({len(self.x)} "
+                             f"rows of {self.T}): resume with the same sft_data and block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,

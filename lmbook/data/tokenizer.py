@@ -93,8 +93,8 @@ def load_tokenizer(path:Path) -> Tokenizer:
     "The tokenizer of a bundle folder or a `tokenizer.json` file."
     p = Path(path)
     if p.is_dir(): p = p/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook tokenizer` or pass "
-                                                "--tokenizer-json PATH")
+    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook "
+                                                "tokenizer` or pass --tokenizer-json PATH")
     try: tok = HFTokenizer.from_file(str(p))
     except Exception as e:
         raise ValueError(f"{p} is not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
@@ -141,17 +141,15 @@ def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
                 if isinstance(p, str) and Path(p).is_file(): return Path(p)
     except HFValidationError: raise ValueError(f"{repo_id!r} is not a Hub model id: use a name like gpt2 or "
                                                "openai-community/gpt2") from None
-    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` and copy "
-           "the Hugging Face cache "
-           f"here ({caches[0]}, or set HF_HOME)")
+    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` "
+           f"and copy the Hugging Face cache here ({caches[0]}, or set HF_HOME)")
     if not download or hub_offline(): raise FileNotFoundError(f"{filename} of {repo_id} is not in the local "
                                                               f"Hugging Face cache: {how}")
     from huggingface_hub import hf_hub_download  # slow to import: only Hub files need it
     try: return Path(hf_hub_download(repo_id, filename, cache_dir=caches[0]))
     except Exception as e:
-        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache and cannot "
-                                "be downloaded "
-                                f"({type(e).__name__}): {how}") from None
+        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face "
+                                f"cache and cannot be downloaded ({type(e).__name__}): {how}") from None
 
 def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e.g. 'gpt2'
                        hf_cache:Path|None=None, # the workspace's Hugging Face cache
@@ -196,17 +194,17 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
             raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use "
                              f"another experiment or delete {out_dir}")
         if not want and asked is not None and asked != vocab_size:
-            raise ValueError(f"the tokenizer in {out_dir} was trained for vocab_size={asked}, not "
-                             f"{vocab_size}: "
-                             f"set vocab_size={asked}, use another experiment, or delete {out_dir}")
+            raise ValueError(f"the tokenizer in {out_dir} was trained for "
+                             f"vocab_size={asked}, not {vocab_size}: set vocab_size={asked}, "
+                             f"use another experiment, or delete {out_dir}")
         return tk
     if tokenizer: return adopt_tokenizer(hub_tokenizer_json(tokenizer, hf_cache), out_dir, hub_id=tokenizer)
     if tokenizer_json is not None: return adopt_tokenizer(tokenizer_json, out_dir)
-    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train shards to train one, or "
-                                           "--tokenizer-json")
+    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train "
+                                           "shards to train one, or --tokenizer-json")
     m = check_shards(train_dir, checksums=False)
-    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a tokenizer on: run `lmbook "
-                                         "shard` first")
+    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a "
+                                         "tokenizer on: run `lmbook shard` first")
     t0 = time.time()
     tk = train_bpe(shard_docs(train_dir, m), vocab_size, max_bytes)
     save_bundle(tk, out_dir, requested_vocab_size=vocab_size, trained_on=str(train_dir), max_bytes=max_bytes,
@@ -239,8 +237,8 @@ def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
 def read_header(path:Path) -> dict:
     "The header of a token file, checked against the file's size."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: run `lmbook tokenize` "
-                                                   "again")
+    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: "
+                                                   "run `lmbook tokenize` again")
     size = path.stat().st_size
     with open(path, 'rb') as f: raw = f.read(HEADER.size)
     if len(raw) < HEADER.size or raw[:8] != MAGIC: raise ValueError(f"{path} is not an lmbook token file "
@@ -248,9 +246,9 @@ def read_header(path:Path) -> dict:
     _, ver, itemsize, n, docs = HEADER.unpack(raw)
     if ver != VERSION or itemsize not in DTYPES: raise ValueError(f"{path} has token format version {ver}, "
         f"bytes/token {itemsize}; this lmbook reads version {VERSION}: tokenize again")
-    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, header says "
-                                                          f"{HEADER.size + n*itemsize}): delete it and "
-                                                              "tokenize again")
+    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, "
+                                                          f"header says {HEADER.size + n*itemsize}): "
+                                                          "delete it and tokenize again")
     return dict(version=ver, dtype=np.dtype(DTYPES[itemsize]).name, tokens=n, docs=docs)
 
 def open_tokens(path:Path) -> np.ndarray:
@@ -263,9 +261,9 @@ def open_tokens(path:Path) -> np.ndarray:
 # %% ../../nbs/02c_tokenizer.ipynb #02f65538
 def _shard_lines(p:Path, sha:str) -> list[str]:
     raw = p.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its manifest "
-                                                                "checksum: it was truncated or edited; "
-                                                                    "shard again")
+    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its "
+                                                                "manifest checksum: it was "
+                                                                "truncated or edited; shard again")
     if p.name.endswith('.gz'): raw = gzip.decompress(raw)
     lines = raw.decode('utf-8').split('\n')
     if lines and lines[-1] == '': lines.pop()
@@ -301,8 +299,8 @@ def _token_manifest(out_dir:Path, tk:Tokenizer, dt, shard_dir:Path) -> dict:
         m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
                  eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
     elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
-        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} "
-                         "to tokenize again")
+        raise ValueError(f"token files in {out_dir} came from another tokenizer "
+                         f"or dtype: delete {out_dir} to tokenize again")
     return m
 
 def _token_file_ok(out_dir:Path, f:dict|None, name:str) -> bool:
@@ -396,23 +394,23 @@ def _tokenize_cmd(args) -> int:
         for split in (('train', 'val') if args.split == 'both' else (args.split,)):
             m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype,
                                progress=not args.quiet)
-            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> "
-                  f"{token_dir(p, split)}")
+            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) "
+                  f"in {len(m['files'])} files -> {token_dir(p, split)}")
     return 0
 
 def add_cli(sub):
     "Add the `tokenizer` and `tokenize` commands to an argparse subparsers object."
-    a = cli_options(sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an '
-                                   'experiment'),
+    a = cli_options(sub.add_parser('tokenizer',
+                                   help='train (or adopt) the byte-level BPE bundle of an experiment'),
                     'experiment', 'root', 'tokenizer_json')
     a.add_argument('--vocab-size', type=int, default=8192, help='vocabulary size including special tokens')
-    a.add_argument('--max-bytes', type=int, default=1_000_000_000, help='train on at most this many '
-                   'characters of text')
+    a.add_argument('--max-bytes', type=int, default=1_000_000_000,
+                   help='train on at most this many characters of text')
     a.set_defaults(func=_tokenizer_cmd)
     b = cli_options(sub.add_parser('tokenize', help='turn text shards into binary token files'),
                     'experiment', 'root', 'quiet')
-    b.add_argument('--split', choices=('train', 'val', 'both'), default='both', help='which shards to '
-                   'tokenize')
+    b.add_argument('--split', choices=('train', 'val', 'both'), default='both',
+                   help='which shards to tokenize')
     b.add_argument('--dtype', choices=('auto', 'uint16', 'uint32'), default='auto', help='token id type '
                    '(auto: uint16 when the vocab fits)')
     b.set_defaults(func=_tokenize_cmd)
