@@ -286,8 +286,8 @@ class GPT(nn.Module):
             raise ValueError(f"attn_backend='flex' needs FlexAttention, which torch {torch.__version__} "
                              "lacks (2.5+ has it): use attn_backend='sdpa'")
         if cfg.bias and cfg.arch != 'gpt2':
-            raise ValueError("bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for "
-                             f"arch={cfg.arch!r}")
+            raise ValueError("bias=True is published GPT-2's layout: set "
+                             f"arch='gpt2', or bias=False for arch={cfg.arch!r}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == 'gpt2' else None

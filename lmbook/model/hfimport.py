@@ -40,9 +40,9 @@ def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, loo
                      ) -> Path:
     "The `tokenizer.json` of a cached Hub model, e.g. GPT-2's, for `lmbook prepare --tokenizer-json`."
     p = find_hf_model(repo_id, cache_dir)/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: "
-                                                f"download it with huggingface-cli download {repo_id} "
-                                                    "tokenizer.json")
+    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json "
+                                                f"in {p.parent}: download it with huggingface-cli "
+                                                f"download {repo_id} tokenizer.json")
     return p
 
 # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or another Hub id of a GPT-2 model
@@ -72,14 +72,14 @@ def gpt2_from_hf(folder:Path|str,
     "An lmbook `gpt2` config and state dict holding exactly the weights of a `transformers` GPT-2 folder."
     if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute()
                                       or str(folder).startswith('.')):
-        raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached "
-                                "Hub id such as gpt2")
+        raise FileNotFoundError(f"{folder} is not a folder: give a transformers "
+                                "GPT-2 folder or a cached Hub id such as gpt2")
     folder = Path(folder) if Path(folder).is_dir() else hf_gpt2_folder(str(folder))
     if not (folder/'config.json').is_file() or not (folder/'model.safetensors').is_file():
         raise FileNotFoundError(f"{folder} needs config.json and model.safetensors of a GPT-2 model")
     c = json.loads((folder/'config.json').read_text())
-    if c.get('model_type') != 'gpt2': raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, "
-                                                       "not gpt2")
+    if c.get('model_type') != 'gpt2':
+        raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, not gpt2")
     if c.get('activation_function', 'gelu_new') != 'gelu_new': raise ValueError(f"{folder} uses "
         f"{c['activation_function']}; lmbook's gpt2 uses gelu_new")
     if c.get('scale_attn_by_inverse_layer_idx') or not c.get('scale_attn_weights', True):
@@ -119,8 +119,8 @@ def hf_folder(source:str|Path) -> Path:
             raise FileNotFoundError(f"{p} has no config.json: give a transformers model folder")
         return p
     if p.exists() or p.is_absolute() or str(source).startswith(('.', '~')) or str(source).count('/') > 1:
-        raise FileNotFoundError(f"{source} is not a folder: give a transformers model folder or a cached "
-                                "Hub id")
+        raise FileNotFoundError(f"{source} is not a folder: give a "
+                                "transformers model folder or a cached Hub id")
     return find_hf_model(str(source))
 
 # %% ../../nbs/03e_hfimport.ipynb #28c14948
@@ -169,8 +169,8 @@ def hf_model_config(folder:Path, # a transformers folder (config.json)
     c = json.loads((Path(folder)/'config.json').read_text())
     mt = c.get('model_type')
     if mt not in HF_TYPES:
-        raise ValueError(f"{folder} holds a {mt!r} model: lmbook imports {', '.join(HF_TYPES)} (and gpt2) "
-                         "checkpoints")
+        raise ValueError(f"{folder} holds a {mt!r} model: lmbook "
+                         f"imports {', '.join(HF_TYPES)} (and gpt2) checkpoints")
     bs = min(block_size or 4096, c.get('max_position_embeddings', 4096))
     if bad := unsupported(c, bs):
         raise ValueError(f"{folder} uses what lmbook's llama does not compute: {', '.join(bad)}")
@@ -192,9 +192,8 @@ def check_hf_shape(cfg:Config, folder:Path, vocab_size:int):
     "Refuse a run config whose model differs from `folder`'s, naming the values to set."
     want = hf_model_config(folder, cfg.model.block_size, vocab_size)
     diff = {k: getattr(want, k) for k in ('arch', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd',
-                                          'mlp_hidden',
-                                          'rope_theta', 'tie_embeddings', 'norm_eps', 'qkv_bias',
-                                              'rope_scaling')
+                                          'mlp_hidden', 'rope_theta', 'tie_embeddings', 'norm_eps',
+                                          'qkv_bias', 'rope_scaling')
             if getattr(want, k) != getattr(cfg.model, k)}
     if diff: raise ValueError(f"init_from={cfg.train.init_from} is another model than this config's: set "
                               + ' '.join(f"{k}={v}" for k, v in diff.items()))

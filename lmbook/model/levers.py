@@ -23,8 +23,8 @@ def fp8_support(device:str) -> str:
     "'' when float8 training can run on `device`, else the reason in one line."
     if not device.startswith('cuda') or not torch.cuda.is_available(): return "float8 matmuls need a CUDA GPU"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 or newer, this card has "
-                                        f"{major}.{minor}")
+    if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 "
+                                        f"or newer, this card has {major}.{minor}")
     try: import torchao.float8  # noqa: F401
     except Exception as e: return ("float8 training needs torchao (pip install torchao): "
                                    f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
@@ -84,8 +84,8 @@ def apply_act_ckpt(model:nn.Module, # the plain GPT, before compile and DDP/FSDP
                    mode:str, # the config's `act_ckpt`: 'none', 'selective' or 'full'
                   ) -> str:
     "Activation checkpointing on each of `model`'s blocks; returns the mode applied."
-    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose none, "
-                                                                   "selective or full")
+    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose "
+                                                                   "none, selective or full")
     if mode != 'none':
         for b in model.h: b.forward = checkpointed(b.forward, mode)
     return mode
