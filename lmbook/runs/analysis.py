@@ -29,8 +29,8 @@ def series(recs:list[dict], name:str, x:str='step') -> tuple[list, list]:
 def smoothed(ys:list[float], smooth:float) -> list[float]:
     "An exponential moving average of `ys` with weight `smooth` in [0, 1) on the past (0: `ys` as they are)."
     if not 0 <= smooth < 1:
-        raise ValueError(f"smooth={smooth} must be in [0, 1): 0 draws the values as they are, 0.9 averages "
-                         "~10 points")
+        raise ValueError(f"smooth={smooth} must be in [0, 1): 0 draws the "
+                         "values as they are, 0.9 averages ~10 points")
     out, m = [], None
     for y in ys:
         m = y if m is None else smooth*m + (1 - smooth)*y

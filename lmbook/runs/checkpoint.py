@@ -350,8 +350,8 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
         if not p.is_file(): raise CheckpointError(f"{p} is missing")
         if p.stat().st_size != meta['size']: raise CheckpointError(f"{p} has {p.stat().st_size} bytes, "
                                                                    f"expected {meta['size']}")
-        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match its "
-                                                                              "sha256 (corrupt)")
+        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match "
+                                                                              "its sha256 (corrupt)")
     return man
 
 def load_weights(path:Path) -> dict[str, torch.Tensor]:
@@ -448,8 +448,8 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
     "The allowed changes from `old` to `new`; `ValueError` for a refused one, or any change without `allow`."
     asked, refused = config_changes(old, new)
     new_run = "start a new experiment (--experiment NAME, or --no-auto-resume)"
-    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: restore the old value or "
-                                 f"{new_run}")
+    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: "
+                                 f"restore the old value or {new_run}")
     if asked and not allow: raise ValueError(f"the config differs from checkpoint {path}'s: "
                                              f"{', '.join(asked)}; rerun with "
                                              "--allow-config-change (allow_config_change=true) to go on "
@@ -509,10 +509,9 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
                                           config['train'].get('allow_config_change', False), path)
     # loader positions are global: rank 0's state fits every rank
     if data['state'].get('world_size', 1) != info.world_size:
-        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), "
-                 f"this run has {info.world_size}: "
-                 "model and optimizer load in full, and the data order continues from the same global "
-                     "position")
+        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} "
+                 f"process(es), this run has {info.world_size}: model and optimizer load in "
+                 "full, and the data order continues from the same global position")
         data['rank_state'] = read_rank_state(path, 0)
     fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
     hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
@@ -546,9 +545,8 @@ def save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.opt
     self.timings.append(rec)
     if rec['wait_s'] > self.slow_wait and not self.warned_slow:
         self.warned_slow = True
-        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous one "
-                 "to be written: "
-                 f"checkpoints come faster than the disk writes them; raise ckpt_every")
+        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous "
+                 "one to be written: checkpoints come faster than the disk writes them; raise ckpt_every")
     def write():
         t1 = time.perf_counter()
         try:
@@ -651,11 +649,9 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
         dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
     dest.parent.mkdir(exist_ok=True)
     os.replace(self.dir/BEST, dest)
-    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the "
-             "run that goes on "
-             f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to "
-                 f"{dest.relative_to(self.dir.parent)}; "
-             f"the next validation writes a new {BEST}/")
+    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from "
+             f"the run that goes on {'at step ' + str(at) if at else 'afresh from step 0'}: moved it "
+             f"to {dest.relative_to(self.dir.parent)}; the next validation writes a new {BEST}/")
 
 # %% ../../nbs/04b_checkpoint.ipynb #17327c70
 def link_checkpoint(src:Path, # a complete step checkpoint
@@ -713,9 +709,9 @@ class DiskPlan:
     def line(self, free:int, held:int=0) -> str:
         "The line a run starts with: sizes, the peak, the free space (`held`: by checkpoints already there)."
         have = f"{_size(free)} free" + (f", and {_size(held)} of checkpoints there" if held else '')
-        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; keep_ckpts={self.keep} "
-                f"peaks at {_size(self.peak)} ({self.keep + 1} checkpoints while the newest is written, and "
-                f"{BEST}/); {have}")
+        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; "
+                f"keep_ckpts={self.keep} peaks at {_size(self.peak)} ({self.keep + 1} "
+                f"checkpoints while the newest is written, and {BEST}/); {have}")
 
     def warning(self, free:int, held:int=0, where:Path|str='') -> str|None:
         "A warning line when the free space (and `held`) is under the peak; None when it fits."

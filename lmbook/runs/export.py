@@ -215,8 +215,8 @@ def export_hf(source:str|Path,
     dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
-        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
-                         "pass --overwrite")
+        raise ValueError(f"{out} already exists and holds no export "
+                         f"of {lm.path}: choose a new folder or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
     try:
@@ -292,17 +292,17 @@ def push_to_hub(folder:Path, # an exported folder
 # %% ../../nbs/04f_export.ipynb #1fe0a75a
 def add_cli(sub):
     "Register `lmbook export`."
-    p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload '
-                       'it)')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = sub.add_parser('export',
+                       help='write a checkpoint as a Hugging Face transformers folder (and upload it)')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('out_dir', type=Path, help='the folder to write')
-    p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or '
-                   'LlamaForCausalLM)')
+    p.add_argument('--format', choices=['hf'], default='hf',
+                   help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
     p.add_argument('--dtype', choices=['float32', 'bfloat16'], default=None,
-                   help='weight precision (default: bfloat16 for a 4-bit run, else float32; bfloat16 halves '
-                   'the size)')
+                   help='weight precision (default: bfloat16 for a 4-bit '
+                   'run, else float32; bfloat16 halves the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model '
                    'repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true',
@@ -326,11 +326,10 @@ def add_cli(sub):
             except (ValueError, FileNotFoundError): raise
             except Exception as e:  # offline, refused, a network error: the export itself is done
                 why = (str(e).strip().splitlines() or [''])[0][:200]
-                raise ValueError(f"the export is on disk in {out}, but the upload to {args.push_to_hub} "
-                                 "failed "
-                                 f"({type(e).__name__}: {why}): to retry only the upload, run the same "
-                                     "command again "
-                                 f"(the export in {out} is kept)") from None
+                raise ValueError(f"the export is on disk in {out}, but the upload "
+                                 f"to {args.push_to_hub} failed ({type(e).__name__}: {why}): "
+                                 "to retry only the upload, run the same command "
+                                 f"again (the export in {out} is kept)") from None
             print(f"uploaded to {url}")
         return 0
     p.set_defaults(func=run)

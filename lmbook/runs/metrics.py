@@ -53,8 +53,8 @@ def read_metrics(path:Path) -> list[dict]:
     "Records of a `metrics.jsonl` (a file or a run folder) in step order, the newest per step and kind."
     path = Path(path)
     if path.is_dir(): path = path/METRICS
-    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the "
-                                                   "experiment name)")
+    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run "
+                                                   "started? (check the experiment name)")
     recs = {}
     for line in path.read_text().splitlines():
         r = parse_row(line)
@@ -114,8 +114,8 @@ class MetricsLogger:
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
-            except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip "
-                                    "install tensorboard)")
+            except ImportError: log("tensorboard is not installed: metrics go to "
+                                    "metrics.jsonl only (pip install tensorboard)")
         if wandb_project:
             try:
                 import wandb  # optional: a wandb project only

@@ -35,8 +35,8 @@ def inference_device(device:str='auto') -> str:
     "`auto`: CUDA where present, else Apple's MPS, else the CPU; other names are checked."
     mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
-    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is not available here: "
-                                                     "use auto or cpu")
+    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is "
+                                                     "not available here: use auto or cpu")
     return pick_device(device)
 
 @dataclass
@@ -100,10 +100,10 @@ def plain_model(cfg, sd:dict, ck:Path) -> GPT:
     want = model.state_dict()
     bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k,
                                          v in want.items() if k in sd and sd[k].shape != v.shape]
-    if bad: raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} "
-                             "config "
-                             f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} "
-                                 f"tensors differ, first {bad[0]}")
+    if bad:
+        shape = ', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)
+        raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} "
+                         f"config ({shape}): {len(bad)} tensors differ, first {bad[0]}")
     model.load_state_dict(sd)
     return model
 
@@ -389,8 +389,8 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
     lm = load_model(source, root, device, warn=warn)
     if max_new_tokens > (bs := lm.config.model.block_size):
         (warn or (lambda m: print(f"note: {m}", file=sys.stderr)))(
-            f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, "
-                f"block_size={bs}")
+            f"max_new_tokens={max_new_tokens} is more than the "
+                f"model can use: capped at its context, block_size={bs}")
         max_new_tokens = bs
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None,
                         temperature,
@@ -400,24 +400,24 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
 # %% ../../nbs/04e_sample.ipynb #e27c583c
 def add_cli(sub):
     "Register `lmbook sample`."
-    p = (sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good '
-                        'one of an experiment)'))
+    p = (sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, '
+                        'or the newest good one of an experiment)'))
     p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as '
                    'for --experiment; EXPERIMENT:best: its best checkpoint)')
-    p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that "
-                   "suit its dataset)")
+    p.add_argument('prompts', nargs='*',
+                   help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
     cli_options(p, 'experiment', 'root')  # with --experiment, every positional argument is a prompt
     p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')
     p.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
     p.add_argument('--top-k', type=int, default=50, help='sample among the k most likely tokens (0: all)')
-    p.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling: keep tokens up to this '
-                   'probability (1: all)')
+    p.add_argument('--top-p', type=float, default=1.0,
+                   help='nucleus sampling: keep tokens up to this probability (1: all)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
-    p.add_argument('--raw', action='store_true', help="a chat run's prompt as plain text to continue, not a "
-                   "question to answer")
+    p.add_argument('--raw', action='store_true',
+                   help="a chat run's prompt as plain text to continue, not a question to answer")
     def run(args) -> int:
         if args.experiment: source, prompts = args.experiment, [args.source]*bool(args.source) + args.prompts
         else: source, prompts = args.source, args.prompts
