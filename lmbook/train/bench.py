@@ -202,9 +202,9 @@ def bench(profile:str, # profile name or config file
           eval_batches:int=20, # validation batches
          ) -> list[dict]:
     "Benchmark `profile` at each micro-batch size; one row per size, appended to `out`."
-    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does not "
-                                                                             "exist: run `lmbook tokenize` "
-                                                                                 "or leave out --data")
+    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does "
+                                                                             "not exist: run `lmbook "
+                                                                             "tokenize` or leave out --data")
     base = get_config(profile, overrides or {})
     info = init_distributed(pick_device(base.train.device))
     rows = []
@@ -261,8 +261,8 @@ def add_cli(sub):
     "Add the `bench` command to the `lmbook` CLI."
     p = sub.add_parser('bench', help='measure training tokens/s, MFU and peak memory of a profile')
     cli_options(p, 'profile', 'set', profile='smoke')
-    p.add_argument('--batch-sizes', default='', help='comma-separated micro-batch sizes (default: the '
-                   'profile\'s)')
+    p.add_argument('--batch-sizes', default='',
+                   help="comma-separated micro-batch sizes (default: the profile's)")
     p.add_argument('--steps', type=int, default=10, help='timed optimizer steps')
     p.add_argument('--warmup', type=int, default=2, help='untimed optimizer steps first')
     p.add_argument('--data', type=Path, default=None,
@@ -275,12 +275,12 @@ def add_cli(sub):
                    'settings, e.g. coordinate_descent_tuning=1')
     p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the "
                    "steps (for loss comparisons)")
-    p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report '
-                   'val_loss at the end')
+    p.add_argument('--val-data', type=Path, default=None,
+                   help='folder of validation token files: report val_loss at the end')
     p.add_argument('--eval-batches', type=int, default=20, help='validation batches for val_loss')
     p.add_argument('--fit', action='store_true',
-                   help='find the largest micro-batch that fits this GPU, tokens per step kept (as '
-                       'batch_fit does)')
+                   help='find the largest micro-batch that fits this '
+                       'GPU, tokens per step kept (as batch_fit does)')
     p.set_defaults(func=_run)
 
 def main(argv:list[str]|None=None) -> int:

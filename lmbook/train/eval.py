@@ -144,19 +144,19 @@ def eval_cmd(args) -> int:
 
 def add_cli(sub):
     "Register `lmbook eval`."
-    p = (sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a '
-                        'checkpoint'))
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = (sub.add_parser('eval',
+                        help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'))
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0,
                    help="validation batches (default: the run's eval_steps)")
-    p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's "
-                   "batch_size)")
+    p.add_argument('--batch-size', type=int, default=0,
+                   help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')
-    p.add_argument('--hellaswag-file', type=Path, default=None, help='a HellaSwag JSONL file (default: the '
-                   'official one, cached)')
-    p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use, or each task\'s with '
-                   '--tasks (default: all)')
+    p.add_argument('--hellaswag-file', type=Path, default=None,
+                   help='a HellaSwag JSONL file (default: the official one, cached)')
+    p.add_argument('--limit', type=int, default=0,
+                   help="HellaSwag examples to use, or each task's with --tasks (default: all)")
     p.add_argument('--tasks', default='', metavar='T1,T2', help="lm-evaluation-harness tasks instead of "
                    "lmbook's HellaSwag, e.g. "
                    "hellaswag,arc_easy,piqa (pip install 'lmbook[eval]'); results in the run's eval.json")

@@ -39,8 +39,8 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     torchrun_option(p)
     field_option(p, 'allow_config_change', action='store_true')
-    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, '
-                   'tokens), then exit')
+    p.add_argument('--prepare-only', action='store_true',
+                   help='only prepare the data (shards, tokenizer, tokens), then exit')
     return p
 
 def resolve_args(a:argparse.Namespace) -> tuple:
@@ -68,8 +68,8 @@ def train_process(cfg, # the resolved `Config`
         say = RunLog()
         # says so when it waits for another preparation
         pd = prepare_run(cfg, paths_for(experiment, root=root), say)
-        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
-            f"{pd.vocab_size}")
+        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} "
+            f"validation tokens, vocabulary {pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))
     except NonFiniteError: return EXIT_DIVERGED
@@ -143,8 +143,8 @@ class TrainingExit(RuntimeError):
     "A training process that ended with a non-zero exit code (`code`)."
     def __init__(self, code:int):
         self.code = code
-        super().__init__(f"training exited with code {code} ({describe_exit(code)}); its output above says "
-                         "why")
+        super().__init__(f"training exited with code {code} "
+                         f"({describe_exit(code)}); its output above says why")
 
 def _exit_code(rc:int, exit_file:str) -> int:
     "The worker's own exit code when it wrote one (torchrun says 1 for any failure), else the process's."

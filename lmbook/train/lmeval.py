@@ -109,9 +109,8 @@ def hellaswag_task(data:Path, # a HellaSwag JSONL (ctx_a, ctx_b, activity_label,
     out.parent.mkdir(parents=True, exist_ok=True)
     base = Path(lm_eval.__file__).parent/'tasks'/'hellaswag'/'hellaswag.yaml'
     out.write_text('\n'.join([f"include: {json.dumps(str(base))}", f"task: {name}", "tag: []",
-                              "dataset_path: json",
-                              "dataset_kwargs:", "  data_files:", "    validation: "
-                                  f"{json.dumps(str(Path(data).resolve()))}",
+                              "dataset_path: json", "dataset_kwargs:", "  data_files:",
+                              f"    validation: {json.dumps(str(Path(data).resolve()))}",
                               "training_split: null", ""]))
     return out
 

@@ -231,10 +231,9 @@ class Dashboard:
         self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
         eta = f" · eta {format_duration(s['eta'])}" if s['eta'] else ''
         self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + eta
-        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'),
-                                                                                          '.2e'),
-                 ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None,
-                                                         '.1f')]
+        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'),
+                 ('lr', s.get('lr'), '.2e'), ('tok/s', s.get('tok_per_s'), ',.0f'),
+                 ('MFU', 100*s['mfu'] if s.get('mfu') else None, '.1f')]
         self.stats.value = (' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
                                                    for k, v, f in cells if v is not None))
         if sample:

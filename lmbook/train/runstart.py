@@ -273,14 +273,12 @@ def fit_sft_batch(cfg:Config, # the run's config
     rows, B = len(prepared.train[0]), cfg.train.batch_size
     if rows >= B*world_size: return cfg
     if rows < world_size:
-        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than the {world_size} "
-                         "processes: "
-                         "add examples or use fewer processes")
+        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than "
+                         f"the {world_size} processes: add examples or use fewer processes")
     b = rows//world_size
     if log:
-        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} tokens, less "
-            "than one "
-                f"batch of {world_size}x{B}: batch_size {b}")
+        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} "
+            f"tokens, less than one batch of {world_size}x{B}: batch_size {b}")
     return apply_overrides(cfg, dict(batch_size=b))
 
 # %% ../../nbs/05d_runstart.ipynb #52192cbe
@@ -339,8 +337,8 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
     seen = ', '.join(f"{b} {'fits' if ok else 'does not'}" for b, ok in sorted(tried.items()))
     if i < 0:
-        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits the card ({seen}); keeping batch_size "
-            f"{tc.batch_size}")
+        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits "
+            f"the card ({seen}); keeping batch_size {tc.batch_size}")
         return cfg
     b, acc = choices[i]
     log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")

@@ -71,9 +71,8 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
         try:
             inside = sorted(p for p in run_dir.iterdir()
                             if not p.name.startswith('.')) if run_dir.is_dir() else []
-            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs there: "
-                           "make it writable, "
-                                                 "or train in another workspace (--root)")
+            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs "
+                           "there: make it writable, or train in another workspace (--root)")
             lock = RunLock(run_dir, log).acquire()
         # a read-only folder, a bad LMBOOK_LOCK_STALE_S, or another trainer's lock (`RunLocked`)
         except ValueError as e: err = e
@@ -236,11 +235,10 @@ def exit_code(result:dict) -> int:
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
     "The error (logged) of a run whose loss or grad norm stayed non-finite."
-    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step "
-           f"{step}, "
-           f"lr {lr:.2e}); those updates were skipped and the last good checkpoint "
-           f"{'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: lower lr or raise "
-               "warmup_steps, then rerun")
+    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row "
+           f"(last at step {step}, lr {lr:.2e}); those updates were skipped and the last good "
+           f"checkpoint {'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: "
+           "lower lr or raise warmup_steps, then rerun")
     r.log(f"error: {msg}")
     return NonFiniteError(msg)
 
@@ -262,9 +260,8 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
               f"rerun the same command to resume")
     elif step == start:
         last_val = mean_loss(r.t, r.validator.batches)
-        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise "
-              "max_steps to train on, "
-              f"or use --no-auto-resume (auto_resume=False) for a new run")
+        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): "
+              "raise max_steps to train on, or use --no-auto-resume (auto_resume=False) for a new run")
     else:
         _samples(r, step)
         r.log(f"done: {step} steps, {tokens:,} tokens; val_loss {last_val:.4f}; run folder {r.dir}")
@@ -336,9 +333,9 @@ def check_base(r:Run, resumed:dict|None):
     if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
 
 def _base_error(r:Run, resumed:dict|None) -> str|None:
-    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained model: set init_from "
-                               "(an experiment, a checkpoint folder or hf:ID), or lora_rank=0 to train every "
-                               "weight")
+    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained "
+                               "model: set init_from (an experiment, a checkpoint "
+                               "folder or hf:ID), or lora_rank=0 to train every weight")
     old = (resumed or {}).get('state', {}).get('base')
     if old and old['sha256'] != r.base['sha256']:
         return (f"{resumed['path']} holds adapters trained on {old['path']}, but {r.base['path']} now has "

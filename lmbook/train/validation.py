@@ -123,8 +123,8 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
     if path.is_file(): return path
     fix = f"download {url} to {path}, or pass --hellaswag-file FILE"
     off = [k for k in OFFLINE_ENV if env_var(k, '').lower() in ('1', 'true', 'yes', 'on')]
-    if off: raise FileNotFoundError("HellaSwag's validation file is not in the cache and downloads are off "
-                                    f"({off[0]}=1): {fix}")
+    if off: raise FileNotFoundError("HellaSwag's validation file is not in the "
+                                    f"cache and downloads are off ({off[0]}=1): {fix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     try:
