@@ -259,8 +259,8 @@ async def health(request):
 def _api_error(request, e:ApiError): return JSONResponse(e.body(), e.status, headers=e.headers)
 
 def _http_error(request, e):
-    msg = (f"no route {request.method} {request.url.path}: use /v1/completions, /v1/chat/completions or "
-           "/v1/models")
+    msg = (f"no route {request.method} {request.url.path}: use "
+           "/v1/completions, /v1/chat/completions or /v1/models")
     return JSONResponse(ApiError(e.status_code, msg).body(), e.status_code)
 
 def _server_error(request, e):
@@ -354,32 +354,32 @@ def _options(p):
     "The server's options of `lmbook serve`."
     p.add_argument('--host', default='127.0.0.1', help='address to listen on (0.0.0.0 on a pod: needs a key)')
     p.add_argument('--port', type=int, default=8000, help='0 picks a free port')
-    p.add_argument('--api-key', default=None, help='require Authorization: Bearer KEY (default: '
-                   '$LMBOOK_API_KEY)')
+    p.add_argument('--api-key', default=None,
+                   help='require Authorization: Bearer KEY (default: $LMBOOK_API_KEY)')
     p.add_argument('--insecure', action='store_true', help='listen beyond this machine without a key')
     p.add_argument('--max-batch', type=int, default=8, help='requests decoded together at most (cache rows)')
-    p.add_argument('--max-queue', type=int, default=256, help='requests waiting for a row at '
-                   'most (429 beyond)')
-    p.add_argument('--context', type=int, default=None, help="positions per row (default: the "
-                   "model's context)")
+    p.add_argument('--max-queue', type=int, default=256,
+                   help='requests waiting for a row at most (429 beyond)')
+    p.add_argument('--context', type=int, default=None,
+                   help="positions per row (default: the model's context)")
     p.add_argument('--prefill', type=int, default=256, help='prompt tokens fed per step at most')
     p.add_argument('--no-graphs', action='store_true', help='run the decode step eagerly on CUDA too')
     p.add_argument('--max-body', type=int, default=2**20, help='request body bytes at most (413 beyond)')
-    p.add_argument('--grace', type=float, default=30, help='seconds running requests get after '
-                   'SIGTERM or Ctrl-C')
+    p.add_argument('--grace', type=float, default=30,
+                   help='seconds running requests get after SIGTERM or Ctrl-C')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu or cuda')
 
 def add_cli(sub):
     "Register `lmbook serve`."
-    p = (sub.add_parser('serve', help='serve a run or an exported model: OpenAI-compatible HTTP API (or a '
-                        'RunPod worker)'))
-    p.add_argument('source', help='experiment, run or checkpoint folder (NAME:best), or a transformers '
-                   'folder (lmbook export)')
+    p = (sub.add_parser('serve', help='serve a run or an exported model: '
+                        'OpenAI-compatible HTTP API (or a RunPod worker)'))
+    p.add_argument('source', help='experiment, run or checkpoint folder (NAME:best), '
+                   'or a transformers folder (lmbook export)')
     _options(p)
-    p.add_argument('--runpod', action='store_true', help="run as a RunPod serverless worker instead of an "
-                   "HTTP server")
-    p.add_argument('--test-input', default=None, metavar='JSON', help="with --runpod: run this one job "
-                   "locally and exit")
+    p.add_argument('--runpod', action='store_true',
+                   help="run as a RunPod serverless worker instead of an HTTP server")
+    p.add_argument('--test-input', default=None, metavar='JSON',
+                   help="with --runpod: run this one job locally and exit")
     p.set_defaults(func=run_serve)
     return p
 

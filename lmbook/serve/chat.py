@@ -58,10 +58,9 @@ def chat(lm, # a loaded chat run
         ) -> list[dict]:
     "Answer each line in turn, the conversation kept; return it."
     if not is_chat(lm.config):
-        raise ValueError(f"{lm.experiment or lm.path} was not fine-tuned on chat records: `lmbook sample` "
-                         "continues its text, and "
-                         "`lmbook finetune --init-from RUN --data chat.jsonl -e NAME` makes a model to chat "
-                             "with")
+        raise ValueError(f"{lm.experiment or lm.path} was not fine-tuned on chat records: "
+                         "`lmbook sample` continues its text, and `lmbook finetune --init-from "
+                         "RUN --data chat.jsonl -e NAME` makes a model to chat with")
     g, start = torch.Generator().manual_seed(seed), [dict(role='system', content=system)] if system else []
     talk = list(start)
     for line in lines:
@@ -85,10 +84,10 @@ def _lines(prompt:str):
 
 def add_cli(sub):
     "Register `lmbook chat`."
-    p = (sub.add_parser('chat', help='talk to a fine-tuned run, the conversation kept (/reset starts anew, '
-                        '/exit or Ctrl-D stops)'))
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = (sub.add_parser('chat', help='talk to a fine-tuned run, the conversation kept '
+                        '(/reset starts anew, /exit or Ctrl-D stops)'))
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--system', default='', help='a system turn that opens the conversation')
     p.add_argument('--max-new-tokens', type=int, default=256, help='tokens an answer has at most')
     p.add_argument('--temperature', type=float, default=0.7, help='0 is greedy')
@@ -101,8 +100,8 @@ def add_cli(sub):
         lm = load_model(a.source, a.root, a.device, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
         if not is_chat(lm.config): chat(lm, [])  # says why, before waiting for input
         if sys.stdin.isatty():
-            print(f"{lm.experiment or lm.path} (step {lm.step}): type a message; /reset starts anew, /exit "
-                  "stops")
+            print(f"{lm.experiment or lm.path} (step {lm.step}): "
+                  "type a message; /reset starts anew, /exit stops")
         users = []
         def said(q):
             users.append(q)

@@ -185,8 +185,8 @@ class Engine:
     def submit(self, job:Job) -> Job:
         "Queue `job`; its tokens go to `job.out`. `Busy` when the queue is full or the engine stopped."
         if not 0 < len(job.ids) < self.ctx:
-            raise ValueError(f"the prompt has {len(job.ids)} tokens; the served context is {self.ctx}: "
-                             "shorten it")
+            raise ValueError(f"the prompt has {len(job.ids)} tokens; the "
+                             f"served context is {self.ctx}: shorten it")
         with self.cv:
             if self.stopped: raise Busy("the server is shutting down")
             if len(self.waiting) >= self.max_queue:
