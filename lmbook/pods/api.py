@@ -76,14 +76,14 @@ def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
     p = p if isinstance(p, dict) else {}
     detail = masked(str(p.get('detail') or p.get('title') or f'HTTP {status}').splitlines()[0], hidden)
     errs = [masked(str(e), hidden) for e in p.get('errors') or []]
-    if status == 401: return RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (runpod.io > "
-                                         "Settings > API Keys)")
+    if status == 401: return RunPodError("RunPod rejected the API key: check "
+                                         "RUNPOD_API_KEY (runpod.io > Settings > API Keys)")
     if status == 429:
         try: wait = float(retry_after) if retry_after else None
         except ValueError: wait = None
         return RateLimited(f"RunPod is rate limiting requests ({detail})", wait)
-    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): a passing failure on its "
-                                            "side")
+    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): "
+                                            "a passing failure on its side")
     if status == 404: return NotFound(f"RunPod: {detail}")
     if status == 402: return RunPodError(f"RunPod: {detail}: add credit to your account")
     if status == 400 and _CAPACITY.search(detail): return CapacityError(f"RunPod: {detail}")
@@ -188,8 +188,8 @@ def sse_lines(stream, lines:list, out=None) -> list[str]:
     return lines
 
 # %% ../../nbs/07b_api.ipynb #ae266698
-_POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { '
-               'gpuDisplayName } ')
+_POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName '
+               'env uptimeSeconds machine { gpuDisplayName } ')
 _RUNTIME = ('runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id '
             'gpuUtilPercent memoryUtilPercent } }')
 
@@ -264,9 +264,9 @@ class GraphQL:
             raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
         return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
     def action(self, pod_id:str, action:str):
-        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: use `lmbook pod "
-                                                  "stop` then `lmbook pod resume`, or the REST API (api = "
-                                                      "rest)")
+        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
+                                                  "use `lmbook pod stop` then `lmbook pod "
+                                                  "resume`, or the REST API (api = rest)")
         if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
                 or {}).get('gpu_count') or 1))
         return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
@@ -305,8 +305,8 @@ class RunPodAPI:
         if not key and name == 'graphql':
             import runpod  # optional backend: the runpod SDK (GraphQL)
             key = runpod.api_key
-        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... (runpod.io > Settings > "
-                                      "API Keys)")
+        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... "
+                                      "(runpod.io > Settings > API Keys)")
         self.hidden, self.tries, self.sleep = set(hidden or ()) | {key}, tries, sleep or time.sleep
         self.b = BACKENDS[name](key, self.hidden)
         self.backend = name
@@ -324,8 +324,8 @@ class RunPodAPI:
     def find_pod(self, name:str) -> dict|None:
         "The pod called `name`, if one exists (pod names lmbook makes are unique)."
         return next((p for p in self.pods() if p['name'] == name), None)
-    def gpu(self, gpu_id:str) -> dict|None: return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu',
-                                                                                     'GPU type'))
+    def gpu(self, gpu_id:str) -> dict|None:
+        return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
     def availability(self, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
         "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
         return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
@@ -334,14 +334,14 @@ class RunPodAPI:
     def action(self, pod_id:str, action:str):
         "Send `start`, `stop`, `restart` or `terminate` to a pod."
         if action not in ('start', 'stop', 'restart',
-                          'terminate'): raise ValueError(f"pod action {action!r}: choose start, stop, "
-                                                         "restart or terminate")
+                          'terminate'): raise ValueError(f"pod action {action!r}: choose "
+                                                         "start, stop, restart or terminate")
         return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
     def stop(self, pod_id:str): return self.action(pod_id, 'stop')
     def terminate(self, pod_id:str): return self.action(pod_id, 'terminate')
     def volumes(self) -> list[dict]: return self.retry(self.b.volumes)
-    def volume(self, vol_id:str) -> dict|None: return self.retry(self.b.volume, check_safe(vol_id, 'id',
-                                                                                           'volume id'))
+    def volume(self, vol_id:str) -> dict|None:
+        return self.retry(self.b.volume, check_safe(vol_id, 'id', 'volume id'))
     def data_centers(self) -> list[dict]|None: return self.retry(self.b.data_centers)
     def ssh_keys(self) -> list[str]|None:
         "The SSH public keys registered with the account (None: not known)."
@@ -352,8 +352,8 @@ class RunPodAPI:
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
         check_safe(name, 'name', 'volume name')
         check_safe(data_center, 'data_center', 'data center id')
-        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to "
-                                                            "4096")
+        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: "
+                                                            "RunPod takes 10 to 4096")
         dcs = self.data_centers()
         if dcs is not None:
             ok = [d['id'] for d in dcs if d['volumes']]

@@ -75,15 +75,14 @@ class BootOptions:
         "Fill the experiment name and refuse bad values in one line."
         exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
         check_name(exp)
-        if self.autokill not in ('', 'stop', 'terminate'): raise ValueError(f"AUTOKILL={self.autokill!r}: "
-                                                                            "choose stop or terminate (or "
-                                                                                "leave it empty)")
-        if self.on_failure not in ('stop', 'keep'): raise ValueError(f"ON_FAILURE={self.on_failure!r}: "
-                                                                     "choose stop or keep")
+        if self.autokill not in ('', 'stop', 'terminate'):
+            raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
+        if self.on_failure not in ('stop', 'keep'):
+            raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
         if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
         for k, v in self.overrides.items():
-            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
-                                               "cannot carry")
+            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
+                                               "which RUN_OVERRIDES cannot carry")
         return replace(self, experiment=exp)
 
 # %% ../../nbs/07g_boot.ipynb #a5286fcb
@@ -111,9 +110,9 @@ def stage_install(o:BootOptions, log) -> str|None:
     if not o.install:
         log(f"stage 1/4 install: skipped, using {sys.executable} as it is")
         return None
-    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv (this is "
-                                                       f"{sys.executable}): use the pod start command, or "
-                                                           "--no-install")
+    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv "
+                                                       f"(this is {sys.executable}): use the "
+                                                       "pod start command, or --no-install")
     src, marker = package_dir().parent, Path(sys.prefix)/'lmbook-commit'
     commit = git_commit(src)
     if commit is None or not marker.is_file() or marker.read_text().strip() != commit:
@@ -187,9 +186,9 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
     log(f"stage 3/4 data: waiting for node 0 to prepare the data in {paths.cache}")
     t0 = time.monotonic()
     while not ready():
-        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data in "
-                                                               f"{timeout_s:.0f} s: check its log, or give "
-                                                                   "each node its own data")
+        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data "
+                                                               f"in {timeout_s:.0f} s: check its "
+                                                               "log, or give each node its own data")
         time.sleep(poll_s)
     log("stage 3/4 data: ready")
 
@@ -204,8 +203,8 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
         log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing")
         return
     for f in (o.input, o.validation, o.tokenizer_json):
-        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file "
-                                                               "on the volume")
+        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an "
+                                                               "existing file on the volume")
     cfg = run_config(o)
     done = lambda d: (read_manifest(d) or {}).get('complete')
     with data_lock(paths.cache, log):  # one data preparation of an experiment at a time, whoever starts it
@@ -252,8 +251,7 @@ def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
     if not port: return None
     with socket.socket() as s:
         if s.connect_ex(('127.0.0.1', port)) == 0:
-            log(f"tensorboard: port {port} already serves something, "
-                "not starting another")
+            log(f"tensorboard: port {port} already serves something, not starting another")
             return None
     p = subprocess.Popen([sys.executable, '-m', 'tensorboard.main', '--logdir', str(logdir), '--port',
                           str(port), '--bind_all'],
@@ -350,21 +348,19 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     "Stop or terminate this pod once the run is finished, failed or over its limit; True when RunPod took it."
     if spent: action, why, last = 'stop', spent, 'spend-limit'
     elif rc > 128:
-        log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
-            "being stopped")
+        log("autokill: not firing, the run was stopped by a "
+            f"signal (exit code {rc}): the pod is being stopped")
         return False
     elif rc:
         if o.on_failure == 'keep':
             log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
                 "stays up (ON_FAILURE=keep)")
             return False
-        action, why, last = ('stop',
-                             f"the run failed (exit code {rc}); the volume keeps the run and this log",
-                                 'failed')
+        action, last = 'stop', 'failed'
+        why = f"the run failed (exit code {rc}); the volume keeps the run and this log"
     elif not o.autokill: return False
     elif not (ck := finished_checkpoint(paths)):
-        log("autokill: not firing, no complete final checkpoint on "
-            "the volume")
+        log("autokill: not firing, no complete final checkpoint on the volume")
         return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env_var('RUNPOD_POD_ID', env=env)
@@ -375,8 +371,8 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     prev = json.loads(done.read_text()) if done.is_file() else {}
     # this pod was started again by hand after its autokill
     if (prev.get('pod'), prev.get('after')) == (pod, last):
-        log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself "
-            "when done")
+        log(f"autokill: not firing again: pod {pod} was already "
+            f"stopped once after {last}; stop it yourself when done")
         return False
     log(f"autokill: {action} pod {pod}: {why}")
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
@@ -484,8 +480,8 @@ def slurm_script(profile:str, # profile name or config file
     # pasted into double quotes: $VAR expands, nothing else is special
     for what, path in (('workspace', workspace), ('venv', venv)):
         if path and not re.fullmatch(r'[A-Za-z0-9_./~+@:${}-]+', path):
-            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - / ~ + @ : and $VAR only (no "
-                             "spaces or quotes)")
+            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - "
+                             "/ ~ + @ : and $VAR only (no spaces or quotes)")
     q = shlex.quote
     # escaped: each node's own task expands its rank, not the batch host
     targs = ('--nnodes=$SLURM_NNODES --node_rank=\\$SLURM_NODEID --rdzv_backend=c10d '
@@ -506,8 +502,8 @@ def slurm_script(profile:str, # profile name or config file
 # %% ../../nbs/07g_boot.ipynb #24acf036
 def add_cli(sub):
     "Register `lmbook boot` and `lmbook slurm`."
-    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, autokill "
-                       "(reads RUN_* variables)")
+    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, "
+                       "data, train, autokill (reads RUN_* variables)")
     cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
     p.add_argument('--root', '--workspace', dest='workspace', metavar='DIR',
@@ -541,8 +537,7 @@ def _slurm_cmd(a) -> int:
     prep = f"lmbook prepare --profile {shlex.quote(a.profile)} --experiment {shlex.quote(a.experiment)}"
     if a.out:
         Path(a.out).write_text(txt)
-        print(f"wrote {a.out}: {prep} (on the login node, once), then "
-              f"sbatch {a.out}")
+        print(f"wrote {a.out}: {prep} (on the login node, once), then sbatch {a.out}")
     else: print(txt, end='')
     return 0
 

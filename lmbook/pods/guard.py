@@ -166,10 +166,10 @@ def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
     if dollars and pod:
         try: price = (RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None, tries=2).pod(pod)
                       or {}).get('cost') or price
-        except ValueError as e: log(f"spend guard: the pod's price is not known from the API ({e}): using "
-                                    f"${price:.2f}/h")
-    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR unset): --max-dollars cannot "
-                                  "be applied")
+        except ValueError as e: log("spend guard: the pod's price is not known "
+                                    f"from the API ({e}): using ${price:.2f}/h")
+    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR "
+                                  "unset): --max-dollars cannot be applied")
     t0 = float(t) if (t := env_var('LMBOOK_T0', env=env)) else None
     g = SpendGuard(hours, dollars, price, Path(ws)/'logs'/f"spend-{pod or 'local'}.json", t0)
     if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "

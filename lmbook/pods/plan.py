@@ -129,19 +129,18 @@ def plan(profile:str, # profile name or config file
     gpu = find_gpu(gpu, table)
     need_cuda = str(table[gpu].get('min_cuda') or '')
     if image and image_cuda(image) and _cuda(image_cuda(image)) < _cuda(need_cuda):
-        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has "
-                         f"{image_cuda(image)}: "
-                         f"drop --image (lmbook picks {table[gpu].get('image')}) or give a CUDA {need_cuda} "
-                             "image")
+        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} "
+                         f"has {image_cuda(image)}: drop --image (lmbook "
+                         f"picks {table[gpu].get('image')}) or give a CUDA {need_cuda} image")
     if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
                                                        "(lmbook/gpu_prices.yaml): choose the other cloud")
     cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
     ok, need = _fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
-        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} "
-                         f"({gpus} x {gpu}, "
-                         f"{cfg.train.parallel if gpus > 1 else 'one GPU'}) but the card has "
-                             f"{table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
+        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
+                         f"micro-batch {cfg.train.batch_size} ({gpus} "
+                         f"x {gpu}, {cfg.train.parallel if gpus > 1 else 'one GPU'}) but the "
+                         f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
     tps = cfg.tokens_per_step*gpus
     steps = total_steps(cfg.train, tps, None) if not cfg.train.epochs or cfg.train.token_budget else None
@@ -167,8 +166,8 @@ def format_plan(p:dict) -> str:
              f"speed    ~{p['tok_per_s']:,.0f} tok/s ({'measured' if p['measured'] else 'estimated'}: "
                  f"{p['source']})"]
     dur = lambda h: f"{h:.1f} h" if h >= 1 else f"{h*60:.0f} min"
-    if p['steps']: lines.append(f"time     {p['steps']:,} steps = {num(p['tokens'])} tokens in "
-                                f"~{dur(p['hours'])}")
+    if p['steps']: lines.append(f"time     {p['steps']:,} steps "
+                                f"= {num(p['tokens'])} tokens in ~{dur(p['hours'])}")
     else: lines.append("time     unknown until the data is prepared (the run is set by epochs)")
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")

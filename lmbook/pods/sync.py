@@ -83,9 +83,8 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to push")
     w = pod_workspace()
     dest = dest or f"{w}/uploads/{p.resolve().name}"
-    if not dest.startswith(w + '/') or '..' in dest.split('/'): raise ValueError(f"--dest {dest!r}: push "
-                                                                                 "onto the volume, a path "
-                                                                                     f"under {w}/")
+    if not dest.startswith(w + '/') or '..' in dest.split('/'):
+        raise ValueError(f"--dest {dest!r}: push onto the volume, a path under {w}/")
     api = api or RunPodAPI()
     check_ssh(api)
     opts, host = ssh_target(_pod(pod_id, api))
@@ -106,8 +105,8 @@ def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
     cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints
                    else [RUN_FILES['checkpoints']], _have_rsync(opts, host))
     rc = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL).returncode
-    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines "
-                             "above")
+    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed "
+                             f"(exit code {rc}): see the lines above")
     return out
 
 def _push_cmd(a) -> int:
@@ -168,8 +167,8 @@ def upload_cmd(a) -> int:
     dc = a.data_center
     if not dc:
         v = RunPodAPI().volume(a.volume)
-        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: `lmbook pod volume "
-                                        "list` shows yours")
+        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: "
+                                        "`lmbook pod volume list` shows yours")
         dc = v['data_center']
     keys = upload(a.path, a.volume, dc, a.dest or '')
     print(f"{len(keys)} file(s) uploaded to volume {a.volume} ({dc}); on a pod they are under "
@@ -185,8 +184,8 @@ def add_pod_cli(pod):
     p.add_argument('--dest', help='path on the pod '
                    '(default: /workspace/uploads/NAME)')
     p.set_defaults(func=_push_cmd)
-    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints unless asked) into your '
-                       'workspace over SSH')
+    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints '
+                       'unless asked) into your workspace over SSH')
     p.add_argument('pod_id')
     p.add_argument('--experiment', '-e', help="default: the pod's RUN_EXPERIMENT")
     p.add_argument('--dest', help='default: runs/<experiment> in your workspace')
