@@ -197,9 +197,9 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
               ) -> tuple[Path, list[str]]:
     "Build the docs site of `checkout` offline; return its folder and the renderer's warnings."
     checkout = Path(checkout).resolve()
-    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError("no pyproject.toml in "
-                                                                          f"{checkout}: run this in a "
-                                                                              "checkout of the project")
+    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError("no pyproject.toml "
+                                                                          f"in {checkout}: run this in "
+                                                                          "a checkout of the project")
     try:  # optional (lmbook[docs])
         from smalldocs.site import build  # optional (lmbook[docs])
         from smalldocs.config import BuildError, ConfigError  # optional (lmbook[docs])
@@ -258,15 +258,14 @@ def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
 
 def add_dev_cli(sub):
     "Register `lmbook docs`."
-    p = sub.add_parser('docs', help='[developers] build the docs site offline into _docs/ (nbdev notebooks '
-                       'rendered by '
-                       'smalldocs)')
+    p = sub.add_parser('docs', help='[developers] build the docs site offline into '
+                       '_docs/ (nbdev notebooks rendered by smalldocs)')
     p.add_argument('--checkout', default='.', help='the project folder (default: the current one)')
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')
     p.add_argument('--serve', action='store_true', help='then serve it on 127.0.0.1 until Ctrl-C')
     p.add_argument('--port', type=int, default=8000, help='the port for --serve')
-    p.add_argument('--rebuild', action='store_true', help='with --serve: build even when the site is up to '
-                   'date')
+    p.add_argument('--rebuild', action='store_true',
+                   help='with --serve: build even when the site is up to date')
     def run(a) -> int:
         if a.serve and not a.rebuild and site_current(a.checkout, a.out):
             out = site_folder(a.checkout, a.out)
@@ -277,8 +276,8 @@ def add_dev_cli(sub):
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
         n = len(list(out.glob('*.html')))
-        print(f"{n} pages in {out}; open it over http: lmbook docs --serve (or python -m http.server -d "
-              f"{out})")
+        print(f"{n} pages in {out}; open it over http: lmbook "
+              f"docs --serve (or python -m http.server -d {out})")
         if a.serve: serve(out, a.port)
         return 0
     p.set_defaults(func=run)
