@@ -98,8 +98,7 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'train': ('lmbook.train.launch',
         'train a profile (auto-resumes; --nproc N uses torchrun)'),
     'finetune': ('lmbook.train.finetune',
-        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses '
-        'only)'),
+        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses only)'),
     'sample': ('lmbook.runs.sample',
         'continue prompts with a checkpoint (a folder, or the newest good one of an experiment)'),
     'chat': ('lmbook.serve.chat',
@@ -111,8 +110,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'serve': ('lmbook.serve.api',
         'serve a run or an exported model: OpenAI-compatible HTTP API (or a RunPod worker)'),
     'plot': ('lmbook.cli',
-        'plot the metrics of one or more experiments against step, and the loss against tokens, time and '
-        'cost'),
+        'plot the metrics of one or more experiments against '
+        'step, and the loss against tokens, time and cost'),
     'profiles': ('lmbook.cli',
         'list the profiles with parameter counts and memory estimates'),
     'bench': ('lmbook.train.bench',
@@ -130,8 +129,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'databench': ('lmbook.dev.databench',
         '[developers] measure tokenize and loader speed; write JSON'),
     'orchestrate': ('lmbook.pods.boot',
-        '[developers] stages 2-4 of the boot pipeline (layout, shards and tokenizer, training) from a '
-        'local file'),
+        '[developers] stages 2-4 of the boot pipeline (layout, '
+        'shards and tokenizer, training) from a local file'),
 }
 
 def add_cli(sub):
