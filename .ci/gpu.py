@@ -16,7 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = 'cuda'  # where every row runs
-# every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every 10
+# every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every
+# 10
 TINY = dict(device=DEVICE, compile='auto', max_steps=20, warmup_steps=2, eval_every=10, eval_steps=2, log_every=5,
             ckpt_every=10, batch_size=8, tensorboard=False)
 # the fine-tuning rows: a small random Llama read through init_from=hf:, LoRA on q, k, v, o
@@ -81,7 +82,8 @@ def check(ok, msg):
 
 
 def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
-    "Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to `log`."
+    """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to
+    `log`."""
     env = {**os.environ, **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
            'LMBOOK_WORKSPACE': str(ws)}
     p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env, capture_output=True,
@@ -225,7 +227,8 @@ def free_port() -> int:
 
 
 def run_serve(row:Row, ws:Path, out:Path) -> dict:
-    "`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM exits 0."
+    """`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM
+    exits 0."""
     port = free_port()
     env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
     log = open(out/f'{row.name}.log', 'w')
@@ -258,7 +261,8 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
 
 
 def run_papermill(row:Row, ws:Path, out:Path) -> dict:
-    "papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the stop."
+    """papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the
+    stop."""
     name, env, run = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}, ws/'runs'/row.name
     cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile', 'smoke',
            '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
@@ -272,7 +276,8 @@ def run_papermill(row:Row, ws:Path, out:Path) -> dict:
             if steps and int(steps[-1]) >= 50: os.killpg(p.pid, signal.SIGTERM); break
             time.sleep(0.05)
         p.wait(120)
-    # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the run's
+    # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the
+    # run's
     # log and lets go of the run's lock
     t0 = time.time()
     while ((run/'.lock').exists() or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:

@@ -48,7 +48,8 @@ def problems(path:Path) -> list[str]:
 
 
 def execute(path:Path) -> list[str]:
-    "Run module notebook `path` as nbdev-test does, keep the outputs, clean them; write it only if nothing is wrong."
+    """Run module notebook `path` as nbdev-test does, keep the outputs, clean them; write it only if nothing
+    is wrong."""
     from execnb.shell import CaptureShell
     from fastcore.nbio import write_nb
     from nbdev.config import get_config
@@ -68,7 +69,8 @@ def execute(path:Path) -> list[str]:
     try: sh.run_all(nb, exc_stop=True, preproc=lambda c: c.id not in run)
     except Exception:
         return [f"{path.name} failed:\n{sh.prettytb(fname=path)}"]
-    for c in nb.cells:  # warnings and progress bars are noise on a page; so is what a cell marked `#| output: false` shows
+    # warnings and progress bars are noise on a page; so is what a cell marked `#| output: false` shows
+    for c in nb.cells:
         if c.cell_type != 'code': continue
         quiet = str((getattr(c, 'directives_', None) or {}).get('output', '')).lower() == 'false'
         c.outputs = [] if quiet else [o for o in c.outputs if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
@@ -76,7 +78,8 @@ def execute(path:Path) -> list[str]:
     write_nb(nb, tmp)
     clean = Path(sys.executable).parent/'nbdev-clean'
     try:
-        subprocess.run([str(clean) if clean.exists() else 'nbdev-clean', '--fname', str(tmp)], check=True)  # as CI cleans
+        # as CI cleans
+        subprocess.run([str(clean) if clean.exists() else 'nbdev-clean', '--fname', str(tmp)], check=True)
         if found := problems(tmp): return [f.replace(tmp.name, path.name) for f in found]
         tmp.replace(path)
         return []

@@ -40,7 +40,8 @@ def _lmbook_caller(frame):
 
 
 def cfg_path(argv:list) -> dict:
-    "Trace `lmbook *argv` in this process: the calls between lmbook files that hand on the config, up to the first step."
+    """Trace `lmbook *argv` in this process: the calls between lmbook files that hand on the config, up to the
+    first step."""
     from lmbook.config import Config, ModelConfig, DataConfig, TrainConfig
     from lmbook.cli import main
     kinds = (Config, ModelConfig, DataConfig, TrainConfig)
@@ -52,7 +53,8 @@ def cfg_path(argv:list) -> dict:
         if co.co_name == 'step' and 'torch/optim' in co.co_filename: raise _Found
         if not co.co_filename.startswith(str(PKG)) or co.co_name.startswith('__'): return
         args = [frame.f_locals.get(n) for n in co.co_varnames[:co.co_argcount + co.co_kwonlyargcount]]
-        if args and co.co_varnames[0] == 'self' and isinstance(args[0], kinds): return  # the config's own methods
+        # the config's own methods
+        if args and co.co_varnames[0] == 'self' and isinstance(args[0], kinds): return
         if any(carries(a) for a in args):
             caller, callee = _lmbook_caller(frame), Path(co.co_filename).stem
             if caller != callee: calls.append((caller, callee, co.co_name))

@@ -21,19 +21,27 @@ follow(lines(), run, max_steps=60, every=0.3)'''
 
 
 @pytest.mark.skipif(chromium() is None, reason='no Chromium installed (Debian: apt-get install chromium)')
-@pytest.mark.skipif(os.environ.get('LMBOOK_LAB_TEST') != '1', reason='a real JupyterLab session: timing-sensitive on a loaded 2-core machine; LMBOOK_LAB_TEST=1 runs it')
+@pytest.mark.skipif(os.environ.get('LMBOOK_LAB_TEST') != '1',
+                    reason='a real JupyterLab session: timing-sensitive on a loaded 2-core machine; '
+                           'LMBOOK_LAB_TEST=1 runs it')
 def test_dashboard_in_jupyterlab(tmp_path):
-    nb = dict(cells=[dict(cell_type='code', id='c1', metadata={}, source=CELL, outputs=[], execution_count=None)],
-              metadata={'kernelspec': {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}}, nbformat=4, nbformat_minor=5)
+    nb = dict(cells=[dict(cell_type='code', id='c1', metadata={}, source=CELL, outputs=[],
+                          execution_count=None)],
+              metadata={'kernelspec': {'display_name': 'Python 3', 'language': 'python', 'name': 'python3'}},
+              nbformat=4, nbformat_minor=5)
     root = tmp_path/'lab'; root.mkdir()
     (root/'dash.ipynb').write_text(json.dumps(nb))
     env = {k: v for k, v in os.environ.items() if k not in ('LMBOOK_DASHBOARD', 'JPY_SESSION_NAME')}
-    for k in ('JUPYTER_RUNTIME_DIR', 'JUPYTERLAB_WORKSPACES_DIR', 'JUPYTERLAB_SETTINGS_DIR'): env[k] = str(tmp_path/k.lower())
+    for k in ('JUPYTER_RUNTIME_DIR', 'JUPYTERLAB_WORKSPACES_DIR',
+              'JUPYTERLAB_SETTINGS_DIR'): env[k] = str(tmp_path/k.lower())
     import socket
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
-    lab = subprocess.Popen([str(Path(sys.executable).parent/'jupyter'), 'lab', '--no-browser', '--ip=127.0.0.1', f'--port={port}',
-                            '--ServerApp.token=', '--ServerApp.password=', f'--ServerApp.root_dir={root}', '--LabApp.news_url=',
-                            '--allow-root'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+    lab = subprocess.Popen([str(Path(sys.executable).parent/'jupyter'), 'lab', '--no-browser',
+                            '--ip=127.0.0.1', f'--port={port}',
+                            '--ServerApp.token=', '--ServerApp.password=', f'--ServerApp.root_dir={root}',
+                            '--LabApp.news_url=',
+                            '--allow-root'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           stdin=subprocess.DEVNULL, env=env)
     b = None
     try:
         for _ in range(120):
@@ -46,10 +54,12 @@ def test_dashboard_in_jupyterlab(tmp_path):
             if tab.js("!!document.querySelector('.jp-Notebook .jp-Cell .cm-content')"): break
             time.sleep(0.5)
         prompt = "document.querySelector('.jp-Notebook .jp-Cell .jp-InputPrompt').innerText"
-        for _ in range(20):  # click the cell and press Shift+Enter, as a reader runs it, until the cell has started
+        # click the cell and press Shift+Enter, as a reader runs it, until the cell has started
+        for _ in range(20):
             tab.js("document.querySelector('.jp-Notebook .jp-Cell').click()")
             for typ in ('rawKeyDown', 'keyUp'):
-                b.send('Input.dispatchKeyEvent', tab.s, type=typ, key='Enter', code='Enter', windowsVirtualKeyCode=13, modifiers=8)
+                b.send('Input.dispatchKeyEvent', tab.s, type=typ, key='Enter', code='Enter',
+                       windowsVirtualKeyCode=13, modifiers=8)
             for _ in range(10):
                 if tab.js(prompt).strip() != '[ ]:': break
                 time.sleep(0.5)

@@ -9,17 +9,21 @@ import pytest, torch
 from lmbook.train.launch import launch_cmd
 from lmbook.runs.checkpoint import list_checkpoints
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason='needs 2 CUDA GPUs')
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                reason='needs 2 CUDA GPUs')
 
-CFG = dict(device='cuda', compile='auto', dtype='auto', n_layer=4, n_embd=256, n_head=4, block_size=256, batch_size=16,
-           max_steps=200, warmup_steps=20, ckpt_every=50, eval_every=50, eval_steps=4, log_every=10, tensorboard=False)
+CFG = dict(device='cuda', compile='auto', dtype='auto', n_layer=4, n_embd=256, n_head=4, block_size=256,
+           batch_size=16,
+           max_steps=200, warmup_steps=20, ckpt_every=50, eval_every=50, eval_steps=4, log_every=10,
+           tensorboard=False)
 
 def rows(run): return [json.loads(l) for l in (Path(run)/'metrics.jsonl').read_text().splitlines()]
 def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
 
 def start(ws, exp):
     env = dict(os.environ, HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-    return subprocess.Popen(launch_cmd('smoke', exp, CFG, nproc=2, root=ws), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.Popen(launch_cmd('smoke', exp, CFG, nproc=2, root=ws), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
                             text=True, bufsize=1, env=env, start_new_session=True)
 
 def workers(exp, ws):
@@ -44,8 +48,10 @@ def test_ddp_two_gpus_kill9_and_resume(tmp_path):
     ref, got = losses(ws/'runs'/'gpu-ref'), losses(ws/'runs'/'gpu-kill')
     diff = max(abs(got[s] - ref[s])/ref[s] for s in ref)
     last = rows(ws/'runs'/'gpu-kill')[-1]
-    summary = dict(card=torch.cuda.get_device_name(0), torch=torch.__version__, killed_after_step=kill_at, resumed_from=ck,
-                   orphans_after_kill=len(orphans), steps=sorted(got)[-1], max_rel_loss_diff_vs_uninterrupted=diff,
+    summary = dict(card=torch.cuda.get_device_name(0), torch=torch.__version__, killed_after_step=kill_at,
+                   resumed_from=ck,
+                   orphans_after_kill=len(orphans), steps=sorted(got)[-1],
+                   max_rel_loss_diff_vs_uninterrupted=diff,
                    val_loss=last.get('val_loss'), tok_per_s=last.get('tok_per_s'), mfu=last.get('mfu'),
                    resumed_line=[l for l in out.splitlines() if 'resumed at step' in l])
     print('GPU_KILL_RESUME', json.dumps(summary))

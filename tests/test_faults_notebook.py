@@ -1,4 +1,5 @@
-"The train notebook under papermill loses nothing when papermill is stopped or its kernel is killed: the trainer checkpoints and stops."
+"""The train notebook under papermill loses nothing when papermill is stopped or its kernel is killed: the
+trainer checkpoints and stops."""
 import os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -41,12 +42,15 @@ def nbws(tmp_path_factory, monkeypatch):
 def test_notebook_run_stops_with_checkpoint(nbws, how):
     exp = f'nb-{how}'
     run = nbws/'runs'/exp
-    pm = subprocess.Popen([PM, str(ROOT/'nbs'/'train.ipynb'), str(nbws/f'{exp}.ipynb'), '--cwd', str(ROOT), '-p', 'profile', 'smoke',
+    pm = subprocess.Popen([PM, str(ROOT/'nbs'/'train.ipynb'), str(nbws/f'{exp}.ipynb'), '--cwd', str(ROOT),
+                           '-p', 'profile', 'smoke',
                            '-p', 'experiment', exp, '-p', 'max_steps', '500', '-p', 'overrides', OVERRIDES],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          env=os.environ)
     try:
         metrics = run/'metrics.jsonl'
-        wait_for(lambda: metrics.is_file() and '"step": 3,' in metrics.read_text(), 240, 'step 3 in metrics.jsonl')
+        wait_for(lambda: metrics.is_file() and '"step": 3,' in metrics.read_text(), 240,
+                 'step 3 in metrics.jsonl')
         kernel = [c for c in children(pm.pid) if 'ipykernel' in cmdline(c)]
         assert len(kernel) == 1
         trainer = [c for c in children(kernel[0]) if 'lmbook.train.launch' in cmdline(c)]
@@ -56,7 +60,8 @@ def test_notebook_run_stops_with_checkpoint(nbws, how):
         wait_for(lambda: not Path(f'/proc/{trainer[0]}').exists() or 'Z' == (Path(f'/proc/{trainer[0]}/stat').read_text().rsplit(')', 1)[1].split()[0]),
                  60, 'the trainer to stop')
         cks = list_checkpoints(run/'checkpoints')
-        assert cks, 'no checkpoint: the run died without its stop checkpoint'  # ckpt_every=100: only a stop writes one
+        # ckpt_every=100: only a stop writes one
+        assert cks, 'no checkpoint: the run died without its stop checkpoint'
         step = ckpt_step(cks[0])
         assert step >= 3 and verify_checkpoint(cks[0])
         assert f'stopped by SIGTERM at step {step}/500' in (run/'train.log').read_text()

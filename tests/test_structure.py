@@ -16,7 +16,8 @@ CHAPTERS = ['data', 'model', 'runs', 'train', 'serve', 'pods', 'dev']
 
 
 def name_of(path:Path) -> str:
-    "A module's dotted name inside lmbook: `train.trainer`, `data` for `data/__init__.py`, `__init__` for the package."
+    """A module's dotted name inside lmbook: `train.trainer`, `data` for `data/__init__.py`, `__init__` for
+    the package."""
     parts = list(path.relative_to(PKG).with_suffix('').parts)
     if parts[-1] == '__init__' and len(parts) > 1: parts = parts[:-1]
     return '.'.join(parts)
@@ -61,10 +62,12 @@ def imports(path:Path, here:str|None=None) -> list[tuple[str, int, bool]]:
     "(lmbook module, line, inside a function) of every import of the package's own modules in `path`."
     here = here or name_of(path)
     tree, out = ast.parse(path.read_text()), []
-    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef)) for n in ast.walk(f)}
     for n in ast.walk(tree):
         if isinstance(n, ast.ImportFrom): names = resolve(here, n)
-        elif isinstance(n, ast.Import): names = [a.name.partition('.')[2] for a in n.names if a.name.startswith('lmbook.')]
+        elif isinstance(n,
+                        ast.Import): names = [a.name.partition('.')[2] for a in n.names if a.name.startswith('lmbook.')]
         else: continue
         out += [(m, n.lineno, id(n) in inner) for m in names if m in modules()]
     return out
@@ -78,7 +81,8 @@ def test_every_module_has_one_notebook():
 
 
 def test_imports_only_go_down():
-    "No cycle, and no module imports one whose notebook comes later (that would be a cycle waiting to happen)."
+    """No cycle, and no module imports one whose notebook comes later (that would be a cycle waiting to
+    happen)."""
     nbs = notebooks()
     up = [f"{m} ({nbs[m]}) imports {t} ({nbs[t]}) at line {line}" for m, p in modules().items()
           for t, line, _ in imports(p) if t != m and nbs[t] > nbs[m]]
@@ -93,7 +97,8 @@ def test_chapters_are_layered():
 
 
 def test_package_imports_at_top():
-    "lmbook's own imports sit at a module's top; a lazy import of another package says why (its line or the one above)."
+    """lmbook's own imports sit at a module's top; a lazy import of another package says why (its line or the
+    one above)."""
     inner = [f"{m}:{line} imports lmbook.{t} inside a function" for m, p in modules().items()
              for t, line, lazy in imports(p) if lazy]
     assert not inner, '\n'.join(inner)
@@ -106,7 +111,8 @@ def test_package_imports_at_top():
                 if not isinstance(n, (ast.Import, ast.ImportFrom)): continue
                 above = lines[n.lineno - 2].strip()
                 said = '#' in lines[n.end_lineno - 1] or above.startswith(('#', 'try:  #'))
-                joined = above.startswith(('from ', 'import ')) and (m, n.lineno - 1) in reasoned  # one reason, one block
+                # one reason, one block
+                joined = above.startswith(('from ', 'import ')) and (m, n.lineno - 1) in reasoned
                 if said or joined: reasoned.add((m, n.lineno))
                 else: silent.append(f"{m}:{n.lineno} {lines[n.lineno - 1].strip()}")
     assert not silent, "lazy imports without their reason:\n" + '\n'.join(silent)
@@ -124,7 +130,8 @@ def test_no_private_names_across_modules():
 
 
 def generated_lines(path:Path) -> set[int]:
-    "Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__` (wrapped at 120)."
+    """Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__`
+    (wrapped at 120)."""
     tree, out = ast.parse(path.read_text()), set()
     for n in tree.body[:2]:  # the docstring, after `__version__` in the package's own __init__
         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
@@ -140,10 +147,12 @@ def test_readable_width_and_length():
     wide = []
     for m, p in modules().items():
         skip = generated_lines(p)
-        wide += [f"{m}:{i}" for i, l in enumerate(p.read_text().splitlines(), 1) if len(l) > MAX_LINE and i not in skip]
+        wide += [f"{m}:{i}" for i, l in enumerate(p.read_text().splitlines(),
+                                                  1) if len(l) > MAX_LINE and i not in skip]
     assert not wide, f"lines over {MAX_LINE} characters: " + ', '.join(wide)
     long = {f"{m}.{f.name}": f.end_lineno - f.lineno + 1 for m, p in modules().items()
-            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef,
+                                                                          ast.AsyncFunctionDef))
             and f.end_lineno - f.lineno + 1 > MAX_FUNCTION}
     assert not long, f"functions over {MAX_FUNCTION} lines: {long}"
 
@@ -151,8 +160,10 @@ def test_readable_width_and_length():
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     "The import walk finds an import hidden in a function body, so an upward one cannot slip through."
     p = tmp_path/'x.py'
-    p.write_text("from ..core import paths_for\nfrom .step import f\ndef f():\n    from lmbook.cli import main  # late\n")
-    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None, 'x': p})
+    p.write_text("from ..core import paths_for\nfrom .step import f\ndef f():\n    from lmbook.cli import "
+                 "main  # late\n")
+    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None,
+                                                           'x': p})
     assert imports(p, 'train.x') == [('core', 1, False), ('train.step', 2, False), ('cli', 4, True)]
     assert rank('cli') > rank('pods.boot') > rank('train.trainer') > rank('data.sft') > rank('core')
 
