@@ -21,7 +21,8 @@ random.seed(0); numpy.random.seed(0); torch.manual_seed(0)  # cells that draw wi
 
 def is_run_notebook(nb:dict) -> bool:
     "A notebook without `default_exp`: a run notebook (train, analysis, sample, pods) or a page without code."
-    return not any(c['cell_type'] == 'code' and re.search(r'^#\|\s*default_exp\b', ''.join(c['source']), re.M) for c in nb['cells'])
+    return not any(c['cell_type'] == 'code' and re.search(r'^#\|\s*default_exp\b', ''.join(c['source']),
+                                                          re.M) for c in nb['cells'])
 
 
 def _text(o:dict) -> str:
@@ -40,10 +41,13 @@ def problems(path:Path) -> list[str]:
         if o['output_type'] == 'error': found.append(f"{path.name}: cell {i} holds an error")
         t = _text(o).replace(str(ROOT), '<checkout>')
         for rx, what in VOLATILE:
-            if m := rx.search(t): found.append(f"{path.name}: cell {i} prints {what} ({m.group(0)!r}): show a relative name or end the line with ;")
-        if str(ROOT) in _text(o): found.append(f"{path.name}: cell {i} prints the checkout's path: show a relative name")
+            if m := rx.search(t): found.append(f"{path.name}: cell {i} prints {what} ({m.group(0)!r}): show "
+                                               "a relative name or end the line with ;")
+        if str(ROOT) in _text(o): found.append(f"{path.name}: cell {i} prints the checkout's path: show a "
+                                               "relative name")
     kb = sum(len(json.dumps(o)) for _, o in outs)/1e3
-    if kb > MAX_KB: found.append(f"{path.name}: outputs take {kb:.0f} KB (limit {MAX_KB}): fewer or smaller plots")
+    if kb > MAX_KB: found.append(f"{path.name}: outputs take {kb:.0f} KB (limit {MAX_KB}): fewer or smaller "
+                                 "plots")
     return found
 
 
@@ -58,7 +62,8 @@ def execute(path:Path) -> list[str]:
     cfg = get_config(NBS)
     flags = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
     nb = NBProcessor(path, rm_directives=False, process=True).nb
-    if is_run_notebook(nb): return [f"{path.name} is a run notebook: its outputs belong to runs, it keeps none in git"]
+    if is_run_notebook(nb): return [f"{path.name} is a run notebook: its outputs belong to runs, it keeps "
+                                    "none in git"]
     run = {c.id for c in nb_test_cells(path, flags)}
     for c in nb.cells:
         if c.cell_type == 'code' and c.id not in run: c.outputs = []
@@ -92,9 +97,13 @@ def _outputs(p:Path) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog='bash .ci/outputs', description=__doc__)
-    ap.add_argument('notebooks', nargs='*', help='module notebooks to execute in place (default with --check: all of nbs/)')
-    ap.add_argument('--check', action='store_true', help='only check the outputs in git: run notebooks keep none, module notebooks nothing volatile')
-    ap.add_argument('--verify', action='store_true', help='execute each notebook twice and fail where an output differs')
+    ap.add_argument('notebooks', nargs='*',
+                    help='module notebooks to execute in place (default with --check: all of nbs/)')
+    ap.add_argument('--check', action='store_true',
+                    help='only check the outputs in git: run notebooks keep none, module notebooks nothing '
+                         'volatile')
+    ap.add_argument('--verify', action='store_true',
+                    help='execute each notebook twice and fail where an output differs')
     ap.add_argument('--one', help=argparse.SUPPRESS)  # the worker: one notebook in a fresh process
     a = ap.parse_args(argv)
     if a.one:
@@ -102,14 +111,16 @@ def main(argv=None) -> int:
         for f in found: print(f"error: {f}", file=sys.stderr)
         return 1 if found else 0
     if a.check:
-        found = [f for p in (map(Path, a.notebooks) if a.notebooks else sorted(NBS.glob('*.ipynb'))) for f in problems(p)]
+        found = [f for p in (map(Path,
+                                 a.notebooks) if a.notebooks else sorted(NBS.glob('*.ipynb'))) for f in problems(p)]
         for f in found: print(f"error: {f}", file=sys.stderr)
         return 1 if found else 0
     if not a.notebooks: ap.error('name the notebooks to execute, e.g. nbs/05a_optim.ipynb')
     rc = 0
     for nb in a.notebooks:
         p = Path(nb).resolve()
-        if not p.is_file() or p.suffix != '.ipynb': print(f"error: {nb} is not a notebook", file=sys.stderr); rc = 1; continue
+        if not p.is_file() or p.suffix != '.ipynb': print(f"error: {nb} is not a notebook",
+                                                          file=sys.stderr); rc = 1; continue
         before = p.stat().st_size
         r = subprocess.run([sys.executable, __file__, '--one', str(p)])
         if r.returncode: rc = 1; continue
@@ -117,7 +128,8 @@ def main(argv=None) -> int:
             first = _outputs(p)
             r = subprocess.run([sys.executable, __file__, '--one', str(p)])
             if r.returncode or (diff := [i for i, (x, y) in enumerate(zip(first, _outputs(p))) if x != y]):
-                print(f"error: {p.name}: a second run gave other outputs in cells {diff if not r.returncode else '?'}", file=sys.stderr)
+                print(f"error: {p.name}: a second run gave other outputs in "
+                      f"cells {diff if not r.returncode else '?'}", file=sys.stderr)
                 rc = 1; continue
         print(f"{p.name}: {before/1e3:.1f} KB -> {p.stat().st_size/1e3:.1f} KB")
     return rc

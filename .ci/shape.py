@@ -23,7 +23,8 @@ def notebook_order() -> dict:
 def figures() -> dict:
     mods = modules()
     lines = sum(len(p.read_text().splitlines()) for p in mods.values())
-    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m, p in mods.items() for n in ast.walk(ast.parse(p.read_text()))
+    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m,
+             p in mods.items() for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     wide = sum(len(l) > 110 for p in mods.values() for l in p.read_text().splitlines())
     return dict(modules=len(mods), lines=lines, longest_function=max(funcs), lines_over_110=wide,
@@ -84,7 +85,8 @@ def cfg_paths() -> dict:
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument('--cfg', action='store_true', help='also trace the config (prepares a tiny smoke run: ~1 min)')
+    ap.add_argument('--cfg', action='store_true',
+                    help='also trace the config (prepares a tiny smoke run: ~1 min)')
     a = ap.parse_args()
     out = figures()
     if a.cfg: out['cfg'] = cfg_paths()
