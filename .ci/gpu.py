@@ -1,12 +1,11 @@
 """The GPU check: every CUDA path of lmbook at tiny shapes, one JSON row per path (card, torch, date, pass or
-fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more it
-also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
+fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more
+it also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
 
 usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
 
 `ROWS` names each row and the config values it runs; tests/test_gpu_check.py holds it to a row for every value
-that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked.
-"""
+that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked."""
 from __future__ import annotations
 import argparse, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 import urllib.request

@@ -1,5 +1,5 @@
-"""Refresh the outputs of module notebooks, or check every notebook's outputs; run it through `bash .ci/outputs`,
-which sets the environment (CPU only, offline, fixed hash seed, inline plots)."""
+"""Refresh the outputs of module notebooks, or check every notebook's outputs; run it through `bash
+.ci/outputs`, which sets the environment (CPU only, offline, fixed hash seed, inline plots)."""
 import argparse, json, os, re, subprocess, sys
 from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""The package's shape: modules, lines, longest function, and the files `cfg` crosses from `lmbook train` to the first
-optimizer step."""
+"""The package's shape: modules, lines, longest function, and the files `cfg` crosses from `lmbook train` to
+the first optimizer step."""
 import argparse, ast, json, os, re, sys, tempfile
 from pathlib import Path
 

@@ -1,6 +1,6 @@
 """A small stand-in for the Hugging Face Hub endpoints an upload uses (create a repository, ask how each file
-goes up, commit files sent inline), on 127.0.0.1: `huggingface_hub` itself talks to it through HF_ENDPOINT.
-It answers every file 'regular' (inline in the commit), keeps what it got in memory, and records each request's
+goes up, commit files sent inline), on 127.0.0.1: `huggingface_hub` itself talks to it through HF_ENDPOINT. It
+answers every file 'regular' (inline in the commit), keeps what it got in memory, and records each request's
 Authorization header."""
 import base64, hashlib, json, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -1,10 +1,11 @@
-"""A fake of RunPod's REST API v2 on 127.0.0.1 for tests. Every request is checked against `runpod_v2_contract.json`
-(written from RunPod's published OpenAPI v2 description) and rejected as the real API would: unknown fields or
-values of the wrong type (422), a network volume on Community Cloud or in another data center (400), an action
-the pod's status does not allow (409), the cross-field rules of a create (`contract_rules`), a create on an empty
-account (402). Errors are RFC 9457 problem bodies; every pod it answers has a status the contract knows. A test can
-take it down for a while on its own clock (`down`), refuse a start for want of free GPUs, and serve a pod's
-container log (`logs`) as the logs endpoint's Server-Sent Events."""
+"""A fake of RunPod's REST API v2 on 127.0.0.1 for tests. Every request is checked against
+`runpod_v2_contract.json` (written from RunPod's published OpenAPI v2 description) and rejected as the real
+API would: unknown fields or values of the wrong type (422), a network volume on Community Cloud or in another
+data center (400), an action the pod's status does not allow (409), the cross-field rules of a create
+(`contract_rules`), a create on an empty account (402). Errors are RFC 9457 problem bodies; every pod it
+answers has a status the contract knows. A test can take it down for a while on its own clock (`down`), refuse
+a start for want of free GPUs, and serve a pod's container log (`logs`) as the logs endpoint's Server-Sent
+Events."""
 import json, re, threading, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path

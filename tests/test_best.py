@@ -223,9 +223,9 @@ def small_disk(path, size):
     finally: subprocess.run(['umount', str(path)], check=True)
 
 def test_best_fits_where_a_step_checkpoint_does_not(ws, four, capsys):
-    """On a disk with room for two step checkpoints (keep_ckpts=2 needs three and best/), each best/ asks for its own
-    bytes, a third of a step checkpoint's: the bests after step 4's checkpoint are written, and the run stops, in one
-    line, only at the step checkpoint that does not fit."""
+    """On a disk with room for two step checkpoints (keep_ckpts=2 needs three and best/), each best/ asks for
+    its own bytes, a third of a step checkpoint's: the bests after step 4's checkpoint are written, and the
+    run stops, in one line, only at the step checkpoint that does not fit."""
     ck = Path(ws)/'runs'/'small-disk'/'checkpoints'
     sets = [f'--set={k}={v}' for k, v in {**FOUR, 'max_steps': 12}.items()]
     with small_disk(ck, 2*four['step_bytes']):

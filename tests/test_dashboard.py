@@ -1,5 +1,6 @@
-"""The live view of a run: widgets where a person watches (checked on the widget tree with fake metrics and on a
-real kernel's request), plain progress lines under papermill (the analysis notebook following runs to their end)."""
+"""The live view of a run: widgets where a person watches (checked on the widget tree with fake metrics and on
+a real kernel's request), plain progress lines under papermill (the analysis notebook following runs to their
+end)."""
 import json, os, socket, threading, time
 from pathlib import Path
 import pytest

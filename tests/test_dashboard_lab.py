@@ -1,5 +1,6 @@
-"""The dashboard in a real JupyterLab: a server on 127.0.0.1, a notebook whose cell follows a fake run, run from
-headless Chromium the way a reader runs it (click, Shift+Enter). Skipped where no Chromium is installed."""
+"""The dashboard in a real JupyterLab: a server on 127.0.0.1, a notebook whose cell follows a fake run, run
+from headless Chromium the way a reader runs it (click, Shift+Enter). Skipped where no Chromium is
+installed."""
 import json, os, subprocess, sys, time, urllib.request
 from pathlib import Path
 import pytest

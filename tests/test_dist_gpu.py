@@ -1,8 +1,8 @@
 """On a machine with 2 CUDA GPUs (skipped elsewhere): a DDP run killed with kill -9 resumes and finishes.
 
-Run by hand: `pytest -s tests/test_dist_gpu.py` (about 3-5 minutes; bf16 autocast and torch.compile on).
-It prints one JSON line `GPU_KILL_RESUME {...}` for the experiment log and writes it to runs/gpu-kill/kill_resume.json.
-"""
+Run by hand: `pytest -s tests/test_dist_gpu.py` (about 3-5 minutes; bf16 autocast and torch.compile on). It
+prints one JSON line `GPU_KILL_RESUME {...}` for the experiment log and writes it to
+runs/gpu-kill/kill_resume.json."""
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch

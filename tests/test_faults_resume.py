@@ -1,5 +1,5 @@
-"""Resuming under faults: what each allowed config change does to the saved state, a disk that fills during a background
-write, read-only run folders, bad settings and lock files, and a `best/` that outlives its run."""
+"""Resuming under faults: what each allowed config change does to the saved state, a disk that fills during a
+background write, read-only run folders, bad settings and lock files, and a `best/` that outlives its run."""
 import json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
@@ -88,8 +88,9 @@ def test_free_change_on_resume(ws, base, key):
     assert not [l for l in log if l.startswith('config changed')], log
 
 def test_disk_fills_during_background_write(ws, monkeypatch, capsys):
-    """A background write that fills the disk (torch says RuntimeError): one line naming the write, exit 2, no temporary folder left.
-    A best/ that fills it is one warning and training goes on, until the next step checkpoint finds no room."""
+    """A background write that fills the disk (torch says RuntimeError): one line naming the write, exit 2, no
+    temporary folder left. A best/ that fills it is one warning and training goes on, until the next step
+    checkpoint finds no room."""
     for which in ('step_', 'best'):
         exp = f'bgfull-{which}'
         train(cfg(eval_every=2), exp, root=ws, log=quiet([]))

@@ -1,5 +1,6 @@
-"""The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its own:
-`config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the GPU."""
+"""The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its
+own: `config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the
+GPU."""
 import importlib.util, sys
 from conftest import ROOT
 import pytest

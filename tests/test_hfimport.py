@@ -1,7 +1,7 @@
-"""Published Llama-family checkpoints in and out: small random Llama (with Llama 3.1's RoPE scaling), Mistral and
-Qwen2 (query/key/value biases) models made with transformers give the same logits as lmbook's import of them,
-and lmbook's export of those again loads in transformers with the same logits; what lmbook cannot compute is
-refused in one line naming it."""
+"""Published Llama-family checkpoints in and out: small random Llama (with Llama 3.1's RoPE scaling), Mistral
+and Qwen2 (query/key/value biases) models made with transformers give the same logits as lmbook's import of
+them, and lmbook's export of those again loads in transformers with the same logits; what lmbook cannot
+compute is refused in one line naming it."""
 import json
 import pytest
 import torch

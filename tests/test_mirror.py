@@ -1,6 +1,7 @@
-"""Checkpoints mirrored off the volume while training goes on: a fine-tuning run with mirror=s3://... puts every
-checkpoint into a bucket of a local S3 stand-in (moto's server on 127.0.0.1, through boto3); mirror=hf://...
-goes through huggingface_hub to the local Hub stand-in; a failing mirror is a warning and the run finishes."""
+"""Checkpoints mirrored off the volume while training goes on: a fine-tuning run with mirror=s3://... puts
+every checkpoint into a bucket of a local S3 stand-in (moto's server on 127.0.0.1, through boto3);
+mirror=hf://... goes through huggingface_hub to the local Hub stand-in; a failing mirror is a warning and the
+run finishes."""
 import json, os, subprocess, sys
 import pytest
 from conftest import ROOT, lmbook_cmd

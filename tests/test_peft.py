@@ -1,6 +1,6 @@
-"""A LoRA run's adapters written in peft's format: `PeftModel.from_pretrained` puts them on the published Llama
-and gives lmbook's logits (all projections, a partial set whose fused blocks need cutting, alpha != rank); a
-swapped block or a wrong scale would show."""
+"""A LoRA run's adapters written in peft's format: `PeftModel.from_pretrained` puts them on the published
+Llama and gives lmbook's logits (all projections, a partial set whose fused blocks need cutting, alpha !=
+rank); a swapped block or a wrong scale would show."""
 import json
 import pytest
 import torch

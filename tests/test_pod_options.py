@@ -1,6 +1,6 @@
-"""`pod create --template/--min-vcpu/--min-memory`, the catalog's GPU availability in the volume's data center before
-a create, and `pod create --serve`: each sent only where RunPod's API takes it, checked by the fakes (REST v2 against
-the contract written from RunPod's OpenAPI document; GraphQL against the SDK's mutation)."""
+"""`pod create --template/--min-vcpu/--min-memory`, the catalog's GPU availability in the volume's data center
+before a create, and `pod create --serve`: each sent only where RunPod's API takes it, checked by the fakes
+(REST v2 against the contract written from RunPod's OpenAPI document; GraphQL against the SDK's mutation)."""
 import pytest
 from lmbook.pods.api import RunPodAPI, RunPodError
 from test_runpod import fake, run, create, one_line_error, posts, HEAD

@@ -1,5 +1,6 @@
-"""The pod's exact start command, run by bash as a container's PID 1 would be: a stop signal reaches the trainer, which
-checkpoints; a stage that fails before boot stops the pod through the (fake REST v2) API and says why in the volume's log."""
+"""The pod's exact start command, run by bash as a container's PID 1 would be: a stop signal reaches the
+trainer, which checkpoints; a stage that fails before boot stops the pod through the (fake REST v2) API and
+says why in the volume's log."""
 import json, os, shlex, signal, subprocess, sys, sysconfig, time
 from pathlib import Path
 import pytest

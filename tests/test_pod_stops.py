@@ -1,7 +1,7 @@
-"""Stops that land with nobody watching: RunPod's API (the REST v2 fake) is down for three minutes while autokill, the spend guard
-or the start script's guard stops the pod; each ends with the pod stopped, or with the container gone when the API never comes back.
-The fake's clock runs 60 times faster than the wall's and the retry pauses are scaled down (`LMBOOK_STOP_PAUSE`), so three
-minutes of outage take three seconds."""
+"""Stops that land with nobody watching: RunPod's API (the REST v2 fake) is down for three minutes while
+autokill, the spend guard or the start script's guard stops the pod; each ends with the pod stopped, or with
+the container gone when the API never comes back. The fake's clock runs 60 times faster than the wall's and
+the retry pauses are scaled down (`LMBOOK_STOP_PAUSE`), so three minutes of outage take three seconds."""
 import json, os, shlex, signal, subprocess, sys, time
 from pathlib import Path
 import pytest

@@ -1,5 +1,6 @@
-"""`lmbook pod push`, `pod fetch` and `pod logs` against a real sshd on 127.0.0.1 (Debian's openssh-server), and
-`lmbook pod volume upload` against a local S3-compatible server (moto's, from the `moto[server]` package)."""
+"""`lmbook pod push`, `pod fetch` and `pod logs` against a real sshd on 127.0.0.1 (Debian's openssh-server),
+and `lmbook pod volume upload` against a local S3-compatible server (moto's, from the `moto[server]`
+package)."""
 import json, os, shutil, socket, subprocess, time
 from pathlib import Path
 import pytest

@@ -1,8 +1,9 @@
-"""`lmbook serve` as a process on 127.0.0.1: the `openai` package gets completions and chat answers, streamed and
-whole; concurrent requests equal the same requests sent one at a time; a bad request (a seed, a body of 20 MB, a
-negative Content-Length, a wrong key, a full queue) fails alone in OpenAI's error shape while its neighbours are
-answered; a client that leaves frees its row; SIGTERM and Ctrl-C drain the running requests and exit 0; a server
-beyond loopback without a key is refused; the RunPod worker answers a job in the SDK's local test mode."""
+"""`lmbook serve` as a process on 127.0.0.1: the `openai` package gets completions and chat answers, streamed
+and whole; concurrent requests equal the same requests sent one at a time; a bad request (a seed, a body of 20
+MB, a negative Content-Length, a wrong key, a full queue) fails alone in OpenAI's error shape while its
+neighbours are answered; a client that leaves frees its row; SIGTERM and Ctrl-C drain the running requests and
+exit 0; a server beyond loopback without a key is refused; the RunPod worker answers a job in the SDK's local
+test mode."""
 import http.client, json, os, signal, socket, subprocess, sys, threading, time
 import pytest
 from conftest import ROOT, lmbook_cmd
