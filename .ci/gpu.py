@@ -98,7 +98,8 @@ def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subp
 
 
 def sets(d:dict) -> list[str]: return [f'--set={k}={v}' for k, v in d.items()]
-def metrics(run:Path) -> list[dict]: return [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines()]
+def metrics(run:Path) -> list[dict]:
+    return [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines()]
 
 
 def run_ok(p, what):

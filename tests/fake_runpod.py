@@ -81,7 +81,8 @@ class FakeRunPod:
         if headers.get('Authorization') != f'Bearer {self.key}': return 401, {'error': 'unauthorized'}
         q = json.loads(body)['query']
         self.requests.append((dict(headers), q))
-        if self.echo_errors and 'podFindAndDeployOnDemand' in q: return 200, {'errors': [{'message': f'Syntax Error: Unexpected <EOF> in {q!r}'}]}
+        if self.echo_errors and 'podFindAndDeployOnDemand' in q:
+            return 200, {'errors': [{'message': f'Syntax Error: Unexpected <EOF> in {q!r}'}]}
         try: return 200, {'data': self.answer(q)}
         except GqlSyntaxError as e: return 200, {'errors': [{'message': f'Syntax Error: {e}'}]}
         except LookupError as e: return 200, {'errors': [{'message': str(e)}]}
@@ -97,7 +98,8 @@ class FakeRunPod:
                      'templateId'}
             if set(inp) - known: raise GqlSyntaxError(f"unknown input fields {sorted(set(inp) - known)}")
             if inp['gpuTypeId'] not in GPUS: raise LookupError(f"gpu type {inp['gpuTypeId']} not found")
-            if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]: raise LookupError("Network volume not found")
+            if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]:
+                raise LookupError("Network volume not found")
             if self.capacity_failures: self.capacity_failures -= 1; raise LookupError(CAPACITY)
             self.n += 1
             pod = dict(id=f'pod{self.n:04d}xyz', name=inp['name'], desiredStatus='RUNNING',

@@ -39,8 +39,10 @@ def violations(schema, v, path='$'):
         if 'pattern' in schema and not re.search(schema['pattern'],
                                                  v): out.append(f"{path}: does not match {schema['pattern']}")
     if isinstance(v, int) and not isinstance(v, bool):
-        if 'minimum' in schema and v < schema['minimum']: out.append(f"{path}: must be >= {schema['minimum']}")
-        if 'maximum' in schema and v > schema['maximum']: out.append(f"{path}: must be <= {schema['maximum']}")
+        if 'minimum' in schema and v < schema['minimum']:
+            out.append(f"{path}: must be >= {schema['minimum']}")
+        if 'maximum' in schema and v > schema['maximum']:
+            out.append(f"{path}: must be <= {schema['maximum']}")
     if isinstance(v, dict):
         props = schema.get('properties', {})
         for k in schema.get('required', []):

@@ -6,7 +6,8 @@ import pytest
 from lmbook.cli import main
 from lmbook.config import get_config
 from lmbook.train.trainer import train
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan, state_bytes
+from lmbook.runs.checkpoint import (list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan,
+                                    state_bytes)
 from lmbook.train.runstart import build_trainable
 from lmbook.runs.sample import load_model
 from conftest import lmbook_cmd, rows
@@ -206,7 +207,8 @@ def test_best_written_in_full_where_links_fail(ws, monkeypatch):
     res = train(four_cfg(), 'four-nolink', root=ws, log=quiet())
     ck = Path(res['run_dir'])/'checkpoints'; best, step = ck/'best', ck/'step_00000004'
     assert res['best_step'] == 4 and ino(best/'model.safetensors') != ino(step/'model.safetensors')
-    assert verify_checkpoint(best)['files']['model.safetensors'] == verify_checkpoint(step)['files']['model.safetensors']
+    assert (verify_checkpoint(best)['files']['model.safetensors']
+            == verify_checkpoint(step)['files']['model.safetensors'])
     assert not (best/'optim.pt').exists()
 
 @contextlib.contextmanager

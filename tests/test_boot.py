@@ -107,7 +107,8 @@ def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
                 RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP='bad')
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', '--on-failure', 'keep', env=benv, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert 'autokill: not firing, the run failed (exit code 2); the pod stays up (ON_FAILURE=keep)' in (ws/'logs'/'boot-bad.log').read_text()
+    assert ('autokill: not firing, the run failed (exit code 2); the pod stays up (ON_FAILURE=keep)'
+            in (ws/'logs'/'boot-bad.log').read_text())
     assert calls(ws) == []
     # the default: stop, never terminate, after a failure
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
@@ -229,7 +230,8 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
                                             f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD',
                                             'lmbook boot --help', 'lmbook boot']
     assert (v/'lmbook-commit').read_text().strip() == '0123456789abcdef'
-    assert 'stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git' in (ws/'logs'/'boot-fw.log').read_text()
+    assert ('stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git'
+            in (ws/'logs'/'boot-fw.log').read_text())
     boot()
     assert rec.read_text().splitlines()[7:] == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help',
                                                 'lmbook boot']

@@ -72,7 +72,8 @@ def test_interactive_on_a_real_kernel():
                 if m['parent_header'].get('msg_id') != msg['header']['msg_id']: continue
                 if m['msg_type'] == 'stream': out.append(m['content']['text'])
                 if m['msg_type'] == 'error': raise RuntimeError(m['content']['evalue'])
-                if m['msg_type'] == 'status' and m['content']['execution_state'] == 'idle': return ''.join(out).strip()
+                if m['msg_type'] == 'status' and m['content']['execution_state'] == 'idle':
+                    return ''.join(out).strip()
         assert ask({'cellId': 'a1b2'}) == 'True'
         assert ask({}) == 'False'
     finally:

@@ -7,7 +7,8 @@ import pytest, torch
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
-from lmbook.data.prepare import shard_corpus, shard_docs, read_manifest, _route_val, add_cli as data_cli, source_kind
+from lmbook.data.prepare import (shard_corpus, shard_docs, read_manifest, _route_val, add_cli as data_cli,
+                                 source_kind)
 from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, load_tokenizer, open_tokens, read_header,
                                    EOT,
                               CHAT_TOKENS, add_cli as tok_cli, token_dir)

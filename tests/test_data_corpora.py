@@ -43,7 +43,8 @@ def test_file_without_line_breaks_is_split_in_bounded_memory(tmp_path):
 @pytest.mark.parametrize('make', ['latin1', 'random'])
 def test_not_utf8_says_so(tmp_path, make):
     src = tmp_path/f'{make}.txt'
-    if make == 'latin1': src.write_bytes('\n\n'.join(f'Café numéro {i}, crème brûlée.' for i in range(50)).encode('latin-1'))
+    if make == 'latin1':
+        src.write_bytes('\n\n'.join(f'Café numéro {i}, crème brûlée.' for i in range(50)).encode('latin-1'))
     else: src.write_bytes(random.Random(0).randbytes(200_000))
     with pytest.raises(ValueError, match='is not UTF-8 text') as e:
         shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(src))

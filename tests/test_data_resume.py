@@ -43,11 +43,13 @@ def test_sharder_killed_then_resumed(tmp_path):
     m = read_manifest(out/'train')
     assert not m['complete'] and len(m['shards']) >= 2
     listed = {s['name'] for s in m['shards']} | {'manifest.json'}
-    assert {q.name for q in (out/'train').iterdir() if not q.name.startswith('.')} <= listed | {f"shard_{len(m['shards']):05d}.txt"}
+    assert ({q.name for q in (out/'train').iterdir() if not q.name.startswith('.')}
+            <= listed | {f"shard_{len(m['shards']):05d}.txt"})
     got = shard_corpus(out/'train', out/'val', take=1200, lines_per_shard=100, val_ratio=0.2)
     assert got == ref
     for split in ('train', 'val'):
-        assert sorted(q.name for q in (out/split).iterdir()) == sorted(q.name for q in (tmp_path/'ref'/split).iterdir())
+        assert (sorted(q.name for q in (out/split).iterdir())
+                == sorted(q.name for q in (tmp_path/'ref'/split).iterdir()))
 
 
 def test_tokenize_resumes_and_skips_done(tmp_path):

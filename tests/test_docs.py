@@ -163,7 +163,8 @@ class Tab:
         for m in self.b.events:
             p = m.get('params', {})
             if m.get('method') == 'Network.requestWillBeSent': urls[p['requestId']] = p['request']['url']
-            if m.get('method') == 'Network.loadingFailed' and not p.get('canceled'): bad.append(f"{p.get('errorText')} {urls.get(p['requestId'])}")
+            if m.get('method') == 'Network.loadingFailed' and not p.get('canceled'):
+                bad.append(f"{p.get('errorText')} {urls.get(p['requestId'])}")
             if m.get('method') == 'Network.responseReceived' and p['response']['status'] >= 400 \
                and not p['response']['url'].endswith('/favicon.ico'): bad.append(f"{p['response']['status']} {p['response']['url']}")
             if m.get('method') == 'Runtime.exceptionThrown': bad.append(p['exceptionDetails'].get('exception',
@@ -219,7 +220,8 @@ def test_site_in_a_browser(site, tmp_path):
             missing = set(api_names(mod)) - set(facts[f'{page}.html']['headings'])
             assert not missing, f"{page}.html lacks the API reference of {mod}: {sorted(missing)}"
         # plots: the notebooks' images are on their pages and load (checked above)
-        assert sum(i['out'] for f in facts.values() for i in f['imgs']) >= 1, "no notebook output image on any page"
+        assert (sum(i['out'] for f in facts.values() for i in f['imgs'])
+                >= 1), "no notebook output image on any page"
         # no broken internal link: the page exists and so does the anchor
         broken = []
         for page, f in facts.items():

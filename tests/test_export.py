@@ -171,7 +171,8 @@ def test_bfloat16_export(workspace):
     assert r.returncode == 0, r.stderr
     hf = AutoModelForCausalLM.from_pretrained(workspace/'hf'/'bf16', local_files_only=True)
     assert next(hf.parameters()).dtype == torch.bfloat16
-    assert (workspace/'hf'/'bf16'/'model.safetensors').stat().st_size < 0.6*sum(p.numel()*4 for p in load_model(exp).model.parameters())
+    assert ((workspace/'hf'/'bf16'/'model.safetensors').stat().st_size
+            < 0.6*sum(p.numel()*4 for p in load_model(exp).model.parameters()))
 
 def test_export_under_a_file(workspace):
     exp = tiny_run(workspace, 'e-file')

@@ -46,7 +46,8 @@ def test_second_trainer_refused(ws):
     assert (len(err) == 1 and 'in use by another trainer' in err[0] and f'pid {a.pid}' in err[0]
             and socket.gethostname() in err[0]), err
     assert 'stale after 120 s' in err[0]
-    assert [r['step'] for r in rows(Path(ws)/'runs'/'locked')] == sorted({r['step'] for r in rows(Path(ws)/'runs'/'locked')})
+    assert ([r['step'] for r in rows(Path(ws)/'runs'/'locked')]
+            == sorted({r['step'] for r in rows(Path(ws)/'runs'/'locked')}))
     assert not (Path(ws)/'runs'/'locked'/'.lock').exists()
 
 def test_stale_lock_taken_over(ws, monkeypatch):
@@ -80,7 +81,8 @@ def test_damaged_checkpoints_moved_aside(ws):
     assert sorted(p.name for p in (run/'checkpoints'/'damaged').iterdir()) == ['best', 'step_00000008',
                                                                                'step_00000012']
     assert [r['step'] for r in rows(run)] == list(range(7))
-    assert [json.loads(l)['step'] for l in (run/'metrics.after-step-0.jsonl').read_text().splitlines()] == list(range(13))
+    assert ([json.loads(l)['step'] for l in (run/'metrics.after-step-0.jsonl').read_text().splitlines()]
+            == list(range(13)))
     assert any('moved damaged checkpoint step_00000012' in l for l in log), log
 
 def test_torn_metrics_line(ws):

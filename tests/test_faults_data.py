@@ -95,7 +95,8 @@ def test_ctrl_c_during_prepare_is_one_line(workspace, stage):
     lines = [l for l in err.splitlines() if l.strip()]
     assert (len(lines) == 1 and lines[0].startswith('interrupted ')
             and 'rerun the same command' in lines[0]), err
-    if stage == 'shards': assert 'while sharding' in lines[0] or 'while making the tokenizer' in lines[0], lines
+    if stage == 'shards':
+        assert 'while sharding' in lines[0] or 'while making the tokenizer' in lines[0], lines
     r = lmbook_cmd('prepare', '-p', 'smoke', '-e', 'intr', '--root', workspace, '-q',
                    env=dict(SHARD_LINES='50'))
     assert r.returncode == 0, r.stderr

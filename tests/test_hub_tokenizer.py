@@ -167,4 +167,5 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
         assert err[-1].startswith('error:') and says in err[-1], err
         assert not (workspace/'datasets'/'train'/'bad-gpt2').exists()
     assert main(['finetune', '--init-from', 'hf:gpt2', '--data', 'x.jsonl', '-e', 'ft-gpt2']) == 2
-    assert 'fine-tuning starts from an lmbook run or a Llama-family model, not hf:gpt2' in capsys.readouterr().err
+    assert ('fine-tuning starts from an lmbook run or a Llama-family model, not hf:gpt2'
+            in capsys.readouterr().err)

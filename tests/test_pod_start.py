@@ -178,7 +178,8 @@ def test_an_endpoint_pod_with_vllm(api, tmp_path):
                     RUN_EXPERIMENT='serve-chat',
                     LMBOOK_API_KEY='sk-pod-key')
     p = pid1(env)
-    try: got = json.loads(wait_for(lambda: (tmp_path/'workspace'/'vllm.json').is_file() and (tmp_path/'workspace'/'vllm.json').read_text(),
+    try:
+        got = json.loads(wait_for(lambda: (tmp_path/'workspace'/'vllm.json').is_file() and (tmp_path/'workspace'/'vllm.json').read_text(),
                                    60, "vLLM's server to start"))
     finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
     assert got == dict(argv=['--model', '/workspace/exports/chat-7b', '--served-model-name', 'chat-7b',

@@ -409,7 +409,8 @@ def test_every_lmbook_command_the_pod_docs_name_exists():
             p, args = sub.choices[args.pop(0)], args
         flags = {o for a in p._actions for o in a.option_strings}
         for a in args:
-            if a.startswith('-') and ' ' not in a: assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
+            if a.startswith('-') and ' ' not in a:
+                assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
     for c in lines:
         try: ap.parse_args(shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1'))[1:])
         except SystemExit: pytest.fail(f"the docs show `{c}`, which lmbook does not accept")

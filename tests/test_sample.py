@@ -121,7 +121,8 @@ def test_huge_max_new_tokens_capped_and_streamed(ws, run):
             '--device', 'cpu', '--root', ws)
     r = lmbook_cmd(*args, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert 'max_new_tokens=1000000000 is more than the model can use: capped at its context, block_size=64' in r.stderr
+    assert ('max_new_tokens=1000000000 is more than the model can use: capped at its context, block_size=64'
+            in r.stderr)
     j = lmbook_cmd(*args, '--json', timeout=120)
     want = ''.join(f"{s['prompt']}{s['text']}\n---\n" for s in map(json.loads, j.stdout.splitlines()))
     assert r.stdout == want and r.stdout.encode('utf-8').decode('utf-8', 'strict') == want

@@ -15,7 +15,8 @@ from lmbook.runs.find import find_checkpoint
 from lmbook.data.tokenizer import load_tokenizer, train_bpe
 from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
 from lmbook.train.runstart import init_model, resolve_init
-from lmbook.data.sft import read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl, chat_prompt
+from lmbook.data.sft import (read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl,
+                             chat_prompt)
 from conftest import lmbook_cmd, rows
 
 quiet = lambda *a, **k: None
@@ -54,7 +55,9 @@ def test_packing_targets_are_exactly_the_response_tokens():
     assert flat[0].startswith('<|endoftext|><|user|>') and flat[2].startswith('<|endoftext|><|user|>')
     # an example of exactly block_size + 1 tokens fills a row without the start token
     assert flat[1].startswith('<|system|>')
-    assert tk.decode(exs[1][0]) == '<|system|>Be brief.<|end|><|user|>What is two and two?<|end|><|assistant|>Four.<|end|><|endoftext|>'
+    assert (tk.decode(exs[1][0])
+            == '<|system|>Be brief.<|end|><|user|>What is two and '
+               'two?<|end|><|assistant|>Four.<|end|><|endoftext|>')
     m = GPT(get_config('smoke', dict(vocab_size=384, block_size=24, n_layer=1, n_head=2, n_embd=16)).model)
     keep = y != -1
     manual = torch.nn.functional.cross_entropy(m(x).float()[keep], y[keep])
