@@ -18,8 +18,7 @@ DEVICE = 'cuda'  # where every row runs
 # every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every
 # 10
 TINY = dict(device=DEVICE, compile='auto', max_steps=20, warmup_steps=2, eval_every=10, eval_steps=2,
-            log_every=5,
-            ckpt_every=10, batch_size=8, tensorboard=False)
+            log_every=5, ckpt_every=10, batch_size=8, tensorboard=False)
 # the fine-tuning rows: a small random Llama read through init_from=hf:, LoRA on q, k, v, o
 FINETUNE = dict(device=DEVICE, lora_rank=8, lora_targets='q,k,v,o', block_size=128, batch_size=4,
                 max_steps=10,
@@ -87,12 +86,11 @@ def check(ok, msg):
 def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
     """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to
     `log`."""
-    env = {**os.environ, **(SHARED if shared else {k: v for k,
-                                                   v in SHARED.items() if not k.startswith('LMBOOK')}),
+    env = {**os.environ,
+           **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
            'LMBOOK_WORKSPACE': str(ws)}
     p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env,
-                       capture_output=True,
-                       text=True, timeout=timeout)
+                       capture_output=True, text=True, timeout=timeout)
     if log: log.write_text(p.stdout + p.stderr)
     return p
 
@@ -128,8 +126,8 @@ def run_train(row:Row, ws:Path, out:Path) -> dict:
     run_ok(p, 'lmbook train')
     run = ws/'runs'/row.name
     levers = json.loads((run/'meta.json').read_text()).get('levers', {})
-    for k, v in row.expect.items(): check(levers.get(k) == v,
-                                          f"the run used {k}={levers.get(k)!r}, not {v!r}")
+    for k, v in row.expect.items():
+        check(levers.get(k) == v, f"the run used {k}={levers.get(k)!r}, not {v!r}")
     check('ignored' not in p.stdout + p.stderr, f"a lever was ignored: {(p.stdout + p.stderr)[-400:]}")
     if row.overrides.get('batch_fit'): check('batch_fit: micro-batch' in p.stdout, 'no batch_fit line')
     return dict(trained(run), levers=levers)
@@ -187,8 +185,8 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     if (folder/'adapter'/'adapter_config.json').is_file():
         from peft import PeftModel
         base = AutoModelForCausalLM.from_pretrained(folder/'base', dtype=torch.bfloat16).to(DEVICE)
-        with torch.no_grad(): peft = PeftModel.from_pretrained(base,
-                                                               folder/'adapter').eval()(ids).logits.float()
+        with torch.no_grad():
+            peft = PeftModel.from_pretrained(base, folder/'adapter').eval()(ids).logits.float()
         res['peft_rel_diff'] = round(((ours - peft).norm() / ours.norm()).item(), 5)
         check(res['peft_rel_diff'] < 2e-2, f"peft on the exported base differs by {res['peft_rel_diff']:.2e}")
     return res
@@ -200,8 +198,7 @@ def run_sample(row:Row, ws:Path, out:Path) -> dict:
     from lmbook.runs.sample import load_model, generate
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
         p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples',
-                   '2',
-                   log=out/f'{row.name}-{src}.log')
+                   '2', log=out/f'{row.name}-{src}.log')
         run_ok(p, f'lmbook sample {src}')
         check(len(p.stdout.strip()) > len(prompt), f"no text: {p.stdout!r}")
     lm = load_model('train-bf16-compile', ws, DEVICE)
@@ -219,19 +216,19 @@ def run_sample(row:Row, ws:Path, out:Path) -> dict:
 def run_eval(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook eval` on CUDA with a small HellaSwag file: the validation loss training logged last."
     hs = ws/'hellaswag.jsonl'
-    ends = [['the function.', 'a banana boat.', 'purple rain.', 'zebra.'], ['if it is None.', 'xyzzy.', 'qq.',
-                                                                            'ha.']]
+    ends = [['the function.', 'a banana boat.', 'purple rain.', 'zebra.'],
+            ['if it is None.', 'xyzzy.', 'qq.', 'ha.']]
     hs.write_text(''.join(json.dumps(dict(ind=i, activity_label='Python', ctx_a='Return the value',
                                           ctx_b='of',
                                           ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4,
                                           source_id='t', split='val', split_type='indomain')) + '\n'
                           for i in range(8)))
     p = lmbook(ws, 'eval', 'train-bf16-compile', '--root', ws, '--device', DEVICE, '--json',
-               '--hellaswag-file', hs,
-               log=out/f'{row.name}.log')
+               '--hellaswag-file', hs, log=out/f'{row.name}.log')
     run_ok(p, 'lmbook eval')
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    logged = [r['val_loss'] for r in metrics(ws/'runs'/'train-bf16-compile') if r.get('val_loss') is not None][-1]
+    logged = [r['val_loss'] for r in metrics(ws/'runs'/'train-bf16-compile')
+              if r.get('val_loss') is not None][-1]
     check(abs(res['val_loss'] - logged) / logged < 2e-2,
           f"eval {res['val_loss']:.4f} vs training's {logged:.4f}")
     check(res.get('hellaswag_n') == 8, f"hellaswag_n {res.get('hellaswag_n')}")
@@ -283,13 +280,11 @@ def run_papermill(row:Row, ws:Path, out:Path) -> dict:
     stop."""
     name, env, run = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}, ws/'runs'/row.name
     cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile',
-           'smoke',
-           '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
+           'smoke', '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
            '-p', 'overrides', 'compile=false,ckpt_every=5000,eval_every=1000,log_every=1,tensorboard=false']
     with open(out/f'{name}-stopped.log', 'w') as log:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True,
-                             stdin=subprocess.DEVNULL)
+                             start_new_session=True, stdin=subprocess.DEVNULL)
         t0 = time.time()
         while p.poll() is None and time.time() - t0 < 300:  # the run's own log says how far it got
             steps = re.findall(r' step (\d+)/',
@@ -301,7 +296,8 @@ def run_papermill(row:Row, ws:Path, out:Path) -> dict:
     # run's
     # log and lets go of the run's lock
     t0 = time.time()
-    while ((run/'.lock').exists() or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
+    while ((run/'.lock').exists()
+           or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
         time.sleep(0.5)
     stop = re.search(r'stopped by SIGTERM at step (\d+)', (run/'train.log').read_text())
     check(stop, f"no stop line: {(run/'train.log').read_text()[-600:]}")
@@ -384,9 +380,10 @@ def main():
     a = ap.parse_args()
     env = environment()
     if env['gpus'] == 0: sys.exit('the GPU check needs a CUDA GPU (torch.cuda.device_count() is 0)')
-    card = re.sub(r'[^a-z0-9]+', '', env['card'].lower().replace('nvidia',
-                                                                 '').split('80gb')[0].split('141gb')[0])
-    out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{'x' + str(env['gpus']) if env['gpus'] > 1 else ''}.jsonl"
+    card = re.sub(r'[^a-z0-9]+', '',
+                  env['card'].lower().replace('nvidia', '').split('80gb')[0].split('141gb')[0])
+    many = 'x' + str(env['gpus']) if env['gpus'] > 1 else ''
+    out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{many}.jsonl"
     ws = a.keep or Path(tempfile.mkdtemp(prefix='lmbook-gpu-'))
     logs = ws/'logs'; logs.mkdir(parents=True, exist_ok=True)
     rows = [r for r in ROWS if not a.only or r.name in a.only.split(',')]
@@ -398,10 +395,10 @@ def main():
         if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")
         first = [r for r in rows if not r.after and r.gpus == 1]
         later = [r for r in rows if r.after and r.gpus == 1]
-        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env),
-                                                                   first))
-        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env),
-                                                                   later))
+        with ThreadPoolExecutor(a.jobs) as ex:
+            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), first))
+        with ThreadPoolExecutor(a.jobs) as ex:
+            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), later))
         recs += [run_row(r, ws, logs, env) for r in rows if r.gpus > 1]
     finally:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -410,7 +407,8 @@ def main():
     bad = [r['row'] for r in recs if not r['ok']]
     print(f"\n{len(recs) - len(bad)}/{len(recs)} rows passed in {time.time() - t0:.0f} s on {env['gpus']} "
           f"x {env['card']}"
-          f" (torch {env['torch']}); rows in {out}" + (f"; not run (needs 2 GPUs): {', '.join(skipped)}" if skipped else ''))
+          f" (torch {env['torch']}); rows in {out}" + (f"; not run (needs 2 GPUs): {', '.join(skipped)}"
+                                                       if skipped else ''))
     for r in recs: print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['row']:28} {r['seconds']:6.1f} s  "
                          + (r.get('error', '')[:150] if not r['ok'] else ''))
     sys.exit(1 if bad else 0)

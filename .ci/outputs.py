@@ -16,13 +16,14 @@ matplotlib.rcParams.update({'figure.dpi': 72, 'savefig.dpi': 72})
 from matplotlib_inline.backend_inline import set_matplotlib_formats
 set_matplotlib_formats('png', metadata={'Software': None})
 import random, numpy, torch
-random.seed(0); numpy.random.seed(0); torch.manual_seed(0)  # cells that draw without a seed still draw the same"""
+# cells that draw without a seed still draw the same
+random.seed(0); numpy.random.seed(0); torch.manual_seed(0)"""
 
 
 def is_run_notebook(nb:dict) -> bool:
     "A notebook without `default_exp`: a run notebook (train, analysis, sample, pods) or a page without code."
-    return not any(c['cell_type'] == 'code' and re.search(r'^#\|\s*default_exp\b', ''.join(c['source']),
-                                                          re.M) for c in nb['cells'])
+    return not any(c['cell_type'] == 'code'
+                   and re.search(r'^#\|\s*default_exp\b', ''.join(c['source']), re.M) for c in nb['cells'])
 
 
 def _text(o:dict) -> str:
@@ -35,19 +36,22 @@ def problems(path:Path) -> list[str]:
     nb = json.loads(Path(path).read_text())
     outs = [(i, o) for i, c in enumerate(nb['cells']) for o in c.get('outputs', [])]
     if is_run_notebook(nb):
-        return [f"{path.name}: a run notebook keeps no outputs in git (cell {outs[0][0]} has one): clear them"] if outs else []
+        if not outs: return []
+        return [f"{path.name}: a run notebook keeps no outputs in git (cell {outs[0][0]} has one): "
+                "clear them"]
     found = []
     for i, o in outs:
         if o['output_type'] == 'error': found.append(f"{path.name}: cell {i} holds an error")
         t = _text(o).replace(str(ROOT), '<checkout>')
         for rx, what in VOLATILE:
-            if m := rx.search(t): found.append(f"{path.name}: cell {i} prints {what} ({m.group(0)!r}): show "
-                                               "a relative name or end the line with ;")
-        if str(ROOT) in _text(o): found.append(f"{path.name}: cell {i} prints the checkout's path: show a "
-                                               "relative name")
+            if m := rx.search(t):
+                found.append(f"{path.name}: cell {i} prints {what} ({m.group(0)!r}): show a relative name or "
+                             "end the line with ;")
+        if str(ROOT) in _text(o):
+            found.append(f"{path.name}: cell {i} prints the checkout's path: show a relative name")
     kb = sum(len(json.dumps(o)) for _, o in outs)/1e3
-    if kb > MAX_KB: found.append(f"{path.name}: outputs take {kb:.0f} KB (limit {MAX_KB}): fewer or smaller "
-                                 "plots")
+    if kb > MAX_KB:
+        found.append(f"{path.name}: outputs take {kb:.0f} KB (limit {MAX_KB}): fewer or smaller plots")
     return found
 
 
@@ -62,8 +66,8 @@ def execute(path:Path) -> list[str]:
     cfg = get_config(NBS)
     flags = cfg.tst_flags.split() if isinstance(cfg.tst_flags, str) else list(cfg.tst_flags)
     nb = NBProcessor(path, rm_directives=False, process=True).nb
-    if is_run_notebook(nb): return [f"{path.name} is a run notebook: its outputs belong to runs, it keeps "
-                                    "none in git"]
+    if is_run_notebook(nb):
+        return [f"{path.name} is a run notebook: its outputs belong to runs, it keeps none in git"]
     run = {c.id for c in nb_test_cells(path, flags)}
     for c in nb.cells:
         if c.cell_type == 'code' and c.id not in run: c.outputs = []
@@ -78,7 +82,8 @@ def execute(path:Path) -> list[str]:
     for c in nb.cells:
         if c.cell_type != 'code': continue
         quiet = str((getattr(c, 'directives_', None) or {}).get('output', '')).lower() == 'false'
-        c.outputs = [] if quiet else [o for o in c.outputs if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
+        c.outputs = [] if quiet else [o for o in c.outputs
+                                      if not (o.get('output_type') == 'stream' and o.get('name') == 'stderr')]
     tmp = path.with_name(f'.{path.stem}.outputs.ipynb')
     write_nb(nb, tmp)
     clean = Path(sys.executable).parent/'nbdev-clean'
@@ -111,8 +116,8 @@ def main(argv=None) -> int:
         for f in found: print(f"error: {f}", file=sys.stderr)
         return 1 if found else 0
     if a.check:
-        found = [f for p in (map(Path,
-                                 a.notebooks) if a.notebooks else sorted(NBS.glob('*.ipynb'))) for f in problems(p)]
+        found = [f for p in (map(Path, a.notebooks) if a.notebooks else sorted(NBS.glob('*.ipynb')))
+                 for f in problems(p)]
         for f in found: print(f"error: {f}", file=sys.stderr)
         return 1 if found else 0
     if not a.notebooks: ap.error('name the notebooks to execute, e.g. nbs/05a_optim.ipynb')

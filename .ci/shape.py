@@ -23,8 +23,8 @@ def notebook_order() -> dict:
 def figures() -> dict:
     mods = modules()
     lines = sum(len(p.read_text().splitlines()) for p in mods.values())
-    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m,
-             p in mods.items() for n in ast.walk(ast.parse(p.read_text()))
+    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m, p in mods.items()
+             for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     wide = sum(len(l) > 110 for p in mods.values() for l in p.read_text().splitlines())
     return dict(modules=len(mods), lines=lines, longest_function=max(funcs), lines_over_110=wide,

@@ -47,12 +47,11 @@ class FakeHub:
             repo = path.split('/api/models/')[1].split('/commit/')[0]
             for line in body.decode().splitlines():
                 d = json.loads(line)
-                if d['key'] == 'file': self.files[(repo,
-                                                   d['value']['path'])] = base64.b64decode(d['value']['content'])
+                if d['key'] == 'file':
+                    self.files[(repo, d['value']['path'])] = base64.b64decode(d['value']['content'])
             self.repos[repo] = hashlib.sha1(body).hexdigest()
             return 200, dict(commitUrl=f"{self.url}/{repo}/commit/{self.repos[repo]}",
-                             commitOid=self.repos[repo],
-                             pullRequestUrl=None)
+                             commitOid=self.repos[repo], pullRequestUrl=None)
         return 404, dict(error=f"no route {path}")
 
     def close(self): self.srv.shutdown(); self.srv.server_close()

@@ -3,7 +3,8 @@ server would."""
 import json, re, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-CAPACITY = "There are no longer any instances available with the requested specifications. Please refresh and try again."
+CAPACITY = ("There are no longer any instances available with the requested specifications. "
+            "Please refresh and try again.")
 GPUS = {'NVIDIA H100 80GB HBM3': 80, 'NVIDIA GeForce RTX 4090': 24, 'NVIDIA A100 80GB PCIe': 80}
 
 
@@ -94,8 +95,7 @@ class FakeRunPod:
             known = {'name', 'imageName', 'cloudType', 'startSsh', 'gpuTypeId', 'supportPublicIp', 'gpuCount',
                      'volumeInGb', 'minVcpuCount',
                      'minMemoryInGb', 'dataCenterId', 'dockerArgs', 'containerDiskInGb', 'ports',
-                     'volumeMountPath', 'env', 'networkVolumeId',
-                     'templateId'}
+                     'volumeMountPath', 'env', 'networkVolumeId', 'templateId'}
             if set(inp) - known: raise GqlSyntaxError(f"unknown input fields {sorted(set(inp) - known)}")
             if inp['gpuTypeId'] not in GPUS: raise LookupError(f"gpu type {inp['gpuTypeId']} not found")
             if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]:
@@ -114,35 +114,40 @@ class FakeRunPod:
         if re.search(r'gpuTypes\s*\(', q):
             gid = input_of(q, 'gpuTypes')['id']
             return {'gpuTypes': [dict(id=gid, displayName=gid, memoryInGb=GPUS[gid])] if gid in GPUS else []}
-        if 'gpuTypes' in q: return {'gpuTypes': [dict(id=k, displayName=k, memoryInGb=v) for k,
-                                                 v in GPUS.items()]}
+        if 'gpuTypes' in q:
+            return {'gpuTypes': [dict(id=k, displayName=k, memoryInGb=v) for k, v in GPUS.items()]}
         if re.search(r'\bpod\s*\(', q):
             p = self.pods.get(input_of(q, 'pod')['podId'])
             if p is None: return {'pod': None}
             p['polls'] += 1
             up = p['desiredStatus'] == 'RUNNING' and p['polls'] > self.polls_until_running
-            runtime = dict(uptimeInSeconds=3725, ports=[dict(ip='203.0.113.7', isIpPublic=True,
-                                                             privatePort=22, publicPort=40022, type='tcp')],
+            runtime = dict(uptimeInSeconds=3725,
+                           ports=[dict(ip='203.0.113.7', isIpPublic=True, privatePort=22, publicPort=40022,
+                                       type='tcp')],
                            gpus=[dict(id='GPU-0', gpuUtilPercent=97, memoryUtilPercent=71)]) if up else None
-            return {'pod': dict(_public(p),
-                                desiredStatus=p['desiredStatus'] if up or p['desiredStatus'] != 'RUNNING' else 'CREATED', runtime=runtime)}
-        if 'podStop' in q: p = self.pods[input_of(q,
-                                                  'podStop')['podId']]; p['desiredStatus'] = 'EXITED'; return {'podStop': dict(id=p['id'], desiredStatus='EXITED')}
+            return {'pod': dict(_public(p), desiredStatus=p['desiredStatus'] if up
+                                or p['desiredStatus'] != 'RUNNING' else 'CREATED', runtime=runtime)}
+        if 'podStop' in q:
+            p = self.pods[input_of(q, 'podStop')['podId']]
+            p['desiredStatus'] = 'EXITED'
+            return {'podStop': dict(id=p['id'], desiredStatus='EXITED')}
         if 'podResume' in q:
             p = self.pods[input_of(q, 'podResume')['podId']]; p['desiredStatus'] = 'RUNNING'
             return {'podResume': dict(id=p['id'], desiredStatus='RUNNING', imageName=p['imageName'],
                                       env=p['env'], machineId='m1', machine=dict(podHostId='h1'))}
-        if 'podTerminate' in q: self.pods.pop(input_of(q,
-                                                       'podTerminate')['podId']); return {'podTerminate': None}
-        if 'podRestart' in q: p = self.pods[input_of(q,
-                                                     'podRestart')['podId']]; return {'podRestart': dict(id=p['id'], desiredStatus='RUNNING')}
+        if 'podTerminate' in q:
+            self.pods.pop(input_of(q, 'podTerminate')['podId'])
+            return {'podTerminate': None}
+        if 'podRestart' in q:
+            p = self.pods[input_of(q, 'podRestart')['podId']]
+            return {'podRestart': dict(id=p['id'], desiredStatus='RUNNING')}
         if 'createNetworkVolume' in q:
             inp = input_of(q, 'createNetworkVolume')
             v = dict(id=f'vol{len(self.volumes):03d}new', name=inp['name'], size=inp['size'],
                      dataCenterId=inp['dataCenterId'])
             self.volumes.append(v); return {'createNetworkVolume': v}
-        if re.search(r'myself\s*\{\s*pods',
-                     q): return {'myself': {'pods': [_public(p) for p in self.pods.values()]}}
+        if re.search(r'myself\s*\{\s*pods', q):
+            return {'myself': {'pods': [_public(p) for p in self.pods.values()]}}
         if 'networkVolumes' in q: return {'myself': dict(id='user1', pubKey='', networkVolumes=self.volumes)}
         raise GqlSyntaxError(f"Cannot query this: {q[:60]!r}")
 

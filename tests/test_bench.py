@@ -35,15 +35,15 @@ def test_bench_cli_writes_one_row_per_batch_size(tmp_path, capsys):
 def test_bench_reads_real_token_files(tmp_path):
     from lmbook.data.loader import write_token_dir
     from lmbook.train.bench import bench
-    tok = write_token_dir(tmp_path/'tok', [np.random.default_rng(0).integers(0, 4000,
-                                                                             20_000).astype(np.uint16)],
-                          eot_id=0)
+    tok = write_token_dir(tmp_path/'tok',
+                          [np.random.default_rng(0).integers(0, 4000, 20_000).astype(np.uint16)], eot_id=0)
     rows = bench('smoke', dict(block_size=32, n_layer=1, n_embd=64), [4], steps=1, warmup=1, data=tok)
     assert rows[0]['data'] == str(tok) and rows[0]['tok_per_s'] > 0
 
 
-@pytest.mark.parametrize('args,msg', [(['--set', 'ce_chunk'], 'name=value'), (['--set', 'nonsense=1'],
-                                                                              'unknown config key'),
+@pytest.mark.parametrize('args,msg',
+                         [(['--set', 'ce_chunk'], 'name=value'),
+                          (['--set', 'nonsense=1'], 'unknown config key'),
                                       (['--data', '/nonexistent/tok'], 'does not exist')])
 def test_bench_user_errors(args, msg, capsys):
     from lmbook.train.bench import main
@@ -59,8 +59,7 @@ def test_bench_under_torchrun_ddp(tmp_path):
                         'from lmbook.train.bench import main; main()', *TINY[:-6], '--batch-sizes', '2',
                         '--steps', '1',
                         '--warmup', '1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300,
-                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                       timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert r.returncode == 0, r.stderr[-2000:]
     rows = _rows(out)
     assert len(rows) == 1 and rows[0]['world_size'] == 2 and rows[0]['parallel'] == 'ddp'  # rank 0 writes

@@ -16,14 +16,13 @@ from conftest import lmbook_cmd, rows
 OVF = dict(take=5, val_ratio=0.2, batch_size=8, block_size=32, n_layer=2, n_embd=64, n_head=2, vocab_size=384,
            eval_every=10,
            eval_steps=2, max_steps=200, warmup_steps=2, lr=1e-2, min_lr_ratio=1.0, ckpt_every=50,
-           keep_ckpts=1, log_every=10,
-           tensorboard=False, device='cpu')
+           keep_ckpts=1, log_every=10, tensorboard=False, device='cpu')
 EX = dict(ind=1, activity_label='Python', ctx_a='Return the value', ctx_b='of', source_id='t', split='val',
           split_type='indomain')
 
 def cfg(**kw): return get_config('smoke', {**OVF, **kw})
-def quiet(lines=None): return lambda *a, **k: (lines if lines is not None else []).append(' '.join(map(str,
-                                                                                                       a)))
+def quiet(lines=None):
+    return lambda *a, **k: (lines if lines is not None else []).append(' '.join(map(str, a)))
 def digest(d): return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).iterdir())}
 def vals(run_dir): return {r['step']: r for r in rows(run_dir) if 'val_loss' in r}
 
@@ -34,11 +33,10 @@ def run(ws):
 @pytest.fixture
 def hs(tmp_path):
     "A HellaSwag file in the official JSONL format."
-    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'], ['if it is None.',
-                                                                                        'xyzzy.', 'qq qq.',
-                                                                                        'ha ha ha.']]
-    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2],
-                             label=i % 4)) for i in range(7)]
+    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'],
+            ['if it is None.', 'xyzzy.', 'qq qq.', 'ha ha ha.']]
+    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4))
+             for i in range(7)]
     (tmp_path/'hs.jsonl').write_text('\n'.join(lines) + '\n')
     return tmp_path/'hs.jsonl'
 
@@ -116,8 +114,8 @@ def test_hellaswag_every_n_steps(ws, hs, tmp_path, monkeypatch):
                    5)
     assert e.returncode == 0, e.stderr
     out = json.loads(e.stdout)
-    assert (out['hellaswag'], out['hellaswag_acc'], out['hellaswag_n']) == (got[-1]['hellaswag'],
-                                                                            got[-1]['hellaswag_acc'], 5)
+    assert ((out['hellaswag'], out['hellaswag_acc'], out['hellaswag_n'])
+            == (got[-1]['hellaswag'], got[-1]['hellaswag_acc'], 5))
     from test_notebooks import papermill_run
     monkeypatch.setenv('LMBOOK_WORKSPACE', str(ws))  # the analysis notebook reads runs from the workspace
     pm = papermill_run('analysis.ipynb', tmp_path/'a.ipynb', ('experiments', 'hs'))
@@ -142,8 +140,8 @@ def test_end_of_run_samples_use_the_config_prompts(ws):
 
 def test_hellaswag_shared_by_two_fsdp_ranks(ws, hs):
     "Under torchrun each rank scores its share of the examples; the numbers are those of all of them."
-    sets = [f'--set={k}={v}' for k, v in {**OVF, 'max_steps': 4, 'eval_every': 2, 'ckpt_every': 4,
-                                          'hellaswag_every': 2,
+    sets = [f'--set={k}={v}' for k,
+            v in {**OVF, 'max_steps': 4, 'eval_every': 2, 'ckpt_every': 4, 'hellaswag_every': 2,
                                            'hellaswag_file': hs, 'parallel': 'fsdp'}.items()]
     r = lmbook_cmd('train', '-p', 'smoke', '-e', 'hs-two', '--nproc', 2, '--root', ws, *sets)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -179,7 +177,8 @@ def test_disk_plan_is_what_a_run_writes(four):
             and plan.best == pytest.approx(four['best_bytes'], rel=0.03))
     said = [l for l in four['lines'] if l.startswith('disk: ')]
     assert (len(said) == 1
-            and said[0].startswith(f'disk: a checkpoint {plan.step/1e6:.1f} MB, best/ {plan.best/1e6:.1f} MB;')), said
+            and said[0].startswith(f'disk: a checkpoint {plan.step/1e6:.1f} MB, '
+                                   f'best/ {plan.best/1e6:.1f} MB;')), said
     assert f'keep_ckpts=2 peaks at {plan.peak/1e6:.1f} MB' in said[0] and 'free' in said[0], said
 
 def test_best_links_the_step_checkpoint(ws, four):
@@ -217,10 +216,9 @@ def small_disk(path, size):
     permitted)."""
     path.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size//1024}k', 'tmpfs', str(path)],
-                       capture_output=True,
-                       text=True)
-    if r.returncode: pytest.skip('a small disk needs `mount -t tmpfs`, which is not permitted '
-                                 f'here: {r.stderr.strip()}')
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f'a small disk needs `mount -t tmpfs`, which is not permitted here: {r.stderr.strip()}')
     try: yield path
     finally: subprocess.run(['umount', str(path)], check=True)
 

@@ -5,12 +5,15 @@ from pathlib import Path
 import pytest
 from conftest import lmbook_cmd
 
-TINY = 'max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1'
+TINY = ('max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,'
+        'eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1')
 SECRETS = dict(HF_TOKEN='hf_BOOTsecretTOKEN42', JUPYTER_PASSWORD='jp_BOOTsecretPASS42',
                RUNPOD_API_KEY='rpa_PODSCOPEDkey42')
 RUNPODCTL = '''#!/bin/sh
 { echo "ARGS $*"
-  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
+  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do
+    [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"
+  done
   grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
 } >> "$WS/runpodctl-calls"
 exit 0
@@ -18,7 +21,8 @@ exit 0
 
 
 def corpus(path, n, start=0):
-    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(start, start + n)))
+    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}"
+                                for i in range(start, start + n)))
     return path
 
 
@@ -31,8 +35,7 @@ def pod(tmp_path, monkeypatch):
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
     env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws),
-               RUNPOD_POD_ID='pod1234abc',
-               HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+               RUNPOD_POD_ID='pod1234abc', HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
     return ws, env
 
 
@@ -77,12 +80,13 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert 'stage 1/4 install: skipped' in log and 'already finished (step_00000004): nothing to train' in log
     assert set((ws/'runs'/exp).glob('train-*.ipynb')) == nbs
     (c,) = calls(ws)
-    assert c.splitlines() == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004',
-                              'logged']
+    assert (c.splitlines()
+            == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004', 'logged'])
 
     # more steps asked: the next boot resumes from step 4 through papermill, then stops the pod once
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv,
-                                                                        RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard',
+                   env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'),
+                   timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     log = (ws/'logs'/f'boot-{exp}.log').read_text()
     assert 'resumed at step 4' in log and 'stage 4/4 train: finished' in log
@@ -93,8 +97,9 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
 
     # the stopped pod resumed by hand (to fetch the results): the same pod, the same final checkpoint, it
     # stays up
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv,
-                                                                        RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard',
+                   env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'),
+                   timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(calls(ws)) == 2 and 'autokill: not firing again' in (ws/'logs'/f'boot-{exp}.log').read_text()
 
@@ -114,7 +119,8 @@ def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     log = (ws/'logs'/'boot-bad.log').read_text()
-    assert 'autokill: stop pod pod1234abc: the run failed (exit code 2); the volume keeps the run and this log' in log
+    assert ('autokill: stop pod pod1234abc: the run failed (exit code 2); the volume keeps the run and this '
+            'log' in log)
     (c,) = calls(ws)
     assert c.splitlines()[0] == 'stop pod pod1234abc' 
 
@@ -151,8 +157,8 @@ def test_boot_options_come_from_the_pod_environment():
     from lmbook.pods.boot import BootOptions
     o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8',
                                   AUTOKILL='terminate'))
-    assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8,
-                                                                           'terminate')
+    assert ((o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill)
+            == ('runpod_2b', True, 5000, 8, 'terminate'))
     with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
     assert (BootOptions.from_env({}).on_failure == 'stop'
             and BootOptions.from_env(dict(ON_FAILURE='keep')).on_failure == 'keep')
@@ -180,8 +186,7 @@ def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
                            lmbook='echo "$@" > "$OUT"').items():
         (bin_/name).write_text(f'#!/bin/sh\n{body}\n'); (bin_/name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4',
-               SLURM_JOB_ID='7',
-               SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
+               SLURM_JOB_ID='7', SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
     assert subprocess.run(['bash', str(out)], env=env).returncode == 0
     assert ('--node_rank=3 ' in (tmp_path/'args').read_text()
             and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text())
@@ -233,8 +238,8 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     assert ('stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git'
             in (ws/'logs'/'boot-fw.log').read_text())
     boot()
-    assert rec.read_text().splitlines()[7:] == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help',
-                                                'lmbook boot']
+    assert (rec.read_text().splitlines()[7:]
+            == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help', 'lmbook boot'])
 
 
 def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
@@ -248,8 +253,8 @@ def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
                 RUN_NPROC='1',
                 NUM_NODES='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), LMBOOK_DATA_WAIT='240')
     exe = Path(sys.executable).parent/'lmbook'
-    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'], env=dict(base,
-                                                                                               NODE_RANK=str(r)),
+    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'],
+                              env=dict(base, NODE_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (1, 0)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -269,8 +274,8 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
     monkeypatch.setattr(sys, 'prefix', str(venv))
     calls, lines = [], []
     real = subprocess.run
-    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd,
-                                                                  **kw) if cmd[0] == 'git' else calls.append(cmd[2:5]))
+    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd, **kw) if cmd[0] == 'git'
+                        else calls.append(cmd[2:5]))
     log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m)))()
     commit = git_commit(package_dir().parent)
     (venv/'lmbook-commit').write_text(f'{commit}\n')

@@ -48,10 +48,8 @@ def test_kill9_resume_is_bit_identical(ws, reference):
     got, ref = rows(Path(ws)/'runs'/'killed'), reference
     assert [r['step'] for r in got] == [r['step'] for r in ref]
     for a, b in zip(got, ref):  # exact equality of every loss, before and after the kill
-        assert (a.get('loss'), a.get('val_loss'), a.get('grad_norm'), a['tokens']) == (b.get('loss'),
-                                                                                       b.get('val_loss'),
-                                                                                       b.get('grad_norm'),
-                                                                                       b['tokens']), (a, b)
+        assert ((a.get('loss'), a.get('val_loss'), a.get('grad_norm'), a['tokens'])
+                == (b.get('loss'), b.get('val_loss'), b.get('grad_norm'), b['tokens'])), (a, b)
 
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
 def test_signal_checkpoints_and_exits_fast(ws, sig):

@@ -10,12 +10,10 @@ def test_profiles_lists_every_profile_with_counts():
     rows = {row['profile']: row for row in json.loads(r.stdout)}
     assert list(rows) == ['smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b']
     assert 1.95e9 < rows['runpod_2b']['params'] < 2.0e9
-    assert (rows['runpod_2b']['n_embd'], rows['runpod_2b']['n_layer'], rows['runpod_2b']['n_head']) == (2560,
-                                                                                                        24,
-                                                                                                        40)
-    assert (rows['runpod_4b']['n_embd'], rows['runpod_4b']['n_layer'], rows['runpod_4b']['n_head']) == (3072,
-                                                                                                        32,
-                                                                                                        48)
+    assert ((rows['runpod_2b']['n_embd'], rows['runpod_2b']['n_layer'], rows['runpod_2b']['n_head'])
+            == (2560, 24, 40))
+    assert ((rows['runpod_4b']['n_embd'], rows['runpod_4b']['n_layer'], rows['runpod_4b']['n_head'])
+            == (3072, 32, 48))
     assert rows['gpt2_124m']['vocab_size'] == 50304 and rows['gpt2_124m']['arch'] == 'gpt2'
     r = lmbook_cmd('profiles')
     assert 'runpod_4b' in r.stdout and 'B' in r.stdout
@@ -112,6 +110,6 @@ def test_help_loads_no_torch_and_the_table_matches_the_modules():
     assert 'usage: lmbook' in out.stdout and not re.search(r'\|\s+torch$', out.stderr, re.M)
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {a.dest: a.help for a in sub._choices_actions} == {c: h for c, (_, h) in COMMANDS.items()}
-    light = next(a for a in build_parser('train', light=True)._actions if isinstance(a,
-                                                                                     argparse._SubParsersAction))
+    light = next(a for a in build_parser('train', light=True)._actions
+                 if isinstance(a, argparse._SubParsersAction))
     assert '--nproc' in light.choices['train'].format_help() and not light.choices['bench']._actions

@@ -28,8 +28,8 @@ def rejected(k, v):
     return None
 
 
-CASES = [(k, v) for k, (sec, typ) in IDX.items() for v in candidates(RANGES.get(k, Range()),
-                                                                     typ) if rejected(k, v)]
+CASES = [(k, v) for k, (sec, typ) in IDX.items() for v in candidates(RANGES.get(k, Range()), typ)
+         if rejected(k, v)]
 
 
 def test_every_field_has_a_range():
@@ -56,12 +56,13 @@ def test_text_refuses_blank_and_padded(k):
         assert err and k in err and '\n' not in err, (k, v, err)
 
 
-@pytest.mark.parametrize('k,v', [('warmup_steps', -5), ('min_lr_ratio', 5), ('seed', -1), ('n_kv_head', -2),
-                                 ('beta2', -1),
+@pytest.mark.parametrize('k,v',
+                         [('warmup_steps', -5), ('min_lr_ratio', 5), ('seed', -1), ('n_kv_head', -2),
+                          ('beta2', -1),
                                  ('weight_decay', -3), ('grad_clip', -1), ('rope_theta', 0), ('norm_eps', -1),
-                                 ('take', -3),
-                                 ('mlp_hidden', -4), ('data_seed', -1), ('dropout', 1), ('lr', 0), ('device',
-                                                                                                    'gpu')])
+                          ('take', -3),
+                                 ('mlp_hidden', -4), ('data_seed', -1), ('dropout', 1), ('lr', 0),
+                          ('device', 'gpu')])
 def test_values_that_were_accepted(k, v):
     err = rejected(k, v)
     assert err and err.startswith(f'{k}=') and '\n' not in err, err
@@ -91,9 +92,8 @@ def test_key_in_the_wrong_section_of_a_file(workspace, tmp_path, capsys):
     (tmp_path/'run.toml').write_text('[model]\nn_layer = 2\nwarmup_steps = 10\n')
     (tmp_path/'run.yaml').write_text('train:\n  take: 100\n')
     (tmp_path/'typo.toml').write_text('[modle]\nn_layer = 2\n')
-    for f, msg in (('run.toml', 'warmup_steps belongs in [train], not [model]'), ('run.yaml',
-                                                                                  'take belongs in [data], '
-                                                                                  'not [train]'),
+    for f, msg in (('run.toml', 'warmup_steps belongs in [train], not [model]'),
+                   ('run.yaml', 'take belongs in [data], not [train]'),
                    ('typo.toml', 'unknown config section [modle]')):
         assert main(['train', '-p', str(tmp_path/f), '-e', 'bad-file']) == 2
         err = capsys.readouterr().err.strip()

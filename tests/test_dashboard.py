@@ -7,8 +7,8 @@ import pytest
 from lmbook.train.runnb import Dashboard, follow, interactive, run_state, watch
 from test_notebooks import papermill_run
 
-FAKE = [dict(step=0, val_loss=8.3)] + [dict(step=s, loss=8.0 - s/50, lr=3e-4, tok_per_s=9100.0,
-                                            mfu=0.41) for s in range(10, 110, 10)]
+FAKE = [dict(step=0, val_loss=8.3)] + [dict(step=s, loss=8.0 - s/50, lr=3e-4, tok_per_s=9100.0, mfu=0.41)
+                                       for s in range(10, 110, 10)]
 TIMED = FAKE[:-1] + [dict(FAKE[-1], dt_ms=250.0)]   # the trainer's time per step gives the time left
 
 
@@ -47,8 +47,8 @@ def test_follow_live_and_plain(tmp_path, capsys):
     follow(iter([]), run, live=True)   # outside a notebook, display() prints the widget's repr
     assert 'VBox' in capsys.readouterr().out
     drawn = []
-    assert watch({'demo': run}, refresh=0.1, draw=lambda: drawn.append(1), live=True,
-                 max_s=0.3) == {'demo': 'running'}
+    assert (watch({'demo': run}, refresh=0.1, draw=lambda: drawn.append(1), live=True, max_s=0.3)
+            == {'demo': 'running'})
     assert drawn == [1] and 'VBox' in capsys.readouterr().out
 
 
@@ -109,8 +109,8 @@ def test_analysis_notebook_follows_runs_to_their_end(workspace):
     def trainer():
         for s in range(110, 210, 10):
             time.sleep(0.8)
-            with open(live/'metrics.jsonl', 'a') as f: f.write(json.dumps(dict(step=s, loss=5.5,
-                                                                               lr=3e-4)) + '\n')
+            with open(live/'metrics.jsonl', 'a') as f:
+                f.write(json.dumps(dict(step=s, loss=5.5, lr=3e-4)) + '\n')
     t = threading.Thread(target=trainer); t.start()
     out = workspace/'out.ipynb'
     t0 = time.time()
@@ -124,4 +124,5 @@ def test_analysis_notebook_follows_runs_to_their_end(workspace):
     assert not any('application/vnd.jupyter.widget-view+json' in o.get('data', {}) for o in outs)
     assert 'live-run [running]' in text and 'dead-run [stopped]' in text and 'step 200/200' in text
     assert any('live-run: **done** · dead-run: **stopped**' in ''.join(o.get('data', {}).get('text/markdown',
-                                                                                             '')) for o in outs)
+                                                                                             ''))
+               for o in outs)

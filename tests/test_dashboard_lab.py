@@ -15,7 +15,9 @@ run = Path('demo'); run.mkdir(exist_ok=True)
 def lines():
     with open(run/'metrics.jsonl', 'w') as f:
         for s in range(0, 61, 5):
-            f.write(json.dumps(dict(step=s, loss=8-s/20, val_loss=8.2-s/21, lr=3e-4, tok_per_s=9000.0, mfu=0.4, dt_ms=120.0)) + '\\n')
+            rec = dict(step=s, loss=8-s/20, val_loss=8.2-s/21, lr=3e-4, tok_per_s=9000.0, mfu=0.4,
+                       dt_ms=120.0)
+            f.write(json.dumps(rec) + '\\n')
             f.flush(); yield f'step {s}'; time.sleep(0.3)
 print('interactive:', interactive())
 follow(lines(), run, max_steps=60, every=0.3)'''
@@ -33,8 +35,8 @@ def test_dashboard_in_jupyterlab(tmp_path):
     root = tmp_path/'lab'; root.mkdir()
     (root/'dash.ipynb').write_text(json.dumps(nb))
     env = {k: v for k, v in os.environ.items() if k not in ('LMBOOK_DASHBOARD', 'JPY_SESSION_NAME')}
-    for k in ('JUPYTER_RUNTIME_DIR', 'JUPYTERLAB_WORKSPACES_DIR',
-              'JUPYTERLAB_SETTINGS_DIR'): env[k] = str(tmp_path/k.lower())
+    for k in ('JUPYTER_RUNTIME_DIR', 'JUPYTERLAB_WORKSPACES_DIR', 'JUPYTERLAB_SETTINGS_DIR'):
+        env[k] = str(tmp_path/k.lower())
     import socket
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
     lab = subprocess.Popen([str(Path(sys.executable).parent/'jupyter'), 'lab', '--no-browser',
@@ -74,8 +76,12 @@ def test_dashboard_in_jupyterlab(tmp_path):
         shot = tab.screenshot(tmp_path/'jupyterlab-dashboard.png')
         assert 'interactive: True' in out, out
         assert '100%' in out and 'step 60/60' in out and 'MFU 40.0%' in out and 'upon a time' in out, out
-        widgets = tab.js("""(() => ({bars: document.querySelectorAll('.jp-OutputArea .widget-progress, .jp-OutputArea progress, .jp-OutputArea .progress-bar').length,
-            imgs: [...document.querySelectorAll('.jp-OutputArea img')].filter(i => i.naturalWidth > 0).length}))()""")
+        widgets = tab.js("""(() => ({
+            bars: document.querySelectorAll(
+              '.jp-OutputArea .widget-progress, .jp-OutputArea progress, .jp-OutputArea .progress-bar'
+            ).length,
+            imgs: [...document.querySelectorAll('.jp-OutputArea img')]
+              .filter(i => i.naturalWidth > 0).length}))()""")
         assert widgets['bars'] >= 1 and widgets['imgs'] >= 1, widgets
         print(f"screenshot: {shot}")
     finally:

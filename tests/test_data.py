@@ -28,8 +28,8 @@ def fineweb_docs(n=3000, seed=0):
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        paras = [' '.join(rng.choice(WORDS) for _ in range(rng.randint(5,
-                                                                       60))).capitalize() + '.' for _ in range(rng.randint(1, 4))]
+        paras = [' '.join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))).capitalize() + '.'
+                 for _ in range(rng.randint(1, 4))]
         text = '\n\n'.join(paras) + ('\r\n  trailing  ' if i % 97 == 0 else '')
         rows.append(dict(text=text, id=f'<urn:uuid:{i:08d}>', dump='CC-MAIN-2024-10',
                          url=f'https://example.com/{i}',
@@ -89,7 +89,8 @@ def test_gzip_smoke_mode_and_uint32(corpus, tmp_path):
     path, texts = corpus
     ms = shard_corpus(tmp_path/'train', mode='smoke', take=500, lines_per_shard=200, gz=True,
                       dataset=str(path))
-    assert list(ms) == ['train'] and ms['train']['docs'] == 500 and [s['name'] for s in ms['train']['shards']] == \
+    assert list(ms) == ['train'] and ms['train']['docs'] == 500 and [s['name']
+                                                                     for s in ms['train']['shards']] == \
         ['shard_00000.txt.gz', 'shard_00001.txt.gz', 'shard_00002.txt.gz']
     assert gzip.open(tmp_path/'train'/'shard_00000.txt.gz', 'rt').read().count('\n') == 200
     tk = ensure_tokenizer(tmp_path/'tok', tmp_path/'train', vocab_size=400)
@@ -147,16 +148,14 @@ def test_hf_streaming_path(tmp_path, monkeypatch):
     rows = fineweb_docs(1200, seed=1)
     repo = fake_fineweb_repo(tmp_path/'fineweb', rows)
     ms = shard_corpus(tmp_path/'train', tmp_path/'val', dataset=str(repo), config='sample-10BT', take=1000,
-                      val_ratio=0.05,
-                      lines_per_shard=400, hf_cache=tmp_path/'hf_cache')
+                      val_ratio=0.05, lines_per_shard=400, hf_cache=tmp_path/'hf_cache')
     assert os.environ['HF_HOME'] == str(tmp_path/'hf_cache')
     assert ms['train']['docs'] + ms['val']['docs'] == 1000
-    assert list(shard_docs(tmp_path/'train')) == [r['text'] for i,
-                                                  r in enumerate(rows[:1000]) if not _route_val(i, 1337,
-                                                                                                0.05)]
+    assert (list(shard_docs(tmp_path/'train'))
+            == [r['text'] for i, r in enumerate(rows[:1000]) if not _route_val(i, 1337, 0.05)])
     for p in tmp_path.rglob('*'):
-        if p.is_file() and p.suffix in ('.json',
-                                        '.txt'): assert 'hf_secret_token_value' not in p.read_text(errors='ignore')
+        if p.is_file() and p.suffix in ('.json', '.txt'):
+            assert 'hf_secret_token_value' not in p.read_text(errors='ignore')
     # interrupted mid-stream, then resumed from the stream state saved with the last complete shard
     import lmbook.data.prepare as D
     route, opened = D._route_val, []
@@ -207,11 +206,10 @@ def test_cli_commands(corpus, workspace, capsys):
         mp.setenv('SHARD_LINES', '40')
         assert run('shard', '--input', path, '--experiment', 'fw3', '--take', 100, '--quiet') == 0
         assert [s['lines'] for s in read_manifest(workspace/'datasets/train/fw3')['shards']][:2] == [40, 40]
-    with pytest.raises(ValueError, match='either --input or --dataset'): run('shard', '--input', path,
-                                                                             '--dataset', 'x', '--experiment',
-                                                                             'fw')
-    with pytest.raises(FileNotFoundError): run('shard', '--input', workspace/'missing.jsonl', '--experiment',
-                                               'fw2')
+    with pytest.raises(ValueError, match='either --input or --dataset'):
+        run('shard', '--input', path, '--dataset', 'x', '--experiment', 'fw')
+    with pytest.raises(FileNotFoundError):
+        run('shard', '--input', workspace/'missing.jsonl', '--experiment', 'fw2')
 
 
 def test_prepare_data_smoke_profile(tmp_path):
@@ -241,8 +239,8 @@ def test_console_script(corpus, workspace):
     # the CLI wires the data commands
     assert r.returncode == 0 and 'usage: lmbook shard' in r.stdout, r.stderr
     for args in (('shard', '--input', path, '--experiment', 'cs', '--take', 300, '--quiet'),
-                 ('tokenizer', '--experiment', 'cs', '--vocab-size', 300), ('tokenize', '--experiment', 'cs',
-                                                                            '--quiet')):
+                 ('tokenizer', '--experiment', 'cs', '--vocab-size', 300),
+                 ('tokenize', '--experiment', 'cs', '--quiet')):
         r = lm(*args)
         assert r.returncode == 0, r.stderr
     assert 'tokens (uint16)' in r.stdout

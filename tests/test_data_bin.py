@@ -19,8 +19,8 @@ def nano(tmp_path):
     tk = train_bpe([f'document {i}: the quick brown fox jumps over the lazy dog' for i in range(300)],
                    vocab_size=300)
     tk.tok.save(str(tmp_path/'tokenizer.json'))
-    ids = np.concatenate([[tk.eot_id,
-                           *tk.encode(f'text number {i} about foxes and dogs')] for i in range(400)]).astype('<u2')
+    ids = np.concatenate([[tk.eot_id, *tk.encode(f'text number {i} about foxes and dogs')]
+                          for i in range(400)]).astype('<u2')
     ids.tofile(d/'train.bin'); ids[:3000].tofile(d/'val.bin')
     return d, tmp_path/'tokenizer.json', ids, tk
 

@@ -53,27 +53,27 @@ def test_not_utf8_says_so(tmp_path, make):
 
 def test_one_bad_document_alone_is_not_utf8(tmp_path):
     (tmp_path/'x.txt').write_bytes('crème'.encode('latin-1'))
-    with pytest.raises(ValueError, match='not UTF-8 text'): shard_corpus(tmp_path/'tr', tmp_path/'va',
-                                                                         dataset=str(tmp_path/'x.txt'))
+    with pytest.raises(ValueError, match='not UTF-8 text'):
+        shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(tmp_path/'x.txt'))
 
 
 def test_failed_shard_does_not_block_a_retry(tmp_path):
     bad, good = tmp_path/'bad.txt', tmp_path/'good.txt'
     bad.write_bytes('\n\n'.join(f'Café {i}' for i in range(20)).encode('latin-1'))
-    with pytest.raises(ValueError, match='not UTF-8'): shard_corpus(tmp_path/'tr', tmp_path/'va',
-                                                                    dataset=str(bad))
+    with pytest.raises(ValueError, match='not UTF-8'):
+        shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(bad))
     good.write_text('\n\n'.join(words(20, i) for i in range(200)), encoding='utf-8')
     ms = shard_corpus(tmp_path/'tr', tmp_path/'va', dataset=str(good))          # another file
     assert ms['train']['complete'] and ms['train']['docs'] + ms['val']['docs'] == 200
     # the same path, corrected in place after a failure, is read afresh, not resumed
     bad.write_bytes('\n\n'.join(f'Café {i}' for i in range(20)).encode('latin-1'))
-    with pytest.raises(ValueError, match='not UTF-8'): shard_corpus(tmp_path/'t2', tmp_path/'v2',
-                                                                    dataset=str(bad), lines_per_shard=5)
+    with pytest.raises(ValueError, match='not UTF-8'):
+        shard_corpus(tmp_path/'t2', tmp_path/'v2', dataset=str(bad), lines_per_shard=5)
     bad.write_text('\n\n'.join(f'Fixed {i}' for i in range(30)), encoding='utf-8')
     ms = shard_corpus(tmp_path/'t2', tmp_path/'v2', dataset=str(bad), lines_per_shard=5)
     assert sorted(shard_docs(tmp_path/'t2')) + sorted(shard_docs(tmp_path/'v2')) and \
-        sorted([*shard_docs(tmp_path/'t2'),
-                *shard_docs(tmp_path/'v2')]) == sorted(f'Fixed {i}' for i in range(30))
+        sorted([*shard_docs(tmp_path/'t2'), *shard_docs(tmp_path/'v2')]) == sorted(f'Fixed {i}'
+                                                                                   for i in range(30))
     # a finished stage still blocks: its shards are kept
     with pytest.raises(ValueError, match='use another --experiment'):
         shard_corpus(tmp_path/'t2', tmp_path/'v2', dataset=str(good), lines_per_shard=5)

@@ -71,8 +71,8 @@ def toy_tokens(tmp_path):
     "Three token files of different lengths whose tokens are their global positions."
     sizes = [1000, 333, 2501]
     starts = np.cumsum([0, *sizes])
-    return write_token_dir(tmp_path/'tok', [np.arange(s, s+n, dtype=np.uint32) for s, n in zip(starts,
-                                                                                               sizes)])
+    return write_token_dir(tmp_path/'tok',
+                           [np.arange(s, s+n, dtype=np.uint32) for s, n in zip(starts, sizes)])
 
 
 def batches(dl, n): return [torch.cat(dl.next_batch(), 1) for _ in range(n)]
@@ -131,16 +131,16 @@ def test_val_batches_fixed_and_rank_disjoint(toy_tokens):
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, val_batches(toy_tokens, 4, 32, 5)))
     r0, r1 = val_batches(toy_tokens, 2, 32, 3, rank=0, world_size=2), val_batches(toy_tokens, 2, 32, 3,
                                                                                   rank=1, world_size=2)
-    assert not set(torch.cat([x for x, _ in r0])[:, 0].tolist()) & set(torch.cat([x for x, _ in r1])[:,
-                                                                                                     0].tolist())
+    firsts0, firsts1 = (set(torch.cat([x for x, _ in r])[:, 0].tolist()) for r in (r0, r1))
+    assert not firsts0 & firsts1
     x, y = a[0]
     assert x.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
 
 
 def test_loader_state_for_other_data_is_refused(toy_tokens, tmp_path):
     st = TokenLoader(toy_tokens, 4, 32).state_dict()
-    with pytest.raises(ValueError, match='same data and block_size'): TokenLoader(toy_tokens, 4,
-                                                                                  16).load_state_dict(st)
+    with pytest.raises(ValueError, match='same data and block_size'):
+        TokenLoader(toy_tokens, 4, 16).load_state_dict(st)
     other = write_token_dir(tmp_path/'other', [np.arange(5000, dtype=np.uint16)])
     with pytest.raises(ValueError, match='same data'): TokenLoader(other, 4, 32).load_state_dict(st)
 
@@ -173,8 +173,8 @@ def test_tokenize_trails_an_unfinished_sharder(tmp_path):
     def interrupted():
         yield from docs[:330]
         raise RuntimeError('preempted')
-    with pytest.raises(RuntimeError): shard_corpus(tmp_path/'train', mode='prod', take=500,
-                                                   lines_per_shard=100, docs=interrupted())
+    with pytest.raises(RuntimeError):
+        shard_corpus(tmp_path/'train', mode='prod', take=500, lines_per_shard=100, docs=interrupted())
     tk = ensure_tokenizer(tmp_path/'tok', tmp_path/'train', vocab_size=300)
     first = tokenize_split(tmp_path/'train', tk, tmp_path/'tokens')
     assert first['docs'] == 300 and first['complete']

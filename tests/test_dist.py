@@ -59,7 +59,8 @@ def test_resume_with_another_world_size(ws, single):
 def _pids_running(exp, ws):
     "Processes (torchrun and workers) of experiment `exp` in workspace `ws`."
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.train.launch' in l and str(ws) in l]
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' '
+            and 'lmbook.train.launch' in l and str(ws) in l]
 
 @pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_kill9_torchrun_then_resume(ws, single, parallel):

@@ -23,12 +23,12 @@ def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss'
 def start(ws, exp):
     env = dict(os.environ, HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
     return subprocess.Popen(launch_cmd('smoke', exp, CFG, nproc=2, root=ws), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, env=env, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, start_new_session=True)
 
 def workers(exp, ws):
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.train.launch' in l and str(ws) in l]
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' '
+            and 'lmbook.train.launch' in l and str(ws) in l]
 
 def test_ddp_two_gpus_kill9_and_resume(tmp_path):
     ws = Path(os.environ.get('LMBOOK_GPU_TEST_WS', tmp_path))

@@ -14,6 +14,6 @@ def test_without_flex_attention(monkeypatch):
     # flex asked for: the SDPA mask instead
     loss = m(x[:, :-1], x[:, 1:], mask=model.doc_mask(x[:, :-1], 0, 'flex'))
     assert torch.isfinite(loss)
-    with pytest.raises(ValueError,
-                       match=r"attn_backend='flex' needs FlexAttention, which torch .* lacks .*use attn_backend='sdpa'"):
+    with pytest.raises(ValueError, match=r"attn_backend='flex' needs FlexAttention, which torch .* lacks "
+                                         r".*use attn_backend='sdpa'"):
         model.GPT(ModelConfig(**{**vars(cfg), 'attn_backend': 'flex'}))

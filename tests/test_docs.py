@@ -26,8 +26,8 @@ def api_names(mod: str) -> list[str]:
     "The functions and classes `mod` exports (nbdev documents each with a heading of its name)."
     import inspect
     m = importlib.import_module(mod)
-    return [n for n in getattr(m, '__all__', []) if (inspect.isfunction(getattr(m,
-                                                                                n)) or inspect.isclass(getattr(m, n)))
+    return [n for n in getattr(m, '__all__', [])
+            if (inspect.isfunction(getattr(m, n)) or inspect.isclass(getattr(m, n)))
             and getattr(getattr(m, n), '__module__', '') == mod]
 
 
@@ -48,7 +48,8 @@ def site(tmp_path_factory):
 
 def test_pages_match_docstring_links(site):
     for mod, page in module_pages().items():
-        assert (site/f'{page}.html').is_file(), f"{mod} links to {page}.html.md but the site has no {page}.html"
+        assert (site/f'{page}.html').is_file(), \
+            f"{mod} links to {page}.html.md but the site has no {page}.html"
         md = (site/f'{page}.html.md').read_text()
         for name in api_names(mod): assert f'### {name}' in md, f"{mod}.{name} is missing from {page}.html.md"
     assert (site/'index.html').is_file() and (site/'search.json').is_file()
@@ -101,15 +102,14 @@ class Chromium:
                 f'--user-data-dir={profile}',
                 '--remote-debugging-pipe', f'--window-size={size[0]},{size[1]}', 'about:blank']
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL,
-                                     preexec_fn=fds, close_fds=False)
+                                     stderr=subprocess.DEVNULL, preexec_fn=fds, close_fds=False)
         os.close(to_r); os.close(from_w)
         self._id, self._buf, self.events = 0, b'', []
 
     def _read(self, timeout):
         while b'\0' not in self._buf:
-            if not select.select([self._r], [], [],
-                                 timeout)[0]: raise TimeoutError('no message from chromium')
+            if not select.select([self._r], [], [], timeout)[0]:
+                raise TimeoutError('no message from chromium')
             chunk = os.read(self._r, 1 << 20)
             if not chunk: raise RuntimeError('chromium closed the pipe')
             self._buf += chunk
@@ -166,9 +166,10 @@ class Tab:
             if m.get('method') == 'Network.loadingFailed' and not p.get('canceled'):
                 bad.append(f"{p.get('errorText')} {urls.get(p['requestId'])}")
             if m.get('method') == 'Network.responseReceived' and p['response']['status'] >= 400 \
-               and not p['response']['url'].endswith('/favicon.ico'): bad.append(f"{p['response']['status']} {p['response']['url']}")
-            if m.get('method') == 'Runtime.exceptionThrown': bad.append(p['exceptionDetails'].get('exception',
-                                                                                                  {}).get('description', 'exception'))
+               and not p['response']['url'].endswith('/favicon.ico'):
+                bad.append(f"{p['response']['status']} {p['response']['url']}")
+            if m.get('method') == 'Runtime.exceptionThrown':
+                bad.append(p['exceptionDetails'].get('exception', {}).get('description', 'exception'))
         return bad
 
     def js(self, expr):
@@ -184,10 +185,12 @@ class Tab:
 
 PAGE_FACTS = """(() => ({
   title: document.title,
-  headings: [...document.querySelectorAll('main h1, main h2, main h3, main h4')].map(h => h.textContent.trim()),
+  headings: [...document.querySelectorAll('main h1, main h2, main h3, main h4')]
+    .map(h => h.textContent.trim()),
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-  imgs: [...document.images].map(i => ({src: i.src.slice(0, 60), ok: i.complete && i.naturalWidth > 0, out: !!i.closest('.cell-output, .cell-output-display')})),
+  imgs: [...document.images].map(i => ({src: i.src.slice(0, 60), ok: i.complete && i.naturalWidth > 0,
+                                        out: !!i.closest('.cell-output, .cell-output-display')})),
 }))()"""
 
 

@@ -8,8 +8,7 @@ from lmbook.train.trainer import train
 from conftest import lmbook_cmd, rows
 
 TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4,
-            eval_steps=2,
-            max_steps=8, warmup_steps=2, ckpt_every=4, tensorboard=False, device='cpu')
+            eval_steps=2, max_steps=8, warmup_steps=2, ckpt_every=4, tensorboard=False, device='cpu')
 EX = dict(ind=1, activity_label='Python', ctx_a='Return the value', ctx_b='of', source_id='t', split='val',
           split_type='indomain')
 
@@ -19,11 +18,10 @@ def run(ws):
 
 @pytest.fixture
 def hs(tmp_path):
-    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'], ['if it is None.',
-                                                                                        'xyzzy.', 'qq qq.',
-                                                                                        'ha ha ha.']]
-    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2],
-                             label=i % 4)) for i in range(7)]
+    ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'],
+            ['if it is None.', 'xyzzy.', 'qq qq.', 'ha ha ha.']]
+    lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4))
+             for i in range(7)]
     (tmp_path/'hs.jsonl').write_text('\n'.join(lines) + '\n')
     return tmp_path/'hs.jsonl'
 
@@ -55,8 +53,9 @@ def test_offline_without_cached_file(ws, run):
         assert json.loads(r.stdout.strip().splitlines()[-1])['val_tokens'] == 2*4*64
         notes = [l for l in r.stderr.splitlines() if 'HellaSwag' in l]
         assert len(notes) == 1 and notes[0].startswith('note: HellaSwag skipped'), r.stderr
-        assert all(w in notes[0] for w in ('downloads are off (HF_HUB_OFFLINE=1)', 'hellaswag_val.jsonl',
-                                           '--hellaswag-file')), notes
+        assert all(w in notes[0]
+                   for w in ('downloads are off (HF_HUB_OFFLINE=1)', 'hellaswag_val.jsonl',
+                             '--hellaswag-file')), notes
         assert 'Traceback' not in r.stderr
     # as printed: loss, perplexity and bits per byte first
     r = lmbook_cmd('eval', 'tiny', '--root', ws, '--device', 'cpu')

@@ -31,16 +31,16 @@ def tiny_run(ws, exp, **kw):
                     dict(tokens=0, config=config_dict(cfg), tokenizer=tokenizer_ref(paths.tokenizer)))
     return exp
 
-@pytest.mark.parametrize('kw', [dict(arch='gpt2'), dict(arch='gpt2', bias=True), dict(arch='llama',
-                                                                                      n_kv_head=2,
-                                                                                      tie_embeddings=False)])
+@pytest.mark.parametrize('kw',
+                         [dict(arch='gpt2'), dict(arch='gpt2', bias=True),
+                          dict(arch='llama', n_kv_head=2, tie_embeddings=False)])
 def test_export_roundtrip_through_transformers(workspace, kw):
     exp = tiny_run(workspace, f"e-{kw['arch']}", **kw)
     out = workspace/'hf'/exp
     r = lmbook_cmd('export', exp, out, '--format', 'hf')
     assert r.returncode == 0, r.stderr
-    assert {'config.json', 'model.safetensors', 'tokenizer.json',
-            'tokenizer_config.json'} <= {p.name for p in out.iterdir()}
+    assert ({'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json'}
+            <= {p.name for p in out.iterdir()})
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     assert type(hf).__name__ == ('GPT2LMHeadModel' if kw['arch'] == 'gpt2' else 'LlamaForCausalLM')
     lm = load_model(exp)
@@ -72,8 +72,8 @@ def test_no_upload_without_token(workspace, monkeypatch, tmp_path):
     monkeypatch.setattr(hh.HfApi, 'upload_folder', lambda self, **kw: calls.append(kw))
     monkeypatch.setattr(hh.HfApi, 'create_repo', lambda self, *a, **kw: calls.append(kw))
     export.export_hf(exp, workspace/'hf'/'m')
-    with pytest.raises(ValueError, match='no Hugging Face token'): export.push_to_hub(workspace/'hf'/'m',
-                                                                                      'me/tiny')
+    with pytest.raises(ValueError, match='no Hugging Face token'):
+        export.push_to_hub(workspace/'hf'/'m', 'me/tiny')
     assert calls == []
     r = lmbook_cmd('export', exp, workspace/'hf'/'m2', '--push-to-hub', 'me/tiny',
                    env=dict(HF_HOME=str(tmp_path/'hf_home')))
@@ -111,13 +111,14 @@ def test_gpt2_weights_in(tmp_path, monkeypatch):
     assert m.bias and m.vocab_size == 100 and m.mlp_hidden == 0
     ours = GPT(m).eval(); ours.load_state_dict(sd)
     x = torch.randint(0, 100, (2, 16))
-    with torch.no_grad(): assert torch.allclose(ours(x), hf(x).logits,
-                                                atol=1e-4), (ours(x) - hf(x).logits).abs().max()
+    with torch.no_grad():
+        assert torch.allclose(ours(x), hf(x).logits, atol=1e-4), (ours(x) - hf(x).logits).abs().max()
     m2, sd2 = hfimport.gpt2_from_hf(folder, vocab_size=128)  # room for added tokens: the extra rows are zeros
     assert m2.vocab_size == 128 and sd2['wte.weight'][100:].abs().sum() == 0
     wide = GPT(m2).eval(); wide.load_state_dict(sd2)
-    with torch.no_grad(): assert torch.allclose(wide(x)[..., :100], hf(x).logits, atol=1e-4) and wide(x)[...,
-                                                                                                         100:].abs().max() == 0
+    with torch.no_grad():
+        assert (torch.allclose(wide(x)[..., :100], hf(x).logits, atol=1e-4)
+                and wide(x)[..., 100:].abs().max() == 0)
     folder_nb = tmp_path/'no-bias'
     with torch.no_grad():
         for n, p in hf.named_parameters():
@@ -132,8 +133,9 @@ def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
     m, sd = hfimport.gpt2_from_hf(tmp_path/'src')
     paths = paths_for('from-gpt2', root=workspace)
     save_bundle(train_bpe(['The cat sat on the mat. The dog ate the bone.']*50, 300), paths.tokenizer)
-    cfg = get_config('smoke', dict(arch='gpt2', bias=True, vocab_size=300, block_size=16, n_layer=2, n_head=4,
-                                   n_embd=32))
+    cfg = get_config('smoke',
+                     dict(arch='gpt2', bias=True, vocab_size=300, block_size=16, n_layer=2, n_head=4,
+                          n_embd=32))
     assert cfg.model == m
     model = GPT(m); model.load_state_dict(sd)
     save_checkpoint(RunDir(paths.run).checkpoints, 0, model, torch.optim.AdamW(model.parameters()),
@@ -146,22 +148,22 @@ def test_gpt2_import_export_roundtrip(tmp_path, workspace, monkeypatch):
         if k in b: assert torch.equal(v, b[k]), k
 
 def test_gpt2_not_in_cache(tmp_path, monkeypatch):
-    with pytest.raises(FileNotFoundError,
-                       match='not in the local Hugging Face cache'): hfimport.find_hf_model('openai-community/gpt2', tmp_path)
+    with pytest.raises(FileNotFoundError, match='not in the local Hugging Face cache'):
+        hfimport.find_hf_model('openai-community/gpt2', tmp_path)
     monkeypatch.setenv('HF_HOME', str(tmp_path/'hf'))
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path/'xdg'))
     with pytest.raises(FileNotFoundError,
-                       match='huggingface-cli download gpt2 config.json model.safetensors'): hfimport.gpt2_from_hf('gpt2')
+                       match='huggingface-cli download gpt2 config.json model.safetensors'):
+        hfimport.gpt2_from_hf('gpt2')
     # the tokenizer alone is not the weights
     fake_hub(tmp_path/'hf', 'models--gpt2', {'tokenizer.json': lambda p: p.write_text('{}')})
-    with pytest.raises(FileNotFoundError,
-                       match='weights of gpt2 are not in the local'): hfimport.hf_gpt2_folder('gpt2')
+    with pytest.raises(FileNotFoundError, match='weights of gpt2 are not in the local'):
+        hfimport.hf_gpt2_folder('gpt2')
     with pytest.raises(FileNotFoundError, match='is not a folder'): hfimport.gpt2_from_hf(tmp_path/'nope')
 
 def test_bias_needs_gpt2():
-    with pytest.raises(ValueError,
-                       match="bias=True is published GPT-2's layout: set arch='gpt2'"): get_config('smoke',
-                                                                                                   dict(bias=True))
+    with pytest.raises(ValueError, match="bias=True is published GPT-2's layout: set arch='gpt2'"):
+        get_config('smoke', dict(bias=True))
     r = lmbook_cmd('train', '--profile', 'smoke', '--set', 'bias=true')
     assert r.returncode == 2 and "set arch='gpt2'" in r.stderr
 

@@ -11,8 +11,7 @@ from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_ste
 import lmbook.runs.checkpoint as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
-            log_every=1,
-            max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)
+            log_every=1, max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)
 def cfg(**kw): return get_config('smoke', {**TINY, **kw})
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 def sets(**kw): return [f'--set={k}={v}' for k, v in {**TINY, **kw}.items()]
@@ -55,8 +54,8 @@ def test_stale_lock_taken_over(ws, monkeypatch):
     run = Path(ws)/'runs'/'stale'; run.mkdir(parents=True)
     (run/'.lock').write_text(json.dumps(dict(host='gone-host', pid=1, started=time.time() - 60,
                                              heartbeat=time.time() - 10)))
-    with pytest.raises(ValueError, match='host gone-host pid 1'): train(cfg(max_steps=2), 'stale', root=ws,
-                                                                        log=quiet([]))
+    with pytest.raises(ValueError, match='host gone-host pid 1'):
+        train(cfg(max_steps=2), 'stale', root=ws, log=quiet([]))
     monkeypatch.setenv('LMBOOK_LOCK_STALE_S', '5')
     log = []
     assert train(cfg(max_steps=2), 'stale', root=ws, log=quiet(log))['step'] == 2
@@ -78,8 +77,8 @@ def test_damaged_checkpoints_moved_aside(ws):
     for p in list_checkpoints(run/'checkpoints'): verify_checkpoint(p)
     # best/ (step 12) shares step 12's weights file (a hard link), so truncating one damaged both: both moved
     # aside
-    assert sorted(p.name for p in (run/'checkpoints'/'damaged').iterdir()) == ['best', 'step_00000008',
-                                                                               'step_00000012']
+    assert (sorted(p.name for p in (run/'checkpoints'/'damaged').iterdir())
+            == ['best', 'step_00000008', 'step_00000012'])
     assert [r['step'] for r in rows(run)] == list(range(7))
     assert ([json.loads(l)['step'] for l in (run/'metrics.after-step-0.jsonl').read_text().splitlines()]
             == list(range(13)))
@@ -128,9 +127,8 @@ def test_disk_full_is_one_line(ws, monkeypatch):
     monkeypatch.undo()
     def enospc(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(ckpt_mod, 'save_file', enospc)
-    with pytest.raises(CheckpointSpaceError,
-                       match='no space for checkpoint step_00000012'): train(cfg(max_steps=12), 'full',
-                                                                             root=ws, log=quiet([]))
+    with pytest.raises(CheckpointSpaceError, match='no space for checkpoint step_00000012'):
+        train(cfg(max_steps=12), 'full', root=ws, log=quiet([]))
     assert ([p.name for p in list_checkpoints(ck)] == ['step_00000008', 'step_00000004']
             and not list(ck.glob('.tmp-*')))
     for p in list_checkpoints(ck): verify_checkpoint(p)

@@ -21,15 +21,15 @@ def data_files(ws, exp):
     """Every data file of an experiment with its bytes (its name in paths made EXP): shards, manifests,
     tokenizer, token files."""
     p = paths_for(exp, root=ws)
-    return {str(f.relative_to(d)): f.read_bytes().replace(f'/{exp}'.encode(), b'/EXP') for d in (p.train,
-                                                                                                 p.val,
-                                                                                                 p.tokenizer,
-                                                                                                 p.cache) if d.is_dir()
-            for f in sorted(d.rglob('*')) if f.is_file() and not f.name.startswith('.') and f.name != 'meta.json'}
+    return {str(f.relative_to(d)): f.read_bytes().replace(f'/{exp}'.encode(), b'/EXP')
+            for d in (p.train, p.val, p.tokenizer, p.cache) if d.is_dir()
+            for f in sorted(d.rglob('*')) if f.is_file() and not f.name.startswith('.')
+            and f.name != 'meta.json'}
 
 
-@pytest.mark.parametrize('cmd', [['prepare', '-p', 'smoke', *SMALL], ['train', '--prepare-only', '-p',
-                                                                      'smoke', *SMALL],
+@pytest.mark.parametrize('cmd',
+                         [['prepare', '-p', 'smoke', *SMALL],
+                          ['train', '--prepare-only', '-p', 'smoke', *SMALL],
                                  ['shard', '--dataset', 'builtin', '--take', '1500']])
 def test_a_second_preparation_waits(workspace, cmd):
     """While another process prepares an experiment's data, `prepare`, `train` and each stage wait for it,
@@ -50,8 +50,8 @@ def test_a_second_preparation_waits(workspace, cmd):
 def test_two_prepares_at_once(workspace):
     """Two `lmbook prepare` of one experiment at once: both succeed, and the data is what one prepare alone
     makes."""
-    a, b = (lmbook_popen('prepare', '-p', 'smoke', '-e', 'twice', '--root', workspace, '-q',
-                         *SMALL) for _ in range(2))
+    a, b = (lmbook_popen('prepare', '-p', 'smoke', '-e', 'twice', '--root', workspace, '-q', *SMALL)
+            for _ in range(2))
     for proc in (a, b):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err

@@ -7,7 +7,8 @@ from conftest import ROOT, SHARED
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 PM = str(Path(sys.executable).parent/'papermill')
-OVERRIDES = 'take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,warmup_steps=3,ckpt_every=100,tensorboard=false'
+OVERRIDES = ('take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,'
+             'warmup_steps=3,ckpt_every=100,tensorboard=false')
 
 def children(pid):
     "Pids whose parent is `pid`."
@@ -57,7 +58,8 @@ def test_notebook_run_stops_with_checkpoint(nbws, how):
         assert len(trainer) == 1
         if how == 'sigterm-papermill': pm.send_signal(signal.SIGTERM)
         else: os.kill(kernel[0], signal.SIGKILL)
-        wait_for(lambda: not Path(f'/proc/{trainer[0]}').exists() or 'Z' == (Path(f'/proc/{trainer[0]}/stat').read_text().rsplit(')', 1)[1].split()[0]),
+        wait_for(lambda: not Path(f'/proc/{trainer[0]}').exists()
+                 or 'Z' == (Path(f'/proc/{trainer[0]}/stat').read_text().rsplit(')', 1)[1].split()[0]),
                  60, 'the trainer to stop')
         cks = list_checkpoints(run/'checkpoints')
         # ckpt_every=100: only a stop writes one

@@ -14,8 +14,7 @@ from lmbook.runs.checkpoint import (FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEY
 import lmbook.runs.checkpoint as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
-            log_every=1,
-            max_steps=4, warmup_steps=2, ckpt_every=4, keep_ckpts=2, tensorboard=False)
+            log_every=1, max_steps=4, warmup_steps=2, ckpt_every=4, keep_ckpts=2, tensorboard=False)
 def cfg(**kw): return get_config('smoke', {**TINY, **kw})
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 def sets(**kw): return [f'--set={k}={v}' for k, v in {**TINY, **kw}.items()]
@@ -37,8 +36,8 @@ NEW = dict(rope_theta=5000.0, norm_eps=1e-6, dropout=0.1, grad_accum=2, lr=1e-3,
 FREE_NOW = dict(fused_ce=True, sample_prompts='The|A')
 HYPER = dict(beta1=lambda g: g['betas'][0], beta2=lambda g: g['betas'][1],
              weight_decay=lambda g: g['weight_decay'],
-             muon_momentum=lambda g: g['momentum'],
-             muon_lr=lambda g: g['lr_scale']*1e-3 if g.get('muon') else None)
+             muon_momentum=lambda g: g['momentum'], muon_lr=lambda g: g['lr_scale']*1e-3 if g.get('muon')
+             else None)
 
 def test_every_allowed_field_is_listed():
     allowed = {k for k in field_index() if k not in FREE_KEYS | set(FIXED_KEYS) | set(SHAPE_KEYS)}
@@ -103,10 +102,10 @@ def test_disk_fills_during_background_write(ws, monkeypatch, capsys):
                                    'writing file data/0: file write failed')
             real_save(obj, path)
         monkeypatch.setattr(ckpt_mod, '_torch_save', filling)
-        monkeypatch.setattr(ckpt_mod.shutil, 'disk_usage',
-                            lambda p: real_du(p)._replace(free=4096) if full else real_du(p))
-        assert main(['train', '-p', 'smoke', '-e', exp, '--root', str(ws), *sets(max_steps=12,
-                                                                                 eval_every=2)]) == 2
+        monkeypatch.setattr(ckpt_mod.shutil, 'disk_usage', lambda p: real_du(p)._replace(free=4096)
+                            if full else real_du(p))
+        assert main(['train', '-p', 'smoke', '-e', exp, '--root', str(ws),
+                     *sets(max_steps=12, eval_every=2)]) == 2
         out, err = capsys.readouterr()
         err = [l for l in err.splitlines() if l.strip()]
         warned = [l for l in out.splitlines() if l.startswith('warning: best/ not written at step')]
@@ -136,11 +135,11 @@ def readonly_cmd(*args):
     "An `lmbook` command run without root's power to write where the permissions forbid it."
     cmd = [str(Path(sys.executable).parent/'lmbook'), *map(str, args)]
     if os.geteuid() == 0:
-        if not shutil.which('setpriv'): pytest.skip('root needs setpriv to drop its override of file '
-                                                    'permissions')
+        if not shutil.which('setpriv'):
+            pytest.skip('root needs setpriv to drop its override of file permissions')
         cmd = ['setpriv', '--bounding-set=-dac_override,-dac_read_search,-fowner', *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ,
-                                                                                 'HF_HUB_OFFLINE': '1'})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, 'HF_HUB_OFFLINE': '1'})
 
 @pytest.fixture
 def ro_run(ws):

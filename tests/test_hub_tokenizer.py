@@ -67,8 +67,8 @@ def test_prepare_adopts_the_cached_tokenizer(workspace, hub, repo_dir):
 
 
 def test_offline_without_the_file_fails_before_writing(workspace, hub, capsys):
-    for args in (['-p', 'smoke', '-s', 'tokenizer=gpt2'], ['-p', 'gpt2_124m', '-s', 'dataset=builtin',
-                                                           'dataset_config=', 'take=50']):
+    for args in (['-p', 'smoke', '-s', 'tokenizer=gpt2'],
+                 ['-p', 'gpt2_124m', '-s', 'dataset=builtin', 'dataset_config=', 'take=50']):
         assert main(['prepare', *args, '-e', 'nothing']) == 2
         err = capsys.readouterr().err.strip()
         assert (len(err.splitlines()) == 1 and 'huggingface-cli download gpt2 tokenizer.json' in err
@@ -90,8 +90,7 @@ def test_gpt2_124m_takes_gpt2s_tokenizer(workspace, hub, capsys):
     assert main(['train', '-p', 'gpt2_124m', '-e', 'g124', *small, 'n_layer=1', 'n_embd=32', 'n_head=2',
                  'block_size=32', 'batch_size=2',
                  'grad_accum=1', 'max_steps=2', 'warmup_steps=1', 'eval_every=2', 'eval_steps=1',
-                 'tensorboard=false', 'device=cpu',
-                 'compile=false', 'sample_prompts=The']) == 0
+                 'tensorboard=false', 'device=cpu', 'compile=false', 'sample_prompts=The']) == 0
     assert (workspace/'runs'/'g124'/'metrics.jsonl').is_file()
 
 
@@ -117,8 +116,8 @@ def test_downloaded_when_online(tmp_path, hub, monkeypatch):
     assert calls == [('gpt2', 'tokenizer.json', tmp_path/'hf'/'hub')]
     def unreachable(*a, **kw): raise OSError('Network is unreachable')
     monkeypatch.setattr(hh, 'hf_hub_download', unreachable)
-    with pytest.raises(FileNotFoundError,
-                       match=r'cannot be downloaded \(OSError\).*huggingface-cli download gpt2 tokenizer.json'):
+    with pytest.raises(FileNotFoundError, match=r'cannot be downloaded \(OSError\).*'
+                                                r'huggingface-cli download gpt2 tokenizer.json'):
         hub_tokenizer_json('gpt2')
 
 
@@ -126,8 +125,8 @@ def test_nanogpt_bins_with_the_hub_tokenizer(workspace, hub, tmp_path):
     "nanoGPT's GPT-2-tokenized train.bin/val.bin need only tokenizer=gpt2, no tokenizer file beside them."
     tok, _ = hub()
     d = tmp_path/'nano'; d.mkdir()
-    ids = np.concatenate([[tok.token_to_id(EOT),
-                           *tok.encode(f'the lazy dog {i}').ids] for i in range(300)]).astype('<u2')
+    ids = np.concatenate([[tok.token_to_id(EOT), *tok.encode(f'the lazy dog {i}').ids]
+                          for i in range(300)]).astype('<u2')
     ids.tofile(d/'train.bin'); ids[:500].tofile(d/'val.bin')
     assert main(['prepare', '-p', 'smoke', '-e', 'nano', '-s', f'dataset={d}', 'tokenizer=gpt2', '-q']) == 0
     p = paths_for('nano', root=workspace)
@@ -155,13 +154,12 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
     cfg = get_config('smoke', shape)
     ours, (_, sd) = init_model(cfg), gpt2_from_hf('gpt2', vocab_size=320)
     assert all(torch.equal(ours.state_dict()[k], v) for k, v in sd.items())
-    sets = [f'{k}={v}' for k, v in {**shape, 'take': 200, 'max_steps': 2, 'eval_every': 2, 'eval_steps': 1,
-                                    'batch_size': 2,
+    sets = [f'{k}={v}' for k,
+            v in {**shape, 'take': 200, 'max_steps': 2, 'eval_every': 2, 'eval_steps': 1, 'batch_size': 2,
                                      'tensorboard': False, 'device': 'cpu'}.items()]
     assert main(['train', '-p', 'smoke', '-e', 'from-gpt2', '-s', *sets]) == 0
-    for bad, says in (('n_layer=3', 'is a model of shape'), ('tokenizer=',
-                                                             "needs that model's tokenizer: set "
-                                                             'tokenizer=gpt2')):
+    for bad, says in (('n_layer=3', 'is a model of shape'),
+                      ('tokenizer=', 'needs that model\'s tokenizer: set tokenizer=gpt2')):
         assert main(['train', '-p', 'smoke', '-e', 'bad-gpt2', '-s', *sets, bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith('error:') and says in err[-1], err

@@ -41,8 +41,8 @@ def test_smoke_run_then_plots(workspace):
                       for o in c.get('outputs', []) if o.get('output_type') == 'stream')
     assert [l for l in streams.splitlines() if re.search(r'step +\d+/300 ', l)] == shown
     # the README shows these lines as they are: the same fields in the same order, step by step
-    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T',
-                                                       f.strip())) for f in l.split('|')]
+    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T', f.strip()))
+                        for f in l.split('|')]
     readme = (ROOT/'README.md').read_text().split('```text\n', 1)[1].split('```', 1)[0].splitlines()
     ours = {int(re.match(r'step +(\d+)', l).group(1)): l for l in shown}
     steps = [l for l in readme if l.startswith('step')]
@@ -55,8 +55,8 @@ def test_smoke_run_then_plots(workspace):
     assert s['last_val_loss'] < s['first_val_loss'] - 1.0, s   # clearly learned
     r = papermill_run('analysis.ipynb', run/'analysis.ipynb', ('experiments', 'smoke-demo'), ('smooth', 0.9))
     assert r.returncode == 0, r.stderr[-3000:]
-    for f in ('loss.png', 'grad_norm.png', 'lr.png', 'loss_tokens.png',
-              'loss_time.png'): assert (run/'plots'/f).stat().st_size > 1000
+    for f in ('loss.png', 'grad_norm.png', 'lr.png', 'loss_tokens.png', 'loss_time.png'):
+        assert (run/'plots'/f).stat().st_size > 1000
     assert not (run/'plots'/'loss_cost.png').exists()  # a CPU off RunPod has no price
     assert all(r['elapsed_s'] > 0 for r in read_metrics(run) if r['step'] > 0)
     nb = json.loads((run/'analysis.ipynb').read_text())
@@ -88,8 +88,8 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
 def error_outputs(nb_path) -> list[str]:
     "The text of each error output of an executed notebook, ANSI colours removed."
     nb = json.loads(Path(nb_path).read_text())
-    return [re.sub(r'\x1b\[[0-9;]*m', '',
-                   '\n'.join(o['traceback'])) for c in nb['cells'] for o in c.get('outputs', [])
+    return [re.sub(r'\x1b\[[0-9;]*m', '', '\n'.join(o['traceback'])) for c in nb['cells']
+            for o in c.get('outputs', [])
             if o.get('output_type') == 'error']
 
 
@@ -123,7 +123,7 @@ def test_finetune_published_journey(tmp_path):
     text = json.dumps(json.loads(out.read_text())['cells'])
     assert 'done: 30 steps' in text and "'bfloat16'" in text and 'completion_tokens' in text
     run = tmp_path/'ws'/'runs'/'tiny-llama-qlora'
-    vals = [r['val_loss'] for r in map(json.loads,
-                                       (run/'metrics.jsonl').read_text().splitlines()) if 'val_loss' in r]
+    vals = [r['val_loss'] for r in map(json.loads, (run/'metrics.jsonl').read_text().splitlines())
+            if 'val_loss' in r]
     assert vals[-1] < vals[0] - 0.1, vals  # it learned
     assert (tmp_path/'ws'/'exports'/'tiny-llama-qlora'/'model.safetensors').is_file()

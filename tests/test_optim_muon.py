@@ -18,8 +18,7 @@ FSDP_CPU = pytest.mark.skipif(not _fsdp_cpu_ok(), reason='FSDP2 on the CPU needs
 TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
             max_steps=12,
             warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False, batch_size=4, optimizer='muon',
-            muon_lr=0.02,
-            schedule='wsd', decay_frac=0.0, deterministic=True)
+            muon_lr=0.02, schedule='wsd', decay_frac=0.0, deterministic=True)
 def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
 def quiet(*a): pass
 

@@ -34,9 +34,8 @@ def test_machine_minimums_and_template_over_graphql(gql, capsys):
                        64, '--template', 'tp1')
     assert rc == 0, err
     (pod,) = gql.pods.values()
-    assert (pod['input']['minVcpuCount'], pod['input']['minMemoryInGb'], pod['input']['templateId']) == (16,
-                                                                                                         64,
-                                                                                                         'tp1')
+    assert ((pod['input']['minVcpuCount'], pod['input']['minMemoryInGb'], pod['input']['templateId'])
+            == (16, 64, 'tp1'))
 
 
 def test_no_gpu_free_in_the_volumes_data_center(fake, capsys):
@@ -54,16 +53,15 @@ def test_availability_query_follows_the_contract(fake):
     "The fake refuses what the OpenAPI document refuses, so the query lmbook sends is one RunPod takes."
     api = RunPodAPI()
     assert api.availability(H100, 2, 'SECURE')['data_centers']['EU-RO-1'] == 'HIGH'
-    with pytest.raises(RunPodError, match='valid only with include'): api.b.call('GET',
-                                                                                 '/catalog/gpus/NVIDIA%20B200?count=2')
-    with pytest.raises(RunPodError, match='requires product'): api.b.call('GET',
-                                                                          '/catalog/gpus/NVIDIA%20B200?include=AVAILABILITY')
+    with pytest.raises(RunPodError, match='valid only with include'):
+        api.b.call('GET', '/catalog/gpus/NVIDIA%20B200?count=2')
+    with pytest.raises(RunPodError, match='requires product'):
+        api.b.call('GET', '/catalog/gpus/NVIDIA%20B200?include=AVAILABILITY')
 
 
 def test_serve_pod(fake, capsys):
     rc, out, err = run(capsys, 'pod', 'create', '--serve', '/workspace/exports/chat-7b', '--gpu', 'H100',
-                       '--volume', 'vol123abc',
-                       '--retry-wait', '0', '--repo', fake.repo)
+                       '--volume', 'vol123abc', '--retry-wait', '0', '--repo', fake.repo)
     assert rc == 0, err
     (pod,) = fake.pods.values()
     body = pod['body']
@@ -117,8 +115,8 @@ def test_the_fake_keeps_the_contracts_cross_field_rules_and_lmbook_never_breaks_
                         (dict(gpu=gpu, ports=['8888/http', '5000/udp']), 'UDP'),
                         (dict(gpu=dict(id=H100, count=9)), 'at most 8')):
         with pytest.raises(Problem, match=words): fake.contract_rules(body)
-    for args, words in ((['--env', *[f'V{i}=x' for i in range(45)]], 'at most 50'), (['--gpus', '9'],
-                                                                                     '1 to 8')):
+    for args, words in ((['--env', *[f'V{i}=x' for i in range(45)]], 'at most 50'),
+                        (['--gpus', '9'], '1 to 8')):
         one_line_error(*run(capsys, *create(fake), *args), words)
     fake.balance = 0
     one_line_error(*run(capsys, *create(fake)), 'insufficient balance', 'add credit')

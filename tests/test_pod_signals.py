@@ -7,8 +7,7 @@ from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_ste
 
 EXE = str(Path(sys.executable).parent/'lmbook')
 TINY = ['take=2000', 'batch_size=4', 'block_size=64', 'n_embd=64', 'n_head=2', 'eval_every=50',
-        'eval_steps=1', 'log_every=1',
-        'warmup_steps=2', 'ckpt_every=100', 'tensorboard=false']
+        'eval_steps=1', 'log_every=1', 'warmup_steps=2', 'ckpt_every=100', 'tensorboard=false']
 
 
 def train(ws, exp, *extra, steps=500, **kw):
@@ -46,8 +45,10 @@ def test_detach_starts_a_run_that_outlives_the_terminal(ws):
     except ProcessLookupError: pass
     run = Path(ws)/'runs'/'det'
     for _ in range(600):
-        if not Path(f'/proc/{pid}').exists() or Path(f'/proc/{pid}/stat').read_text().rsplit(')',
-                                                                                             1)[1].split()[0] == 'Z': break
+        if (not Path(f'/proc/{pid}').exists()
+                or Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z'):
+            break
         time.sleep(0.2)
     else: raise AssertionError('the detached run did not finish')
-    assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), (run/'train.log').read_text() if (run/'train.log').exists() else out
+    assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), \
+        (run/'train.log').read_text() if (run/'train.log').exists() else out

@@ -11,8 +11,8 @@ from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_ste
 ROOT = Path(__file__).resolve().parents[1]
 KEY = 'rpa_PODSCOPEDkey42'
 HEAD = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-TINY = ('max_steps=500,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=1000,eval_steps=1,'
-        'ckpt_every=1000,log_every=1,warmup_steps=1,tensorboard=false')
+TINY = ('max_steps=500,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,'
+        'eval_every=1000,eval_steps=1,ckpt_every=1000,log_every=1,warmup_steps=1,tensorboard=false')
 
 
 def volume_venv(path):
@@ -56,8 +56,7 @@ def api():
 def pid1(env):
     "The start command as a container runs it: PID 1 of its own session and process group."
     return subprocess.Popen(shlex.split(start_command()), env=env, start_new_session=True,
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def wait_for(cond, timeout, what):
@@ -102,14 +101,16 @@ def test_a_container_stop_reaches_the_trainer_which_checkpoints(api, tmp_path, h
     """SIGTERM to PID 1's process group (or to PID 1 alone, as `docker stop` sends it): the stop checkpoint is
     written."""
     corpus = tmp_path/'corpus.txt'
-    corpus.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(300)))
+    corpus.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}"
+                                  for i in range(300)))
     env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT),
                     LMBOOK_VENV=str(volume_venv(tmp_path/'venv')),
                     RUN_SHARD='1', RUN_INPUT=str(corpus), RUN_OVERRIDES=TINY, AUTOKILL='stop')
     run = tmp_path/'workspace'/'runs'/'pod'
     p = pid1(env)
     try:
-        wait_for(lambda: (run/'metrics.jsonl').is_file() and '"step": 3,' in (run/'metrics.jsonl').read_text(), 240, 'step 3')
+        wait_for(lambda: (run/'metrics.jsonl').is_file()
+                 and '"step": 3,' in (run/'metrics.jsonl').read_text(), 240, 'step 3')
         if how == 'group': os.killpg(p.pid, signal.SIGTERM)
         else: os.kill(p.pid, signal.SIGTERM)
         rc = p.wait(120)
@@ -175,13 +176,12 @@ def test_an_endpoint_pod_with_vllm(api, tmp_path):
     env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{ROOT}', LMBOOK_SRC=str(ROOT),
                     LMBOOK_VENV=str(venv),
                     RUN_SERVE='/workspace/exports/chat-7b', SERVE_PORT='8000', SERVE_ENGINE='vllm',
-                    RUN_EXPERIMENT='serve-chat',
-                    LMBOOK_API_KEY='sk-pod-key')
+                    RUN_EXPERIMENT='serve-chat', LMBOOK_API_KEY='sk-pod-key')
     p = pid1(env)
     try:
-        got = json.loads(wait_for(lambda: (tmp_path/'workspace'/'vllm.json').is_file() and (tmp_path/'workspace'/'vllm.json').read_text(),
+        got = json.loads(wait_for(lambda: (tmp_path/'workspace'/'vllm.json').is_file()
+                                  and (tmp_path/'workspace'/'vllm.json').read_text(),
                                    60, "vLLM's server to start"))
     finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
     assert got == dict(argv=['--model', '/workspace/exports/chat-7b', '--served-model-name', 'chat-7b',
-                             '--host', '0.0.0.0',
-                             '--port', '8000'], key='sk-pod-key')
+                             '--host', '0.0.0.0', '--port', '8000'], key='sk-pod-key')

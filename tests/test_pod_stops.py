@@ -51,8 +51,8 @@ def test_autokill_stops_the_pod_after_three_minutes_without_an_api(api, tmp_path
     paths, log = finished_run(tmp_path), Log()
     api.down(180)
     t = time.monotonic()
-    assert autokill(BootOptions(experiment='ak', autokill='stop'), paths, 0, log, retries(dict(PATH='',
-                                                                                               RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY)))
+    assert autokill(BootOptions(experiment='ak', autokill='stop'), paths, 0, log,
+                    retries(dict(PATH='', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY)))
     assert api.pods[POD]['status'] == 'EXITED' and api.unanswered >= 3 and time.monotonic() - t < 8
     assert (any('trying again' in l for l in log)
             and json.loads((paths.run/'autokill.json').read_text())['action'] == 'stop')
@@ -79,8 +79,10 @@ def test_max_dollars_stops_the_pod_during_data_preparation(api, tmp_path, down):
     stage, then the pod."""
     ws = tmp_path/'ws'; ws.mkdir()
     corpus = tmp_path/'big.txt'
-    words = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau'.split()
-    corpus.write_text('\n\n'.join(' '.join(words[(i*7 + j) % len(words)] + str(i % 997) for j in range(60)) for i in range(60000)))
+    words = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma '
+             'tau').split()
+    corpus.write_text('\n\n'.join(' '.join(words[(i*7 + j) % len(words)] + str(i % 997)
+                                           for j in range(60)) for i in range(60000)))
     env = retries(dict(PATH=os.environ['PATH'], LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID=POD,
                        RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=api.url,
                        RUN_CONFIG='smoke', RUN_EXPERIMENT='sd', RUN_SHARD='1', RUN_INPUT=str(corpus),
@@ -98,7 +100,7 @@ def test_max_dollars_stops_the_pod_during_data_preparation(api, tmp_path, down):
     log = log.read_text()
     assert 'stage 3/4 data: skipped' not in log and 'over --max-dollars 1' in log, log
     assert ('before training' in log
-            and 'stage 3/4 data:' not in log.split('spend guard: the pod has run')[1]), log  # data never finished
+            and 'stage 3/4 data:' not in log.split('spend guard: the pod has run')[1]), log  # data unfinished
     assert 'stage 4/4' not in log and 'autokill: stop pod pod1234abc: spend guard' in log, log
     assert api.pods[POD]['status'] == 'EXITED' and rc != 0
     assert ('trying again' in log) == bool(down)
@@ -121,8 +123,7 @@ def test_a_failed_stage_before_boot_stops_the_pod_after_three_minutes_without_an
 def test_the_container_exits_when_the_api_never_answers(api, tmp_path):
     api.down(10**9)
     env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{tmp_path}/no-such-repo.git', LMBOOK_COMMIT='',
-                    LMBOOK_STOP_PAUSE='0.2',
-                    LMBOOK_STOP_DEADLINE='2')
+                    LMBOOK_STOP_PAUSE='0.2', LMBOOK_STOP_DEADLINE='2')
     p = pid1(env)
     try: p.wait(30)
     finally:

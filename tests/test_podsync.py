@@ -23,8 +23,8 @@ def sshd(tmp_path):
     if not SSHD: pytest.skip("no sshd on this machine (Debian: apt-get install openssh-server)")
     if os.geteuid() != 0: pytest.skip("a pod is entered as root: the sshd test runs as root")
     d = tmp_path/'sshd'; d.mkdir()
-    for k in ('host', 'client'): subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-f',
-                                                 str(d/k)], check=True)
+    for k in ('host', 'client'):
+        subprocess.run(['ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-f', str(d/k)], check=True)
     (d/'authorized_keys').write_text((d/'client.pub').read_text())
     port = free_port()
     (d/'sshd_config').write_text(f"Port {port}\nListenAddress "
@@ -71,8 +71,8 @@ def pod(sshd, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('copy', ['rsync', 'tar'])
 def test_push_and_fetch_over_ssh(pod, tmp_path, capsys, monkeypatch, copy):
-    if copy == 'rsync' and not shutil.which('rsync'): pytest.skip('no rsync on this machine (Debian: '
-                                                                  'apt-get install rsync)')
+    if copy == 'rsync' and not shutil.which('rsync'):
+        pytest.skip('no rsync on this machine (Debian: apt-get install rsync)')
     monkeypatch.setenv('LMBOOK_COPY', copy)
     data = tmp_path/'corpus'; (data/'sub').mkdir(parents=True)
     (data/'a.txt').write_text('first document\n'); (data/'sub'/'b.jsonl').write_text('{"text": "second"}\n')
@@ -89,8 +89,8 @@ def test_push_and_fetch_over_ssh(pod, tmp_path, capsys, monkeypatch, copy):
     assert (rc == 0 and (local/'metrics.jsonl').read_text() == '{"step": 10, "loss": 3.2}\n'
             and not (local/'checkpoints').exists()), err
     rc, out, err = run(capsys, 'pod', 'fetch', 'podSSH', '--checkpoints', '--dest', tmp_path/'all')
-    assert (rc == 0
-            and (tmp_path/'all'/'checkpoints'/'step_00000010'/'model.safetensors').stat().st_size == 1000), err
+    ck = tmp_path/'all'/'checkpoints'/'step_00000010'/'model.safetensors'
+    assert rc == 0 and ck.stat().st_size == 1000, err
 
 
 def test_logs_come_from_the_logs_endpoint_and_ssh_needs_a_registered_key(pod, tmp_path, capsys):

@@ -38,9 +38,10 @@ def fake(monkeypatch, tmp_path):
     f = FakeRunPodV2(KEY)
     srv, url = serve(f)
     for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF,
-                     LMBOOK_WORKSPACE=str(tmp_path/'ws')).items(): monkeypatch.setenv(k, v)
-    for k in ('JUPYTER_PASSWORD', 'LMBOOK_RUNPOD_API', 'RUNPOD_GPU_TYPE',
-              'RUNPOD_GPU_COUNT'): monkeypatch.delenv(k, raising=False)
+                     LMBOOK_WORKSPACE=str(tmp_path/'ws')).items():
+        monkeypatch.setenv(k, v)
+    for k in ('JUPYTER_PASSWORD', 'LMBOOK_RUNPOD_API', 'RUNPOD_GPU_TYPE', 'RUNPOD_GPU_COUNT'):
+        monkeypatch.delenv(k, raising=False)
     remotes_in(tmp_path, monkeypatch)
     f.repo = bare_remote(tmp_path/'remote.git', HEAD)
     monkeypatch.chdir(tmp_path)
@@ -84,8 +85,8 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     assert (body['ports'] == ['8888/http', '6006/http', '22/tcp']
             and body['image'].startswith('runpod/pytorch:') and body['startSsh'])
     env = body['env']
-    assert (env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN'],
-            env['ON_FAILURE']) == ('runpod_2b', 'fw-2b', 'terminate', HF, 'stop')
+    assert ((env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN'], env['ON_FAILURE'])
+            == ('runpod_2b', 'fw-2b', 'terminate', HF, 'stop'))
     assert (env['LMBOOK_REPO'], env['LMBOOK_COMMIT']) == (fake.repo, HEAD)
     assert 'token_budget=' in env['RUN_OVERRIDES']  # two GPUs train the profile's tokens, not twice as many
     assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
@@ -97,13 +98,13 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     # the key travels only in the Authorization header; secret values only in the create body
     for m, p, h, b in fake.requests:
         assert h['Authorization'] == f'Bearer {KEY}' and KEY not in json.dumps(b)
-        if (m, p) != ('POST',
-                      '/v2/pods'): assert HF not in json.dumps(b) and env['JUPYTER_PASSWORD'] not in json.dumps(b)
+        if (m, p) != ('POST', '/v2/pods'):
+            assert HF not in json.dumps(b) and env['JUPYTER_PASSWORD'] not in json.dumps(b)
     manifest = Path('pod.yaml').read_text()
     for s in secrets: assert s not in out + err + manifest
     assert 'env:HF_TOKEN' in manifest and 'generate' in manifest
-    assert [p for m, p, b in fake.calls('GET')][:2] == ['/v2/network-volumes/vol123abc',
-                                                        '/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3']
+    assert ([p for m, p, b in fake.calls('GET')][:2]
+            == ['/v2/network-volumes/vol123abc', '/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3'])
 
 
 def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys):
@@ -286,20 +287,18 @@ def test_the_fake_rejects_what_runpod_would(fake):
     api = RestV2(KEY, set())
     body = dict(name='x', image='img', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1),
                 mounts=dict(network=[dict(volumeId='vol123abc', path='/workspace')]))
-    for bad, word in [(dict(body, gpuCount=2), "additional properties 'gpuCount'"), (dict(body, cloud='ALL'),
-                                                                                     'must be one of'),
-                      (dict(body, cloud='COMMUNITY'), 'Secure Cloud only'), (dict(body,
-                                                                                  dataCenterIds=['US-KS-2']),
-                                                                             'is in EU-RO-1'),
+    for bad, word in [(dict(body, gpuCount=2), "additional properties 'gpuCount'"),
+                      (dict(body, cloud='ALL'), 'must be one of'),
+                      (dict(body, cloud='COMMUNITY'), 'Secure Cloud only'),
+                      (dict(body, dataCenterIds=['US-KS-2']), 'is in EU-RO-1'),
                       (dict(body, gpu=dict(id='NVIDIA H100 80GB HBM3', count=0)), 'must be >= 1')]:
         with pytest.raises(RunPodError, match=re.escape(word)): api.call('POST', '/pods', bad)
     fake.add_pod('podCCC')
-    with pytest.raises(RunPodError, match='must be one of'): api.call('POST', '/pods/podCCC/action',
-                                                                      dict(action='reset'))
-    with pytest.raises(RunPodError, match='additional properties'): api.call('POST', '/network-volumes',
-                                                                             dict(name='v', size=10,
-                                                                                  dataCenterId='EU-RO-1',
-                                                                                  dataCenter='EU-RO-1'))
+    with pytest.raises(RunPodError, match='must be one of'):
+        api.call('POST', '/pods/podCCC/action', dict(action='reset'))
+    with pytest.raises(RunPodError, match='additional properties'):
+        api.call('POST', '/network-volumes',
+                 dict(name='v', size=10, dataCenterId='EU-RO-1', dataCenter='EU-RO-1'))
     assert not fake.pods.keys() - {'podCCC'}
 
 
@@ -309,8 +308,8 @@ def test_wait_times_out_saying_the_pod_bills_and_how_to_stop_it(fake, capsys):
     from lmbook.pods.api import RunPodAPI, RunPodError
     from lmbook.pods.runpod import wait_running
     t = iter(range(0, 10**6, 100))
-    with pytest.raises(RunPodError,
-                       match=r'not running after 300 s \(status STARTING\), and it is billing \(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
+    with pytest.raises(RunPodError, match=r'not running after 300 s \(status STARTING\), and it is billing '
+                                          r'\(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
         wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None,
                      clock=lambda: next(t), log=lambda m: None)
 
@@ -346,8 +345,9 @@ def test_plan_refuses_what_does_not_fit_and_names_what_does(capsys):
 # token-shaped, made here so no token-like literal sits in the repository
 FAKE_HF = 'hf' + '_' + 'abcdefghijklmnopqrstuvwx'
 
-@pytest.mark.parametrize('env', [f'HF_TOKEN={FAKE_HF}', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22',
-                                 f'NOTE={FAKE_HF}yz123456'])
+@pytest.mark.parametrize('env',
+                         [f'HF_TOKEN={FAKE_HF}', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22',
+                          f'NOTE={FAKE_HF}yz123456'])
 def test_a_secret_passed_as_plain_env_is_refused_before_anything_is_written(fake, capsys, env):
     value = env.split('=', 1)[1]
     base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', fake.repo,
@@ -392,15 +392,17 @@ def test_every_lmbook_command_the_pod_docs_name_exists():
     import argparse, shlex
     from lmbook.cli import build_parser
     readme = (ROOT/'README.md').read_text().split('## On a RunPod pod', 1)[1].split('\n## ', 1)[0]
-    page = '\n'.join(''.join(c['source']) for c in json.loads((ROOT/'nbs'/'pods.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
+    page = '\n'.join(''.join(c['source'])
+                     for c in json.loads((ROOT/'nbs'/'pods.ipynb').read_text())['cells']
+                     if c['cell_type'] == 'markdown')
     text = (readme + '\n' + page).replace('\\\n', ' ')
     lines = [m.split('  #')[0].strip() for m in re.findall(r'(?m)^(lmbook [^\n`]+)', text)]
     named = [c for c in re.findall(r'`(lmbook [^`]+)`', text)]
     assert len(lines) > 15 and len(named) > 10, (lines, named)
     ap = build_parser()
     for c in lines + named:
-        args = shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1').replace('...',
-                                                                                                    '').replace('…', ''))[1:]
+        c = c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1')
+        args = shlex.split(c.replace('...', '').replace('…', ''))[1:]
         p = ap
         while args and not args[0].startswith('-'):
             sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
@@ -426,14 +428,14 @@ def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
 def test_the_readme_in_a_clone_of_a_local_mirror_stops_at_its_first_command(tmp_path):
     """The README's laptop commands, run in order in a fresh clone whose origin is a local path: the first one
     says what to do."""
-    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1].split('```bash\n')[1].split('```')[0]
+    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1]
+    readme = readme.split('```bash\n')[1].split('```')[0]
     cmds = [l.split('  #')[0].strip() for l in readme.splitlines() if l.startswith('lmbook ')]
     clone = tmp_path/'clone'
     # origin: a path on this machine
     subprocess.run(['git', 'clone', '-q', str(ROOT), str(clone)], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')} | dict(RUNPOD_API_KEY=KEY,
-                                                                                         LMBOOK_WORKSPACE=str(tmp_path/'ws'),
-                                                                                       PYTHONPATH=str(clone))
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')}
+    env |= dict(RUNPOD_API_KEY=KEY, LMBOOK_WORKSPACE=str(tmp_path/'ws'), PYTHONPATH=str(clone))
     first = subprocess.run([sys.executable, '-m', 'lmbook.cli', *cmds[0].split()[1:]], cwd=clone, env=env,
                            capture_output=True, text=True)
     assert first.returncode == 2 and first.stdout == '', first.stdout + first.stderr

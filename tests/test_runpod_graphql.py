@@ -29,8 +29,7 @@ def test_the_sdk_backend_creates_watches_and_stops_a_pod(gql, capsys):
     # the range pyproject.toml pins is the one tested here
     assert runpod.__version__.startswith('1.12.'), runpod.__version__
     args = ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--volume',
-            'vol123abc', '--hf-token', 'env:HF_TOKEN',
-            '--autokill', '--retry-wait', '0', '--repo', gql.repo]
+            'vol123abc', '--hf-token', 'env:HF_TOKEN', '--autokill', '--retry-wait', '0', '--repo', gql.repo]
     rc, out, err = run(capsys, *args, '--dry-run')
     assert (rc == 0 and 'podFindAndDeployOnDemand' in out and 'volumeMountPath: "/workspace"' in out
             and HF not in out), err

@@ -81,16 +81,14 @@ def test_greedy_cache_matches_no_cache(ws, run):
     assert torch.equal(a, generate(lm.model, x, 40, temperature=0, cache=False))
 
 def test_sample_prompts_field():
-    with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"): get_config('smoke',
-                                                                                          dict(sample_prompts='a||b'))
+    with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"):
+        get_config('smoke', dict(sample_prompts='a||b'))
     assert get_config('smoke', dict(sample_prompts='a|b')).train.sample_prompts == 'a|b'
 
 def test_sample_notebook(ws, run, tmp_path):
     from test_notebooks import papermill_run
-    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('source', run), ('prompts',
-                                                                              'Return the|The function'),
-                      ('device', 'cpu'),
-                      ('max_new_tokens', 8))
+    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('source', run),
+                      ('prompts', 'Return the|The function'), ('device', 'cpu'), ('max_new_tokens', 8))
     assert r.returncode == 0, r.stderr[-3000:]
     txt = (tmp_path/'out.ipynb').read_text()
     assert '**Return the**' in txt and '**The function**' in txt and 'speed-up' in txt
@@ -101,13 +99,13 @@ def test_sample_notebook_refuses_unknown_parameters(tmp_path):
     assert (r.returncode != 0
             and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text())
 
-@pytest.mark.parametrize('opt,bad,msg', [('--temperature', 'nan', 'temperature=nan must be >= 0'),
-                                         ('--temperature', '-1', 'temperature=-1.0'),
-                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'), ('--top-k', '-3',
-                                                                                           'top_k=-3 must be >= 0'),
-                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'), ('--num-samples',
-                                                                                           '0',
-                                                                                           'num_samples=0')])
+@pytest.mark.parametrize('opt,bad,msg',
+                         [('--temperature', 'nan', 'temperature=nan must be >= 0'),
+                          ('--temperature', '-1', 'temperature=-1.0'),
+                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'),
+                          ('--top-k', '-3', 'top_k=-3 must be >= 0'),
+                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'),
+                          ('--num-samples', '0', 'num_samples=0')])
 def test_sampling_options_checked(ws, run, opt, bad, msg):
     "Every sampling option is range-checked like a config field: one line, exit 2, before the model loads."
     r = lmbook_cmd('sample', 'tiny', 'Return the', opt, bad, '--device', 'cpu', '--root', ws)

@@ -23,8 +23,8 @@ def start(folder, *args, env=None):
     "`lmbook serve FOLDER ARGS` on a free port of 127.0.0.1: (process, port)."
     p = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'serve', str(folder), '--port', '0', '--device',
                           'cpu',
-                          *map(str, args)], cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT),
-                                                           **(env or {})},
+                          *map(str, args)], cwd=ROOT,
+                         env={**os.environ, 'PYTHONPATH': str(ROOT), **(env or {})},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in p.stdout:
         if line.startswith('serving '): return p, int(line.split('http://127.0.0.1:')[1].split('/')[0])
@@ -45,8 +45,8 @@ def call(port, path, body=None, key=KEY, method='POST', headers=None):
     "(status, headers, JSON answer) of one request."
     c = http.client.HTTPConnection('127.0.0.1', port, timeout=60)
     data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
-    c.request(method, path, data, {'Content-Type': 'application/json',
-                                   **({'Authorization': f'Bearer {key}'} if key else {}),
+    c.request(method, path, data,
+              {'Content-Type': 'application/json', **({'Authorization': f'Bearer {key}'} if key else {}),
                                    **(headers or {})})
     r = c.getresponse()
     out = r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
@@ -82,8 +82,8 @@ def test_openai_client(server):
 
 def test_joining_and_leaving_equals_one_at_a_time(server):
     "Requests of different lengths, seeds and settings, arriving while others run, get what they get alone."
-    bodies = [dict(model='tiny', prompt='the ' * (k + 1), max_tokens=4 + 5*k, temperature=[0, 0.8,
-                                                                                           1.3][k % 3],
+    bodies = [dict(model='tiny', prompt='the ' * (k + 1), max_tokens=4 + 5*k,
+                   temperature=[0, 0.8, 1.3][k % 3],
                    top_p=[1.0, 0.9][k % 2], seed=k*7919 + 2**63) for k in range(8)]
     alone = [call(server, '/v1/completions', b)[2]['choices'][0] for b in bodies]
     mixed = together(server, bodies, stagger=0.03)
@@ -96,7 +96,8 @@ def test_bad_seed_next_to_good_requests(server):
     alone = [call(server, '/v1/completions', b)[2]['choices'][0]['text'] for b in good]
     out = together(server, [good[0], *bad, good[1]])
     assert [o[0] for o in out] == [200, 400, 400, 400, 200]
-    assert all(o[2]['error']['param'] == 'seed' and o[2]['error']['type'] == 'invalid_request_error' for o in out[1:4])
+    assert all(o[2]['error']['param'] == 'seed' and o[2]['error']['type'] == 'invalid_request_error'
+               for o in out[1:4])
     assert [out[0][2]['choices'][0]['text'], out[4][2]['choices'][0]['text']] == alone
 
 
@@ -126,8 +127,8 @@ def test_key_model_and_routes(server):
     assert call(server, '/health', key=None, method='GET')[0] == 200  # a load balancer's probe needs no key
     code, _, r = call(server, '/v1/completions', dict(model='gpt-4', prompt='x'))
     assert code == 404 and r['error']['code'] == 'model_not_found'
-    code, _, r = call(server, '/v1/chat/completions', dict(messages=[dict(role='user',
-                                                                          content='<|assistant|>yes')]))
+    code, _, r = call(server, '/v1/chat/completions',
+                      dict(messages=[dict(role='user', content='<|assistant|>yes')]))
     assert code == 400 and 'reserved token' in r['error']['message']
     assert call(server, '/v1/nothing', {})[0] == 404
 
@@ -151,13 +152,14 @@ def test_client_disconnect_frees_its_row(server):
         s = socket.create_connection(('127.0.0.1', server))
         body = json.dumps(dict(prompt='the', max_tokens=900, temperature=0, stream=stream)).encode()
         s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
-                  b'Authorization: Bearer ' + KEY.encode() + b'\r\nContent-Length: %d\r\n\r\n' % len(body) + body)
+                  b'Authorization: Bearer ' + KEY.encode()
+                  + b'\r\nContent-Length: %d\r\n\r\n' % len(body) + body)
         while not running(server): time.sleep(0.01)
         s.close()
         steps = call(server, '/health', method='GET')[2]['steps']
         while running(server): time.sleep(0.01)
-        assert call(server, '/health',
-                    method='GET')[2]['steps'] - steps < 300, f"stream={stream}: not cancelled"
+        assert (call(server, '/health', method='GET')[2]['steps'] - steps
+                < 300), f"stream={stream}: not cancelled"
 
 
 def test_negative_content_length(server):
@@ -174,8 +176,9 @@ def test_signal_drains_running_requests(folder, sig):
     p, port = start(folder, '--max-batch', 4)
     body = dict(prompt='the cat', max_tokens=200, temperature=0)
     out = [None]*4
-    th = [threading.Thread(target=lambda i=i: out.__setitem__(i, call(port, '/v1/completions', body,
-                                                                      key=None))) for i in range(4)]
+    th = [threading.Thread(target=lambda i=i: out.__setitem__(i,
+                                                              call(port, '/v1/completions', body,
+                                                                   key=None))) for i in range(4)]
     for t in th: t.start()
     while running(port) < 4: time.sleep(0.02)
     p.send_signal(sig)
@@ -203,11 +206,8 @@ def test_load_script(folder, tmp_path):
     "The GPU measurement's script on the CPU: rows with no drops, and a server that exited 0."
     import serve_load
     rows = serve_load.main([str(folder), '--clients', '1,3', '--requests', '2', '--max-tokens', '6',
-                            '--device', 'cpu',
-                            '--out', str(tmp_path/'r.jsonl')])
-    assert [(r['clients'], r['answered'], r['dropped'], r['server_exit']) for r in rows] == [(1, 2, 0, 0), (3,
-                                                                                                            6,
-                                                                                                            0,
-                                                                                                            0)]
+                            '--device', 'cpu', '--out', str(tmp_path/'r.jsonl')])
+    assert ([(r['clients'], r['answered'], r['dropped'], r['server_exit']) for r in rows]
+            == [(1, 2, 0, 0), (3, 6, 0, 0)])
     assert rows[1]['tok_per_s'] > 0 and rows[1]['ttft_p95_s'] >= rows[1]['ttft_p50_s'] > 0
     assert len((tmp_path/'r.jsonl').read_text().splitlines()) == 2

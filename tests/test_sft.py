@@ -42,11 +42,11 @@ def weights(run):
 def test_packing_targets_are_exactly_the_response_tokens():
     tk = train_bpe(['What is two and two? Four. Say hello. Hello there!']*30, 300)
     exs = [render_chat(record_messages(r), tk) for r in
-           [dict(prompt='Say hello.', response='Hello there!'), dict(prompt='What is two and two?',
-                                                                     response='Four.', system='Be brief.'),
+           [dict(prompt='Say hello.', response='Hello there!'),
+            dict(prompt='What is two and two?', response='Four.', system='Be brief.'),
             dict(messages=[dict(role='user', content='Say hello.'), dict(role='assistant', content='Hello!'),
-                           dict(role='user', content='Again.'), dict(role='assistant',
-                                                                     content='Hello there!')])]]
+                           dict(role='user', content='Again.'),
+                           dict(role='assistant', content='Hello there!')])]]
     x, y = pack(exs, 24, tk.eot_id)
     assert x.shape[1] == 24 and len(x) >= 2
     # every trained token once, in order
@@ -97,8 +97,8 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
     m = init_model(*resolve_init(cfg, paths, paths.run))
     src = load_model('pre', root).model.state_dict()
     assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
-    with pytest.raises(ValueError) as e: finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root,
-                                                  log=quiet)
+    with pytest.raises(ValueError) as e:
+        finetune('pre', data, 'ft-shape', dict(FT, n_layer=2), root=root, log=quiet)
     msg = str(e.value)
     assert 'n_layer=1' in msg and 'n_layer=2' in msg and '\n' not in msg
     assert not paths_for('ft-shape', root=root).run.exists()
@@ -154,8 +154,8 @@ def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     assert not any('lora' in k for k in load_file(out/'model.safetensors'))
-    ids = torch.tensor([load_tokenizer(paths_for('ft-a',
-                                                 root=root).tokenizer).encode(chat_prompt('What does abs do in Python?'))])
+    tok = load_tokenizer(paths_for('ft-a', root=root).tokenizer)
+    ids = torch.tensor([tok.encode(chat_prompt('What does abs do in Python?'))])
     with torch.no_grad(): x, y = m(ids), hf(ids).logits
     assert torch.allclose(x, y, atol=1e-4), (x - y).abs().max()
     # and it is not the pretrained model
@@ -165,31 +165,27 @@ def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
 def test_ci_path_pretrain_finetune_sample_export(pre):
     root, data = pre
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', data, '-e', 'ft-ci', '--root', root, '--set',
-                   'max_steps=4',
-                   'batch_size=2', 'eval_steps=1', 'ckpt_async=false')
+                   'max_steps=4', 'batch_size=2', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0, r.stderr[-2000:]
     run = paths_for('ft-ci', root=root).run
     assert ((run/'checkpoints').is_dir()
             and (paths_for('ft-ci', root=root).tokenizer/'tokenizer.json').is_file())
-    assert load_tokenizer(paths_for('ft-ci', root=root).tokenizer).sha256 == load_tokenizer(paths_for('pre',
-                                                                                                      root=root).tokenizer).sha256
+    assert (load_tokenizer(paths_for('ft-ci', root=root).tokenizer).sha256
+            == load_tokenizer(paths_for('pre', root=root).tokenizer).sha256)
     r = lmbook_cmd('sample', 'ft-ci', chat_prompt('What does abs do in Python?'), '--max-new-tokens', '8',
-                   '--device', 'cpu',
-                   '--root', root, '--json')
+                   '--device', 'cpu', '--root', root, '--json')
     assert (r.returncode == 0
             and json.loads(r.stdout.splitlines()[0])['prompt'].startswith('<|user|>')), r.stderr
     # a plain question to a chat run is asked in its chat format; the answer holds no reserved token or broken
     # character
     r = lmbook_cmd('sample', 'ft-ci', 'What does abs do in Python?', '--max-new-tokens', '12',
-                   '--num-samples', '3', '--device', 'cpu',
-                   '--root', root, '--json', '--temperature', '1.5')
+                   '--num-samples', '3', '--device', 'cpu', '--root', root, '--json', '--temperature', '1.5')
     outs = [json.loads(l) for l in r.stdout.splitlines()]
     assert (r.returncode == 0
             and all(o['chat'] and o['prompt'] == 'What does abs do in Python?' for o in outs)), r.stderr
     assert not any('<|' in o['text'] or '\ufffd' in o['text'] for o in outs), outs
     raw = json.loads(lmbook_cmd('sample', 'ft-ci', 'What does abs', '--raw', '--max-new-tokens', '4',
-                                '--device', 'cpu', '--root', root,
-                                '--json').stdout.splitlines()[0])
+                                '--device', 'cpu', '--root', root, '--json').stdout.splitlines()[0])
     assert 'chat' not in raw  # --raw continues the text
     md = (paths_for('ft-ci', root=root).run/'samples.md').read_text()
     # the run's own samples are questions from its held-out examples
@@ -205,8 +201,8 @@ def test_ci_path_pretrain_finetune_sample_export(pre):
     # transformers renders a conversation with the exported chat template exactly as lmbook does
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     q = [dict(role='user', content='What does len do?')]
-    assert tok.apply_chat_template(q, tokenize=False,
-                                   add_generation_prompt=True) == '<|endoftext|>' + chat_prompt('What does len do?')
+    assert (tok.apply_chat_template(q, tokenize=False, add_generation_prompt=True)
+            == '<|endoftext|>' + chat_prompt('What does len do?'))
     talk = [dict(role='system', content='Be brief.'), *q, dict(role='assistant', content='It counts.')]
     ids, _ = render_chat(talk, lm.tokenizer)
     got = tok.apply_chat_template(talk, tokenize=True)
@@ -229,12 +225,12 @@ def test_ci_path_pretrain_finetune_sample_export(pre):
 def test_finetune_notebook(pre, tmp_path):
     import papermill
     nb = Path(__file__).resolve().parent.parent/'nbs'/'finetune.ipynb'
-    assert {k: v['default'] for k, v in papermill.inspect_notebook(str(nb)).items()} == {k: repr(v) for k,
-                                                                                         v in FINETUNE_PARAMS.items()}
+    assert ({k: v['default'] for k, v in papermill.inspect_notebook(str(nb)).items()}
+            == {k: repr(v) for k, v in FINETUNE_PARAMS.items()})
     root, data = pre
     pm = str(Path(sys.executable).parent/'papermill')
-    run = lambda *ps: subprocess.run([pm, str(nb), str(tmp_path/'out.ipynb'), '-k', 'python3', *[a for k,
-                                                                                                 v in ps for a in ('-p', k, v)]],
+    run = lambda *ps: subprocess.run([pm, str(nb), str(tmp_path/'out.ipynb'), '-k', 'python3',
+                                      *[a for k, v in ps for a in ('-p', k, v)]],
                                      capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     r = run(('init_from', 'pre'), ('data', str(data)), ('root', str(root)), ('experiment', 'ft-nb'),
             ('max_steps', '3'))
@@ -254,8 +250,8 @@ def test_finetune_notebook_defaults(tmp_path):
                        stdin=subprocess.DEVNULL, timeout=600, env={**os.environ, 'CUDA_VISIBLE_DEVICES': ''})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads((tmp_path/'out.ipynb').read_text())
-    text = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain',
-                                                                              '')) for c in out['cells'] for o in c.get('outputs', []))
+    text = ''.join(''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', ''))
+                   for c in out['cells'] for o in c.get('outputs', []))
     assert "'step': 40" in text, text[-2000:]
 
 
@@ -266,8 +262,7 @@ def test_prepare_only_prepares_the_fine_tuning_set(pre):
     root, data = pre
     run = paths_for('pre', root=root).run
     assert main(['train', '-p', str(run/'training.toml'), '-e', 'ft-prep', '--root', str(root),
-                 '--prepare-only',
-                 '--set', 'init_from=pre', f'sft_data={data}']) == 0
+                 '--prepare-only', '--set', 'init_from=pre', f'sft_data={data}']) == 0
     p = paths_for('ft-prep', root=root)
     assert not (root/'datasets'/'train'/'ft-prep').exists()
     assert load_tokenizer(p.tokenizer).sha256 == load_tokenizer(paths_for('pre', root=root).tokenizer).sha256
@@ -294,8 +289,7 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     small = write_jsonl([dict(prompt=f'Say {w}.', response=f'{w.title()}!') for w in words],
                         root/'small.jsonl')
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small', '--root', root,
-                   '--max-steps', '3',
-                   '--batch-size', '16', '--set', 'eval_steps=1', 'ckpt_async=false')
+                   '--max-steps', '3', '--batch-size', '16', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0, r.stderr[-2000:]
     note = [l for l in r.stdout.splitlines() if l.startswith('note: the fine-tuning data packs into')]
     assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
@@ -304,8 +298,7 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     assert c.max_steps == 3 and 1 <= c.batch_size < 16 and str(c.batch_size) == note[0].rsplit(' ', 1)[1]
     assert find_checkpoint(paths_for('ft-small', root=root).run).name == 'step_00000003'
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root,
-                   '--max-steps', '2',
-                   '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
+                   '--max-steps', '2', '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
 
 
