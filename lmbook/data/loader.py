@@ -27,9 +27,8 @@ def token_files(token_dir:Path) -> list[tuple[Path, int]]:
     "(path, token count) of every token file in `token_dir`, checked against its manifest."
     token_dir = Path(token_dir)
     m = read_manifest(token_dir)
-    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no "
-                                                                                "token manifest: run "
-                                                                                "`lmbook tokenize` first")
+    if m is None or m.get('format') != 'lmbook-tokens':
+        raise FileNotFoundError(f"{token_dir} has no token manifest: run `lmbook tokenize` first")
     if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook "
                                                "tokenize` again to finish it")
     out = []

@@ -197,9 +197,8 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
               ) -> tuple[Path, list[str]]:
     "Build the docs site of `checkout` offline; return its folder and the renderer's warnings."
     checkout = Path(checkout).resolve()
-    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError("no pyproject.toml "
-                                                                          f"in {checkout}: run this in "
-                                                                          "a checkout of the project")
+    if not (checkout/'pyproject.toml').is_file():
+        raise FileNotFoundError(f"no pyproject.toml in {checkout}: run this in a checkout of the project")
     try:  # optional (lmbook[docs])
         from smalldocs.site import build  # optional (lmbook[docs])
         from smalldocs.config import BuildError, ConfigError  # optional (lmbook[docs])

@@ -57,9 +57,8 @@ def hf_gpt2_folder(name:str='gpt2',
                                                                               hf_cache, download)
     except FileNotFoundError:
         raise FileNotFoundError(f"the weights of {name} are not in the local Hugging Face cache: fetch them "
-                                "where there is internet with "
-                                f"`huggingface-cli download {name} config.json model.safetensors` and copy "
-                                    "the cache here (or set HF_HOME)") from None
+                                f"where there is internet with `huggingface-cli download {name} config.json "
+                                "model.safetensors` and copy the cache here (or set HF_HOME)") from None
     if cfg.parent != w.parent: raise FileNotFoundError(f"{name}'s config.json ({cfg.parent}) and "
         f"model.safetensors ({w.parent}) are in different snapshots: download both again")
     return w.parent

@@ -193,9 +193,8 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
                ) -> tuple[str, str, str]:
     "(repository URL, full commit, a warning or '') the pod runs; refuses a commit the remote lacks."
     checkout = Path(checkout or package_dir().parent)
-    if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a "
-                                                                                 "git checkout: give --repo "
-                                                                                 "URL and --commit SHA")
+    if _git('rev-parse', '--git-dir', cwd=checkout).returncode:
+        raise ValueError(f"{checkout} is not a git checkout: give --repo URL and --commit SHA")
     if not repo:
         r = _git('remote', 'get-url', 'origin', cwd=checkout)
         if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where "

@@ -202,9 +202,9 @@ def bench(profile:str, # profile name or config file
           eval_batches:int=20, # validation batches
          ) -> list[dict]:
     "Benchmark `profile` at each micro-batch size; one row per size, appended to `out`."
-    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does "
-                                                                             "not exist: run `lmbook "
-                                                                             "tokenize` or leave out --data")
+    if data is not None and not Path(data).is_dir():
+        raise FileNotFoundError(f"token folder {data} does not exist: "
+                                "run `lmbook tokenize` or leave out --data")
     base = get_config(profile, overrides or {})
     info = init_distributed(pick_device(base.train.device))
     rows = []
