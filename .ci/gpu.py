@@ -1,12 +1,11 @@
 """The GPU check: every CUDA path of lmbook at tiny shapes, one JSON row per path (card, torch, date, pass or
-fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more it
-also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
+fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more
+it also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
 
 usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
 
 `ROWS` names each row and the config values it runs; tests/test_gpu_check.py holds it to a row for every value
-that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked.
-"""
+that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked."""
 from __future__ import annotations
 import argparse, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 import urllib.request
@@ -16,12 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = 'cuda'  # where every row runs
-# every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every 10
-TINY = dict(device=DEVICE, compile='auto', max_steps=20, warmup_steps=2, eval_every=10, eval_steps=2, log_every=5,
-            ckpt_every=10, batch_size=8, tensorboard=False)
+# every row's runs are tiny: the smoke model (2 layers, 128 wide), 20 steps, a checkpoint and validation every
+# 10
+TINY = dict(device=DEVICE, compile='auto', max_steps=20, warmup_steps=2, eval_every=10, eval_steps=2,
+            log_every=5, ckpt_every=10, batch_size=8, tensorboard=False)
 # the fine-tuning rows: a small random Llama read through init_from=hf:, LoRA on q, k, v, o
-FINETUNE = dict(device=DEVICE, lora_rank=8, lora_targets='q,k,v,o', block_size=128, batch_size=4, max_steps=10,
-                lr=2e-3, warmup_steps=2, eval_every=5, eval_steps=2, ckpt_every=5, log_every=5, tensorboard=False)
+FINETUNE = dict(device=DEVICE, lora_rank=8, lora_targets='q,k,v,o', block_size=128, batch_size=4,
+                max_steps=10,
+                lr=2e-3, warmup_steps=2, eval_every=5, eval_steps=2, ckpt_every=5, log_every=5,
+                tensorboard=False)
 # all runs read one prepared copy of the built-in corpus
 SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/gpu', LMBOOK_VAL_DIR='datasets/val/gpu',
               LMBOOK_TOKENIZER_DIR='artifacts/tokenizer/gpu', LMBOOK_CACHE_DIR='cache/gpu',
@@ -54,7 +56,8 @@ ROWS = [
     Row('optimizer-muon', 'train', dict(optimizer='muon'), expect=dict(optimizer='muon')),
     *[Row(f'attn-{b}', 'train', dict(attn_backend=b), expect=dict(attention='cudnn' if b == 'auto' else b))
       for b in ATTN],
-    Row('attn-flex-doc_mask', 'train', dict(attn_backend='flex', doc_mask=True), expect=dict(attention='flex')),
+    Row('attn-flex-doc_mask', 'train', dict(attn_backend='flex', doc_mask=True),
+        expect=dict(attention='flex')),
     Row('doc_mask-sdpa', 'train', dict(doc_mask=True)),
     Row('fused_ce', 'train', dict(fused_ce=True), expect=dict(loss_kernel='chunked')),
     Row('batch_fit', 'train', dict(batch_fit=True, batch_size=2, grad_accum=8, compile='false')),
@@ -81,17 +84,20 @@ def check(ok, msg):
 
 
 def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
-    "Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to `log`."
-    env = {**os.environ, **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
+    """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to
+    `log`."""
+    env = {**os.environ,
+           **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
            'LMBOOK_WORKSPACE': str(ws)}
-    p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
     if log: log.write_text(p.stdout + p.stderr)
     return p
 
 
 def sets(d:dict) -> list[str]: return [f'--set={k}={v}' for k, v in d.items()]
-def metrics(run:Path) -> list[dict]: return [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines()]
+def metrics(run:Path) -> list[dict]:
+    return [json.loads(l) for l in (run/'metrics.jsonl').read_text().splitlines()]
 
 
 def run_ok(p, what):
@@ -104,7 +110,8 @@ def trained(run:Path) -> dict:
     train = [r for r in rows if r.get('loss') is not None and r.get('tok_per_s')]
     vals = [r['val_loss'] for r in rows if r.get('val_loss') is not None]
     check(len(train) >= 2, f"{run.name}: {len(train)} train rows")
-    check(train[-1]['loss'] < train[0]['loss'], f"{run.name}: the loss did not fall ({train[0]['loss']:.3f} -> "
+    check(train[-1]['loss'] < train[0]['loss'],
+          f"{run.name}: the loss did not fall ({train[0]['loss']:.3f} -> "
                                                f"{train[-1]['loss']:.3f})")
     check(vals and all(v == v and v < 1e9 for v in vals), f"{run.name}: validation {vals}")
     last = train[-1]
@@ -114,11 +121,13 @@ def trained(run:Path) -> dict:
 
 
 def run_train(row:Row, ws:Path, out:Path) -> dict:
-    p = lmbook(ws, 'train', '-p', 'smoke', '-e', row.name, *sets({**TINY, **row.overrides}), log=out/f'{row.name}.log')
+    p = lmbook(ws, 'train', '-p', 'smoke', '-e', row.name, *sets({**TINY, **row.overrides}),
+               log=out/f'{row.name}.log')
     run_ok(p, 'lmbook train')
     run = ws/'runs'/row.name
     levers = json.loads((run/'meta.json').read_text()).get('levers', {})
-    for k, v in row.expect.items(): check(levers.get(k) == v, f"the run used {k}={levers.get(k)!r}, not {v!r}")
+    for k, v in row.expect.items():
+        check(levers.get(k) == v, f"the run used {k}={levers.get(k)!r}, not {v!r}")
     check('ignored' not in p.stdout + p.stderr, f"a lever was ignored: {(p.stdout + p.stderr)[-400:]}")
     if row.overrides.get('batch_fit'): check('batch_fit: micro-batch' in p.stdout, 'no batch_fit line')
     return dict(trained(run), levers=levers)
@@ -148,7 +157,8 @@ def run_finetune(row:Row, ws:Path, out:Path) -> dict:
     ck = run/'checkpoints'/'step_00000020'
     from safetensors import safe_open
     with safe_open(ck/'model.safetensors', 'pt') as f: keys = list(f.keys())
-    check(keys and all(k.endswith(('.lora_A', '.lora_B')) for k in keys), f"the checkpoint holds {keys[:3]}...")
+    check(keys and all(k.endswith(('.lora_A', '.lora_B')) for k in keys),
+          f"the checkpoint holds {keys[:3]}...")
     check(json.loads((ck/'state.json').read_text()).get('base'), 'the checkpoint names no base')
     exp = out.parent/'exports'/row.name
     shutil.rmtree(exp, ignore_errors=True)
@@ -175,7 +185,8 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     if (folder/'adapter'/'adapter_config.json').is_file():
         from peft import PeftModel
         base = AutoModelForCausalLM.from_pretrained(folder/'base', dtype=torch.bfloat16).to(DEVICE)
-        with torch.no_grad(): peft = PeftModel.from_pretrained(base, folder/'adapter').eval()(ids).logits.float()
+        with torch.no_grad():
+            peft = PeftModel.from_pretrained(base, folder/'adapter').eval()(ids).logits.float()
         res['peft_rel_diff'] = round(((ours - peft).norm() / ours.norm()).item(), 5)
         check(res['peft_rel_diff'] < 2e-2, f"peft on the exported base differs by {res['peft_rel_diff']:.2e}")
     return res
@@ -186,8 +197,8 @@ def run_sample(row:Row, ws:Path, out:Path) -> dict:
     import torch
     from lmbook.runs.sample import load_model, generate
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
-        p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples', '2',
-                   log=out/f'{row.name}-{src}.log')
+        p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples',
+                   '2', log=out/f'{row.name}-{src}.log')
         run_ok(p, f'lmbook sample {src}')
         check(len(p.stdout.strip()) > len(prompt), f"no text: {p.stdout!r}")
     lm = load_model('train-bf16-compile', ws, DEVICE)
@@ -205,19 +216,24 @@ def run_sample(row:Row, ws:Path, out:Path) -> dict:
 def run_eval(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook eval` on CUDA with a small HellaSwag file: the validation loss training logged last."
     hs = ws/'hellaswag.jsonl'
-    ends = [['the function.', 'a banana boat.', 'purple rain.', 'zebra.'], ['if it is None.', 'xyzzy.', 'qq.', 'ha.']]
-    hs.write_text(''.join(json.dumps(dict(ind=i, activity_label='Python', ctx_a='Return the value', ctx_b='of',
+    ends = [['the function.', 'a banana boat.', 'purple rain.', 'zebra.'],
+            ['if it is None.', 'xyzzy.', 'qq.', 'ha.']]
+    hs.write_text(''.join(json.dumps(dict(ind=i, activity_label='Python', ctx_a='Return the value',
+                                          ctx_b='of',
                                           ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4,
                                           source_id='t', split='val', split_type='indomain')) + '\n'
                           for i in range(8)))
-    p = lmbook(ws, 'eval', 'train-bf16-compile', '--root', ws, '--device', DEVICE, '--json', '--hellaswag-file', hs,
-               log=out/f'{row.name}.log')
+    p = lmbook(ws, 'eval', 'train-bf16-compile', '--root', ws, '--device', DEVICE, '--json',
+               '--hellaswag-file', hs, log=out/f'{row.name}.log')
     run_ok(p, 'lmbook eval')
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    logged = [r['val_loss'] for r in metrics(ws/'runs'/'train-bf16-compile') if r.get('val_loss') is not None][-1]
-    check(abs(res['val_loss'] - logged) / logged < 2e-2, f"eval {res['val_loss']:.4f} vs training's {logged:.4f}")
+    logged = [r['val_loss'] for r in metrics(ws/'runs'/'train-bf16-compile')
+              if r.get('val_loss') is not None][-1]
+    check(abs(res['val_loss'] - logged) / logged < 2e-2,
+          f"eval {res['val_loss']:.4f} vs training's {logged:.4f}")
     check(res.get('hellaswag_n') == 8, f"hellaswag_n {res.get('hellaswag_n')}")
-    return dict(val_loss=round(res['val_loss'], 4), logged_val_loss=round(logged, 4), hellaswag=res.get('hellaswag'))
+    return dict(val_loss=round(res['val_loss'], 4), logged_val_loss=round(logged, 4),
+                hellaswag=res.get('hellaswag'))
 
 
 def free_port() -> int:
@@ -225,7 +241,8 @@ def free_port() -> int:
 
 
 def run_serve(row:Row, ws:Path, out:Path) -> dict:
-    "`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM exits 0."
+    """`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM
+    exits 0."""
     port = free_port()
     env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
     log = open(out/f'{row.name}.log', 'w')
@@ -240,7 +257,8 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
         def ask(i):
             body = json.dumps(dict(model='finetune-lora', max_tokens=32, temperature=0,
                                    messages=[dict(role='user', content=f'What does abs do? ({i})')])).encode()
-            req = urllib.request.Request(f'{base}/chat/completions', body, {'Content-Type': 'application/json'})
+            req = urllib.request.Request(f'{base}/chat/completions', body,
+                                         {'Content-Type': 'application/json'})
             with urllib.request.urlopen(req, timeout=120) as r: res[i] = json.loads(r.read())
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
         for t in threads: t.start()
@@ -258,35 +276,41 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
 
 
 def run_papermill(row:Row, ws:Path, out:Path) -> dict:
-    "papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the stop."
+    """papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the
+    stop."""
     name, env, run = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}, ws/'runs'/row.name
-    cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile', 'smoke',
-           '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
+    cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile',
+           'smoke', '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
            '-p', 'overrides', 'compile=false,ckpt_every=5000,eval_every=1000,log_every=1,tensorboard=false']
     with open(out/f'{name}-stopped.log', 'w') as log:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True, stdin=subprocess.DEVNULL)
         t0 = time.time()
         while p.poll() is None and time.time() - t0 < 300:  # the run's own log says how far it got
-            steps = re.findall(r' step (\d+)/', (run/'train.log').read_text()) if (run/'train.log').exists() else []
+            steps = re.findall(r' step (\d+)/',
+                               (run/'train.log').read_text()) if (run/'train.log').exists() else []
             if steps and int(steps[-1]) >= 50: os.killpg(p.pid, signal.SIGTERM); break
             time.sleep(0.05)
         p.wait(120)
-    # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the run's
+    # papermill itself dies of the signal; the kernel's trainer writes its stop checkpoint, says so in the
+    # run's
     # log and lets go of the run's lock
     t0 = time.time()
-    while ((run/'.lock').exists() or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
+    while ((run/'.lock').exists()
+           or 'stopped by' not in (run/'train.log').read_text()) and time.time() - t0 < 180:
         time.sleep(0.5)
     stop = re.search(r'stopped by SIGTERM at step (\d+)', (run/'train.log').read_text())
     check(stop, f"no stop line: {(run/'train.log').read_text()[-600:]}")
     at = int(stop.group(1))
     check(at < 3000, f"stopped only at the end ({at})")
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                           timeout=600)
     (out/f'{name}-resumed.log').write_text(again.stdout + again.stderr)
     run_ok(again, 'papermill (resumed)')
     check(f'resumed at step {at}' in (run/'train.log').read_text(), f"not resumed at step {at}")
     steps = [r['step'] for r in metrics(run) if r.get('loss') is not None]
-    check(steps == sorted(set(steps)) and steps[-1] == 3000 and at + 1 in steps, f"train steps {steps[:3]}..{steps[-3:]}")
+    check(steps == sorted(set(steps)) and steps[-1] == 3000 and at + 1 in steps,
+          f"train steps {steps[:3]}..{steps[-3:]}")
     return dict(stopped_at=at, exit_after_sigterm=p.returncode, **trained(run))
 
 
@@ -294,7 +318,8 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
     "A 2-GPU run killed with SIGKILL mid-run, then the same command resumes from its newest checkpoint."
     name = row.name
     args = [sys.executable, '-m', 'lmbook.cli', 'train', '-p', 'smoke', '-e', name, '--nproc', '2',
-            *sets({**TINY, 'max_steps': 60, 'ckpt_every': 20, 'eval_every': 20, 'log_every': 1, **row.overrides})]
+            *sets({**TINY, 'max_steps': 60, 'ckpt_every': 20, 'eval_every': 20, 'log_every': 1,
+                   **row.overrides})]
     env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
     p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -346,15 +371,19 @@ def environment() -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--out', type=Path, help='the JSON lines file (default: nbs/benchmarks/results/gpu-check_DATE_CARD.jsonl)')
+    ap.add_argument('--out', type=Path,
+                    help='the JSON lines file (default: nbs/benchmarks/results/gpu-check_DATE_CARD.jsonl)')
     ap.add_argument('--only', default='', help='these rows only (comma-separated names)')
     ap.add_argument('--jobs', type=int, default=4, help='single-GPU rows run this many at a time')
-    ap.add_argument('--keep', type=Path, help='keep the workspace here (default: a temporary folder, removed)')
+    ap.add_argument('--keep', type=Path,
+                    help='keep the workspace here (default: a temporary folder, removed)')
     a = ap.parse_args()
     env = environment()
     if env['gpus'] == 0: sys.exit('the GPU check needs a CUDA GPU (torch.cuda.device_count() is 0)')
-    card = re.sub(r'[^a-z0-9]+', '', env['card'].lower().replace('nvidia', '').split('80gb')[0].split('141gb')[0])
-    out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{'x' + str(env['gpus']) if env['gpus'] > 1 else ''}.jsonl"
+    card = re.sub(r'[^a-z0-9]+', '',
+                  env['card'].lower().replace('nvidia', '').split('80gb')[0].split('141gb')[0])
+    many = 'x' + str(env['gpus']) if env['gpus'] > 1 else ''
+    out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{many}.jsonl"
     ws = a.keep or Path(tempfile.mkdtemp(prefix='lmbook-gpu-'))
     logs = ws/'logs'; logs.mkdir(parents=True, exist_ok=True)
     rows = [r for r in ROWS if not a.only or r.name in a.only.split(',')]
@@ -366,16 +395,20 @@ def main():
         if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")
         first = [r for r in rows if not r.after and r.gpus == 1]
         later = [r for r in rows if r.after and r.gpus == 1]
-        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env), first))
-        with ThreadPoolExecutor(a.jobs) as ex: recs += list(ex.map(lambda r: run_row(r, ws, logs, env), later))
+        with ThreadPoolExecutor(a.jobs) as ex:
+            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), first))
+        with ThreadPoolExecutor(a.jobs) as ex:
+            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), later))
         recs += [run_row(r, ws, logs, env) for r in rows if r.gpus > 1]
     finally:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(''.join(json.dumps(r) + '\n' for r in recs))
         if not a.keep: shutil.rmtree(ws, ignore_errors=True)
     bad = [r['row'] for r in recs if not r['ok']]
-    print(f"\n{len(recs) - len(bad)}/{len(recs)} rows passed in {time.time() - t0:.0f} s on {env['gpus']} x {env['card']}"
-          f" (torch {env['torch']}); rows in {out}" + (f"; not run (needs 2 GPUs): {', '.join(skipped)}" if skipped else ''))
+    print(f"\n{len(recs) - len(bad)}/{len(recs)} rows passed in {time.time() - t0:.0f} s on {env['gpus']} "
+          f"x {env['card']}"
+          f" (torch {env['torch']}); rows in {out}" + (f"; not run (needs 2 GPUs): {', '.join(skipped)}"
+                                                       if skipped else ''))
     for r in recs: print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['row']:28} {r['seconds']:6.1f} s  "
                          + (r.get('error', '')[:150] if not r['ok'] else ''))
     sys.exit(1 if bad else 0)

@@ -1,5 +1,5 @@
-"""The package's shape: modules, lines, longest function, and the files `cfg` crosses from `lmbook train` to the first
-optimizer step."""
+"""The package's shape: modules, lines, longest function, and the files `cfg` crosses from `lmbook train` to
+the first optimizer step."""
 import argparse, ast, json, os, re, sys, tempfile
 from pathlib import Path
 
@@ -23,7 +23,8 @@ def notebook_order() -> dict:
 def figures() -> dict:
     mods = modules()
     lines = sum(len(p.read_text().splitlines()) for p in mods.values())
-    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m, p in mods.items() for n in ast.walk(ast.parse(p.read_text()))
+    funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m, p in mods.items()
+             for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     wide = sum(len(l) > 110 for p in mods.values() for l in p.read_text().splitlines())
     return dict(modules=len(mods), lines=lines, longest_function=max(funcs), lines_over_110=wide,
@@ -40,7 +41,8 @@ def _lmbook_caller(frame):
 
 
 def cfg_path(argv:list) -> dict:
-    "Trace `lmbook *argv` in this process: the calls between lmbook files that hand on the config, up to the first step."
+    """Trace `lmbook *argv` in this process: the calls between lmbook files that hand on the config, up to the
+    first step."""
     from lmbook.config import Config, ModelConfig, DataConfig, TrainConfig
     from lmbook.cli import main
     kinds = (Config, ModelConfig, DataConfig, TrainConfig)
@@ -52,7 +54,8 @@ def cfg_path(argv:list) -> dict:
         if co.co_name == 'step' and 'torch/optim' in co.co_filename: raise _Found
         if not co.co_filename.startswith(str(PKG)) or co.co_name.startswith('__'): return
         args = [frame.f_locals.get(n) for n in co.co_varnames[:co.co_argcount + co.co_kwonlyargcount]]
-        if args and co.co_varnames[0] == 'self' and isinstance(args[0], kinds): return  # the config's own methods
+        # the config's own methods
+        if args and co.co_varnames[0] == 'self' and isinstance(args[0], kinds): return
         if any(carries(a) for a in args):
             caller, callee = _lmbook_caller(frame), Path(co.co_filename).stem
             if caller != callee: calls.append((caller, callee, co.co_name))
@@ -82,7 +85,8 @@ def cfg_paths() -> dict:
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument('--cfg', action='store_true', help='also trace the config (prepares a tiny smoke run: ~1 min)')
+    ap.add_argument('--cfg', action='store_true',
+                    help='also trace the config (prepares a tiny smoke run: ~1 min)')
     a = ap.parse_args()
     out = figures()
     if a.cfg: out['cfg'] = cfg_paths()

@@ -21,7 +21,8 @@ def profile_rows() -> list[dict]:
     estimate_memory = importlib.import_module('lmbook.model.memory').estimate_memory  # loads torch
     rows = []
     for name, fn in PROFILES.items():
-        c = fn(); m = c.model
+        c = fn()
+        m = c.model
         est = estimate_memory(c)
         rows.append(dict(profile=name, arch=m.arch, n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
                          n_kv_head=m.kv_heads, vocab_size=m.vocab_size, block_size=m.block_size,
@@ -97,8 +98,7 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'train': ('lmbook.train.launch',
         'train a profile (auto-resumes; --nproc N uses torchrun)'),
     'finetune': ('lmbook.train.finetune',
-        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses '
-        'only)'),
+        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses only)'),
     'sample': ('lmbook.runs.sample',
         'continue prompts with a checkpoint (a folder, or the newest good one of an experiment)'),
     'chat': ('lmbook.serve.chat',
@@ -110,8 +110,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'serve': ('lmbook.serve.server',
         'serve a run or an exported model: OpenAI-compatible HTTP API (or a RunPod worker)'),
     'plot': ('lmbook.cli',
-        'plot the metrics of one or more experiments against step, and the loss against tokens, time and '
-        'cost'),
+        'plot the metrics of one or more experiments against '
+        'step, and the loss against tokens, time and cost'),
     'profiles': ('lmbook.cli',
         'list the profiles with parameter counts and memory estimates'),
     'bench': ('lmbook.train.bench',
@@ -129,8 +129,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'databench': ('lmbook.dev.databench',
         '[developers] measure tokenize and loader speed; write JSON'),
     'orchestrate': ('lmbook.pods.boot',
-        '[developers] stages 2-4 of the boot pipeline (layout, shards and tokenizer, training) from a '
-        'local file'),
+        '[developers] stages 2-4 of the boot pipeline (layout, '
+        'shards and tokenizer, training) from a local file'),
 }
 
 def add_cli(sub):
@@ -183,7 +183,9 @@ def main(argv:list[str]|None=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = build_parser(next((a for a in argv if not a.startswith('-')), None), light=True)
     args = ap.parse_args(argv)
-    if not getattr(args, 'func', None): ap.print_help(); return EXIT_USER_ERROR
+    if not getattr(args, 'func', None):
+        ap.print_help()
+        return EXIT_USER_ERROR
     try: return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

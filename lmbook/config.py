@@ -99,15 +99,15 @@ class ModelConfig:
     block_size: int = cfield(1024, between(1, 2**24), 'shape', "context length in tokens")
     n_layer: int = cfield(12, at_least(1), 'shape', "transformer blocks")
     n_head: int = cfield(12, at_least(1), 'shape', "query heads")
-    n_kv_head: int = cfield(0, at_least(0), 'shape', "key/value heads (grouped-query attention); 0 means "
-                            "n_head")
+    n_kv_head: int = cfield(0, at_least(0), 'shape',
+                            "key/value heads (grouped-query attention); 0 means n_head")
     n_embd: int = cfield(768, at_least(1), 'shape', "residual width")
     mlp_hidden: int = cfield(0, at_least(0), 'shape', "MLP width; 0 means 4*n_embd (gpt2) or 8/3*n_embd "
                              "rounded up to 256 (llama)")
     rope_theta: float = cfield(10000.0, above(0), 'ask', "RoPE base (llama)")
     tie_embeddings: bool = cfield(True, FLAG, 'shape', "share the input embedding and the output head")
-    norm_eps: float = cfield(1e-5, between(0, 1, lo_open=True, hi_open=True), 'ask', "epsilon of "
-                             "LayerNorm/RMSNorm")
+    norm_eps: float = cfield(1e-5, between(0, 1, lo_open=True, hi_open=True), 'ask',
+                             "epsilon of LayerNorm/RMSNorm")
     dropout: float = cfield(0.0, between(0, 1, hi_open=True), 'ask', "dropout in attention and residual "
                             "paths (pretraining uses 0)")
     ce_chunk: int = cfield(0, at_least(0), 'free', ">0: the loss computes this many rows of logits at a time "
@@ -154,23 +154,23 @@ _DATA_MOVED = "the loader's position is in the old data"  # why a data field can
 @dataclass
 class DataConfig:
     "Where the tokens come from."
-    dataset: str = cfield('builtin', _DATASET, 'fixed', "'builtin' (this Python's docstrings), "
-                          "'pysource' (its installed source and docs), a Hugging Face dataset id, or a local "
-                          "file/folder",
+    dataset: str = cfield('builtin', _DATASET, 'fixed', "'builtin' (this Python's docstrings), 'pysource' "
+                          "(its installed source and docs), a Hugging Face "
+                          "dataset id, or a local file/folder",
                           why=_DATA_MOVED)
-    dataset_config: str = cfield('', _DATASET_CONFIG, 'fixed', "Hugging Face dataset config (e.g. "
-                                 "'sample-10BT')",
+    dataset_config: str = cfield('', _DATASET_CONFIG, 'fixed',
+                                 "Hugging Face dataset config (e.g. 'sample-10BT')",
                                  why=_DATA_MOVED)
     take: int = cfield(0, at_least(0), 'fixed', "documents to read from the source; 0 means all",
                        why=_DATA_MOVED)
-    val_ratio: float = cfield(0.05, between(0, 1, hi_open=True), 'fixed', "fraction of documents routed to "
-                              "validation",
+    val_ratio: float = cfield(0.05, between(0, 1, hi_open=True), 'fixed',
+                              "fraction of documents routed to validation",
                               why=_DATA_MOVED)
     data_seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of the train/validation split",
                             why=_DATA_MOVED)
-    tokenizer: str = cfield('', _TOKENIZER, 'fixed', "'' trains a BPE on the corpus; a Hub model id "
-                            "('gpt2') adopts that model's tokenizer.json (local Hugging Face cache, "
-                            "downloaded when online)",
+    tokenizer: str = cfield('', _TOKENIZER, 'fixed', "'' trains a BPE on the corpus; a Hub model "
+                            "id ('gpt2') adopts that model's tokenizer.json "
+                            "(local Hugging Face cache, downloaded when online)",
                             why="the checkpoint's embeddings belong to the old tokenizer's vocabulary")
     sft_data: str = cfield('', _SFT_DATA, 'fixed', "a JSONL of prompt/response or chat records to "
                            "fine-tune on ('' trains on `dataset`); needs init_from",
@@ -215,35 +215,35 @@ class TrainConfig:
     ckpt_minutes: float = cfield(30.0, at_least(0), 'free', "wall-clock minutes between checkpoints besides "
                                  "ckpt_every (0: off); the start warns when a write takes longer")
     keep_ckpts: int = cfield(2, at_least(1), 'free', "checkpoints kept on disk")
-    sample_every: int = cfield(0, at_least(0), 'free', "steps between sampled continuations (0: only at the "
-                               "end)")
+    sample_every: int = cfield(0, at_least(0), 'free',
+                               "steps between sampled continuations (0: only at the end)")
     seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of init, data order and sampling",
                        why="the data order and RNG states continue from the checkpoint, not from a new seed")
     device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
     dtype: str = cfield('auto', one_of('auto', 'bfloat16', 'float32'), 'ask', "'auto' (bf16 autocast on "
                         "CUDA, fp32 on CPU), 'bfloat16' or 'float32'",
                         cuda=('auto', 'bfloat16', 'float32'))
-    compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free', "torch.compile: 'auto' (on CUDA), "
-                          "'true' or 'false'",
+    compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free',
+                          "torch.compile: 'auto' (on CUDA), 'true' or 'false'",
                           cuda=('auto', 'true', 'false'))
-    epochs: float = cfield(0.0, at_least(0), 'free', "passes over the train tokens; >0 sets the number of "
-                           "steps (over max_steps)")
+    epochs: float = cfield(0.0, at_least(0), 'free',
+                           "passes over the train tokens; >0 sets the number of steps (over max_steps)")
     token_budget: int = cfield(0, at_least(0), 'free', "tokens to train on; >0 sets the number of steps "
                                "(over epochs and max_steps)")
-    decay_frac: float = cfield(0.2, between(0, 1), 'ask', "fraction of the run spent decaying at the end of "
-                               "the 'wsd' schedule")
+    decay_frac: float = cfield(0.2, between(0, 1), 'ask',
+                               "fraction of the run spent decaying at the end of the 'wsd' schedule")
     parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
                            "or 'fsdp' (FSDP2, sharded)",
                            cuda=('ddp', 'fsdp'))
-    nproc: int = cfield(1, at_least(1), 'free', "processes (GPUs) per node that `launch` starts through "
-                        "torchrun")
-    auto_resume: bool = cfield(True, FLAG, 'free', "continue from the newest complete checkpoint of the run "
-                               "directory")
-    deterministic: bool = cfield(False, FLAG, 'free', "torch.use_deterministic_algorithms (bit-identical "
-                                 "resume on CPU)",
+    nproc: int = cfield(1, at_least(1), 'free',
+                        "processes (GPUs) per node that `launch` starts through torchrun")
+    auto_resume: bool = cfield(True, FLAG, 'free',
+                               "continue from the newest complete checkpoint of the run directory")
+    deterministic: bool = cfield(False, FLAG, 'free',
+                                 "torch.use_deterministic_algorithms (bit-identical resume on CPU)",
                                  cuda=(True,))
-    max_nonfinite: int = cfield(5, at_least(0), 'free', "non-finite steps in a row (skipped updates) that "
-                                "stop the run")
+    max_nonfinite: int = cfield(5, at_least(0), 'free',
+                                "non-finite steps in a row (skipped updates) that stop the run")
     tensorboard: bool = cfield(True, FLAG, 'free', "also log to runs/<exp>/tensorboard")
     wandb: str = cfield('', _WANDB, 'free', "Weights & Biases project name ('' disables; "
                         "WANDB_MODE=offline honoured)")
@@ -272,11 +272,10 @@ class TrainConfig:
                               cuda=(True, False))
     allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
                                        "checkpoint's (the change is logged)")
-    init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, run "
-                            "folder or checkpoint folder) and its tokenizer, or from published weights: "
-                                "GPT-2 "
-                            "(hf:gpt2) or a Llama-family model (hf:PATH_OR_ID, a folder or the Hugging Face "
-                            "cache), at step 0 with a fresh optimizer")
+    init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, "
+                            "run folder or checkpoint folder) and its tokenizer, or from published "
+                            "weights: GPT-2 (hf:gpt2) or a Llama-family model (hf:PATH_OR_ID, a "
+                            "folder or the Hugging Face cache), at step 0 with a fresh optimizer")
     lora_rank: int = cfield(0, between(0, 4096), 'fixed', "rank of LoRA adapters on the attention and MLP "
                             "projections, base weights frozen (0: train every weight)",
                             why="the checkpoint's adapters have the old rank")
@@ -291,15 +290,15 @@ class TrainConfig:
                         cuda=('none', 'nf4'))
     mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
                          "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
-    hellaswag_every: int = cfield(0, at_least(0), 'free', "steps between HellaSwag evaluations during "
-                                  "training (0: off)")
-    hellaswag_limit: int = cfield(0, at_least(0), 'free', "HellaSwag examples per evaluation (0: all of "
-                                  "them)")
+    hellaswag_every: int = cfield(0, at_least(0), 'free',
+                                  "steps between HellaSwag evaluations during training (0: off)")
+    hellaswag_limit: int = cfield(0, at_least(0), 'free',
+                                  "HellaSwag examples per evaluation (0: all of them)")
     hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
                                  "validation file, cached in the workspace)")
-    doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a row "
-                            "(block-diagonal causal, documents start at end-of-text); fine-tuning turns it "
-                            "on",
+    doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a "
+                            "row (block-diagonal causal, documents start "
+                            "at end-of-text); fine-tuning turns it on",
                             cuda=(True,))
 
 TRAIN_RANGES = field_ranges(TrainConfig)
@@ -378,15 +377,15 @@ def validate(cfg:Config) -> Config:
             if err := RANGES[f.name].error(f.name, getattr(getattr(cfg, sec), f.name)): raise ValueError(err)
     m = cfg.model
     if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
-    if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be divisible by "
-                                               f"n_kv_head={m.kv_heads}")
+    if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be "
+                                               f"divisible by n_kv_head={m.kv_heads}")
     if m.arch == 'llama' and m.head_dim % 2: raise ValueError("RoPE needs an even head size, got "
                                                               f"n_embd/n_head={m.head_dim}")
     if m.bias and m.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
                                                      f"arch='gpt2', or bias=False for arch={m.arch!r}")
     if m.arch == 'gpt2' and (m.qkv_bias or m.rope_scaling):
-        raise ValueError("qkv_bias and rope_scaling belong to arch='llama' (gpt2 has learned positions and "
-                         "biases everywhere)")
+        raise ValueError("qkv_bias and rope_scaling belong to arch='llama' "
+                         "(gpt2 has learned positions and biases everywhere)")
     t = cfg.train
     if t.quant != 'none' and not t.lora_rank:
         raise ValueError(f"quant={t.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
@@ -419,7 +418,8 @@ def field_option(p, # an argparse parser
                  *flags:str, # the option's flags (default: --name-with-dashes)
                  **kw) -> None:
     "Add an option for config field `name` to `p`, its type, choices and help taken from the field."
-    f = config_fields()[name]; m = f.metadata
+    f = config_fields()[name]
+    m = f.metadata
     if 'action' not in kw:
         kw.setdefault('type', _TYPES[f.type])
         if m['allowed'].choices: kw.setdefault('choices', m['allowed'].choices)
@@ -445,8 +445,7 @@ def field_values(a, # parsed arguments
 
 # %% ../nbs/01_config.ipynb #714b8dc5
 def parse_assignments(items:list[str]) -> dict[str, str]:
-    ("`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}` (values typed later by "
-     "`apply_overrides`).")
+    "`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}`, typed later by `apply_overrides`."
     out = {}
     for it in items or []:
         if '=' not in it: raise ValueError(f"override {it!r} must look like name=value, e.g. lr=3e-4")
@@ -509,8 +508,7 @@ def m3_medium() -> Config:
 
 @profile
 def gpt2_124m() -> Config:
-    ("GPT-2 small: nanoGPT's shape (bias-free, for like-for-like speed) and GPT-2's own tokenizer, so losses "
-     "compare with published ones.")
+    "GPT-2 small: nanoGPT's bias-free shape and GPT-2's tokenizer, so losses compare with published ones."
     return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
                               n_embd=768),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
@@ -551,11 +549,11 @@ def config_from_dict(d:dict, base:Config|None=None) -> Config:
     flat, idx = {}, field_index()
     for k, v in d.items():
         if isinstance(v, dict):
-            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; sections: "
-                                                   f"{', '.join(SECTIONS)}")
+            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; "
+                                                   f"sections: {', '.join(SECTIONS)}")
             for kk in v:
-                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], not "
-                                                                   f"[{k}]: move it there")
+                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], "
+                                                                   f"not [{k}]: move it there")
             flat.update(v)
         else: flat[k] = v
     return apply_overrides(base or Config(), flat)
@@ -578,7 +576,8 @@ def to_toml(d:dict) -> str:
 # %% ../nbs/01_config.ipynb #7231d46d
 def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:
     "Write `training.toml` and `training.yaml` into `run_dir`."
-    rd = RunDir(run_dir); rd.path.mkdir(parents=True, exist_ok=True)
+    rd = RunDir(run_dir)
+    rd.path.mkdir(parents=True, exist_ok=True)
     d = config_dict(cfg)
     rd.config.write_text(to_toml(d))
     rd.config_yaml.write_text(yaml.safe_dump(d, sort_keys=False))

@@ -134,8 +134,7 @@ def package_dir() -> Path:
     return Path(lmbook.__file__).resolve().parent
 
 def find_settings_file() -> Path|None:
-    ("The `settings.ini` in use: `$LMBOOK_SETTINGS`, else the nearest one above the cwd, else beside the "
-     "package.")
+    "The `settings.ini` in use: `$LMBOOK_SETTINGS`, else the nearest above the cwd, else the package's."
     if p := env_var('LMBOOK_SETTINGS'):
         if not Path(p).is_file(): raise FileNotFoundError(f"LMBOOK_SETTINGS={p} does not exist: point it at "
                                                           "a settings.ini or unset it")
@@ -163,8 +162,8 @@ def load_settings(path:Path|None=None, env:dict|None=None) -> Settings:
         cp.read(path)
         for sec in cp.sections():
             for k, v in cp[sec].items():
-                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; known keys: "
-                                                    f"{', '.join(known)}")
+                if k not in known: raise ValueError(f"unknown key {k!r} in [{sec}] of {path}; "
+                                                    f"known keys: {', '.join(known)}")
                 vals[k] = v
     for k, var in SETTINGS_ENV.items():
         if v := env_var(var, env=env): vals[k] = v
@@ -211,8 +210,7 @@ def _name_from_profile(profile:str) -> str:
     return name or 'run'
 
 def default_experiment(profile:str|None=None, settings:Settings|None=None, env:dict|None=None) -> str:
-    ("The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings' one for the settings' "
-     "profile, else named after `profile`.")
+    "The experiment name when none is given: `$RUN_EXPERIMENT`, else the settings', else `profile`'s."
     if e := env_var(SETTINGS_ENV['experiment'], env=env): return check_name(e)
     profile = nonblank(profile, 'profile') or (settings or load_settings(env=env)).profile
     own = settings or load_settings(env={})  # the file's pairing of profile and experiment, not $RUN_CONFIG's
@@ -220,8 +218,7 @@ def default_experiment(profile:str|None=None, settings:Settings|None=None, env:d
     return check_name(_name_from_profile(profile))
 
 def resolve_experiment(experiment:str|None, profile:str|None=None, settings:Settings|None=None) -> str:
-    ("The checked experiment name: `experiment` when given, else `default_experiment(profile)` (`settings`: "
-     "the file's, for tests).")
+    "The checked experiment name: `experiment`, else `default_experiment(profile)`."
     return check_name(nonblank(experiment)) if experiment is not None else default_experiment(profile,
                                                                                               settings)
 
@@ -230,9 +227,9 @@ CLI_OPTIONS = {  # name -> (flags, argparse keywords) of the options every comma
     'profile': (('--profile', '-p'), dict(default=None, metavar='PROFILE',
                 help='profile name or .toml/.yaml config file (default: settings profile, env RUN_CONFIG)')),
     'experiment': (('--experiment', '-e'), dict(default=None, metavar='NAME',
-                   help='experiment: names runs/NAME and its data folders (default: env RUN_EXPERIMENT, '
-                       'else the '
-                        "settings experiment for the settings profile, else the profile's name)")),
+                   help='experiment: names runs/NAME and its data folders (default: '
+                       'env RUN_EXPERIMENT, else the settings experiment for the '
+                       "settings profile, else the profile's name)")),
     'set': (('--set', '-s'), dict(action='extend', nargs='+', default=[], metavar='KEY=VALUE',
             help='config overrides, e.g. --set lr=3e-4 take=1000')),
     'root': (('--root',), dict(default=None, metavar='DIR', help='workspace root (default: settings '
@@ -243,8 +240,7 @@ CLI_OPTIONS = {  # name -> (flags, argparse keywords) of the options every comma
 }
 
 def cli_options(p, *names:str, **defaults):
-    ("Add the shared options `names` to argparse parser `p`; `defaults` changes a default (and says so in "
-     "the help).")
+    "Add the shared options `names` to parser `p`; `defaults` changes a default and says so in the help."
     for n in names:
         flags, kw = CLI_OPTIONS[n]
         kw = dict(kw)
@@ -291,8 +287,7 @@ def paths_for(experiment:str, settings:Settings|None=None, root:Path|None=None) 
 def check_writable(*paths:Path, # folders (existing or to be made) and existing files that will be written
                    fix:str='make it writable, or use another workspace (--root)', # what to do about it
                   ) -> None:
-    ("Raise a one-line `ValueError` unless each of `paths` can be written (a file made in each folder, each "
-     "file writable).")
+    "Raise a one-line `ValueError` unless every one of `paths` can be written."
     for path in map(Path, paths):
         p = path
         # a folder to be made: its nearest existing parent
@@ -308,7 +303,9 @@ def check_writable(*paths:Path, # folders (existing or to be made) and existing 
 def seed_everything(seed:int):
     "Seed python, numpy and torch (all devices)."
     import numpy as np, torch  # core stays light: torch loads where a device is chosen
-    random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 # %% ../nbs/00_core.ipynb #cd19a966
 def pick_device(device:str='auto') -> str:
@@ -317,8 +314,8 @@ def pick_device(device:str='auto') -> str:
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'cpu'
     if device.startswith('cuda') and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but no CUDA GPU is visible: use device='auto' or 'cpu'")
-    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'): raise ValueError(f"unknown device {device!r}: "
-                                                                            "use auto, cpu or cuda")
+    if device.split(':')[0] not in ('cpu', 'cuda', 'mps'):
+        raise ValueError(f"unknown device {device!r}: use auto, cpu or cuda")
     return device
 
 # %% ../nbs/00_core.ipynb #f9caefc1
@@ -363,8 +360,7 @@ def peak_flops(device_name:str|None) -> float|None:
 
 # %% ../nbs/00_core.ipynb #74d3f4d6
 def gpu_table(path:Path|None=None) -> dict[str, dict]:
-    ("RunPod GPU type id -> aliases, usable memory (GB), peak bf16 TFLOP/s, $/GPU-hour; from the editable "
-     "price table.")
+    "RunPod GPU id -> aliases, usable GB, peak bf16 TFLOP/s, $/GPU-hour, from the editable price table."
     path = Path(path or env_var('LMBOOK_GPU_PRICES') or package_dir()/'gpu_prices.yaml')
     if not path.is_file(): raise FileNotFoundError(f"GPU price table {path} does not exist: unset "
                                                    "LMBOOK_GPU_PRICES or copy lmbook/gpu_prices.yaml there")
@@ -385,5 +381,5 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     for k, g in table.items():
         if n == k.lower() or n in [str(a).lower() for a in g.get('aliases', [])]: return k
     short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
-    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one of {short} (the table is "
-                     "lmbook/gpu_prices.yaml)")
+    raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one "
+                     f"of {short} (the table is lmbook/gpu_prices.yaml)")

@@ -59,8 +59,7 @@ def init_distributed(device:str='cpu', timeout_s:float=600) -> DistInfo:
     return DistInfo(rank, local_rank, world, device)
 
 def cleanup_distributed(wait_s:float=60):
-    ("Leave the process group, if any, once every rank is ready to leave (at most `wait_s` seconds; 0: leave "
-     "now).")
+    "Leave the process group, if any, once every rank is ready (within `wait_s` seconds; 0: now)."
     if not (dist.is_available() and dist.is_initialized()): return
     try:  # gloo aborts a process ("terminate called without an active exception") whose peer left first
         if wait_s > 0 and dist.get_backend() == 'gloo':

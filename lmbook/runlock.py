@@ -46,8 +46,8 @@ def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     if d.get('host') == socket.gethostname():
         pid = int(d.get('pid', -1))
         if not pid_alive(pid): return d, f"pid {pid} is gone"
-        if pid == os.getpid() and d.get('token') not in _TOKENS: return d, (f"pid {pid} is this process now "
-                                                                            "(a restarted container)")
+        if pid == os.getpid() and d.get('token') not in _TOKENS: return d, (f"pid {pid} is this process "
+                                                                            "now (a restarted container)")
     if age > stale_after(): return d, f"no heartbeat for {age:.0f} s"
     return d, None
 
@@ -72,11 +72,14 @@ class RunLock:
         data = json.dumps(dict(self.info, heartbeat=time.time())).encode()
         if exclusive:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            try: os.write(fd, data); os.fsync(fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
             finally: os.close(fd)
         else:
             tmp = self.path.with_name(f'{self.path.name}.tmp-{self.token}')
-            tmp.write_bytes(data); os.replace(tmp, self.path)
+            tmp.write_bytes(data)
+            os.replace(tmp, self.path)
 
     def owned(self) -> bool:
         "Whether the lock file is this lock's."
@@ -88,27 +91,27 @@ class RunLock:
 def _refusal(lock:RunLock, d:dict) -> RunLocked:
     ago = time.time() - float(d.get('heartbeat', 0))
     started = time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(float(d.get('started', 0))))
-    return RunLocked(f"{lock.path.parent} is in use by another {lock.user}: host {d.get('host')} pid "
-                     f"{d.get('pid')}, "
-                     f"started {started}, last heartbeat {ago:.0f} s ago; the lock counts as stale after "
-                         f"{stale_after():.0f} s "
-                     f"without one (LMBOOK_LOCK_STALE_S), in {max(0, stale_after() - ago):.0f} s if that "
-                         f"{lock.user} is gone"
+    return RunLocked(f"{lock.path.parent} is in use by another {lock.user}: host {d.get('host')} "
+                     f"pid {d.get('pid')}, started {started}, last heartbeat {ago:.0f} s ago; the lock "
+                     f"counts as stale after {stale_after():.0f} s without one (LMBOOK_LOCK_STALE_S), "
+                     f"in {max(0, stale_after() - ago):.0f} s if that {lock.user} is gone"
                      + (f": {lock.fix}" if lock.fix else ''))
 
 def _take(self:RunLock):
     "One attempt to take the lock, taking over a stale one; `RunLocked` when another holds it."
-    if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: remove it (rmdir "
-                                           f"{self.path}) and rerun")
+    if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: "
+                                           f"remove it (rmdir {self.path}) and rerun")
     self.path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):
-        try: self._write(exclusive=True); break
+        try:
+            self._write(exclusive=True)
+            break
         except FileExistsError: pass
         d, why = lock_state(self.path)
         if d is None: continue  # released meanwhile: try again
         if why is None: raise _refusal(self, d)
-        self.log(f"warning: taking over the stale lock of {self.path.parent} (host {d.get('host')}, pid "
-                 f"{d.get('pid')}): {why}")
+        self.log(f"warning: taking over the stale lock of {self.path.parent} "
+                 f"(host {d.get('host')}, pid {d.get('pid')}): {why}")
         self._write(exclusive=False)
         time.sleep(0.05)
         if self.owned(): break
@@ -121,10 +124,14 @@ def _acquire(self:RunLock,
     "Take the lock, taking over a stale one; raise `RunLocked` when another holds it (or wait for it)."
     said = False
     while True:
-        try: self._take(); break
+        try:
+            self._take()
+            break
         except RunLocked as e:
             if not wait or self.path.is_dir(): raise
-            if not said: self.log(f"{e}; waiting for it to finish"); said = True
+            if not said:
+                self.log(f"{e}; waiting for it to finish")
+                said = True
             time.sleep(poll_s)
     _TOKENS.add(self.token)
     self.thread = threading.Thread(target=self._beat, name='runlock-heartbeat', daemon=True)
@@ -138,14 +145,16 @@ def _beat(self:RunLock):
         except OSError: pass  # a network volume's hiccup: the next beat tries again
         except Exception as e:  # never die silently: say it once, and go on beating
             if self.failed is None:
-                self.log(f"warning: the heartbeat of {self.path} failed ({type(e).__name__}: {e}); it keeps "
-                         "trying")
+                self.log(f"warning: the heartbeat of {self.path} failed "
+                         f"({type(e).__name__}: {e}); it keeps trying")
             self.failed = e
 
 def _release(self:RunLock):
     "Stop the heartbeat and remove the lock file if it is still this lock's."
     self.stop.set()
-    if self.thread: self.thread.join(); self.thread = None
+    if self.thread:
+        self.thread.join()
+        self.thread = None
     try:
         if self.owned(): self.path.unlink()
     except OSError: pass

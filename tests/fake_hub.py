@@ -1,6 +1,6 @@
 """A small stand-in for the Hugging Face Hub endpoints an upload uses (create a repository, ask how each file
-goes up, commit files sent inline), on 127.0.0.1: `huggingface_hub` itself talks to it through HF_ENDPOINT.
-It answers every file 'regular' (inline in the commit), keeps what it got in memory, and records each request's
+goes up, commit files sent inline), on 127.0.0.1: `huggingface_hub` itself talks to it through HF_ENDPOINT. It
+answers every file 'regular' (inline in the commit), keeps what it got in memory, and records each request's
 Authorization header."""
 import base64, hashlib, json, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +26,8 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.srv.server_port}"
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
 
-    def seen(self, h): self.auth.append(h.headers.get('Authorization')); self.log.append(f"{h.command} {h.path}")
+    def seen(self,
+             h): self.auth.append(h.headers.get('Authorization')); self.log.append(f"{h.command} {h.path}")
 
     def get(self, path):
         if path.startswith('/api/models/') and '/revision/' in path:
@@ -46,10 +47,11 @@ class FakeHub:
             repo = path.split('/api/models/')[1].split('/commit/')[0]
             for line in body.decode().splitlines():
                 d = json.loads(line)
-                if d['key'] == 'file': self.files[(repo, d['value']['path'])] = base64.b64decode(d['value']['content'])
+                if d['key'] == 'file':
+                    self.files[(repo, d['value']['path'])] = base64.b64decode(d['value']['content'])
             self.repos[repo] = hashlib.sha1(body).hexdigest()
-            return 200, dict(commitUrl=f"{self.url}/{repo}/commit/{self.repos[repo]}", commitOid=self.repos[repo],
-                             pullRequestUrl=None)
+            return 200, dict(commitUrl=f"{self.url}/{repo}/commit/{self.repos[repo]}",
+                             commitOid=self.repos[repo], pullRequestUrl=None)
         return 404, dict(error=f"no route {path}")
 
     def close(self): self.srv.shutdown(); self.srv.server_close()

@@ -1,8 +1,10 @@
-"A fake RunPod GraphQL API on 127.0.0.1 for tests: it parses what the SDK sends as strictly as a GraphQL server would."
+"""A fake RunPod GraphQL API on 127.0.0.1 for tests: it parses what the SDK sends as strictly as a GraphQL
+server would."""
 import json, re, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-CAPACITY = "There are no longer any instances available with the requested specifications. Please refresh and try again."
+CAPACITY = ("There are no longer any instances available with the requested specifications. "
+            "Please refresh and try again.")
 GPUS = {'NVIDIA H100 80GB HBM3': 80, 'NVIDIA GeForce RTX 4090': 24, 'NVIDIA A100 80GB PCIe': 80}
 
 
@@ -10,7 +12,8 @@ class GqlSyntaxError(Exception): pass
 
 
 def parse_value(s, i):
-    "Parse one GraphQL input value at s[i:] (strings without escapes, as the SDK writes them); (value, next index)."
+    """Parse one GraphQL input value at s[i:] (strings without escapes, as the SDK writes them); (value, next
+    index)."""
     i = skip(s, i)
     c = s[i]
     if c == '"':
@@ -63,11 +66,14 @@ def input_of(query, op):
 class FakeRunPod:
     "State and behaviour of the fake API; `requests` records (headers, query) of every call."
     def __init__(self, key='rpa_TESTKEY123'):
-        self.key, self.requests, self.pods, self.volumes = key, [], {}, [dict(id='vol123abc', name='data', size=200, dataCenterId='EU-RO-1')]
+        self.key, self.requests, self.pods, self.volumes = key, [], {}, [dict(id='vol123abc', name='data',
+                                                                              size=200,
+                                                                              dataCenterId='EU-RO-1')]
         self.capacity_failures = 0      # creates answered "no instances" before one succeeds
         self.lose_next_answer = False   # next create makes the pod, then answers 500 with HTML
         self.polls_until_running = 0    # pod queries answered CREATED before RUNNING
-        self.echo_errors = False        # creates fail with an error quoting the whole request, as some servers' syntax errors do
+        # creates fail with an error quoting the whole request, as some servers' syntax errors do
+        self.echo_errors = False
         self.n = 0
 
     def ops(self, name): return [q for h, q in self.requests if name in q]
@@ -76,7 +82,8 @@ class FakeRunPod:
         if headers.get('Authorization') != f'Bearer {self.key}': return 401, {'error': 'unauthorized'}
         q = json.loads(body)['query']
         self.requests.append((dict(headers), q))
-        if self.echo_errors and 'podFindAndDeployOnDemand' in q: return 200, {'errors': [{'message': f'Syntax Error: Unexpected <EOF> in {q!r}'}]}
+        if self.echo_errors and 'podFindAndDeployOnDemand' in q:
+            return 200, {'errors': [{'message': f'Syntax Error: Unexpected <EOF> in {q!r}'}]}
         try: return 200, {'data': self.answer(q)}
         except GqlSyntaxError as e: return 200, {'errors': [{'message': f'Syntax Error: {e}'}]}
         except LookupError as e: return 200, {'errors': [{'message': str(e)}]}
@@ -85,43 +92,62 @@ class FakeRunPod:
     def answer(self, q):
         if 'podFindAndDeployOnDemand' in q:
             inp = input_of(q, 'podFindAndDeployOnDemand')
-            known = {'name', 'imageName', 'cloudType', 'startSsh', 'gpuTypeId', 'supportPublicIp', 'gpuCount', 'volumeInGb', 'minVcpuCount',
-                     'minMemoryInGb', 'dataCenterId', 'dockerArgs', 'containerDiskInGb', 'ports', 'volumeMountPath', 'env', 'networkVolumeId',
-                     'templateId'}
+            known = {'name', 'imageName', 'cloudType', 'startSsh', 'gpuTypeId', 'supportPublicIp', 'gpuCount',
+                     'volumeInGb', 'minVcpuCount',
+                     'minMemoryInGb', 'dataCenterId', 'dockerArgs', 'containerDiskInGb', 'ports',
+                     'volumeMountPath', 'env', 'networkVolumeId', 'templateId'}
             if set(inp) - known: raise GqlSyntaxError(f"unknown input fields {sorted(set(inp) - known)}")
             if inp['gpuTypeId'] not in GPUS: raise LookupError(f"gpu type {inp['gpuTypeId']} not found")
-            if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]: raise LookupError("Network volume not found")
+            if inp.get('networkVolumeId') and inp['networkVolumeId'] not in [v['id'] for v in self.volumes]:
+                raise LookupError("Network volume not found")
             if self.capacity_failures: self.capacity_failures -= 1; raise LookupError(CAPACITY)
             self.n += 1
-            pod = dict(id=f'pod{self.n:04d}xyz', name=inp['name'], desiredStatus='RUNNING', costPerHr=2.69 * inp['gpuCount'],
-                       gpuCount=inp['gpuCount'], imageName=inp['imageName'], env=[f"{e['key']}={e['value']}" for e in inp.get('env', [])],
+            pod = dict(id=f'pod{self.n:04d}xyz', name=inp['name'], desiredStatus='RUNNING',
+                       costPerHr=2.69 * inp['gpuCount'],
+                       gpuCount=inp['gpuCount'], imageName=inp['imageName'],
+                       env=[f"{e['key']}={e['value']}" for e in inp.get('env', [])],
                        uptimeSeconds=0, machine=dict(gpuDisplayName=inp['gpuTypeId']), input=inp, polls=0)
             self.pods[pod['id']] = pod
             if self.lose_next_answer: self.lose_next_answer = False; raise _Lost()
-            return {'podFindAndDeployOnDemand': dict(id=pod['id'], imageName=pod['imageName'], env=pod['env'], machineId='m1', machine=dict(podHostId='h1'))}
+            return {'podFindAndDeployOnDemand': dict(id=pod['id'], imageName=pod['imageName'], env=pod['env'],
+                                                     machineId='m1', machine=dict(podHostId='h1'))}
         if re.search(r'gpuTypes\s*\(', q):
             gid = input_of(q, 'gpuTypes')['id']
             return {'gpuTypes': [dict(id=gid, displayName=gid, memoryInGb=GPUS[gid])] if gid in GPUS else []}
-        if 'gpuTypes' in q: return {'gpuTypes': [dict(id=k, displayName=k, memoryInGb=v) for k, v in GPUS.items()]}
+        if 'gpuTypes' in q:
+            return {'gpuTypes': [dict(id=k, displayName=k, memoryInGb=v) for k, v in GPUS.items()]}
         if re.search(r'\bpod\s*\(', q):
             p = self.pods.get(input_of(q, 'pod')['podId'])
             if p is None: return {'pod': None}
             p['polls'] += 1
             up = p['desiredStatus'] == 'RUNNING' and p['polls'] > self.polls_until_running
-            runtime = dict(uptimeInSeconds=3725, ports=[dict(ip='203.0.113.7', isIpPublic=True, privatePort=22, publicPort=40022, type='tcp')],
+            runtime = dict(uptimeInSeconds=3725,
+                           ports=[dict(ip='203.0.113.7', isIpPublic=True, privatePort=22, publicPort=40022,
+                                       type='tcp')],
                            gpus=[dict(id='GPU-0', gpuUtilPercent=97, memoryUtilPercent=71)]) if up else None
-            return {'pod': dict(_public(p), desiredStatus=p['desiredStatus'] if up or p['desiredStatus'] != 'RUNNING' else 'CREATED', runtime=runtime)}
-        if 'podStop' in q: p = self.pods[input_of(q, 'podStop')['podId']]; p['desiredStatus'] = 'EXITED'; return {'podStop': dict(id=p['id'], desiredStatus='EXITED')}
+            return {'pod': dict(_public(p), desiredStatus=p['desiredStatus'] if up
+                                or p['desiredStatus'] != 'RUNNING' else 'CREATED', runtime=runtime)}
+        if 'podStop' in q:
+            p = self.pods[input_of(q, 'podStop')['podId']]
+            p['desiredStatus'] = 'EXITED'
+            return {'podStop': dict(id=p['id'], desiredStatus='EXITED')}
         if 'podResume' in q:
             p = self.pods[input_of(q, 'podResume')['podId']]; p['desiredStatus'] = 'RUNNING'
-            return {'podResume': dict(id=p['id'], desiredStatus='RUNNING', imageName=p['imageName'], env=p['env'], machineId='m1', machine=dict(podHostId='h1'))}
-        if 'podTerminate' in q: self.pods.pop(input_of(q, 'podTerminate')['podId']); return {'podTerminate': None}
-        if 'podRestart' in q: p = self.pods[input_of(q, 'podRestart')['podId']]; return {'podRestart': dict(id=p['id'], desiredStatus='RUNNING')}
+            return {'podResume': dict(id=p['id'], desiredStatus='RUNNING', imageName=p['imageName'],
+                                      env=p['env'], machineId='m1', machine=dict(podHostId='h1'))}
+        if 'podTerminate' in q:
+            self.pods.pop(input_of(q, 'podTerminate')['podId'])
+            return {'podTerminate': None}
+        if 'podRestart' in q:
+            p = self.pods[input_of(q, 'podRestart')['podId']]
+            return {'podRestart': dict(id=p['id'], desiredStatus='RUNNING')}
         if 'createNetworkVolume' in q:
             inp = input_of(q, 'createNetworkVolume')
-            v = dict(id=f'vol{len(self.volumes):03d}new', name=inp['name'], size=inp['size'], dataCenterId=inp['dataCenterId'])
+            v = dict(id=f'vol{len(self.volumes):03d}new', name=inp['name'], size=inp['size'],
+                     dataCenterId=inp['dataCenterId'])
             self.volumes.append(v); return {'createNetworkVolume': v}
-        if re.search(r'myself\s*\{\s*pods', q): return {'myself': {'pods': [_public(p) for p in self.pods.values()]}}
+        if re.search(r'myself\s*\{\s*pods', q):
+            return {'myself': {'pods': [_public(p) for p in self.pods.values()]}}
         if 'networkVolumes' in q: return {'myself': dict(id='user1', pubKey='', networkVolumes=self.volumes)}
         raise GqlSyntaxError(f"Cannot query this: {q[:60]!r}")
 
@@ -140,7 +166,8 @@ def serve(fake):
             if self.path != '/graphql': code, out = 404, None
             else: code, out = fake.handle(self.headers, body)
             data = json.dumps(out).encode() if out is not None else b'<html>502 Bad Gateway</html>'
-            self.send_response(code); self.send_header('Content-Type', 'application/json' if out is not None else 'text/html')
+            self.send_response(code)
+            self.send_header('Content-Type', 'application/json' if out is not None else 'text/html')
             self.send_header('Content-Length', str(len(data))); self.end_headers(); self.wfile.write(data)
         def log_message(self, *a): pass
     srv = ThreadingHTTPServer(('127.0.0.1', 0), H)

@@ -1,4 +1,5 @@
-"`lmbook bench` on the CPU: rows written, real token files, user errors, torchrun; the memory estimate's shape."
+"""`lmbook bench` on the CPU: rows written, real token files, user errors, torchrun; the memory estimate's
+shape."""
 import json, os, subprocess, sys
 from pathlib import Path
 import numpy as np
@@ -9,8 +10,10 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ['--profile', 'smoke', '--set', 'block_size=32', 'n_layer=1', 'n_embd=64', 'grad_accum=2',
         '--batch-sizes', '2,4', '--steps', '1', '--warmup', '1']
-KEYS = {'profile', 'label', 'date', 'arch', 'n_layer', 'n_embd', 'n_head', 'batch_size', 'block_size', 'grad_accum',
-        'tokens_per_step', 'tok_per_s', 'mfu', 'mem_gb', 'mem_est_gb', 'card', 'torch', 'world_size', 'oom', 'loss'}
+KEYS = {'profile', 'label', 'date', 'arch', 'n_layer', 'n_embd', 'n_head', 'batch_size', 'block_size',
+        'grad_accum',
+        'tokens_per_step', 'tok_per_s', 'mfu', 'mem_gb', 'mem_est_gb', 'card', 'torch', 'world_size', 'oom',
+        'loss'}
 
 
 def _rows(p): return [json.loads(l) for l in Path(p).read_text().splitlines()]
@@ -32,12 +35,15 @@ def test_bench_cli_writes_one_row_per_batch_size(tmp_path, capsys):
 def test_bench_reads_real_token_files(tmp_path):
     from lmbook.data.loader import write_token_dir
     from lmbook.train.bench import bench
-    tok = write_token_dir(tmp_path/'tok', [np.random.default_rng(0).integers(0, 4000, 20_000).astype(np.uint16)], eot_id=0)
+    tok = write_token_dir(tmp_path/'tok',
+                          [np.random.default_rng(0).integers(0, 4000, 20_000).astype(np.uint16)], eot_id=0)
     rows = bench('smoke', dict(block_size=32, n_layer=1, n_embd=64), [4], steps=1, warmup=1, data=tok)
     assert rows[0]['data'] == str(tok) and rows[0]['tok_per_s'] > 0
 
 
-@pytest.mark.parametrize('args,msg', [(['--set', 'ce_chunk'], 'name=value'), (['--set', 'nonsense=1'], 'unknown config key'),
+@pytest.mark.parametrize('args,msg',
+                         [(['--set', 'ce_chunk'], 'name=value'),
+                          (['--set', 'nonsense=1'], 'unknown config key'),
                                       (['--data', '/nonexistent/tok'], 'does not exist')])
 def test_bench_user_errors(args, msg, capsys):
     from lmbook.train.bench import main
@@ -48,10 +54,12 @@ def test_bench_user_errors(args, msg, capsys):
 def test_bench_under_torchrun_ddp(tmp_path):
     out = tmp_path/'d.jsonl'
     torchrun = Path(sys.executable).parent/'torchrun'
-    r = subprocess.run([str(torchrun), '--standalone', '--nproc_per_node', '2', '--no-python', sys.executable, '-c',
-                        'from lmbook.train.bench import main; main()', *TINY[:-6], '--batch-sizes', '2', '--steps', '1',
-                        '--warmup', '1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    r = subprocess.run([str(torchrun), '--standalone', '--nproc_per_node', '2', '--no-python', sys.executable,
+                        '-c',
+                        'from lmbook.train.bench import main; main()', *TINY[:-6], '--batch-sizes', '2',
+                        '--steps', '1',
+                        '--warmup', '1', '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert r.returncode == 0, r.stderr[-2000:]
     rows = _rows(out)
     assert len(rows) == 1 and rows[0]['world_size'] == 2 and rows[0]['parallel'] == 'ddp'  # rank 0 writes
@@ -71,32 +79,40 @@ def test_memory_estimate_shape():
 
 
 def test_levers_script_runs_end_to_end_on_cpu(tmp_path):
-    "The GPU levers table's script, toy shapes: every lever row is written; fp8 degrades to off, the fused loss to chunked."
+    """The GPU levers table's script, toy shapes: every lever row is written; fp8 degrades to off, the fused
+    loss to chunked."""
     out = tmp_path/'lev.jsonl'
     env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/levers.py'), str(out), '--tiny', '--shapes', '124m',
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/levers.py'), str(out), '--tiny', '--shapes',
+                        '124m',
                         '--levers', 'recipe,all', '--parity-steps', '2', '--workspace', str(tmp_path/'ws')],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = _rows(out)
     assert [r['lever'] for r in rows] == ['recipe', 'all']
-    assert rows[1]['fp8'] == 'off' and rows[1]['loss_kernel'] == 'chunked' and rows[0]['loss_kernel'] == 'logits'
+    assert (rows[1]['fp8'] == 'off' and rows[1]['loss_kernel'] == 'chunked'
+            and rows[0]['loss_kernel'] == 'logits')
     assert all(r['val_loss'] > 0 and len(r['losses']) == 4 for r in rows)
     assert '| 124m-b64 | all |' in p.stdout
 
 
 def test_time_to_loss_script_and_plot_on_cpu(tmp_path):
-    "The time-to-loss script, toy shapes: AdamW sets the target, a Muon run reports against it; the plot is drawn."
+    """The time-to-loss script, toy shapes: AdamW sets the target, a Muon run reports against it; the plot is
+    drawn."""
     out, png = tmp_path/'ttl.jsonl', tmp_path/'ttl.png'
     env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/time_to_loss.py'), str(out), '--tiny', '--steps', '4',
-                        '--muon-runs', '0.5@0.001', '--eval-every', '2', '--eval-batches', '1', '--workspace', str(tmp_path/'ws')],
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/time_to_loss.py'), str(out), '--tiny',
+                        '--steps', '4',
+                        '--muon-runs', '0.5@0.001', '--eval-every', '2', '--eval-batches', '1', '--workspace',
+                        str(tmp_path/'ws')],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = _rows(out)
     ends = [r for r in rows if r.get('summary')]
-    assert [e['run'] for e in ends] == ['adamw', 'muon-0.5@0.001'] and ends[1]['target'] == ends[0]['final_val_loss']
+    assert ([e['run'] for e in ends] == ['adamw', 'muon-0.5@0.001']
+            and ends[1]['target'] == ends[0]['final_val_loss'])
     assert [r['step'] for r in rows if r['run'] == 'adamw' and not r.get('summary')] == [0, 2, 4]
-    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/plot_time_to_loss.py'), str(out), str(png)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/plot_time_to_loss.py'), str(out), str(png)],
+                       capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     assert png.stat().st_size > 5000

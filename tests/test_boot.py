@@ -1,14 +1,19 @@
-"The boot pipeline end to end on this machine: orchestrate, boot, resume, autokill through a fake `runpodctl`."
+"""The boot pipeline end to end on this machine: orchestrate, boot, resume, autokill through a fake
+`runpodctl`."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 from conftest import lmbook_cmd
 
-TINY = 'max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1'
-SECRETS = dict(HF_TOKEN='hf_BOOTsecretTOKEN42', JUPYTER_PASSWORD='jp_BOOTsecretPASS42', RUNPOD_API_KEY='rpa_PODSCOPEDkey42')
+TINY = ('max_steps=4,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,vocab_size=300,eval_every=2,'
+        'eval_steps=1,ckpt_every=2,log_every=2,warmup_steps=1')
+SECRETS = dict(HF_TOKEN='hf_BOOTsecretTOKEN42', JUPYTER_PASSWORD='jp_BOOTsecretPASS42',
+               RUNPOD_API_KEY='rpa_PODSCOPEDkey42')
 RUNPODCTL = '''#!/bin/sh
 { echo "ARGS $*"
-  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"; done
+  for d in "$WS"/runs/"$EXP"/checkpoints/step_*; do
+    [ -f "$d/COMPLETE" ] && echo "complete $(basename "$d")"
+  done
   grep -q "autokill: $AUTOKILL pod" "$WS/logs/boot-$EXP.log" && echo "logged"
 } >> "$WS/runpodctl-calls"
 exit 0
@@ -16,7 +21,8 @@ exit 0
 
 
 def corpus(path, n, start=0):
-    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}" for i in range(start, start + n)))
+    path.write_text('\n\n'.join(f"document {i}: the quick brown fox jumps over the lazy dog number {i % 11}"
+                                for i in range(start, start + n)))
     return path
 
 
@@ -24,11 +30,12 @@ def corpus(path, n, start=0):
 def pod(tmp_path, monkeypatch):
     "A workspace, a fake `runpodctl` on PATH, and the environment a pod would have."
     ws = tmp_path/'ws'; ws.mkdir()
-    (ws/'lmbook'/'nbs').mkdir(parents=True)  # the volume's checkout, as the start command leaves it: not a package to import from the cwd
+    # the volume's checkout, as the start command leaves it: not a package to import from the cwd
+    (ws/'lmbook'/'nbs').mkdir(parents=True)
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(RUNPODCTL); (bin_/'runpodctl').chmod(0o755)
-    env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID='pod1234abc',
-               HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
+    env = dict(SECRETS, PATH=f"{bin_}:{os.environ['PATH']}", WS=str(ws), LMBOOK_WORKSPACE=str(ws),
+               RUNPOD_POD_ID='pod1234abc', HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
     return ws, env
 
 
@@ -50,7 +57,8 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     ws, env = pod
     exp = 'bt'
     train, val = corpus(tmp_path/'train.txt', 400), corpus(tmp_path/'val.txt', 40, start=1000)
-    r = lmbook_cmd('orchestrate', '--mode', 'local', '--input', train, '--validation', val, '--experiment', exp, '--train-shard-lines', 100,
+    r = lmbook_cmd('orchestrate', '--mode', 'local', '--input', train, '--validation', val, '--experiment',
+                   exp, '--train-shard-lines', 100,
                    '--profile', 'smoke', '--set', *TINY.split(','), env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     log = (ws/'logs'/f'boot-{exp}.log').read_text()
@@ -63,7 +71,8 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert (ws/'runs'/exp/'checkpoints'/'step_00000004'/'COMPLETE').is_file() and calls(ws) == []
 
     # a new pod over the same volume: the finished run is not trained again; autokill fires once, after it
-    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT=exp, RUN_SHARD='1', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP=exp)
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT=exp, RUN_SHARD='1', RUN_INPUT=str(train),
+                RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP=exp)
     nbs = set((ws/'runs'/exp).glob('train-*.ipynb'))
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -71,10 +80,13 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert 'stage 1/4 install: skipped' in log and 'already finished (step_00000004): nothing to train' in log
     assert set((ws/'runs'/exp).glob('train-*.ipynb')) == nbs
     (c,) = calls(ws)
-    assert c.splitlines() == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004', 'logged']
+    assert (c.splitlines()
+            == ['remove pod pod1234abc', 'complete step_00000002', 'complete step_00000004', 'logged'])
 
     # more steps asked: the next boot resumes from step 4 through papermill, then stops the pod once
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard',
+                   env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'),
+                   timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     log = (ws/'logs'/f'boot-{exp}.log').read_text()
     assert 'resumed at step 4' in log and 'stage 4/4 train: finished' in log
@@ -83,24 +95,32 @@ def test_orchestrate_then_boot_resumes_and_autokills_once_after_the_final_checkp
     assert json.loads((ws/'runs'/exp/'autokill.json').read_text())['action'] == 'stop'
     no_secret_in(ws, r.stdout, r.stderr)
 
-    # the stopped pod resumed by hand (to fetch the results): the same pod, the same final checkpoint, it stays up
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'), timeout=300)
+    # the stopped pod resumed by hand (to fetch the results): the same pod, the same final checkpoint, it
+    # stays up
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard',
+                   env=dict(benv, RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=6'), AUTOKILL='stop'),
+                   timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(calls(ws)) == 2 and 'autokill: not firing again' in (ws/'logs'/f'boot-{exp}.log').read_text()
 
 
 def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
     ws, env = pod
-    one_doc = corpus(tmp_path/'tiny.txt', 1)  # no validation document: data preparation refuses it (exit code 2)
-    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc), RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP='bad')
+    # no validation document: data preparation refuses it (exit code 2)
+    one_doc = corpus(tmp_path/'tiny.txt', 1)
+    benv = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='bad', RUN_SHARD='1', RUN_INPUT=str(one_doc),
+                RUN_OVERRIDES=TINY, AUTOKILL='terminate', EXP='bad')
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', '--on-failure', 'keep', env=benv, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert 'autokill: not firing, the run failed (exit code 2); the pod stays up (ON_FAILURE=keep)' in (ws/'logs'/'boot-bad.log').read_text()
+    assert ('autokill: not firing, the run failed (exit code 2); the pod stays up (ON_FAILURE=keep)'
+            in (ws/'logs'/'boot-bad.log').read_text())
     assert calls(ws) == []
-    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)  # the default: stop, never terminate, after a failure
+    # the default: stop, never terminate, after a failure
+    r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=benv, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     log = (ws/'logs'/'boot-bad.log').read_text()
-    assert 'autokill: stop pod pod1234abc: the run failed (exit code 2); the volume keeps the run and this log' in log
+    assert ('autokill: stop pod pod1234abc: the run failed (exit code 2); the volume keeps the run and this '
+            'log' in log)
     (c,) = calls(ws)
     assert c.splitlines()[0] == 'stop pod pod1234abc' 
 
@@ -116,25 +136,32 @@ def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
         def __call__(self, m): lines.append(m)
         def sync(self): pass
     bin_ = tmp_path/'bin'; bin_.mkdir()
-    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n'); (bin_/'runpodctl').chmod(0o755)
+    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n')
+    (bin_/'runpodctl').chmod(0o755)
     env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
     o = BootOptions(experiment='ak', autokill='stop', on_failure='keep')
-    assert not autokill(o, paths, 3, Log(), env)                  # diverged, and asked to keep the pod: it stays
+    # diverged, and asked to keep the pod: it stays
+    assert not autokill(o, paths, 3, Log(), env)
     assert not autokill(o, paths, 0, Log(), env)                  # "finished" but no final checkpoint
-    assert not autokill(BootOptions(experiment='ak'), paths, 143, Log(), env)  # stopped by a signal: the pod is being stopped
+    # stopped by a signal: the pod is being stopped
+    assert not autokill(BootOptions(experiment='ak'), paths, 143, Log(), env)
     assert not autokill(BootOptions(experiment='ak'), paths, 3, Log(), dict(env, RUNPOD_POD_ID=''))
     assert not (tmp_path/'calls').exists()
-    assert autokill(BootOptions(experiment='ak', autokill='terminate'), paths, 3, Log(), env)  # a failure stops; it never terminates
+    # a failure stops; it never terminates
+    assert autokill(BootOptions(experiment='ak', autokill='terminate'), paths, 3, Log(), env)
     assert (tmp_path/'calls').read_text() == 'stop pod pod1234abc\n'
     assert any('the run failed (exit code 3)' in l for l in lines)
 
 
 def test_boot_options_come_from_the_pod_environment():
     from lmbook.pods.boot import BootOptions
-    o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8', AUTOKILL='terminate'))
-    assert (o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill) == ('runpod_2b', True, 5000, 8, 'terminate')
+    o = BootOptions.from_env(dict(RUN_CONFIG='runpod_2b', RUN_SHARD='1', SHARD_LINES='5000', RUN_NPROC='8',
+                                  AUTOKILL='terminate'))
+    assert ((o.experiment, o.shard, o.shard_lines, o.nproc, o.autokill)
+            == ('runpod_2b', True, 5000, 8, 'terminate'))
     with pytest.raises(ValueError, match='AUTOKILL'): BootOptions.from_env(dict(AUTOKILL='yes'))
-    assert BootOptions.from_env({}).on_failure == 'stop' and BootOptions.from_env(dict(ON_FAILURE='keep')).on_failure == 'keep'
+    assert (BootOptions.from_env({}).on_failure == 'stop'
+            and BootOptions.from_env(dict(ON_FAILURE='keep')).on_failure == 'keep')
     with pytest.raises(ValueError, match='ON_FAILURE'): BootOptions.from_env(dict(ON_FAILURE='terminate'))
     with pytest.raises(ValueError, match='name=value'): BootOptions.from_env(dict(RUN_OVERRIDES='lr'))
 
@@ -142,28 +169,36 @@ def test_boot_options_come_from_the_pod_environment():
 def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
     from lmbook.cli import main
     out = tmp_path/'train.sbatch'
-    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--nodes', '4', '--gpus-per-node', '8', '--partition', 'gpu', '--out', str(out)]) == 0
+    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--nodes', '4',
+                 '--gpus-per-node', '8', '--partition', 'gpu', '--out', str(out)]) == 0
     txt = out.read_text()
     assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
-    for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu', '--rdzv_endpoint=$HEAD:29500',
+    for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu',
+              '--rdzv_endpoint=$HEAD:29500',
               '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
     assert '#SBATCH --cpus-per-task=64' in txt and not txt.rstrip().endswith('&') and 'wait' not in txt
-    assert 'lmbook prepare' in capsys.readouterr().out  # on the login node, before sbatch; the script only trains
-    # each node's task expands its own rank: run the script with fakes of scontrol, srun (node 3 of 4) and lmbook
+    # on the login node, before sbatch; the script only trains
+    assert 'lmbook prepare' in capsys.readouterr().out
+    # each node's task expands its own rank: run the script with fakes of scontrol, srun (node 3 of 4) and
+    # lmbook
     bin_ = tmp_path/'bin'; bin_.mkdir()
-    for name, body in dict(scontrol='echo node-a', srun='shift; SLURM_NODEID=3 exec "$@"', lmbook='echo "$@" > "$OUT"').items():
+    for name, body in dict(scontrol='echo node-a', srun='shift; SLURM_NODEID=3 exec "$@"',
+                           lmbook='echo "$@" > "$OUT"').items():
         (bin_/name).write_text(f'#!/bin/sh\n{body}\n'); (bin_/name).chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4', SLURM_JOB_ID='7',
-               SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4',
+               SLURM_JOB_ID='7', SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
     assert subprocess.run(['bash', str(out)], env=env).returncode == 0
-    assert '--node_rank=3 ' in (tmp_path/'args').read_text() and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text()
+    assert ('--node_rank=3 ' in (tmp_path/'args').read_text()
+            and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text())
     assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
     assert capsys.readouterr().err.startswith('error:')
 
 
 FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose pip "installs" a fake lmbook
-    git='#!/bin/sh\necho "git $*" >> "$REC"\nfor last; do :; done\n[ "$1" = clone ] && mkdir -p "$last/.git"\n[ "$3" = rev-parse ] && echo 0123456789abcdef\nexit 0\n',
-    python3='#!/bin/sh\necho "python3 $*" >> "$REC"\n[ "$2" = venv ] || exit 1\nfor last; do :; done\nmkdir -p "$last/bin"\n'
+    git='#!/bin/sh\necho "git $*" >> "$REC"\nfor last; do :; done\n[ "$1" = clone ] && mkdir -p '
+        '"$last/.git"\n[ "$3" = rev-parse ] && echo 0123456789abcdef\nexit 0\n',
+    python3='#!/bin/sh\necho "python3 $*" >> "$REC"\n[ "$2" = venv ] || exit 1\nfor last; do :; done\nmkdir '
+            '-p "$last/bin"\n'
             'cp "$FAKES/python" "$FAKES/pip" "$last/bin/"\n',
     python='#!/bin/sh\nexit 0\n',
     pip='#!/bin/sh\necho "pip $*" >> "$REC"\ncp "$FAKES/lmbook" "$(dirname "$0")/"\n',
@@ -171,7 +206,8 @@ FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose 
 
 
 def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
-    "Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a later pod only boots."
+    """Stage 1 of the pod's start command with fake git/python3: clone, venv, install on the first pod; a
+    later pod only boots."""
     import shlex, signal, time
     from lmbook.pods.runpod import start_command
     ws, bin_, rec = tmp_path/'ws', tmp_path/'bin', tmp_path/'rec'
@@ -179,7 +215,8 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
     fakes = tmp_path/'fakes'; fakes.mkdir()
     for name, body in FAKES.items(): (fakes/name).write_text(body); (fakes/name).chmod(0o755)
     for name in ('git', 'python3'): (bin_/name).symlink_to(fakes/name)
-    env = dict(PATH=f"{bin_}:/usr/bin:/bin", REC=str(rec), FAKES=str(fakes), LMBOOK_WORKSPACE=str(ws), RUN_EXPERIMENT='fw', LMBOOK_START='true',
+    env = dict(PATH=f"{bin_}:/usr/bin:/bin", REC=str(rec), FAKES=str(fakes), LMBOOK_WORKSPACE=str(ws),
+               RUN_EXPERIMENT='fw', LMBOOK_START='true',
                LMBOOK_REPO='https://example.org/lmbook.git', LMBOOK_COMMIT='0123456789abcdef')
     def boot():
         n = rec.read_text().count('lmbook boot\n') if rec.exists() else 0
@@ -192,25 +229,32 @@ def test_start_command_installs_on_the_volume_once_and_reuses_it(tmp_path):
         finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
     boot()
     s, v = ws/'lmbook', ws/'venvs'/'lmbook'
-    assert rec.read_text().splitlines() == [f'git clone -q https://example.org/lmbook.git {s}', f'git -C {s} rev-parse HEAD',
-                                            f'python3 -m venv --system-site-packages {v}', f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD',
+    assert rec.read_text().splitlines() == [f'git clone -q https://example.org/lmbook.git {s}',
+                                            f'git -C {s} rev-parse HEAD',
+                                            f'python3 -m venv --system-site-packages {v}',
+                                            f'pip install -q -e {s}', f'git -C {s} rev-parse HEAD',
                                             'lmbook boot --help', 'lmbook boot']
     assert (v/'lmbook-commit').read_text().strip() == '0123456789abcdef'
-    assert 'stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git' in (ws/'logs'/'boot-fw.log').read_text()
+    assert ('stage 1/4 install: lmbook 0123456789abcdef from https://example.org/lmbook.git'
+            in (ws/'logs'/'boot-fw.log').read_text())
     boot()
-    assert rec.read_text().splitlines()[7:] == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help', 'lmbook boot']
+    assert (rec.read_text().splitlines()[7:]
+            == [f'git -C {s} rev-parse HEAD', 'lmbook boot --help', 'lmbook boot'])
 
 
 def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
-    "Two boots as two cluster nodes (1 CPU process each) on one shared workspace: node 0 prepares, node 1 waits, both train."
+    """Two boots as two cluster nodes (1 CPU process each) on one shared workspace: node 0 prepares, node 1
+    waits, both train."""
     import socket
     ws, env = pod
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
     train = corpus(tmp_path/'train.txt', 400)
-    base = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='mn', RUN_INPUT=str(train), RUN_OVERRIDES=TINY, RUN_NPROC='1',
+    base = dict(env, RUN_CONFIG='smoke', RUN_EXPERIMENT='mn', RUN_INPUT=str(train), RUN_OVERRIDES=TINY,
+                RUN_NPROC='1',
                 NUM_NODES='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), LMBOOK_DATA_WAIT='240')
     exe = Path(sys.executable).parent/'lmbook'
-    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'], env=dict(base, NODE_RANK=str(r)),
+    procs = [subprocess.Popen([str(exe), 'boot', '--no-install', '--no-tensorboard'],
+                              env=dict(base, NODE_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (1, 0)]
     outs = [p.communicate(timeout=400)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
@@ -222,14 +266,16 @@ def test_two_nodes_meet_through_torchrun_rendezvous(pod, tmp_path):
 
 
 def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeypatch):
-    "Stage 1 inside the volume's venv: the same commit only registers the kernel; a new commit reinstalls first."
+    """Stage 1 inside the volume's venv: the same commit only registers the kernel; a new commit reinstalls
+    first."""
     import lmbook.pods.boot as boot
     from lmbook.core import git_commit, package_dir
     venv = tmp_path/'venv'; venv.mkdir()
     monkeypatch.setattr(sys, 'prefix', str(venv))
     calls, lines = [], []
     real = subprocess.run
-    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd, **kw) if cmd[0] == 'git' else calls.append(cmd[2:5]))
+    monkeypatch.setattr(subprocess, 'run', lambda cmd, **kw: real(cmd, **kw) if cmd[0] == 'git'
+                        else calls.append(cmd[2:5]))
     log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m)))()
     commit = git_commit(package_dir().parent)
     (venv/'lmbook-commit').write_text(f'{commit}\n')
@@ -246,7 +292,8 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
 
 @pytest.mark.parametrize('runpodctl', ['missing', 'failing'])
 def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, monkeypatch, runpodctl):
-    "Without a working `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY (REST v2); an API failure is logged on the volume, never raised."
+    """Without a working `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY (REST v2); an API failure is
+    logged on the volume, never raised."""
     from fake_runpod_v2 import FakeRunPodV2, serve
     from lmbook.pods.boot import BootOptions, autokill
     from lmbook.core import paths_for
@@ -257,21 +304,25 @@ def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, m
     monkeypatch.setattr('lmbook.pods.api.time.sleep', lambda s: None)
     paths = paths_for('ak', root=tmp_path); paths.run.mkdir(parents=True)
     bin_ = tmp_path/'bin'; bin_.mkdir()
-    if runpodctl == 'failing': (bin_/'runpodctl').write_text('#!/bin/sh\necho "runpodctl: unauthorized"; exit 1\n'); (bin_/'runpodctl').chmod(0o755)
+    if runpodctl == 'failing': (bin_/'runpodctl').write_text('#!/bin/sh\necho "runpodctl: unauthorized"; '
+                                                             'exit 1\n'); (bin_/'runpodctl').chmod(0o755)
     lines = []
     log = type('Log', (), dict(f=None, __call__=lambda self, m: lines.append(m), sync=lambda self: None))()
     env = dict(PATH=str(bin_), RUNPOD_POD_ID='pod1234abc', RUNPOD_API_KEY='rpa_WRONGkey')
     o = BootOptions(experiment='ak')
     assert not autokill(o, paths, 3, log, env)
-    assert f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop the pod by hand' in lines[-1] and 'rpa_WRONGkey' not in ' '.join(lines)
+    assert (f.pods['pod1234abc']['status'] == 'RUNNING' and 'stop the pod by hand' in lines[-1]
+            and 'rpa_WRONGkey' not in ' '.join(lines))
     assert autokill(o, paths, 3, log, dict(env, RUNPOD_API_KEY='rpa_PODSCOPEDkey42'))
-    assert f.pods['pod1234abc']['status'] == 'EXITED' and f.calls('POST', '/v2/pods/pod1234abc/action')[-1][2] == dict(action='stop')
+    assert (f.pods['pod1234abc']['status'] == 'EXITED'
+            and f.calls('POST', '/v2/pods/pod1234abc/action')[-1][2] == dict(action='stop'))
     assert ('runpodctl failed' in ' '.join(lines)) == (runpodctl == 'failing')
     srv.shutdown()
 
 
 def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_path, monkeypatch):
-    "--max-dollars on the pod: priced from the API, the run stops mid-way with a checkpoint, then the pod stops (its volume kept)."
+    """--max-dollars on the pod: priced from the API, the run stops mid-way with a checkpoint, then the pod
+    stops (its volume kept)."""
     import time
     from fake_runpod_v2 import FakeRunPodV2, serve
     from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
@@ -280,14 +331,18 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
     f.add_pod('pod1234abc', name='sg-1')  # an H100 at $2.69/h
     srv, url = serve(f)
     train = corpus(tmp_path/'train.txt', 400)
-    env = dict(env, PATH=os.environ['PATH'], RUNPOD_API_BASE_URL=url, RUN_CONFIG='smoke', RUN_EXPERIMENT='sg', RUN_SHARD='1', RUN_INPUT=str(train),
-               RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=100000').replace('ckpt_every=2', 'ckpt_every=100000'),
-               MAX_DOLLARS=f'{2.69*30/3600:.6f}', PRICE_PER_HOUR='9.99', LMBOOK_T0=str(time.time()))  # 30 s at the API's price
+    env = dict(env, PATH=os.environ['PATH'], RUNPOD_API_BASE_URL=url, RUN_CONFIG='smoke', RUN_EXPERIMENT='sg',
+               RUN_SHARD='1', RUN_INPUT=str(train),
+               RUN_OVERRIDES=TINY.replace('max_steps=4', 'max_steps=100000').replace('ckpt_every=2',
+                                                                                     'ckpt_every=100000'),
+               # 30 s at the API's price
+               MAX_DOLLARS=f'{2.69*30/3600:.6f}', PRICE_PER_HOUR='9.99', LMBOOK_T0=str(time.time()))
     r = lmbook_cmd('boot', '--no-install', '--no-tensorboard', env=env, timeout=300)
     srv.shutdown()
     log = (ws/'logs'/'boot-sg.log').read_text()
     assert r.returncode == 143, log
-    assert 'over --max-dollars' in log and 'at $2.69/h' in log and 'passing the spend limit on to the trainer' in log
+    assert ('over --max-dollars' in log and 'at $2.69/h' in log
+            and 'passing the spend limit on to the trainer' in log)
     (ck,) = list_checkpoints(ws/'runs'/'sg'/'checkpoints')
     assert verify_checkpoint(ck) and 0 < ckpt_step(ck) < 100000
     assert f.pods['pod1234abc']['status'] == 'EXITED' and 'autokill: stop pod pod1234abc: spend guard' in log
@@ -297,16 +352,21 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
 
 def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_trainers(capsys):
     from lmbook.pods.boot import slurm_script
-    for kw in (dict(partition='gpu; rm -rf ~'), dict(workspace='/scratch/my runs'), dict(venv='/opt/$(id)/venv')):
+    for kw in (dict(partition='gpu; rm -rf ~'), dict(workspace='/scratch/my runs'),
+               dict(venv='/opt/$(id)/venv')):
         with pytest.raises(ValueError, match='SLURM|path'): slurm_script('runpod_2b', 'fw-2b', **kw)
-    txt = slurm_script('runpod_2b', 'fw-2b', workspace='/scratch/$USER/lmbook', venv='$HOME/venvs/lmbook', partition='gpu-h100')
-    assert 'export LMBOOK_WORKSPACE="/scratch/$USER/lmbook"' in txt and 'source "$HOME/venvs/lmbook/bin/activate"' in txt
-    # `B:` would signal only the batch shell, which dies without passing it on: the trainers must get it to checkpoint
+    txt = slurm_script('runpod_2b', 'fw-2b', workspace='/scratch/$USER/lmbook', venv='$HOME/venvs/lmbook',
+                       partition='gpu-h100')
+    assert ('export LMBOOK_WORKSPACE="/scratch/$USER/lmbook"' in txt
+            and 'source "$HOME/venvs/lmbook/bin/activate"' in txt)
+    # `B:` would signal only the batch shell, which dies without passing it on: the trainers must get it to
+    # checkpoint
     assert '#SBATCH --signal=TERM@120' in txt and 'B:TERM' not in txt
 
 
 def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):
-    "TensorBoard serves the workspace's runs on its port (all interfaces, for RunPod's proxy); a second boot leaves it be."
+    """TensorBoard serves the workspace's runs on its port (all interfaces, for RunPod's proxy); a second boot
+    leaves it be."""
     import signal, socket, time, urllib.request
     from lmbook.pods.boot import start_tensorboard
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]
@@ -315,7 +375,8 @@ def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):
     try:
         for _ in range(300):
             try:
-                with urllib.request.urlopen(f'http://127.0.0.1:{port}/data/logdir', timeout=1) as r: logdir = json.loads(r.read())['logdir']; break
+                with urllib.request.urlopen(f'http://127.0.0.1:{port}/data/logdir',
+                                            timeout=1) as r: logdir = json.loads(r.read())['logdir']; break
             except OSError: assert p.poll() is None, 'tensorboard exited'; time.sleep(0.1)
         else: raise AssertionError('tensorboard never answered')
         assert logdir == str(tmp_path) and f'on port {port}' in lines[0] and '--bind_all' in p.args

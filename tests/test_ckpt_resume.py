@@ -1,4 +1,5 @@
-"Checkpoints under stress: kill -9 and resume bit-identically, SIGTERM, a corrupt newest checkpoint, a pickle payload."
+"""Checkpoints under stress: kill -9 and resume bit-identically, SIGTERM, a corrupt newest checkpoint, a
+pickle payload."""
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
@@ -9,7 +10,8 @@ from lmbook.train.launch import launch_cmd
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 from lmbook.core import sha256_file
 
-TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
+TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
+            log_every=1,
             max_steps=30, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False, deterministic=True)
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 
@@ -46,7 +48,8 @@ def test_kill9_resume_is_bit_identical(ws, reference):
     got, ref = rows(Path(ws)/'runs'/'killed'), reference
     assert [r['step'] for r in got] == [r['step'] for r in ref]
     for a, b in zip(got, ref):  # exact equality of every loss, before and after the kill
-        assert (a.get('loss'), a.get('val_loss'), a.get('grad_norm'), a['tokens']) == (b.get('loss'), b.get('val_loss'), b.get('grad_norm'), b['tokens']), (a, b)
+        assert ((a.get('loss'), a.get('val_loss'), a.get('grad_norm'), a['tokens'])
+                == (b.get('loss'), b.get('val_loss'), b.get('grad_norm'), b['tokens'])), (a, b)
 
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
 def test_signal_checkpoints_and_exits_fast(ws, sig):

@@ -1,4 +1,5 @@
-"The `lmbook` command and the project-level promises: README in sync, settings, a model import that stays light."
+"""The `lmbook` command and the project-level promises: README in sync, settings, a model import that stays
+light."""
 import json, re, subprocess, sys
 from conftest import ROOT, lmbook_cmd
 
@@ -9,8 +10,10 @@ def test_profiles_lists_every_profile_with_counts():
     rows = {row['profile']: row for row in json.loads(r.stdout)}
     assert list(rows) == ['smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b']
     assert 1.95e9 < rows['runpod_2b']['params'] < 2.0e9
-    assert (rows['runpod_2b']['n_embd'], rows['runpod_2b']['n_layer'], rows['runpod_2b']['n_head']) == (2560, 24, 40)
-    assert (rows['runpod_4b']['n_embd'], rows['runpod_4b']['n_layer'], rows['runpod_4b']['n_head']) == (3072, 32, 48)
+    assert ((rows['runpod_2b']['n_embd'], rows['runpod_2b']['n_layer'], rows['runpod_2b']['n_head'])
+            == (2560, 24, 40))
+    assert ((rows['runpod_4b']['n_embd'], rows['runpod_4b']['n_layer'], rows['runpod_4b']['n_head'])
+            == (3072, 32, 48))
     assert rows['gpt2_124m']['vocab_size'] == 50304 and rows['gpt2_124m']['arch'] == 'gpt2'
     r = lmbook_cmd('profiles')
     assert 'runpod_4b' in r.stdout and 'B' in r.stdout
@@ -32,7 +35,8 @@ def test_readme_quickstart_is_two_commands_and_ci_calls_the_test_one():
 
 def test_unknown_command_and_bad_profile_are_one_line_errors(workspace):
     r = lmbook_cmd('train', '--profile', 'smok', '--experiment', 'x')
-    assert r.returncode == 2 and r.stderr.strip().startswith('error:') and len(r.stderr.strip().splitlines()) == 1
+    assert (r.returncode == 2 and r.stderr.strip().startswith('error:')
+            and len(r.stderr.strip().splitlines()) == 1)
     assert 'smoke' in r.stderr
 
 
@@ -54,12 +58,14 @@ def test_sampling_an_unknown_run_names_the_runs_there(workspace):
     (workspace/'runs'/'smoke-demo'/'checkpoints').mkdir(parents=True)
     for src in ('smoke-dem:best', 'smoke-dem'):
         r = lmbook_cmd('sample', src, 'The')
-        assert r.returncode == 2 and "no run 'smoke-dem'" in r.stderr and '(did you mean smoke-demo?)' in r.stderr, r.stderr
+        assert (r.returncode == 2 and "no run 'smoke-dem'" in r.stderr
+                and '(did you mean smoke-demo?)' in r.stderr), r.stderr
         assert 'name smoke-dem alone' not in r.stderr  # no advice that fails the same way
 
 
 def test_model_import_pulls_in_no_cloud_notebook_or_dataset_library():
-    code = ("import sys, lmbook.model.gpt; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', 'nbdev', 'matplotlib', 'tokenizers') "
+    code = ("import sys, lmbook.model.gpt; bad = [m for m in ('runpod', 'papermill', 'datasets', 'IPython', "
+            "'nbdev', 'matplotlib', 'tokenizers') "
             "if m in sys.modules]; print(bad)")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert r.stdout.strip() == '[]', r.stdout + r.stderr
@@ -87,7 +93,8 @@ def test_shared_options_read_the_same_everywhere():
                     assert tuple(act.option_strings) == flags, (cmd, act.option_strings)
                     assert act.help.split(' (default:')[0] == kw['help'].split(' (default:')[0], (cmd, name)
                     seen.setdefault(name, []).append(cmd)
-    assert seen['experiment'] == ['shard', 'tokenizer', 'tokenize', 'prepare'] and 'plot' in seen['root'] and 'bench' in seen['profile']
+    assert (seen['experiment'] == ['shard', 'tokenizer', 'tokenize', 'prepare'] and 'plot' in seen['root']
+            and 'bench' in seen['profile'])
     for cmd, p in subs.items():
         root = [a for a in p._actions if '--root' in a.option_strings]
         assert not root or 'workspace' in root[0].help, cmd
@@ -103,5 +110,6 @@ def test_help_loads_no_torch_and_the_table_matches_the_modules():
     assert 'usage: lmbook' in out.stdout and not re.search(r'\|\s+torch$', out.stderr, re.M)
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {a.dest: a.help for a in sub._choices_actions} == {c: h for c, (_, h) in COMMANDS.items()}
-    light = next(a for a in build_parser('train', light=True)._actions if isinstance(a, argparse._SubParsersAction))
+    light = next(a for a in build_parser('train', light=True)._actions
+                 if isinstance(a, argparse._SubParsersAction))
     assert '--nproc' in light.choices['train'].format_help() and not light.choices['bench']._actions

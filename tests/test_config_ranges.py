@@ -1,4 +1,5 @@
-"Every config field has a declared range; out-of-range values are one-line errors naming the key, before anything is written."
+"""Every config field has a declared range; out-of-range values are one-line errors naming the key, before
+anything is written."""
 import math
 import pytest
 from lmbook.config import RANGES, SECTIONS, field_index, get_config, Range
@@ -12,7 +13,8 @@ def candidates(r:Range, typ:str) -> list:
     if typ == 'bool': return ['maybe', 2]
     if r.choices: return ['no-such-choice', '', ' ']
     if typ == 'str': return ['', ' ', ' padded ', '\t', 'two words!']
-    vals = [float('nan'), float('inf'), -float('inf'), -10**30] if typ == 'float' else ['nan', -10**30, 10**30, 1.5]
+    vals = [float('nan'), float('inf'), -float('inf'), -10**30] if typ == 'float' else ['nan', -10**30,
+                                                                                        10**30, 1.5]
     step = 1 if typ == 'int' else 1e-6
     if r.lo is not None: vals += [r.lo] if r.lo_open else [r.lo - step]
     if r.hi is not None: vals += [r.hi] if r.hi_open else [r.hi + step]
@@ -26,7 +28,8 @@ def rejected(k, v):
     return None
 
 
-CASES = [(k, v) for k, (sec, typ) in IDX.items() for v in candidates(RANGES.get(k, Range()), typ) if rejected(k, v)]
+CASES = [(k, v) for k, (sec, typ) in IDX.items() for v in candidates(RANGES.get(k, Range()), typ)
+         if rejected(k, v)]
 
 
 def test_every_field_has_a_range():
@@ -53,27 +56,35 @@ def test_text_refuses_blank_and_padded(k):
         assert err and k in err and '\n' not in err, (k, v, err)
 
 
-@pytest.mark.parametrize('k,v', [('warmup_steps', -5), ('min_lr_ratio', 5), ('seed', -1), ('n_kv_head', -2), ('beta2', -1),
-                                 ('weight_decay', -3), ('grad_clip', -1), ('rope_theta', 0), ('norm_eps', -1), ('take', -3),
-                                 ('mlp_hidden', -4), ('data_seed', -1), ('dropout', 1), ('lr', 0), ('device', 'gpu')])
+@pytest.mark.parametrize('k,v',
+                         [('warmup_steps', -5), ('min_lr_ratio', 5), ('seed', -1), ('n_kv_head', -2),
+                          ('beta2', -1),
+                                 ('weight_decay', -3), ('grad_clip', -1), ('rope_theta', 0), ('norm_eps', -1),
+                          ('take', -3),
+                                 ('mlp_hidden', -4), ('data_seed', -1), ('dropout', 1), ('lr', 0),
+                          ('device', 'gpu')])
 def test_values_that_were_accepted(k, v):
     err = rejected(k, v)
     assert err and err.startswith(f'{k}=') and '\n' not in err, err
 
 
 def test_train_with_any_bad_value_writes_nothing(workspace, capsys, monkeypatch):
-    "`lmbook train --set k=v` for every out-of-range value: exit 2, one `error:` line naming the key, an empty workspace."
+    """`lmbook train --set k=v` for every out-of-range value: exit 2, one `error:` line naming the key, an
+    empty workspace."""
     import lmbook.train.launch
-    monkeypatch.setattr(lmbook.train.launch, 'train', lambda *a, **k: pytest.fail('a bad value reached the trainer'))
+    monkeypatch.setattr(lmbook.train.launch, 'train', lambda *a,
+                        **k: pytest.fail('a bad value reached the trainer'))
     from lmbook.config import parse_assignments
     seen = set()
     for k, v in CASES:
-        if k in seen or not rejected(k, parse_assignments([f'{k}={v}'])[k]): continue  # as the command line reads it
+        # as the command line reads it
+        if k in seen or not rejected(k, parse_assignments([f'{k}={v}'])[k]): continue
         seen.add(k)
         assert main(['train', '-e', 'bad-values', '--set', f'{k}={v}']) == 2, (k, v)
         err = capsys.readouterr().err.strip()
         assert err.startswith('error:') and k in err and len(err.splitlines()) == 1, (k, v, err)
-    assert seen == set(IDX) - {'dataset_config', 'sample_prompts', 'sft_data', 'init_from', 'hellaswag_file'}  # their only bad values are padded with spaces, which the command line strips
+    # their only bad values are padded with spaces, which the command line strips
+    assert seen == set(IDX) - {'dataset_config', 'sample_prompts', 'sft_data', 'init_from', 'hellaswag_file'}
     assert list(workspace.iterdir()) == []
 
 
@@ -81,7 +92,8 @@ def test_key_in_the_wrong_section_of_a_file(workspace, tmp_path, capsys):
     (tmp_path/'run.toml').write_text('[model]\nn_layer = 2\nwarmup_steps = 10\n')
     (tmp_path/'run.yaml').write_text('train:\n  take: 100\n')
     (tmp_path/'typo.toml').write_text('[modle]\nn_layer = 2\n')
-    for f, msg in (('run.toml', 'warmup_steps belongs in [train], not [model]'), ('run.yaml', 'take belongs in [data], not [train]'),
+    for f, msg in (('run.toml', 'warmup_steps belongs in [train], not [model]'),
+                   ('run.yaml', 'take belongs in [data], not [train]'),
                    ('typo.toml', 'unknown config section [modle]')):
         assert main(['train', '-p', str(tmp_path/f), '-e', 'bad-file']) == 2
         err = capsys.readouterr().err.strip()

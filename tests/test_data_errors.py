@@ -1,4 +1,5 @@
-"Bad input: each a clear one-line error before training starts (or a counted skip), and nothing written is lost."
+"""Bad input: each a clear one-line error before training starts (or a counted skip), and nothing written is
+lost."""
 import json, os
 from pathlib import Path
 import numpy as np
@@ -9,7 +10,8 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 from lmbook.data.prepare import shard_corpus, read_manifest, check_shards, write_manifest
 from lmbook.data.corpus import input_files
-from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer, adopt_tokenizer,
+from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, token_dtype, encode_docs, load_tokenizer,
+                                   adopt_tokenizer,
                               new_bpe, write_tokens)
 from lmbook.data.loader import TokenLoader, val_batches, write_token_dir
 
@@ -43,7 +45,8 @@ def test_token_files_missing_empty_truncated_or_disagreeing(built, tmp_path):
     with pytest.raises(ValueError, match='bad header'): TokenLoader(t, 2, 16)
     t = copy(d/'tokens', tmp_path/'t3'); p = t/'shard_00002.bin'; p.write_bytes(p.read_bytes()[:-6])
     with pytest.raises(ValueError, match='truncated'): val_batches(t, 2, 16, 1)
-    t = copy(d/'tokens', tmp_path/'t4'); m = read_manifest(t); m['files'][0]['tokens'] += 1; write_manifest(t, m)
+    t = copy(d/'tokens', tmp_path/'t4')
+    m = read_manifest(t); m['files'][0]['tokens'] += 1; write_manifest(t, m)
     with pytest.raises(ValueError, match='manifest says'): TokenLoader(t, 2, 16)
     t = copy(d/'tokens', tmp_path/'t5'); m = read_manifest(t); m['complete'] = False; write_manifest(t, m)
     with pytest.raises(ValueError, match='partly tokenized'): TokenLoader(t, 2, 16)
@@ -56,19 +59,24 @@ def test_shards_missing_truncated_or_edited(built, tmp_path):
     with pytest.raises(FileNotFoundError, match='missing'): tokenize_split(s, tk, tmp_path/'o1')
     s = copy(d/'train', tmp_path/'s2'); p = s/'shard_00001.txt'; p.write_bytes(p.read_bytes()[:-10])
     with pytest.raises(ValueError, match='truncated or edited'): tokenize_split(s, tk, tmp_path/'o2')
-    s = copy(d/'train', tmp_path/'s3'); p = s/'shard_00003.txt'; b = bytearray(p.read_bytes()); b[5] ^= 1; p.write_bytes(bytes(b))
+    s = copy(d/'train', tmp_path/'s3')
+    p = s/'shard_00003.txt'; b = bytearray(p.read_bytes()); b[5] ^= 1; p.write_bytes(bytes(b))
     with pytest.raises(ValueError, match='checksum'): tokenize_split(s, tk, tmp_path/'o3')
     with pytest.raises(ValueError, match='checksum'): check_shards(s)
-    with pytest.raises(FileNotFoundError, match='lmbook shard'): tokenize_split(tmp_path/'nothing', tk, tmp_path/'o4')
+    with pytest.raises(FileNotFoundError, match='lmbook shard'):
+        tokenize_split(tmp_path/'nothing', tk, tmp_path/'o4')
 
 
 def test_bad_local_inputs(tmp_path):
     (tmp_path/'empty.jsonl').write_text('')
-    with pytest.raises(ValueError, match='gave no documents'): shard_corpus(tmp_path/'a', tmp_path/'b', dataset=str(tmp_path/'empty.jsonl'))
+    with pytest.raises(ValueError, match='gave no documents'):
+        shard_corpus(tmp_path/'a', tmp_path/'b', dataset=str(tmp_path/'empty.jsonl'))
     (tmp_path/'bad.jsonl').write_text('{"text": "ok"}\n{"text": broken\n')
-    with pytest.raises(ValueError, match=r'bad.jsonl:2 is not valid JSON'): shard_corpus(tmp_path/'c', tmp_path/'d', dataset=str(tmp_path/'bad.jsonl'))
+    with pytest.raises(ValueError, match=r'bad.jsonl:2 is not valid JSON'):
+        shard_corpus(tmp_path/'c', tmp_path/'d', dataset=str(tmp_path/'bad.jsonl'))
     (tmp_path/'nofield.jsonl').write_text('{"content": "x"}\n')
-    with pytest.raises(ValueError, match='--text-field'): shard_corpus(tmp_path/'e', tmp_path/'f', dataset=str(tmp_path/'nofield.jsonl'))
+    with pytest.raises(ValueError, match='--text-field'):
+        shard_corpus(tmp_path/'e', tmp_path/'f', dataset=str(tmp_path/'nofield.jsonl'))
     with pytest.raises(FileNotFoundError, match='does not exist'): input_files(tmp_path/'missing.txt')
     (tmp_path/'x.csv').write_text('a,b\n')
     with pytest.raises(ValueError, match='is not one of'): input_files(tmp_path/'x.csv')
@@ -79,17 +87,21 @@ def test_bad_local_inputs(tmp_path):
 def test_nothing_written_is_lost_or_overwritten(built, tmp_path):
     d, tk = built
     (tmp_path/'mine').mkdir(); (tmp_path/'mine'/'notes.txt').write_text('keep me')
-    with pytest.raises(ValueError, match='no manifest.json'): shard_corpus(tmp_path/'mine', mode='prod', take=5)
-    assert (tmp_path/'mine'/'notes.txt').read_text() == 'keep me' and len(list((tmp_path/'mine').iterdir())) == 1
+    with pytest.raises(ValueError, match='no manifest.json'):
+        shard_corpus(tmp_path/'mine', mode='prod', take=5)
+    assert ((tmp_path/'mine'/'notes.txt').read_text() == 'keep me'
+            and len(list((tmp_path/'mine').iterdir())) == 1)
     s = copy(d/'train', tmp_path/'s')
     before = {p.name: p.read_bytes() for p in s.iterdir()}
-    with pytest.raises(ValueError, match='use another --experiment'): shard_corpus(s, mode='prod', take=400, lines_per_shard=50)
+    with pytest.raises(ValueError, match='use another --experiment'):
+        shard_corpus(s, mode='prod', take=400, lines_per_shard=50)
     assert {p.name: p.read_bytes() for p in s.iterdir()} == before
     t = copy(d/'tokens', tmp_path/'t')
     other = ensure_tokenizer(tmp_path/'tok2', d/'train', vocab_size=300)
     with pytest.raises(ValueError, match='another tokenizer'): tokenize_split(d/'train', other, t)
     with pytest.raises(ValueError, match='holds files but no'): tokenize_split(d/'train', tk, tmp_path/'mine')
-    with pytest.raises(ValueError, match='vocab_size=320'): ensure_tokenizer(d/'tok', d/'train', vocab_size=512)
+    with pytest.raises(ValueError, match='vocab_size=320'):
+        ensure_tokenizer(d/'tok', d/'train', vocab_size=512)
 
 
 def test_token_ids_out_of_range_for_dtype(built):
@@ -109,8 +121,10 @@ def test_adopted_tokenizer_gets_special_tokens(built, tmp_path):
     with pytest.raises(ValueError, match='has no <|endoftext|>'): load_tokenizer(tmp_path/'pub.json')
     a = adopt_tokenizer(tmp_path/'pub.json', tmp_path/'bundle')
     assert a.decode(a.encode('hello world')) == 'hello world' and a.token_id('<|assistant|>') is not None
-    assert ensure_tokenizer(tmp_path/'bundle', vocab_size=999).vocab_size == a.vocab_size  # an adopted bundle is reused as is
-    with pytest.raises(FileNotFoundError, match='--tokenizer-json'): adopt_tokenizer(tmp_path/'nope.json', tmp_path/'b2')
+    # an adopted bundle is reused as is
+    assert ensure_tokenizer(tmp_path/'bundle', vocab_size=999).vocab_size == a.vocab_size
+    with pytest.raises(FileNotFoundError, match='--tokenizer-json'):
+        adopt_tokenizer(tmp_path/'nope.json', tmp_path/'b2')
 
 
 def test_an_interrupted_first_write_does_not_block_the_experiment(built, tmp_path):

@@ -1,4 +1,5 @@
-"Interruption and exact resume: the sharder killed mid-run, tokenize rerun, loader state across shard and epoch boundaries."
+"""Interruption and exact resume: the sharder killed mid-run, tokenize rerun, loader state across shard and
+epoch boundaries."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import numpy as np
@@ -28,7 +29,8 @@ shard_corpus(out/'train', out/'val', take=1200, lines_per_shard=100, val_ratio=0
 
 def test_sharder_killed_then_resumed(tmp_path):
     "SIGKILL mid-run leaves only whole, listed shards; a rerun ends identical to an uninterrupted run."
-    ref = shard_corpus(tmp_path/'ref'/'train', tmp_path/'ref'/'val', take=1200, lines_per_shard=100, val_ratio=0.2)
+    ref = shard_corpus(tmp_path/'ref'/'train', tmp_path/'ref'/'val', take=1200, lines_per_shard=100,
+                       val_ratio=0.2)
     out = tmp_path/'run'
     p = subprocess.Popen([sys.executable, '-c', SLOW_SHARD, str(out)])
     t0 = time.time()
@@ -41,11 +43,13 @@ def test_sharder_killed_then_resumed(tmp_path):
     m = read_manifest(out/'train')
     assert not m['complete'] and len(m['shards']) >= 2
     listed = {s['name'] for s in m['shards']} | {'manifest.json'}
-    assert {q.name for q in (out/'train').iterdir() if not q.name.startswith('.')} <= listed | {f"shard_{len(m['shards']):05d}.txt"}
+    assert ({q.name for q in (out/'train').iterdir() if not q.name.startswith('.')}
+            <= listed | {f"shard_{len(m['shards']):05d}.txt"})
     got = shard_corpus(out/'train', out/'val', take=1200, lines_per_shard=100, val_ratio=0.2)
     assert got == ref
     for split in ('train', 'val'):
-        assert sorted(q.name for q in (out/split).iterdir()) == sorted(q.name for q in (tmp_path/'ref'/split).iterdir())
+        assert (sorted(q.name for q in (out/split).iterdir())
+                == sorted(q.name for q in (tmp_path/'ref'/split).iterdir()))
 
 
 def test_tokenize_resumes_and_skips_done(tmp_path):
@@ -67,7 +71,8 @@ def toy_tokens(tmp_path):
     "Three token files of different lengths whose tokens are their global positions."
     sizes = [1000, 333, 2501]
     starts = np.cumsum([0, *sizes])
-    return write_token_dir(tmp_path/'tok', [np.arange(s, s+n, dtype=np.uint32) for s, n in zip(starts, sizes)])
+    return write_token_dir(tmp_path/'tok',
+                           [np.arange(s, s+n, dtype=np.uint32) for s, n in zip(starts, sizes)])
 
 
 def batches(dl, n): return [torch.cat(dl.next_batch(), 1) for _ in range(n)]
@@ -75,7 +80,8 @@ def batches(dl, n): return [torch.cat(dl.next_batch(), 1) for _ in range(n)]
 
 @pytest.mark.parametrize('stop', [1, 9, 23, 24, 60])
 def test_loader_exact_resume(toy_tokens, stop, tmp_path):
-    "A restored loader continues with exactly the batches of an uninterrupted one, across file and epoch boundaries."
+    """A restored loader continues with exactly the batches of an uninterrupted one, across file and epoch
+    boundaries."""
     ref = TokenLoader(toy_tokens, 5, 32, seed=11)
     want = batches(ref, 80)
     assert ref.batches_per_epoch == 23 and ref.epoch == 3
@@ -96,13 +102,18 @@ def test_loader_epochs_cover_windows_once_and_reshuffle(toy_tokens):
     e0 = torch.cat([x for x, _ in (dl.next_batch() for _ in range(n))])
     e1 = torch.cat([x for x, _ in (dl.next_batch() for _ in range(n))])
     assert dl.epoch == 1 and len(set(e0[:, 0].tolist())) == len(e0) == n*4
-    assert not torch.equal(e0, e1) and set(e0[:, 0].tolist()) <= set(range(0, 3834, 32)) | set(range(1000, 3834, 32)) | set(range(1333, 3834, 32))
-    assert len(set(e0[:, 0].tolist()) ^ set(e1[:, 0].tolist())) <= 2*3  # reshuffled; only the dropped remainder differs
+    assert (not torch.equal(e0, e1)
+            and set(e0[:, 0].tolist()) <= set(range(0, 3834, 32)) | set(range(1000, 3834,
+                                                                              32)) | set(range(1333, 3834,
+                                                                                               32)))
+    # reshuffled; only the dropped remainder differs
+    assert len(set(e0[:, 0].tolist()) ^ set(e1[:, 0].tolist())) <= 2*3
     assert all(((x[1:] - x[:-1]) == 1).all() for x in e0)  # no window straddles two files
 
 
 def test_ranks_read_disjoint_windows(toy_tokens):
-    "Across a whole epoch, 3 ranks together read each window at most once and match one process's global batches."
+    """Across a whole epoch, 3 ranks together read each window at most once and match one process's global
+    batches."""
     ranks = [TokenLoader(toy_tokens, 2, 32, rank=r, world_size=3, seed=5) for r in range(3)]
     one = TokenLoader(toy_tokens, 6, 32, seed=5)
     assert ranks[0].batches_per_epoch == one.batches_per_epoch
@@ -118,21 +129,25 @@ def test_ranks_read_disjoint_windows(toy_tokens):
 def test_val_batches_fixed_and_rank_disjoint(toy_tokens):
     a = val_batches(toy_tokens, 4, 32, 5)
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, val_batches(toy_tokens, 4, 32, 5)))
-    r0, r1 = val_batches(toy_tokens, 2, 32, 3, rank=0, world_size=2), val_batches(toy_tokens, 2, 32, 3, rank=1, world_size=2)
-    assert not set(torch.cat([x for x, _ in r0])[:, 0].tolist()) & set(torch.cat([x for x, _ in r1])[:, 0].tolist())
+    r0, r1 = val_batches(toy_tokens, 2, 32, 3, rank=0, world_size=2), val_batches(toy_tokens, 2, 32, 3,
+                                                                                  rank=1, world_size=2)
+    firsts0, firsts1 = (set(torch.cat([x for x, _ in r])[:, 0].tolist()) for r in (r0, r1))
+    assert not firsts0 & firsts1
     x, y = a[0]
     assert x.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
 
 
 def test_loader_state_for_other_data_is_refused(toy_tokens, tmp_path):
     st = TokenLoader(toy_tokens, 4, 32).state_dict()
-    with pytest.raises(ValueError, match='same data and block_size'): TokenLoader(toy_tokens, 4, 16).load_state_dict(st)
+    with pytest.raises(ValueError, match='same data and block_size'):
+        TokenLoader(toy_tokens, 4, 16).load_state_dict(st)
     other = write_token_dir(tmp_path/'other', [np.arange(5000, dtype=np.uint16)])
     with pytest.raises(ValueError, match='same data'): TokenLoader(other, 4, 32).load_state_dict(st)
 
 
 def test_many_files_resume_and_coverage(tmp_path):
-    "Nine files (more than the loader keeps window orders for): an epoch reads every window once; resume stays exact."
+    """Nine files (more than the loader keeps window orders for): an epoch reads every window once; resume
+    stays exact."""
     rng = np.random.default_rng(0)
     sizes = rng.integers(50, 400, 9)
     starts = np.cumsum([0, *sizes])
@@ -147,16 +162,19 @@ def test_many_files_resume_and_coverage(tmp_path):
     b = TokenLoader(d, 3, 16, seed=2); b.load_state_dict(a.state_dict())
     assert all(torch.equal(g, w) for g, w in zip(batches(b, 2*n - 7), want[7:]))
     v = val_batches(d, 4, 16, 2*n)
-    assert torch.equal(v[0][0][0], torch.arange(16)) and all(torch.equal(x, y) for (x, _), (y, _) in zip(v, val_batches(d, 4, 16, 2*n)))
+    assert (torch.equal(v[0][0][0], torch.arange(16))
+            and all(torch.equal(x, y) for (x, _), (y, _) in zip(v, val_batches(d, 4, 16, 2*n))))
 
 
 def test_tokenize_trails_an_unfinished_sharder(tmp_path):
-    "Token files can be made from the shards listed so far; once sharding finishes, a rerun adds only the new ones."
+    """Token files can be made from the shards listed so far; once sharding finishes, a rerun adds only the
+    new ones."""
     docs = list(__import__('itertools').islice(builtin_docs(), 500))
     def interrupted():
         yield from docs[:330]
         raise RuntimeError('preempted')
-    with pytest.raises(RuntimeError): shard_corpus(tmp_path/'train', mode='prod', take=500, lines_per_shard=100, docs=interrupted())
+    with pytest.raises(RuntimeError):
+        shard_corpus(tmp_path/'train', mode='prod', take=500, lines_per_shard=100, docs=interrupted())
     tk = ensure_tokenizer(tmp_path/'tok', tmp_path/'train', vocab_size=300)
     first = tokenize_split(tmp_path/'train', tk, tmp_path/'tokens')
     assert first['docs'] == 300 and first['complete']

@@ -1,4 +1,5 @@
-"torchrun with gloo on CPU: DDP and FSDP2 match one process at the same global batch; kill -9 of torchrun and resume."
+"""torchrun with gloo on CPU: DDP and FSDP2 match one process at the same global batch; kill -9 of torchrun
+and resume."""
 import json, os, signal, subprocess, time
 from pathlib import Path
 import pytest
@@ -21,7 +22,8 @@ def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss'
 
 def start(ws, exp, nproc=2, **kw):
     return subprocess.Popen(launch_cmd('smoke', exp, {**TINY, **kw}, nproc=nproc, root=ws),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
 
 def run(ws, exp, **kw):
     "Through `launch`, as the train notebook does: a plain process prepares the data, then torchrun trains."
@@ -48,14 +50,17 @@ def test_two_processes_match_one(ws, single, parallel):
 
 def test_resume_with_another_world_size(ws, single):
     log = []
-    train(get_config('smoke', {**TINY, 'max_steps': 42}), 'ddp', root=ws, log=lambda *a: log.append(' '.join(map(str, a))))
-    assert any('written by 2 process(es), this run has 1' in l for l in log) and any('resumed at step 40' in l for l in log)
+    train(get_config('smoke', {**TINY, 'max_steps': 42}), 'ddp', root=ws,
+          log=lambda *a: log.append(' '.join(map(str, a))))
+    assert (any('written by 2 process(es), this run has 1' in l for l in log)
+            and any('resumed at step 40' in l for l in log))
     assert [r['step'] for r in rows(Path(ws)/'runs'/'ddp')] == list(range(43))
 
 def _pids_running(exp, ws):
     "Processes (torchrun and workers) of experiment `exp` in workspace `ws`."
     out = subprocess.run(['ps', '-eo', 'pid,args'], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' ' and 'lmbook.train.launch' in l and str(ws) in l]
+    return [l for l in out.splitlines() if f'--experiment {exp} ' in l + ' '
+            and 'lmbook.train.launch' in l and str(ws) in l]
 
 @pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_kill9_torchrun_then_resume(ws, single, parallel):

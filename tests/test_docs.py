@@ -26,7 +26,8 @@ def api_names(mod: str) -> list[str]:
     "The functions and classes `mod` exports (nbdev documents each with a heading of its name)."
     import inspect
     m = importlib.import_module(mod)
-    return [n for n in getattr(m, '__all__', []) if (inspect.isfunction(getattr(m, n)) or inspect.isclass(getattr(m, n)))
+    return [n for n in getattr(m, '__all__', [])
+            if (inspect.isfunction(getattr(m, n)) or inspect.isclass(getattr(m, n)))
             and getattr(getattr(m, n), '__module__', '') == mod]
 
 
@@ -47,13 +48,14 @@ def site(tmp_path_factory):
 
 def test_pages_match_docstring_links(site):
     for mod, page in module_pages().items():
-        assert (site/f'{page}.html').is_file(), f"{mod} links to {page}.html.md but the site has no {page}.html"
+        assert (site/f'{page}.html').is_file(), \
+            f"{mod} links to {page}.html.md but the site has no {page}.html"
         md = (site/f'{page}.html.md').read_text()
         for name in api_names(mod): assert f'### {name}' in md, f"{mod}.{name} is missing from {page}.html.md"
     assert (site/'index.html').is_file() and (site/'search.json').is_file()
     llms = (site/'llms.txt').read_text()
     assert 'https://lmbook.github.io/lmbook/core.html.md' in llms and '.llms.md' not in llms
-    # run notebooks are not pages: train.html and analysis.html are the train chapter's and the plots' module pages
+    # run notebooks are not pages: train.html and analysis.html are module pages
     assert 'from whatever data is missing' not in (site/'train.html').read_text()
     assert 'Analysis of runs' not in (site/'analysis.html').read_text()
 
@@ -61,12 +63,14 @@ def test_pages_match_docstring_links(site):
 def test_serve_an_up_to_date_site_without_rebuilding(site):
     "`lmbook docs --serve` with nothing changed since the build serves the site at once."
     import sys, urllib.request
-    p = subprocess.Popen([str(Path(sys.executable).parent/'lmbook'), 'docs', '--out', str(site), '--serve', '--port', '0'],
+    p = subprocess.Popen([str(Path(sys.executable).parent/'lmbook'), 'docs', '--out', str(site), '--serve',
+                          '--port', '0'],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.time()
         first, second = p.stdout.readline(), p.stdout.readline()
-        assert 'is up to date' in first and second.startswith('serving') and time.time() - t0 < 15, (first, second)
+        assert ('is up to date' in first and second.startswith('serving')
+                and time.time() - t0 < 15), (first, second)
         port = int(re.search(r':(\d+)/', second).group(1))
         assert urllib.request.urlopen(f'http://127.0.0.1:{port}/index.html', timeout=10).status == 200
     finally:
@@ -87,23 +91,27 @@ def chromium() -> str | None:
 
 
 class Chromium:
-    "Headless Chromium driven over the DevTools protocol on a pipe (fd 3 in, fd 4 out; no websocket, no Node)."
+    """Headless Chromium driven over the DevTools protocol on a pipe (fd 3 in, fd 4 out; no websocket, no
+    Node)."""
     def __init__(self, exe, profile, size=(1280, 900)):
         to_r, self._w = os.pipe(); self._r, from_w = os.pipe()
         def fds():  # in the child: the pipe ends Chromium expects, inheritable
             a, b = os.dup(to_r), os.dup(from_w)
             os.dup2(a, 3); os.dup2(b, 4)
-        args = [exe, '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
-                '--disable-component-update', '--disable-sync', '--hide-scrollbars', f'--user-data-dir={profile}',
+        args = [exe, '--headless', '--no-sandbox', '--disable-gpu', '--no-first-run',
+                '--disable-background-networking',
+                '--disable-component-update', '--disable-sync', '--hide-scrollbars',
+                f'--user-data-dir={profile}',
                 '--remote-debugging-pipe', f'--window-size={size[0]},{size[1]}', 'about:blank']
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     preexec_fn=fds, close_fds=False)
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, preexec_fn=fds, close_fds=False)
         os.close(to_r); os.close(from_w)
         self._id, self._buf, self.events = 0, b'', []
 
     def _read(self, timeout):
         while b'\0' not in self._buf:
-            if not select.select([self._r], [], [], timeout)[0]: raise TimeoutError('no message from chromium')
+            if not select.select([self._r], [], [], timeout)[0]:
+                raise TimeoutError('no message from chromium')
             chunk = os.read(self._r, 1 << 20)
             if not chunk: raise RuntimeError('chromium closed the pipe')
             self._buf += chunk
@@ -138,7 +146,8 @@ class Chromium:
 
 
 class Tab:
-    "One page of the browser: open a URL, run JavaScript, take a screenshot; failed requests and errors are kept."
+    """One page of the browser: open a URL, run JavaScript, take a screenshot; failed requests and errors are
+    kept."""
     def __init__(self, browser):
         self.b = browser
         tid = browser.send('Target.createTarget', url='about:blank')['targetId']
@@ -156,10 +165,13 @@ class Tab:
         for m in self.b.events:
             p = m.get('params', {})
             if m.get('method') == 'Network.requestWillBeSent': urls[p['requestId']] = p['request']['url']
-            if m.get('method') == 'Network.loadingFailed' and not p.get('canceled'): bad.append(f"{p.get('errorText')} {urls.get(p['requestId'])}")
+            if m.get('method') == 'Network.loadingFailed' and not p.get('canceled'):
+                bad.append(f"{p.get('errorText')} {urls.get(p['requestId'])}")
             if m.get('method') == 'Network.responseReceived' and p['response']['status'] >= 400 \
-               and not p['response']['url'].endswith('/favicon.ico'): bad.append(f"{p['response']['status']} {p['response']['url']}")
-            if m.get('method') == 'Runtime.exceptionThrown': bad.append(p['exceptionDetails'].get('exception', {}).get('description', 'exception'))
+               and not p['response']['url'].endswith('/favicon.ico'):
+                bad.append(f"{p['response']['status']} {p['response']['url']}")
+            if m.get('method') == 'Runtime.exceptionThrown':
+                bad.append(p['exceptionDetails'].get('exception', {}).get('description', 'exception'))
         return bad
 
     def js(self, expr):
@@ -168,16 +180,19 @@ class Tab:
         return r['result'].get('value')
 
     def screenshot(self, path):
-        Path(path).write_bytes(base64.b64decode(self.b.send('Page.captureScreenshot', self.s, format='png')['data']))
+        Path(path).write_bytes(base64.b64decode(self.b.send('Page.captureScreenshot', self.s,
+                                                            format='png')['data']))
         return path
 
 
 PAGE_FACTS = """(() => ({
   title: document.title,
-  headings: [...document.querySelectorAll('main h1, main h2, main h3, main h4')].map(h => h.textContent.trim()),
+  headings: [...document.querySelectorAll('main h1, main h2, main h3, main h4')]
+    .map(h => h.textContent.trim()),
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-  imgs: [...document.images].map(i => ({src: i.src.slice(0, 60), ok: i.complete && i.naturalWidth > 0, out: !!i.closest('.cell-output, .cell-output-display')})),
+  imgs: [...document.images].map(i => ({src: i.src.slice(0, 60), ok: i.complete && i.naturalWidth > 0,
+                                        out: !!i.closest('.cell-output, .cell-output-display')})),
 }))()"""
 
 
@@ -188,7 +203,8 @@ def test_site_in_a_browser(site, tmp_path):
     httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), functools.partial(Quiet, directory=str(site)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     base = f'http://127.0.0.1:{httpd.server_port}/'
-    shots = Path(os.environ.get('LMBOOK_SCREENSHOTS') or tmp_path/'screenshots'); shots.mkdir(parents=True, exist_ok=True)
+    shots = Path(os.environ.get('LMBOOK_SCREENSHOTS') or tmp_path/'screenshots')
+    shots.mkdir(parents=True, exist_ok=True)
     b = Chromium(chromium(), tmp_path/'profile')
     try:
         tab = Tab(b)
@@ -209,7 +225,8 @@ def test_site_in_a_browser(site, tmp_path):
             missing = set(api_names(mod)) - set(facts[f'{page}.html']['headings'])
             assert not missing, f"{page}.html lacks the API reference of {mod}: {sorted(missing)}"
         # plots: the notebooks' images are on their pages and load (checked above)
-        assert sum(i['out'] for f in facts.values() for i in f['imgs']) >= 1, "no notebook output image on any page"
+        assert (sum(i['out'] for f in facts.values() for i in f['imgs'])
+                >= 1), "no notebook output image on any page"
         # no broken internal link: the page exists and so does the anchor
         broken = []
         for page, f in facts.items():
@@ -227,7 +244,8 @@ def test_site_in_a_browser(site, tmp_path):
         tab.js("document.querySelector('.smalldocs-search input').focus()")
         b.send('Input.insertText', tab.s, text='checkpoint')
         for _ in range(50):
-            hits = tab.js("[...document.querySelectorAll('.search-result')].map(a => a.getAttribute('href').replace(/^[.][/]/, ''))")
+            hits = tab.js("[...document.querySelectorAll('.search-result')].map(a => "
+                          "a.getAttribute('href').replace(/^[.][/]/, ''))")
             if hits: break
             time.sleep(0.1)
         assert hits and any(h.startswith('checkpoint.html') for h in hits), hits
@@ -236,7 +254,9 @@ def test_site_in_a_browser(site, tmp_path):
         # what a reader sees
         assert not tab.open(base + 'index.html'); home = tab.screenshot(shots/'home.png')
         assert not tab.open(base + 'runnb.html'); mod = tab.screenshot(shots/'runnb.png')
-        tab.js("document.querySelector('.cell-output img, .cell-output-display img').scrollIntoView({block: 'center', behavior: 'instant'})"); time.sleep(0.3)
+        tab.js("document.querySelector('.cell-output img, .cell-output-display "
+               "img').scrollIntoView({block: 'center', behavior: 'instant'})")
+        time.sleep(0.3)
         plot = tab.screenshot(shots/'runnb-plot.png')
         for p in (home, mod, plot, shot_search): assert p.stat().st_size > 20_000
         print(f"screenshots: {shots}")

@@ -1,4 +1,5 @@
-"Faults a user on a pod meets: a closed console, a second trainer, damaged checkpoints, a torn metrics line, a changed config, a full disk, --prepare-only."
+"""Faults a user on a pod meets: a closed console, a second trainer, damaged checkpoints, a torn metrics line,
+a changed config, a full disk, --prepare-only."""
 import errno, json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -9,8 +10,8 @@ from lmbook.train.launch import launch_cmd
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step, CheckpointSpaceError
 import lmbook.runs.checkpoint as ckpt_mod
 
-TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
-            max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)
+TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
+            log_every=1, max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)
 def cfg(**kw): return get_config('smoke', {**TINY, **kw})
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 def sets(**kw): return [f'--set={k}={v}' for k, v in {**TINY, **kw}.items()]
@@ -18,7 +19,8 @@ def sets(**kw): return [f'--set={k}={v}' for k, v in {**TINY, **kw}.items()]
 def test_closed_stdout_keeps_training(ws):
     "`lmbook train … | head -3`: the reader goes away, the run finishes, its lines reach train.log."
     exe = Path(sys.executable).parent/'lmbook'
-    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'pipe', '--root', str(ws), *sets(max_steps=10)],
+    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'pipe', '--root', str(ws),
+                          *sets(max_steps=10)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for _ in range(3): p.stdout.readline()
     p.stdout.close()  # what `head -3` does
@@ -29,25 +31,31 @@ def test_closed_stdout_keeps_training(ws):
 
 def test_second_trainer_refused(ws):
     "Two trainers on one experiment: the second is refused in one line naming the first; the first goes on."
-    a = subprocess.Popen(launch_cmd('smoke', 'locked', {**TINY, 'max_steps': 500, 'ckpt_every': 100}, root=ws),
+    a = subprocess.Popen(launch_cmd('smoke', 'locked', {**TINY, 'max_steps': 500, 'ckpt_every': 100},
+                                    root=ws),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in a.stdout:
         if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 2: break
-    b = lmbook_cmd('train', '-p', 'smoke', '-e', 'locked', '--root', ws, *sets(max_steps=500, ckpt_every=100), timeout=120)
+    b = lmbook_cmd('train', '-p', 'smoke', '-e', 'locked', '--root', ws, *sets(max_steps=500, ckpt_every=100),
+                   timeout=120)
     a.send_signal(signal.SIGTERM); rest = a.stdout.read()
     assert a.wait() == 143, rest
     assert b.returncode == 2, b.stdout + b.stderr
     err = b.stderr.strip().splitlines()
-    assert len(err) == 1 and 'in use by another trainer' in err[0] and f'pid {a.pid}' in err[0] and socket.gethostname() in err[0], err
+    assert (len(err) == 1 and 'in use by another trainer' in err[0] and f'pid {a.pid}' in err[0]
+            and socket.gethostname() in err[0]), err
     assert 'stale after 120 s' in err[0]
-    assert [r['step'] for r in rows(Path(ws)/'runs'/'locked')] == sorted({r['step'] for r in rows(Path(ws)/'runs'/'locked')})
+    assert ([r['step'] for r in rows(Path(ws)/'runs'/'locked')]
+            == sorted({r['step'] for r in rows(Path(ws)/'runs'/'locked')}))
     assert not (Path(ws)/'runs'/'locked'/'.lock').exists()
 
 def test_stale_lock_taken_over(ws, monkeypatch):
     "A lock whose heartbeat stopped (another host) is taken over after LMBOOK_LOCK_STALE_S."
     run = Path(ws)/'runs'/'stale'; run.mkdir(parents=True)
-    (run/'.lock').write_text(json.dumps(dict(host='gone-host', pid=1, started=time.time() - 60, heartbeat=time.time() - 10)))
-    with pytest.raises(ValueError, match='host gone-host pid 1'): train(cfg(max_steps=2), 'stale', root=ws, log=quiet([]))
+    (run/'.lock').write_text(json.dumps(dict(host='gone-host', pid=1, started=time.time() - 60,
+                                             heartbeat=time.time() - 10)))
+    with pytest.raises(ValueError, match='host gone-host pid 1'):
+        train(cfg(max_steps=2), 'stale', root=ws, log=quiet([]))
     monkeypatch.setenv('LMBOOK_LOCK_STALE_S', '5')
     log = []
     assert train(cfg(max_steps=2), 'stale', root=ws, log=quiet(log))['step'] == 2
@@ -57,7 +65,8 @@ def _truncate(p):
     p.write_bytes(p.read_bytes()[:p.stat().st_size//2])
 
 def test_damaged_checkpoints_moved_aside(ws):
-    "The two newest checkpoints truncated: restart at 0, keep the old metrics aside, never prune the new checkpoints."
+    """The two newest checkpoints truncated: restart at 0, keep the old metrics aside, never prune the new
+    checkpoints."""
     train(cfg(max_steps=12), 'damaged', root=ws, log=quiet([]))
     run = Path(ws)/'runs'/'damaged'
     for p in list_checkpoints(run/'checkpoints'): _truncate(p/'model.safetensors')
@@ -66,14 +75,18 @@ def test_damaged_checkpoints_moved_aside(ws):
     assert res['step'] == 6 and not any('resumed' in l for l in log)
     assert [p.name for p in list_checkpoints(run/'checkpoints')] == ['step_00000006', 'step_00000004']
     for p in list_checkpoints(run/'checkpoints'): verify_checkpoint(p)
-    # best/ (step 12) shares step 12's weights file (a hard link), so truncating one damaged both: both moved aside
-    assert sorted(p.name for p in (run/'checkpoints'/'damaged').iterdir()) == ['best', 'step_00000008', 'step_00000012']
+    # best/ (step 12) shares step 12's weights file (a hard link), so truncating one damaged both: both moved
+    # aside
+    assert (sorted(p.name for p in (run/'checkpoints'/'damaged').iterdir())
+            == ['best', 'step_00000008', 'step_00000012'])
     assert [r['step'] for r in rows(run)] == list(range(7))
-    assert [json.loads(l)['step'] for l in (run/'metrics.after-step-0.jsonl').read_text().splitlines()] == list(range(13))
+    assert ([json.loads(l)['step'] for l in (run/'metrics.after-step-0.jsonl').read_text().splitlines()]
+            == list(range(13)))
     assert any('moved damaged checkpoint step_00000012' in l for l in log), log
 
 def test_torn_metrics_line(ws):
-    "A crash mid-append leaves a torn last line of metrics.jsonl: dropped with a warning naming the file, and the run resumes."
+    """A crash mid-append leaves a torn last line of metrics.jsonl: dropped with a warning naming the file,
+    and the run resumes."""
     train(cfg(max_steps=8), 'torn', root=ws, log=quiet([]))
     m = Path(ws)/'runs'/'torn'/'metrics.jsonl'
     with open(m, 'a') as f: f.write('{"step": 9, "lo')
@@ -83,7 +96,8 @@ def test_torn_metrics_line(ws):
     assert [r['step'] for r in rows(m.parent)] == list(range(11))
 
 def test_config_change_needs_permission(ws):
-    "A changed lr is shown and refused; allowed with allow_config_change and recorded; batch_size is refused anyway."
+    """A changed lr is shown and refused; allowed with allow_config_change and recorded; batch_size is refused
+    anyway."""
     train(cfg(max_steps=8), 'cfgchange', root=ws, log=quiet([]))
     run = Path(ws)/'runs'/'cfgchange'
     first = (run/'training.toml').read_text()
@@ -101,7 +115,8 @@ def test_config_change_needs_permission(ws):
     assert rows(run)[-1]['lr'] < 1e-3 + 1e-12
 
 def test_disk_full_is_one_line(ws, monkeypatch):
-    "Too little space before a checkpoint, or ENOSPC during it: one line naming the folder and keep_ckpts; older checkpoints intact."
+    """Too little space before a checkpoint, or ENOSPC during it: one line naming the folder and keep_ckpts;
+    older checkpoints intact."""
     train(cfg(max_steps=8), 'full', root=ws, log=quiet([]))
     ck = Path(ws)/'runs'/'full'/'checkpoints'
     Usage = ckpt_mod.shutil.disk_usage(ck).__class__
@@ -112,17 +127,21 @@ def test_disk_full_is_one_line(ws, monkeypatch):
     monkeypatch.undo()
     def enospc(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(ckpt_mod, 'save_file', enospc)
-    with pytest.raises(CheckpointSpaceError, match='no space for checkpoint step_00000012'): train(cfg(max_steps=12), 'full', root=ws, log=quiet([]))
-    assert [p.name for p in list_checkpoints(ck)] == ['step_00000008', 'step_00000004'] and not list(ck.glob('.tmp-*'))
+    with pytest.raises(CheckpointSpaceError, match='no space for checkpoint step_00000012'):
+        train(cfg(max_steps=12), 'full', root=ws, log=quiet([]))
+    assert ([p.name for p in list_checkpoints(ck)] == ['step_00000008', 'step_00000004']
+            and not list(ck.glob('.tmp-*')))
     for p in list_checkpoints(ck): verify_checkpoint(p)
 
 def test_prepare_only_does_not_train(ws):
     r = lmbook_cmd('train', '--prepare-only', '-p', 'smoke', '-e', 'prep', '--root', ws, *sets(), timeout=300)
     assert r.returncode == 0 and 'data ready' in r.stdout, r.stdout + r.stderr
-    assert not (Path(ws)/'runs'/'prep'/'checkpoints').exists() and not (Path(ws)/'runs'/'prep'/'metrics.jsonl').exists()
+    assert (not (Path(ws)/'runs'/'prep'/'checkpoints').exists()
+            and not (Path(ws)/'runs'/'prep'/'metrics.jsonl').exists())
 
 def test_background_checkpoints_do_not_stall(ws, monkeypatch):
-    "With ckpt_async a slow write runs beside training; the stall is the snapshot; a stop still waits for the write."
+    """With ckpt_async a slow write runs beside training; the stall is the snapshot; a stop still waits for
+    the write."""
     real = ckpt_mod.write_checkpoint
     def slow(*a, **k): time.sleep(1.0); return real(*a, **k)
     monkeypatch.setattr(ckpt_mod, 'write_checkpoint', slow)
@@ -136,9 +155,11 @@ def test_background_checkpoints_do_not_stall(ws, monkeypatch):
     assert res['checkpoints'][0]['stall_s'] >= 1.0
 
 def test_torchrun_stop_exit_code(ws):
-    "`lmbook train --nproc 2` passes SIGTERM on to torchrun, waits for the checkpoint, and exits 143 like one process."
+    """`lmbook train --nproc 2` passes SIGTERM on to torchrun, waits for the checkpoint, and exits 143 like
+    one process."""
     exe = Path(sys.executable).parent/'lmbook'
-    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'tr-stop', '--nproc', '2', '--root', str(ws), *sets(max_steps=500, ckpt_every=100)],
+    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'tr-stop', '--nproc', '2', '--root',
+                          str(ws), *sets(max_steps=500, ckpt_every=100)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in p.stdout:
         if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
@@ -151,10 +172,14 @@ def test_torchrun_stop_exit_code(ws):
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'tr-stop'/'checkpoints')[0]) == step
 
 def test_resume_refuses_new_biases_and_adapters(ws):
-    "Turning on `bias` or changing `lora_rank` on resume is a one-line refusal, even with --allow-config-change, not a state-dict error."
+    """Turning on `bias` or changing `lora_rank` on resume is a one-line refusal, even with
+    --allow-config-change, not a state-dict error."""
     train(cfg(arch='gpt2', max_steps=4), 'shapechange', root=ws, log=quiet([]))
-    with pytest.raises(ValueError, match=r"another model shape: bias=False \(checkpoint\) vs True \(config\)"):
-        train(cfg(arch='gpt2', bias=True, max_steps=6, allow_config_change=True), 'shapechange', root=ws, log=quiet([]))
+    with pytest.raises(ValueError,
+                       match=r"another model shape: bias=False \(checkpoint\) vs True \(config\)"):
+        train(cfg(arch='gpt2', bias=True, max_steps=6, allow_config_change=True), 'shapechange', root=ws,
+              log=quiet([]))
     with pytest.raises(ValueError, match="lora_rank 0 -> 4: the checkpoint's adapters have the old rank"):
-        train(cfg(arch='gpt2', lora_rank=4, max_steps=6, allow_config_change=True), 'shapechange', root=ws, log=quiet([]))
+        train(cfg(arch='gpt2', lora_rank=4, max_steps=6, allow_config_change=True), 'shapechange', root=ws,
+              log=quiet([]))
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'shapechange'/'checkpoints')[0]) == 4

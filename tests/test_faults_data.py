@@ -1,4 +1,5 @@
-"Data preparation under faults: one preparation of an experiment at a time, whichever command starts it; Ctrl-C is one line."
+"""Data preparation under faults: one preparation of an experiment at a time, whichever command starts it;
+Ctrl-C is one line."""
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -17,21 +18,28 @@ def lmbook_popen(*args, env=None):
 
 
 def data_files(ws, exp):
-    "Every data file of an experiment with its bytes (its name in paths made EXP): shards, manifests, tokenizer, token files."
+    """Every data file of an experiment with its bytes (its name in paths made EXP): shards, manifests,
+    tokenizer, token files."""
     p = paths_for(exp, root=ws)
-    return {str(f.relative_to(d)): f.read_bytes().replace(f'/{exp}'.encode(), b'/EXP') for d in (p.train, p.val, p.tokenizer, p.cache) if d.is_dir()
-            for f in sorted(d.rglob('*')) if f.is_file() and not f.name.startswith('.') and f.name != 'meta.json'}
+    return {str(f.relative_to(d)): f.read_bytes().replace(f'/{exp}'.encode(), b'/EXP')
+            for d in (p.train, p.val, p.tokenizer, p.cache) if d.is_dir()
+            for f in sorted(d.rglob('*')) if f.is_file() and not f.name.startswith('.')
+            and f.name != 'meta.json'}
 
 
-@pytest.mark.parametrize('cmd', [['prepare', '-p', 'smoke', *SMALL], ['train', '--prepare-only', '-p', 'smoke', *SMALL],
+@pytest.mark.parametrize('cmd',
+                         [['prepare', '-p', 'smoke', *SMALL],
+                          ['train', '--prepare-only', '-p', 'smoke', *SMALL],
                                  ['shard', '--dataset', 'builtin', '--take', '1500']])
 def test_a_second_preparation_waits(workspace, cmd):
-    "While another process prepares an experiment's data, `prepare`, `train` and each stage wait for it, saying so once."
+    """While another process prepares an experiment's data, `prepare`, `train` and each stage wait for it,
+    saying so once."""
     p = paths_for('held', root=workspace)
     with data_lock(p.cache):
         proc = lmbook_popen(*cmd, '-e', 'held', '--root', workspace)
         line = next((l for l in proc.stdout if 'waiting' in l or 'error' in l), '')
-        assert 'is in use by another data preparation' in line and f'pid {os.getpid()}' in line and 'waiting for it to finish' in line, line
+        assert ('is in use by another data preparation' in line and f'pid {os.getpid()}' in line
+                and 'waiting for it to finish' in line), line
         time.sleep(1.0)
         assert proc.poll() is None and read_manifest(p.train) is None  # nothing written while it waits
     out, err = proc.communicate(timeout=300)
@@ -40,8 +48,10 @@ def test_a_second_preparation_waits(workspace, cmd):
 
 
 def test_two_prepares_at_once(workspace):
-    "Two `lmbook prepare` of one experiment at once: both succeed, and the data is what one prepare alone makes."
-    a, b = (lmbook_popen('prepare', '-p', 'smoke', '-e', 'twice', '--root', workspace, '-q', *SMALL) for _ in range(2))
+    """Two `lmbook prepare` of one experiment at once: both succeed, and the data is what one prepare alone
+    makes."""
+    a, b = (lmbook_popen('prepare', '-p', 'smoke', '-e', 'twice', '--root', workspace, '-q', *SMALL)
+            for _ in range(2))
     for proc in (a, b):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
@@ -54,21 +64,26 @@ def test_boot_data_stage_takes_the_lock(workspace):
     "The boot pipeline's data stage waits for another preparation of the same experiment too."
     from lmbook.pods.boot import stage_data, BootOptions
     p = paths_for('booted', root=workspace)
-    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from lmbook.runlock import data_lock\n'
-                               'with data_lock(sys.argv[1]): print("held", flush=True); time.sleep(2)', str(p.cache)],
+    holder = subprocess.Popen([sys.executable, '-c',
+                               'import sys, time; from lmbook.runlock import data_lock\n'
+                               'with data_lock(sys.argv[1]): print("held", flush=True); time.sleep(2)',
+                               str(p.cache)],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == 'held'
     said, t0 = [], time.time()
-    stage_data(BootOptions(profile='smoke', experiment='booted', overrides=dict(take=1500), shard=True), p, said.append, env={})
+    stage_data(BootOptions(profile='smoke', experiment='booted', overrides=dict(take=1500), shard=True), p,
+               said.append, env={})
     assert time.time() - t0 > 1.0 and any('waiting for it to finish' in s for s in said), said
     assert holder.wait() == 0 and read_manifest(p.train)['complete']
 
 
 @pytest.mark.parametrize('stage', ['shards', 'tokens'])
 def test_ctrl_c_during_prepare_is_one_line(workspace, stage):
-    "Ctrl-C while sharding or tokenizing: exit 130 and one line saying where it stopped; the rerun finishes the same data."
+    """Ctrl-C while sharding or tokenizing: exit 130 and one line saying where it stopped; the rerun finishes
+    the same data."""
     p = paths_for('intr', root=workspace)
-    proc = lmbook_popen('prepare', '-p', 'smoke', '-e', 'intr', '--root', workspace, '-q', env=dict(SHARD_LINES='50'))
+    proc = lmbook_popen('prepare', '-p', 'smoke', '-e', 'intr', '--root', workspace, '-q',
+                        env=dict(SHARD_LINES='50'))
     target = p.train if stage == 'shards' else p.cache/'tokens'/'train'
     t0 = time.time()
     while time.time() - t0 < 120 and proc.poll() is None:
@@ -78,8 +93,11 @@ def test_ctrl_c_during_prepare_is_one_line(workspace, stage):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith('interrupted ') and 'rerun the same command' in lines[0], err
-    if stage == 'shards': assert 'while sharding' in lines[0] or 'while making the tokenizer' in lines[0], lines
-    r = lmbook_cmd('prepare', '-p', 'smoke', '-e', 'intr', '--root', workspace, '-q', env=dict(SHARD_LINES='50'))
+    assert (len(lines) == 1 and lines[0].startswith('interrupted ')
+            and 'rerun the same command' in lines[0]), err
+    if stage == 'shards':
+        assert 'while sharding' in lines[0] or 'while making the tokenizer' in lines[0], lines
+    r = lmbook_cmd('prepare', '-p', 'smoke', '-e', 'intr', '--root', workspace, '-q',
+                   env=dict(SHARD_LINES='50'))
     assert r.returncode == 0, r.stderr
     assert read_manifest(p.cache/'tokens'/'train')['complete']

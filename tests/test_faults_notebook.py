@@ -1,4 +1,5 @@
-"The train notebook under papermill loses nothing when papermill is stopped or its kernel is killed: the trainer checkpoints and stops."
+"""The train notebook under papermill loses nothing when papermill is stopped or its kernel is killed: the
+trainer checkpoints and stops."""
 import os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -6,7 +7,8 @@ from conftest import ROOT, SHARED
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 PM = str(Path(sys.executable).parent/'papermill')
-OVERRIDES = 'take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,warmup_steps=3,ckpt_every=100,tensorboard=false'
+OVERRIDES = ('take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,'
+             'warmup_steps=3,ckpt_every=100,tensorboard=false')
 
 def children(pid):
     "Pids whose parent is `pid`."
@@ -41,22 +43,27 @@ def nbws(tmp_path_factory, monkeypatch):
 def test_notebook_run_stops_with_checkpoint(nbws, how):
     exp = f'nb-{how}'
     run = nbws/'runs'/exp
-    pm = subprocess.Popen([PM, str(ROOT/'nbs'/'train.ipynb'), str(nbws/f'{exp}.ipynb'), '--cwd', str(ROOT), '-p', 'profile', 'smoke',
+    pm = subprocess.Popen([PM, str(ROOT/'nbs'/'train.ipynb'), str(nbws/f'{exp}.ipynb'), '--cwd', str(ROOT),
+                           '-p', 'profile', 'smoke',
                            '-p', 'experiment', exp, '-p', 'max_steps', '500', '-p', 'overrides', OVERRIDES],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          env=os.environ)
     try:
         metrics = run/'metrics.jsonl'
-        wait_for(lambda: metrics.is_file() and '"step": 3,' in metrics.read_text(), 240, 'step 3 in metrics.jsonl')
+        wait_for(lambda: metrics.is_file() and '"step": 3,' in metrics.read_text(), 240,
+                 'step 3 in metrics.jsonl')
         kernel = [c for c in children(pm.pid) if 'ipykernel' in cmdline(c)]
         assert len(kernel) == 1
         trainer = [c for c in children(kernel[0]) if 'lmbook.train.launch' in cmdline(c)]
         assert len(trainer) == 1
         if how == 'sigterm-papermill': pm.send_signal(signal.SIGTERM)
         else: os.kill(kernel[0], signal.SIGKILL)
-        wait_for(lambda: not Path(f'/proc/{trainer[0]}').exists() or 'Z' == (Path(f'/proc/{trainer[0]}/stat').read_text().rsplit(')', 1)[1].split()[0]),
+        wait_for(lambda: not Path(f'/proc/{trainer[0]}').exists()
+                 or 'Z' == (Path(f'/proc/{trainer[0]}/stat').read_text().rsplit(')', 1)[1].split()[0]),
                  60, 'the trainer to stop')
         cks = list_checkpoints(run/'checkpoints')
-        assert cks, 'no checkpoint: the run died without its stop checkpoint'  # ckpt_every=100: only a stop writes one
+        # ckpt_every=100: only a stop writes one
+        assert cks, 'no checkpoint: the run died without its stop checkpoint'
         step = ckpt_step(cks[0])
         assert step >= 3 and verify_checkpoint(cks[0])
         assert f'stopped by SIGTERM at step {step}/500' in (run/'train.log').read_text()

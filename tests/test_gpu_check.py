@@ -1,5 +1,6 @@
-"""The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its own:
-`config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the GPU."""
+"""The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its
+own: `config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the
+GPU."""
 import importlib.util, sys
 from conftest import ROOT
 import pytest
@@ -11,7 +12,8 @@ gpu = sys.modules['gpu_check'] = importlib.util.module_from_spec(spec); spec.loa
 
 def row_config(row) -> Config:
     "The config a row's runs train with (fine-tuning rows: their settings on a default llama config)."
-    if row.kind == 'finetune': return apply_overrides(Config(), {**gpu.FINETUNE, 'init_from': 'hf:x', **row.overrides})
+    if row.kind == 'finetune':
+        return apply_overrides(Config(), {**gpu.FINETUNE, 'init_from': 'hf:x', **row.overrides})
     return get_config('smoke', {**gpu.TINY, **row.overrides})
 
 
@@ -29,8 +31,10 @@ def test_every_cuda_value_has_a_row():
 
 
 def test_a_new_value_without_a_row_is_caught():
-    assert uncovered(gpu.ROWS, {**cuda_values(), 'fp8': ('tensorwise', 'rowwise', 'mxfp8')}) == ["fp8='mxfp8'"]
-    assert uncovered([r for r in gpu.ROWS if r.name != 'optimizer-muon'], cuda_values()) == ["optimizer='muon'"]
+    assert (uncovered(gpu.ROWS, {**cuda_values(), 'fp8': ('tensorwise', 'rowwise', 'mxfp8')})
+            == ["fp8='mxfp8'"])
+    assert (uncovered([r for r in gpu.ROWS if r.name != 'optimizer-muon'], cuda_values())
+            == ["optimizer='muon'"])
 
 
 def test_rows_are_valid_and_named_once():

@@ -1,7 +1,7 @@
-"""Published Llama-family checkpoints in and out: small random Llama (with Llama 3.1's RoPE scaling), Mistral and
-Qwen2 (query/key/value biases) models made with transformers give the same logits as lmbook's import of them,
-and lmbook's export of those again loads in transformers with the same logits; what lmbook cannot compute is
-refused in one line naming it."""
+"""Published Llama-family checkpoints in and out: small random Llama (with Llama 3.1's RoPE scaling), Mistral
+and Qwen2 (query/key/value biases) models made with transformers give the same logits as lmbook's import of
+them, and lmbook's export of those again loads in transformers with the same logits; what lmbook cannot
+compute is refused in one line naming it."""
 import json
 import pytest
 import torch
@@ -38,7 +38,8 @@ def folders(tmp_path_factory):
 
 
 def logits(folder, idx):
-    with torch.no_grad(): return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(idx).logits
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(idx).logits
 
 
 @pytest.mark.parametrize('kind', list(KINDS))
@@ -51,7 +52,8 @@ def test_import_then_export_keeps_logits(folders, kind, tmp_path):
     with torch.no_grad(): got = ours(idx)
     assert (got - theirs).abs().max().item() <= 1e-4
     out = tmp_path/'out'; out.mkdir()
-    save_file(hf_state_dict(ours.state_dict(), cfg.model), out/'model.safetensors', metadata=dict(format='pt'))
+    save_file(hf_state_dict(ours.state_dict(), cfg.model), out/'model.safetensors',
+              metadata=dict(format='pt'))
     (out/'config.json').write_text(json.dumps(hf_config(cfg.model, 0)))
     assert (logits(out, idx) - theirs).abs().max().item() <= 1e-4
 
@@ -68,7 +70,9 @@ def test_qlora_on_an_import_trains_adapters_only(folders):
 
 
 @pytest.mark.parametrize('change, named', [
-    (dict(sliding_window=16), 'sliding_window=16'), (dict(rope_parameters=dict(rope_type='yarn', rope_theta=1e4, factor=4.0)), "'yarn'"),
+    (dict(sliding_window=16),
+     'sliding_window=16'), (dict(rope_parameters=dict(rope_type='yarn', rope_theta=1e4, factor=4.0)),
+                            "'yarn'"),
     (dict(attention_bias=True), 'attention_bias=true'), (dict(hidden_act='gelu'), 'hidden_act=gelu'),
     (dict(model_type='mixtral', num_local_experts=8), "'mixtral'"), (dict(head_dim=32), 'head_dim=32')])
 def test_unknown_features_refused_by_name(folders, tmp_path, change, named):
@@ -84,10 +88,11 @@ def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
     from conftest import lmbook_cmd, ROOT
     from lmbook.data.sft import builtin_chat, write_jsonl
     from lmbook.runs.sample import load_model
-    subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/tiny_llama.py'), str(tmp_path/'tiny')], check=True)
+    subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/tiny_llama.py'), str(tmp_path/'tiny')],
+                   check=True)
     write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
-    r = lmbook_cmd('finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'q', '--lora-rank', 4,
-                   '--quant', 'nf4', '--lora-targets', 'q,k,v,o', '--max-steps', 4,
+    r = lmbook_cmd('finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e',
+                   'q', '--lora-rank', 4, '--quant', 'nf4', '--lora-targets', 'q,k,v,o', '--max-steps', 4,
                    '--set', 'block_size=128', 'batch_size=2', 'act_ckpt=full', 'eval_every=2', 'device=cpu')
     assert r.returncode == 0, r.stdout + r.stderr
     r = lmbook_cmd('export', 'q', tmp_path/'out')
@@ -112,15 +117,17 @@ def logits_peft(folder, idx):
 
 
 def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
-    "A LoRA fine-tune of hf:FOLDER checkpoints its adapters and their base's hash, resumes, and exports them for peft."
+    """A LoRA fine-tune of hf:FOLDER checkpoints its adapters and their base's hash, resumes, and exports them
+    for peft."""
     from conftest import lmbook_cmd
     from lmbook.dev.fixtures import tiny_llama
     from lmbook.data.sft import builtin_chat, write_jsonl
     from lmbook.runs.sample import load_model
     tiny_llama(tmp_path/'tiny'); write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
-    args = ['finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'l', '--lora-rank', 4,
-            '--lora-targets', 'q,k,v,o,mlp', '--set', 'block_size=128', 'batch_size=2', 'eval_every=2', 'ckpt_every=2',
-            'device=cpu', 'lr=1e-2']
+    args = ['finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'l',
+            '--lora-rank', 4,
+            '--lora-targets', 'q,k,v,o,mlp', '--set', 'block_size=128', 'batch_size=2', 'eval_every=2',
+            'ckpt_every=2', 'device=cpu', 'lr=1e-2']
     r = lmbook_cmd(*args, '--max-steps', 2)
     assert r.returncode == 0, r.stdout + r.stderr
     ck = load_model('l').path
@@ -137,13 +144,15 @@ def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
     assert (merged - ours).abs().max().item() < 1e-4
     assert (logits_peft(tmp_path/'out', idx) - ours).abs().max().item() < 1e-4
     assert (logits(tmp_path/'out'/'base', idx) - ours).abs().max().item() > 1e-3  # the adapters trained
-    (tmp_path/'tiny'/'config.json').write_text((tmp_path/'tiny'/'config.json').read_text().replace('"rms_norm_eps"', '"rms_norm_eps" '))
+    cfg_file = tmp_path/'tiny'/'config.json'
+    cfg_file.write_text(cfg_file.read_text().replace('"rms_norm_eps"', '"rms_norm_eps" '))
     r = lmbook_cmd('sample', 'l', 'Hi', '--device', 'cpu')  # a base that changed is refused in one line
     assert r.returncode == 2 and 'has changed since' in r.stderr and r.stderr.count('\n') == 1, r.stderr
 
 
 def test_nf4_layout_is_bitsandbytes():
-    "lmbook's 4-bit weights are bitsandbytes' own: the same bytes from its quantize_4bit, the same weights from its dequantize."
+    """lmbook's 4-bit weights are bitsandbytes' own: the same bytes from its quantize_4bit, the same weights
+    from its dequantize."""
     bf = pytest.importorskip('bitsandbytes.functional')
     from lmbook.model.lora import nf4_quantize, nf4_dequantize
     w = torch.randn(256, 192, generator=torch.Generator().manual_seed(0))

@@ -1,6 +1,7 @@
-"""Checkpoints mirrored off the volume while training goes on: a fine-tuning run with mirror=s3://... puts every
-checkpoint into a bucket of a local S3 stand-in (moto's server on 127.0.0.1, through boto3); mirror=hf://...
-goes through huggingface_hub to the local Hub stand-in; a failing mirror is a warning and the run finishes."""
+"""Checkpoints mirrored off the volume while training goes on: a fine-tuning run with mirror=s3://... puts
+every checkpoint into a bucket of a local S3 stand-in (moto's server on 127.0.0.1, through boto3);
+mirror=hf://... goes through huggingface_hub to the local Hub stand-in; a failing mirror is a warning and the
+run finishes."""
 import json, os, subprocess, sys
 import pytest
 from conftest import ROOT, lmbook_cmd
@@ -18,9 +19,10 @@ def model_and_data(tmp_path_factory):
 
 
 def finetune(model, data, exp, mirror, env):
-    return lmbook_cmd('finetune', '--init-from', f'hf:{model}', '--data', data, '-e', exp, '--lora-rank', 2, '--max-steps', 4,
-                      '--set', 'block_size=128', 'batch_size=2', 'ckpt_every=2', 'eval_every=2', 'device=cpu', f'mirror={mirror}',
-                      env=env)
+    return lmbook_cmd('finetune', '--init-from', f'hf:{model}', '--data', data, '-e', exp, '--lora-rank', 2,
+                      '--max-steps', 4,
+                      '--set', 'block_size=128', 'batch_size=2', 'ckpt_every=2', 'eval_every=2', 'device=cpu',
+                      f'mirror={mirror}', env=env)
 
 
 def test_s3_mirror(workspace, model_and_data):
@@ -29,7 +31,8 @@ def test_s3_mirror(workspace, model_and_data):
     srv = moto.ThreadedMotoServer(ip_address='127.0.0.1', port=0); srv.start()
     try:
         url = f"http://127.0.0.1:{srv._server.server_port}"
-        s3 = boto3.client('s3', endpoint_url=url, **{k.lower(): v for k, v in S3_ENV.items() if k != 'AWS_DEFAULT_REGION'},
+        s3 = boto3.client('s3', endpoint_url=url,
+                          **{k.lower(): v for k, v in S3_ENV.items() if k != 'AWS_DEFAULT_REGION'},
                           region_name='us-east-1')
         s3.create_bucket(Bucket='ckpts')
         r = finetune(*model_and_data, 'mir', 's3://ckpts/runs', dict(S3_ENV, AWS_ENDPOINT_URL=url))
@@ -45,22 +48,25 @@ def test_s3_mirror(workspace, model_and_data):
 
 
 def test_failing_mirror_is_a_warning(workspace, model_and_data):
-    r = finetune(*model_and_data, 'nomir', 's3://ckpts/runs', dict(S3_ENV, AWS_ENDPOINT_URL='http://127.0.0.1:9'))
+    r = finetune(*model_and_data, 'nomir', 's3://ckpts/runs',
+                 dict(S3_ENV, AWS_ENDPOINT_URL='http://127.0.0.1:9'))
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'warning: mirror: step_00000004 was not copied' in r.stdout and 'done: 4 steps' in r.stdout
 
 
 def test_hf_mirror(tmp_path):
     from fake_hub import FakeHub
-    ck = tmp_path/'step_00000002'; ck.mkdir(); (ck/'model.safetensors').write_bytes(b'w'*64); (ck/'COMPLETE').write_text('ok')
+    ck = tmp_path/'step_00000002'
+    ck.mkdir(); (ck/'model.safetensors').write_bytes(b'w'*64); (ck/'COMPLETE').write_text('ok')
     hub = FakeHub()
     code = ("from lmbook.runs.mirror import Mirror; import sys; from pathlib import Path\n"
-            f"m = Mirror('hf://me/ckpts', 'exp', Path({str(tmp_path)!r})/'.mirror'); m.submit(Path({str(ck)!r})); m.close()\n"
+            f"m = Mirror('hf://me/ckpts', 'exp', Path({str(tmp_path)!r})/'.mirror'); "
+            f"m.submit(Path({str(ck)!r})); m.close()\n"
             "sys.exit(0 if m.done == ['step_00000002'] else 1)")
     try:
         r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, 'HF_ENDPOINT': hub.url, 'HF_TOKEN': 'hf_' + 'x'*20, 'HF_HUB_OFFLINE': '0',
-                                'HF_HOME': str(tmp_path/'hfhome')})
+                           env={**os.environ, 'HF_ENDPOINT': hub.url, 'HF_TOKEN': 'hf_' + 'x'*20,
+                                'HF_HUB_OFFLINE': '0', 'HF_HOME': str(tmp_path/'hfhome')})
     finally: hub.close()
     assert r.returncode == 0, r.stdout + r.stderr
     assert hub.files[('me/ckpts', 'exp/step_00000002/model.safetensors')] == b'w'*64

@@ -1,4 +1,5 @@
-"Names: an empty or blank name is a one-line error, and a run with no experiment given never lands in another run's folder."
+"""Names: an empty or blank name is a one-line error, and a run with no experiment given never lands in
+another run's folder."""
 import os, subprocess, sys
 from pathlib import Path
 import pytest
@@ -47,18 +48,22 @@ def test_default_experiment_follows_the_profile(workspace, monkeypatch):
 
 
 def papermill(out, *params):
-    args = [str(Path(sys.executable).parent/'papermill'), str(ROOT/'nbs'/'train.ipynb'), str(out), '--cwd', str(ROOT)]
+    args = [str(Path(sys.executable).parent/'papermill'), str(ROOT/'nbs'/'train.ipynb'), str(out), '--cwd',
+            str(ROOT)]
     for k, v in params: args += ['-p', k, v]
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, env=os.environ)
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env=os.environ)
 
 
 def test_train_notebook_names(workspace, monkeypatch):
-    "`-p experiment ''` stops before any work; `-p profile runpod_2b` alone never writes into runs/smoke-demo."
+    """`-p experiment ''` stops before any work; `-p profile runpod_2b` alone never writes into
+    runs/smoke-demo."""
     monkeypatch.delenv('RUN_EXPERIMENT', raising=False)
     r = papermill(workspace/'blank.ipynb', ('experiment', ''))
     assert r.returncode != 0 and 'experiment is empty' in r.stderr + (workspace/'blank.ipynb').read_text()
     assert written(workspace) == ['blank.ipynb']
-    # runpod_2b reads FineWeb, which is unreachable offline: the run stops at data preparation, in its own folder
+    # runpod_2b reads FineWeb, which is unreachable offline: the run stops at data preparation, in its own
+    # folder
     r = papermill(workspace/'big.ipynb', ('profile', 'runpod_2b'), ('overrides', 'device=cpu'))
     assert r.returncode != 0
     assert (workspace/'datasets'/'train'/'runpod_2b').is_dir()

@@ -14,7 +14,8 @@ PM = str(Path(sys.executable).parent/'papermill')
 def papermill_run(nb, out, *params, timeout=600, extra=()):
     args = [PM, str(ROOT/'nbs'/nb), str(out), '--cwd', str(ROOT), *extra]
     for k, v in params: args += ['-p', k, str(v)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=os.environ)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env=os.environ)
 
 
 @pytest.mark.parametrize('nb,declared', [('train.ipynb', TRAIN_PARAMS), ('analysis.ipynb', ANALYSIS_PARAMS)])
@@ -32,17 +33,21 @@ def test_smoke_run_then_plots(workspace):
     assert r.returncode == 0, r.stderr[-3000:]
     # the terminal shows the progress as it happens: step, loss, tok/s and the time left
     shown = [l for l in r.stderr.splitlines() if re.match(r'step +\d+/300 ', l)]
-    assert len(shown) == 31 and re.search(r'^step  10/300 \| loss [\d.]+ \| .* tok/s \| .* \| eta \d', shown[1]), r.stderr[-3000:]
+    assert (len(shown) == 31
+            and re.search(r'^step  10/300 \| loss [\d.]+ \| .* tok/s \| .* \| eta \d',
+                          shown[1])), r.stderr[-3000:]
     # and the executed notebook holds each step's line once
     streams = ''.join(''.join(o.get('text', '')) for c in json.loads((run/'train.ipynb').read_text())['cells']
                       for o in c.get('outputs', []) if o.get('output_type') == 'stream')
     assert [l for l in streams.splitlines() if re.search(r'step +\d+/300 ', l)] == shown
     # the README shows these lines as they are: the same fields in the same order, step by step
-    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T', f.strip())) for f in l.split('|')]
+    labels = lambda l: [re.sub(r'[\d.,]+', '#', re.sub(r'\b\d+[hms](\d+[ms])?\b', 'T', f.strip()))
+                        for f in l.split('|')]
     readme = (ROOT/'README.md').read_text().split('```text\n', 1)[1].split('```', 1)[0].splitlines()
     ours = {int(re.match(r'step +(\d+)', l).group(1)): l for l in shown}
     steps = [l for l in readme if l.startswith('step')]
-    assert len(steps) >= 3 and all(labels(l) == labels(ours[int(l.split()[1].split('/')[0])]) for l in steps), steps
+    assert (len(steps) >= 3
+            and all(labels(l) == labels(ours[int(l.split()[1].split('/')[0])]) for l in steps)), steps
     for f in ('training.toml', 'training.yaml', 'meta.json', 'metrics.jsonl', 'samples.md', 'train.ipynb'):
         assert (run/f).is_file(), f
     assert any((run/'checkpoints').iterdir())
@@ -50,7 +55,8 @@ def test_smoke_run_then_plots(workspace):
     assert s['last_val_loss'] < s['first_val_loss'] - 1.0, s   # clearly learned
     r = papermill_run('analysis.ipynb', run/'analysis.ipynb', ('experiments', 'smoke-demo'), ('smooth', 0.9))
     assert r.returncode == 0, r.stderr[-3000:]
-    for f in ('loss.png', 'grad_norm.png', 'lr.png', 'loss_tokens.png', 'loss_time.png'): assert (run/'plots'/f).stat().st_size > 1000
+    for f in ('loss.png', 'grad_norm.png', 'lr.png', 'loss_tokens.png', 'loss_time.png'):
+        assert (run/'plots'/f).stat().st_size > 1000
     assert not (run/'plots'/'loss_cost.png').exists()  # a CPU off RunPod has no price
     assert all(r['elapsed_s'] > 0 for r in read_metrics(run) if r['step'] > 0)
     nb = json.loads((run/'analysis.ipynb').read_text())
@@ -71,23 +77,27 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
     assert msg in r.stderr + out.read_text()
     assert not (workspace/'runs'/'bad-input').exists()
     assert not (workspace/'datasets').exists()
-    # the notebook's part of it is the one line the CLI prints, in the notebook and after papermill's own lines
+    # the notebook's part of it is the one line the CLI prints, in the notebook and after papermill's own
+    # lines
     errs = error_outputs(out)
-    assert len(errs) == 1 and len(errs[0].splitlines()) <= 3 and errs[0].startswith('error: ') and msg in errs[0], errs
+    assert (len(errs) == 1 and len(errs[0].splitlines()) <= 3 and errs[0].startswith('error: ')
+            and msg in errs[0]), errs
     assert errs[0] in r.stderr and 'Traceback' not in r.stderr.split('Exception encountered')[-1]
 
 
 def error_outputs(nb_path) -> list[str]:
     "The text of each error output of an executed notebook, ANSI colours removed."
     nb = json.loads(Path(nb_path).read_text())
-    return [re.sub(r'\x1b\[[0-9;]*m', '', '\n'.join(o['traceback'])) for c in nb['cells'] for o in c.get('outputs', [])
+    return [re.sub(r'\x1b\[[0-9;]*m', '', '\n'.join(o['traceback'])) for c in nb['cells']
+            for o in c.get('outputs', [])
             if o.get('output_type') == 'error']
 
 
 def test_bad_profile_reads_the_same_in_the_notebook_and_the_cli(workspace):
     out = workspace/'out.ipynb'
     r = papermill_run('train.ipynb', out, ('profile', 'smok'), timeout=300)
-    cli = subprocess.run([str(Path(sys.executable).parent/'lmbook'), 'train', '--profile', 'smok'], capture_output=True, text=True)
+    cli = subprocess.run([str(Path(sys.executable).parent/'lmbook'), 'train', '--profile', 'smok'],
+                         capture_output=True, text=True)
     assert r.returncode != 0 and cli.returncode == 2
     assert error_outputs(out) == [cli.stderr.strip()], (error_outputs(out), cli.stderr)
 
@@ -101,16 +111,19 @@ def test_analysis_names_the_runs_that_exist(workspace):
 
 
 def test_finetune_published_journey(tmp_path):
-    "nbs/finetune_published.ipynb with its defaults: a tiny random Llama imported, QLoRA-tuned, sampled, exported, served."
+    """nbs/finetune_published.ipynb with its defaults: a tiny random Llama imported, QLoRA-tuned, sampled,
+    exported, served."""
     from lmbook.train.finetune import PUBLISHED_PARAMS
     found = papermill.inspect_notebook(str(ROOT/'nbs'/'finetune_published.ipynb'))
-    assert list(found) == list(PUBLISHED_PARAMS) and all(found[k]['default'] == repr(v) for k, v in PUBLISHED_PARAMS.items())
+    assert (list(found) == list(PUBLISHED_PARAMS)
+            and all(found[k]['default'] == repr(v) for k, v in PUBLISHED_PARAMS.items()))
     out = tmp_path/'out.ipynb'
     r = papermill_run('finetune_published.ipynb', out, ('root', tmp_path/'ws'))
     assert r.returncode == 0, r.stderr[-3000:]
     text = json.dumps(json.loads(out.read_text())['cells'])
     assert 'done: 30 steps' in text and "'bfloat16'" in text and 'completion_tokens' in text
     run = tmp_path/'ws'/'runs'/'tiny-llama-qlora'
-    vals = [r['val_loss'] for r in map(json.loads, (run/'metrics.jsonl').read_text().splitlines()) if 'val_loss' in r]
+    vals = [r['val_loss'] for r in map(json.loads, (run/'metrics.jsonl').read_text().splitlines())
+            if 'val_loss' in r]
     assert vals[-1] < vals[0] - 0.1, vals  # it learned
     assert (tmp_path/'ws'/'exports'/'tiny-llama-qlora'/'model.safetensors').is_file()

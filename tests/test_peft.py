@@ -1,6 +1,6 @@
-"""A LoRA run's adapters written in peft's format: `PeftModel.from_pretrained` puts them on the published Llama
-and gives lmbook's logits (all projections, a partial set whose fused blocks need cutting, alpha != rank); a
-swapped block or a wrong scale would show."""
+"""A LoRA run's adapters written in peft's format: `PeftModel.from_pretrained` puts them on the published
+Llama and gives lmbook's logits (all projections, a partial set whose fused blocks need cutting, alpha !=
+rank); a swapped block or a wrong scale would show."""
 import json
 import pytest
 import torch
@@ -29,7 +29,8 @@ def adapted(folder, targets):
     torch.manual_seed(0)
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if n.endswith(('lora_A', 'lora_B')): p.normal_(0, 0.3)  # B starts at zero: that would hide a wrong block
+            # B starts at zero: that would hide a wrong block
+            if n.endswith(('lora_A', 'lora_B')): p.normal_(0, 0.3)
     assert m.vocab_size > VOCAB
     return model, cfg
 
@@ -44,7 +45,8 @@ def test_peft_loads_lmbooks_adapters(folder, tmp_path, targets):
     model, cfg = adapted(folder, targets)
     idx = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad(): ours = model(idx)[..., :VOCAB].float()
-    out = write_peft_adapter(tmp_path/'adapter', model.state_dict(), cfg.model, RANK, ALPHA, targets, str(folder))
+    out = write_peft_adapter(tmp_path/'adapter', model.state_dict(), cfg.model, RANK, ALPHA, targets,
+                             str(folder))
     assert sorted(p.name for p in out.iterdir()) == ['adapter_config.json', 'adapter_model.safetensors']
     got = peft_logits(folder, out, idx)
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -54,7 +56,8 @@ def test_peft_loads_lmbooks_adapters(folder, tmp_path, targets):
 
 
 def test_a_swapped_block_or_wrong_scale_shows(folder, tmp_path):
-    "The comparison above is sharp enough: gate and up's adapters exchanged, or alpha misread, change the logits."
+    """The comparison above is sharp enough: gate and up's adapters exchanged, or alpha misread, change the
+    logits."""
     model, cfg = adapted(folder, 'q,k,v,o,mlp')
     idx = torch.randint(0, VOCAB, (1, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(): ours = model(idx)[..., :VOCAB].float()
@@ -71,6 +74,7 @@ def test_config_is_what_peft_reads(folder, tmp_path):
     model, cfg = adapted(folder, 'q,v')
     out = write_peft_adapter(tmp_path/'a', model.state_dict(), cfg.model, RANK, ALPHA, 'q,v', 'me/tiny-llama')
     c = peft.PeftConfig.from_pretrained(out)
-    assert (c.peft_type, c.task_type, c.r, c.lora_alpha, set(c.target_modules)) == ('LORA', 'CAUSAL_LM', RANK, ALPHA,
+    assert (c.peft_type, c.task_type, c.r, c.lora_alpha, set(c.target_modules)) == ('LORA', 'CAUSAL_LM', RANK,
+                                                                                    ALPHA,
                                                                                      {'q_proj', 'v_proj'})
     assert json.loads((out/'adapter_config.json').read_text())['base_model_name_or_path'] == 'me/tiny-llama'

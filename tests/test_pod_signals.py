@@ -1,17 +1,20 @@
-"A closed SSH session (SIGHUP) stops `lmbook train` with a checkpoint, and `lmbook train --detach` outlives the terminal."
+"""A closed SSH session (SIGHUP) stops `lmbook train` with a checkpoint, and `lmbook train --detach` outlives
+the terminal."""
 import os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 
 EXE = str(Path(sys.executable).parent/'lmbook')
-TINY = ['take=2000', 'batch_size=4', 'block_size=64', 'n_embd=64', 'n_head=2', 'eval_every=50', 'eval_steps=1', 'log_every=1',
-        'warmup_steps=2', 'ckpt_every=100', 'tensorboard=false']
+TINY = ['take=2000', 'batch_size=4', 'block_size=64', 'n_embd=64', 'n_head=2', 'eval_every=50',
+        'eval_steps=1', 'log_every=1', 'warmup_steps=2', 'ckpt_every=100', 'tensorboard=false']
 
 
 def train(ws, exp, *extra, steps=500, **kw):
-    return subprocess.Popen([EXE, 'train', '--profile', 'smoke', '--experiment', exp, '--root', str(ws), '--set', f'max_steps={steps}', *TINY, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, stdin=subprocess.DEVNULL, **kw)
+    return subprocess.Popen([EXE, 'train', '--profile', 'smoke', '--experiment', exp, '--root', str(ws),
+                             '--set', f'max_steps={steps}', *TINY, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            stdin=subprocess.DEVNULL, **kw)
 
 
 def test_sighup_stops_training_with_a_checkpoint(ws):
@@ -32,7 +35,8 @@ def test_sighup_stops_training_with_a_checkpoint(ws):
 
 def test_detach_starts_a_run_that_outlives_the_terminal(ws):
     t0 = time.time()
-    p = train(ws, 'det', '--detach', steps=6, start_new_session=True)  # the "terminal": a session of its own, hung up below
+    # the "terminal": a session of its own, hung up below
+    p = train(ws, 'det', '--detach', steps=6, start_new_session=True)
     out = p.stdout.read(); rc = p.wait(60)
     assert rc == 0 and time.time() - t0 < 30, out
     pid = int(out.split('pid ')[1].split()[0].rstrip(',);'))
@@ -41,7 +45,10 @@ def test_detach_starts_a_run_that_outlives_the_terminal(ws):
     except ProcessLookupError: pass
     run = Path(ws)/'runs'/'det'
     for _ in range(600):
-        if not Path(f'/proc/{pid}').exists() or Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z': break
+        if (not Path(f'/proc/{pid}').exists()
+                or Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] == 'Z'):
+            break
         time.sleep(0.2)
     else: raise AssertionError('the detached run did not finish')
-    assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), (run/'train.log').read_text() if (run/'train.log').exists() else out
+    assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), \
+        (run/'train.log').read_text() if (run/'train.log').exists() else out

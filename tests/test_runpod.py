@@ -1,4 +1,5 @@
-"`lmbook pod` against a fake of RunPod's REST API v2 on 127.0.0.1 that checks every request against the contract."
+"""`lmbook pod` against a fake of RunPod's REST API v2 on 127.0.0.1 that checks every request against the
+contract."""
 import json, os, re, subprocess, sys
 from pathlib import Path
 import pytest
@@ -10,19 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAD = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-GIT_HOST = 'https://git.lmbook.test/'  # pods refuse local repositories: this host is a folder of the test (git's insteadOf)
+# pods refuse local repositories: this host is a folder of the test (git's insteadOf)
+GIT_HOST = 'https://git.lmbook.test/'
 
 
 def remotes_in(folder, monkeypatch):
     "Make `GIT_HOST`'s repositories the bare repositories in `folder`."
-    for k, v in dict(GIT_CONFIG_COUNT='1', GIT_CONFIG_KEY_0=f'url.file://{folder}/.insteadOf', GIT_CONFIG_VALUE_0=GIT_HOST).items():
+    for k, v in dict(GIT_CONFIG_COUNT='1', GIT_CONFIG_KEY_0=f'url.file://{folder}/.insteadOf',
+                     GIT_CONFIG_VALUE_0=GIT_HOST).items():
         monkeypatch.setenv(k, v)
 
 
 def bare_remote(path, sha):
-    "A bare repository sharing this checkout's objects whose only branch points at `sha`: a remote that has `sha` and its past."
+    """A bare repository sharing this checkout's objects whose only branch points at `sha`: a remote that has
+    `sha` and its past."""
     subprocess.run(['git', 'init', '-q', '--bare', str(path)], check=True)
-    common = subprocess.run(['git', 'rev-parse', '--git-common-dir'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    common = subprocess.run(['git', 'rev-parse', '--git-common-dir'], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
     (path/'objects'/'info'/'alternates').write_text(str((ROOT/common).resolve()/'objects') + '\n')
     subprocess.run(['git', 'update-ref', 'refs/heads/main', sha], cwd=path, check=True)
     return GIT_HOST + path.name
@@ -32,8 +37,11 @@ def bare_remote(path, sha):
 def fake(monkeypatch, tmp_path):
     f = FakeRunPodV2(KEY)
     srv, url = serve(f)
-    for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF, LMBOOK_WORKSPACE=str(tmp_path/'ws')).items(): monkeypatch.setenv(k, v)
-    for k in ('JUPYTER_PASSWORD', 'LMBOOK_RUNPOD_API', 'RUNPOD_GPU_TYPE', 'RUNPOD_GPU_COUNT'): monkeypatch.delenv(k, raising=False)
+    for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF,
+                     LMBOOK_WORKSPACE=str(tmp_path/'ws')).items():
+        monkeypatch.setenv(k, v)
+    for k in ('JUPYTER_PASSWORD', 'LMBOOK_RUNPOD_API', 'RUNPOD_GPU_TYPE', 'RUNPOD_GPU_COUNT'):
+        monkeypatch.delenv(k, raising=False)
     remotes_in(tmp_path, monkeypatch)
     f.repo = bare_remote(tmp_path/'remote.git', HEAD)
     monkeypatch.chdir(tmp_path)
@@ -55,8 +63,10 @@ def one_line_error(rc, out, err, *words):
 
 
 def create(fake, *extra):
-    return ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--gpus', '2', '--volume', 'vol123abc',
-            '--hf-token', 'env:HF_TOKEN', '--autokill', '--retry-wait', '0', '--save', 'pod.yaml', '--repo', fake.repo, *extra]
+    return ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--gpus',
+            '2', '--volume', 'vol123abc',
+            '--hf-token', 'env:HF_TOKEN', '--autokill', '--retry-wait', '0', '--save', 'pod.yaml', '--repo',
+            fake.repo, *extra]
 
 
 def posts(fake): return fake.calls('POST', '/v2/pods')
@@ -68,24 +78,33 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     (pod,) = fake.pods.values()
     body = pod['body']
     assert violations({'$ref': 'CreatePodRequest'}, body) == []
-    assert body['gpu'] == dict(id='NVIDIA H100 80GB HBM3', count=2, minCudaVersion='12.4') and body['cloud'] == 'SECURE'
-    assert body['mounts'] == dict(network=[dict(volumeId='vol123abc', path='/workspace')]) and body['dataCenterIds'] == ['EU-RO-1']
-    assert body['ports'] == ['8888/http', '6006/http', '22/tcp'] and body['image'].startswith('runpod/pytorch:') and body['startSsh']
+    assert (body['gpu'] == dict(id='NVIDIA H100 80GB HBM3', count=2, minCudaVersion='12.4')
+            and body['cloud'] == 'SECURE')
+    assert (body['mounts'] == dict(network=[dict(volumeId='vol123abc', path='/workspace')])
+            and body['dataCenterIds'] == ['EU-RO-1'])
+    assert (body['ports'] == ['8888/http', '6006/http', '22/tcp']
+            and body['image'].startswith('runpod/pytorch:') and body['startSsh'])
     env = body['env']
-    assert (env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN'], env['ON_FAILURE']) == ('runpod_2b', 'fw-2b', 'terminate', HF, 'stop')
+    assert ((env['RUN_CONFIG'], env['RUN_EXPERIMENT'], env['AUTOKILL'], env['HF_TOKEN'], env['ON_FAILURE'])
+            == ('runpod_2b', 'fw-2b', 'terminate', HF, 'stop'))
     assert (env['LMBOOK_REPO'], env['LMBOOK_COMMIT']) == (fake.repo, HEAD)
     assert 'token_budget=' in env['RUN_OVERRIDES']  # two GPUs train the profile's tokens, not twice as many
     assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
-    assert body['args'].startswith("bash -c 'echo ") and body['args'].endswith("exec bash /tmp/lmbook-start.sh'")
-    assert pod['name'].startswith('fw-2b-') and pod['id'] in out and f"https://{pod['id']}-8888.proxy.runpod.net" in out
+    assert (body['args'].startswith("bash -c 'echo ")
+            and body['args'].endswith("exec bash /tmp/lmbook-start.sh'"))
+    assert (pod['name'].startswith('fw-2b-') and pod['id'] in out
+            and f"https://{pod['id']}-8888.proxy.runpod.net" in out)
     secrets = [KEY, HF, env['JUPYTER_PASSWORD']]
-    for m, p, h, b in fake.requests:  # the key travels only in the Authorization header; secret values only in the create body
+    # the key travels only in the Authorization header; secret values only in the create body
+    for m, p, h, b in fake.requests:
         assert h['Authorization'] == f'Bearer {KEY}' and KEY not in json.dumps(b)
-        if (m, p) != ('POST', '/v2/pods'): assert HF not in json.dumps(b) and env['JUPYTER_PASSWORD'] not in json.dumps(b)
+        if (m, p) != ('POST', '/v2/pods'):
+            assert HF not in json.dumps(b) and env['JUPYTER_PASSWORD'] not in json.dumps(b)
     manifest = Path('pod.yaml').read_text()
     for s in secrets: assert s not in out + err + manifest
     assert 'env:HF_TOKEN' in manifest and 'generate' in manifest
-    assert [p for m, p, b in fake.calls('GET')][:2] == ['/v2/network-volumes/vol123abc', '/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3']
+    assert ([p for m, p, b in fake.calls('GET')][:2]
+            == ['/v2/network-volumes/vol123abc', '/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3'])
 
 
 def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys):
@@ -93,8 +112,10 @@ def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys):
     assert rc == 0, err
     assert fake.requests == [] and not fake.pods
     body = json.loads(out.split('POST /v2/pods\n', 1)[1])
-    assert body['mounts']['network'][0]['path'] == '/workspace' and body['gpu']['count'] == 2 and 'kind: lmbook-pod' in out
-    assert HF not in out and KEY not in out and 'chars hidden' in out and 'HF_TOKEN' in out and 'JUPYTER_PASSWORD' in out
+    assert (body['mounts']['network'][0]['path'] == '/workspace' and body['gpu']['count'] == 2
+            and 'kind: lmbook-pod' in out)
+    assert (HF not in out and KEY not in out and 'chars hidden' in out and 'HF_TOKEN' in out
+            and 'JUPYTER_PASSWORD' in out)
 
 
 def test_a_manifest_created_twice_is_one_pod_and_one_clear_answer(fake, capsys):
@@ -104,9 +125,11 @@ def test_a_manifest_created_twice_is_one_pod_and_one_clear_answer(fake, capsys):
     (pid,) = fake.pods
     assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')
-    assert rc == 0 and out.count('\n') == 1 and 'already exists, status EXITED: nothing created' in out and f'lmbook pod resume {pid}' in out, out
+    assert (rc == 0 and out.count('\n') == 1 and 'already exists, status EXITED: nothing created' in out
+            and f'lmbook pod resume {pid}' in out), out
     assert 'created:' not in out and len(fake.pods) == 1 and len(posts(fake)) == 1
-    Path('bad.yaml').write_text(Path('pod.yaml').read_text().replace("experiment: fw-2b", 'experiment: fw"2b'))
+    Path('bad.yaml').write_text(Path('pod.yaml').read_text().replace("experiment: fw-2b",
+                                                                     'experiment: fw"2b'))
     one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'bad.yaml'), 'not allowed')
 
 
@@ -114,10 +137,12 @@ def test_capacity_is_retried_after_a_lookup_then_a_clear_error(fake, capsys):
     fake.capacity_failures = 2
     rc, out, err = run(capsys, *create(fake))
     assert rc == 0, err
-    assert len(fake.pods) == 1 and len(posts(fake)) == 3 and len(fake.calls('GET', '/v2/pods')) == 3  # a lookup by name before each try
+    # a lookup by name before each try
+    assert len(fake.pods) == 1 and len(posts(fake)) == 3 and len(fake.calls('GET', '/v2/pods')) == 3
     assert 'retrying' in out
     fake.capacity_failures = 99
-    one_line_error(*run(capsys, *create(fake, '--tries', '3')), 'no capacity', 'gave up after 3 tries', '--gpu')
+    one_line_error(*run(capsys, *create(fake, '--tries', '3')), 'no capacity', 'gave up after 3 tries',
+                   '--gpu')
     assert len(fake.pods) == 1
 
 
@@ -149,7 +174,8 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     monkeypatch.setenv('RUNPOD_API_KEY', 'rpa_WRONG')
     one_line_error(*run(capsys, 'pod', 'list'), 'rejected the API key')
     monkeypatch.setenv('RUNPOD_API_KEY', KEY)
-    one_line_error(*run(capsys, *[a if a != 'vol123abc' else 'volnothere' for a in create(fake)]), 'network volume volnothere does not exist')
+    one_line_error(*run(capsys, *[a if a != 'vol123abc' else 'volnothere' for a in create(fake)]),
+                   'network volume volnothere does not exist')
     fake.echo_errors = True
     rc, out, err = run(capsys, *create(fake))
     one_line_error(rc, out, err, 'RunPod API error (400)', 'chars hidden')
@@ -169,7 +195,8 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     (['--set', 'dataset=/workspace/a,b'], ['dataset', 'comma']),
     (['--hf-token', 'hf_plainvalue'], ['never the value itself']),
     (['--gpu', 'H1000'], ['unknown GPU']),
-    (['--autokill', 'terminate'], ['--autokill stop', 'final checkpoint']),  # no network volume: terminate would delete the run
+    # no network volume: terminate would delete the run
+    (['--autokill', 'terminate'], ['--autokill stop', 'final checkpoint']),
     (['--volume', 'vol123abc', '--cloud-type', 'COMMUNITY'], ['Secure Cloud only']),
     (['--gpu', 'B200', '--image', 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'], ['CUDA 12.8']),
     (['--repo', '<this repository>'], ['--repo']),
@@ -186,13 +213,16 @@ def test_bad_values_and_risky_combinations_are_refused_before_any_request(fake, 
 
 def test_the_pod_runs_a_commit_the_remote_has(fake, capsys, tmp_path):
     base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--dry-run']
-    old = bare_remote(tmp_path/'old.git', HEAD + '~1')  # a remote one commit behind: HEAD was never pushed there
+    # a remote one commit behind: HEAD was never pushed there
+    old = bare_remote(tmp_path/'old.git', HEAD + '~1')
     one_line_error(*run(capsys, *base, '--repo', old), 'is not on', 'push it first')
     rc, out, err = run(capsys, *base, '--repo', old, '--commit', 'HEAD~1')
-    parent = subprocess.run(['git', 'rev-parse', 'HEAD~1'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    parent = subprocess.run(['git', 'rev-parse', 'HEAD~1'], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
     assert rc == 0 and f'LMBOOK_COMMIT: {parent}' in out, err
     one_line_error(*run(capsys, *base, '--repo', GIT_HOST + 'nothing.git'), 'cannot read')
-    for local in (f'file://{tmp_path}/remote.git', str(tmp_path/'remote.git')):  # a pod cannot clone from this machine
+    # a pod cannot clone from this machine
+    for local in (f'file://{tmp_path}/remote.git', str(tmp_path/'remote.git')):
         one_line_error(*run(capsys, *base, '--repo', local), 'a pod cannot clone', 'push', '--repo')
     if not subprocess.run(['git', 'remote'], cwd=ROOT, capture_output=True, text=True).stdout.strip():
         one_line_error(*run(capsys, *base), "no remote 'origin'", '--repo')
@@ -203,24 +233,29 @@ def test_status_wait_lifecycle_and_volumes(fake, capsys, monkeypatch):
     assert run(capsys, *create(fake, '--wait', '--timeout', '60', '--poll', '0'))[0] == 0
     (pid,) = fake.pods
     rc, out, err = run(capsys, 'pod', 'status', pid)
-    assert rc == 0 and 'RUNNING' in out and '$5.38/h' in out and '97% busy' in out and 'ssh root@203.0.113.7 -p 40022' in out
+    assert (rc == 0 and 'RUNNING' in out and '$5.38/h' in out and '97% busy' in out
+            and 'ssh root@203.0.113.7 -p 40022' in out)
     assert 'volume       vol123abc (EU-RO-1)' in out and HF not in out and 'JUPYTER_PASSWORD' not in out
     assert pid in run(capsys, 'pod', 'list')[1]
-    assert run(capsys, 'pod', 'restart', pid)[0] == 0 and fake.calls('POST', f'/v2/pods/{pid}/action')[-1][2] == dict(action='restart')
+    assert (run(capsys, 'pod', 'restart', pid)[0] == 0
+            and fake.calls('POST', f'/v2/pods/{pid}/action')[-1][2] == dict(action='restart'))
     assert run(capsys, 'pod', 'stop', pid, '--now')[0] == 0 and fake.pods[pid]['status'] == 'EXITED'
     one_line_error(*run(capsys, 'pod', 'wait', pid, '--timeout', '1', '--poll', '0'), 'EXITED')
     one_line_error(*run(capsys, 'pod', 'restart', pid), '409', 'EXITED')  # RunPod restarts only a running pod
-    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'STARTING'  # then RUNNING, as RunPod's
+    # then RUNNING, as RunPod's
+    assert run(capsys, 'pod', 'resume', pid)[0] == 0 and fake.pods[pid]['status'] == 'STARTING'
     assert run(capsys, 'pod', 'wait', pid, '--poll', '0')[0] == 0 and fake.pods[pid]['status'] == 'RUNNING'
     one_line_error(*run(capsys, 'pod', 'terminate', pid), '--yes', 'network volume vol123abc keeps the run')
     assert pid in fake.pods
     rc, out, err = run(capsys, 'pod', 'terminate', pid, '--yes')
     assert rc == 0 and 'the network volume vol123abc keeps the run' in out and pid not in fake.pods
     one_line_error(*run(capsys, 'pod', 'status', pid), 'does not exist')
-    rc, out, err = run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '500', '--data-center', 'EU-RO-1')
+    rc, out, err = run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '500', '--data-center',
+                       'EU-RO-1')
     assert rc == 0 and '500 GB' in out and 'EU-RO-1' in out
     assert 'fw' in run(capsys, 'pod', 'volume', 'list')[1]
-    one_line_error(*run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '10', '--data-center', 'CA-MTL-1'), 'no network volumes', 'EU-RO-1')
+    one_line_error(*run(capsys, 'pod', 'volume', 'create', '--name', 'fw', '--size', '10', '--data-center',
+                        'CA-MTL-1'), 'no network volumes', 'EU-RO-1')
 
 
 def test_terminate_without_a_network_volume_says_the_run_goes_with_it(fake, capsys, monkeypatch):
@@ -237,7 +272,8 @@ def test_terminate_without_a_network_volume_says_the_run_goes_with_it(fake, caps
 
 
 def test_the_volume_data_center_comes_from_the_api(fake, capsys):
-    one_line_error(*run(capsys, *create(fake, '--data-center', 'US-KS-2')), 'vol123abc is in EU-RO-1', '--data-center')
+    one_line_error(*run(capsys, *create(fake, '--data-center', 'US-KS-2')), 'vol123abc is in EU-RO-1',
+                   '--data-center')
     fake.volumes['volKS'] = dict(id='volKS', name='ks', size=50, dataCenter='US-KS-2', type='STANDARD')
     rc, out, err = run(capsys, *[a if a != 'vol123abc' else 'volKS' for a in create(fake)])
     assert rc == 0, err
@@ -245,17 +281,24 @@ def test_the_volume_data_center_comes_from_the_api(fake, capsys):
 
 
 def test_the_fake_rejects_what_runpod_would(fake):
-    "The contract at work: an unknown field, a volume on Community Cloud or in another data center, an action that does not exist."
+    """The contract at work: an unknown field, a volume on Community Cloud or in another data center, an
+    action that does not exist."""
     from lmbook.pods.api import RestV2, RunPodError
     api = RestV2(KEY, set())
-    body = dict(name='x', image='img', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1), mounts=dict(network=[dict(volumeId='vol123abc', path='/workspace')]))
-    for bad, word in [(dict(body, gpuCount=2), "additional properties 'gpuCount'"), (dict(body, cloud='ALL'), 'must be one of'),
-                      (dict(body, cloud='COMMUNITY'), 'Secure Cloud only'), (dict(body, dataCenterIds=['US-KS-2']), 'is in EU-RO-1'),
+    body = dict(name='x', image='img', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1),
+                mounts=dict(network=[dict(volumeId='vol123abc', path='/workspace')]))
+    for bad, word in [(dict(body, gpuCount=2), "additional properties 'gpuCount'"),
+                      (dict(body, cloud='ALL'), 'must be one of'),
+                      (dict(body, cloud='COMMUNITY'), 'Secure Cloud only'),
+                      (dict(body, dataCenterIds=['US-KS-2']), 'is in EU-RO-1'),
                       (dict(body, gpu=dict(id='NVIDIA H100 80GB HBM3', count=0)), 'must be >= 1')]:
         with pytest.raises(RunPodError, match=re.escape(word)): api.call('POST', '/pods', bad)
     fake.add_pod('podCCC')
-    with pytest.raises(RunPodError, match='must be one of'): api.call('POST', '/pods/podCCC/action', dict(action='reset'))
-    with pytest.raises(RunPodError, match='additional properties'): api.call('POST', '/network-volumes', dict(name='v', size=10, dataCenterId='EU-RO-1', dataCenter='EU-RO-1'))
+    with pytest.raises(RunPodError, match='must be one of'):
+        api.call('POST', '/pods/podCCC/action', dict(action='reset'))
+    with pytest.raises(RunPodError, match='additional properties'):
+        api.call('POST', '/network-volumes',
+                 dict(name='v', size=10, dataCenterId='EU-RO-1', dataCenter='EU-RO-1'))
     assert not fake.pods.keys() - {'podCCC'}
 
 
@@ -265,37 +308,50 @@ def test_wait_times_out_saying_the_pod_bills_and_how_to_stop_it(fake, capsys):
     from lmbook.pods.api import RunPodAPI, RunPodError
     from lmbook.pods.runpod import wait_running
     t = iter(range(0, 10**6, 100))
-    with pytest.raises(RunPodError, match=r'not running after 300 s \(status STARTING\), and it is billing \(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
-        wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None, clock=lambda: next(t), log=lambda m: None)
+    with pytest.raises(RunPodError, match=r'not running after 300 s \(status STARTING\), and it is billing '
+                                          r'\(\$5.38/h\): `lmbook pod stop pod0001xyz`'):
+        wait_running(RunPodAPI(), next(iter(fake.pods)), timeout_s=300, sleep=lambda s: None,
+                     clock=lambda: next(t), log=lambda m: None)
 
 
 def test_the_runpod_settings_give_the_card_and_count(fake, capsys, monkeypatch):
-    monkeypatch.setenv('RUNPOD_GPU_TYPE', 'NVIDIA A100 80GB PCIe'); monkeypatch.setenv('RUNPOD_GPU_COUNT', '2')
-    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--repo', fake.repo, '--dry-run')
+    monkeypatch.setenv('RUNPOD_GPU_TYPE', 'NVIDIA A100 80GB PCIe')
+    monkeypatch.setenv('RUNPOD_GPU_COUNT', '2')
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--repo',
+                       fake.repo, '--dry-run')
     assert rc == 0 and 'gpu_type: NVIDIA A100 80GB PCIe' in out and 'gpu_count: 2' in out, err
     rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'smoke')
     assert rc == 0 and 'on 2 x NVIDIA A100 80GB PCIe' in out
 
 
 def test_plan_refuses_what_does_not_fit_and_names_what_does(capsys):
-    one_line_error(*run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', '4090'), '57.2 GB', "--gpu 'NVIDIA H100")
+    one_line_error(*run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', '4090'), '57.2 GB',
+                   "--gpu 'NVIDIA H100")
     rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'A100')
     assert rc == 0 and 'never measured on NVIDIA A100' in out and 'cost' in out
     rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'H100', '--json')
     p = json.loads(out)
-    assert p['measured'] and 39_000 < p['tok_per_s'] < 41_000 and p['steps'] == 30_000 and 20 < p['hours'] < 35 and p['cost'] > 0
-    rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'H100', '--gpus', '8', '--json')
+    assert (p['measured'] and 39_000 < p['tok_per_s'] < 41_000 and p['steps'] == 30_000
+            and 20 < p['hours'] < 35 and p['cost'] > 0)
+    rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'runpod_2b', '--gpu', 'H100', '--gpus', '8',
+                       '--json')
     p8 = json.loads(out)
-    assert p8['tokens'] == p['tokens'] and p8['steps'] == 30_000//8 and 'DDP' not in p8['source'] and '97.3%' in p8['source']
-    one_line_error(*run(capsys, 'pod', 'plan', '--profile', 'smoke', '--gpu', 'H100', '--cloud', 'community', '--volume', 'vol1'), 'Secure Cloud only')
+    assert (p8['tokens'] == p['tokens'] and p8['steps'] == 30_000//8 and 'DDP' not in p8['source']
+            and '97.3%' in p8['source'])
+    one_line_error(*run(capsys, 'pod', 'plan', '--profile', 'smoke', '--gpu', 'H100', '--cloud', 'community',
+                        '--volume', 'vol1'), 'Secure Cloud only')
 
 
-FAKE_HF = 'hf' + '_' + 'abcdefghijklmnopqrstuvwx'  # token-shaped, made here so no token-like literal sits in the repository
+# token-shaped, made here so no token-like literal sits in the repository
+FAKE_HF = 'hf' + '_' + 'abcdefghijklmnopqrstuvwx'
 
-@pytest.mark.parametrize('env', [f'HF_TOKEN={FAKE_HF}', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22', f'NOTE={FAKE_HF}yz123456'])
+@pytest.mark.parametrize('env',
+                         [f'HF_TOKEN={FAKE_HF}', 'WANDB_API_KEY=0123abcd', 'MY_PASSWORD=hunter22',
+                          f'NOTE={FAKE_HF}yz123456'])
 def test_a_secret_passed_as_plain_env_is_refused_before_anything_is_written(fake, capsys, env):
     value = env.split('=', 1)[1]
-    base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', fake.repo, '--dry-run']
+    base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', fake.repo,
+            '--dry-run']
     rc, out, err = run(capsys, *base, '--env', env, '--save', 'p.yaml')
     one_line_error(rc, out, err, 'secret', '--hf-token')
     assert value not in out + err and not Path('p.yaml').exists() and fake.requests == []
@@ -305,39 +361,48 @@ def test_a_secret_passed_as_plain_env_is_refused_before_anything_is_written(fake
 def test_a_manifest_is_refused_when_its_env_carries_a_secret_or_disagrees_with_it(fake, capsys):
     assert run(capsys, *create(fake, '--dry-run'))[0] == 0
     txt = Path('pod.yaml').read_text()
-    Path('leak.yaml').write_text(txt.replace("  PYTHONUNBUFFERED: '1'", f"  PYTHONUNBUFFERED: '1'\n  HF_TOKEN: {FAKE_HF}"))
-    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'leak.yaml', '--dry-run'), 'HF_TOKEN', 'secret')
+    Path('leak.yaml').write_text(txt.replace("  PYTHONUNBUFFERED: '1'",
+                                             f"  PYTHONUNBUFFERED: '1'\n  HF_TOKEN: {FAKE_HF}"))
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'leak.yaml', '--dry-run'), 'HF_TOKEN',
+                   'secret')
     Path('moved.yaml').write_text(txt.replace('experiment: fw-2b', 'experiment: fw-2b-again'))
-    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'moved.yaml', '--dry-run'), 'RUN_EXPERIMENT', 'fw-2b-again')
+    one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'moved.yaml', '--dry-run'), 'RUN_EXPERIMENT',
+                   'fw-2b-again')
     assert fake.requests == []
 
 
 def test_printed_request_shows_no_character_of_a_secret(fake, capsys):
     rc, out, err = run(capsys, *create(fake, '--dry-run'))
     env = json.loads(out.split('POST /v2/pods\n', 1)[1])['env']
-    assert env['HF_TOKEN'].startswith('…(') and env['JUPYTER_PASSWORD'].startswith('…(') and env['HF_TOKEN'].endswith('chars hidden)')
+    assert (env['HF_TOKEN'].startswith('…(') and env['JUPYTER_PASSWORD'].startswith('…(')
+            and env['HF_TOKEN'].endswith('chars hidden)'))
 
 
 def test_braces_and_dollars_are_plain_string_content(fake, capsys):
-    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', fake.repo, '--env', 'FOO=a{b', 'BAR=${HOME}')
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100',
+                       '--repo', fake.repo, '--env', 'FOO=a{b', 'BAR=${HOME}')
     assert rc == 0, err
     env = next(iter(fake.pods.values()))['body']['env']
     assert (env['FOO'], env['BAR']) == ('a{b', '${HOME}')
 
 
 def test_every_lmbook_command_the_pod_docs_name_exists():
-    "The README's pod section and the pods page name only commands and flags that exist; whole command lines parse."
+    """The README's pod section and the pods page name only commands and flags that exist; whole command lines
+    parse."""
     import argparse, shlex
     from lmbook.cli import build_parser
     readme = (ROOT/'README.md').read_text().split('## On a RunPod pod', 1)[1].split('\n## ', 1)[0]
-    page = '\n'.join(''.join(c['source']) for c in json.loads((ROOT/'nbs'/'on_runpod.ipynb').read_text())['cells'] if c['cell_type'] == 'markdown')
+    page = '\n'.join(''.join(c['source'])
+                     for c in json.loads((ROOT/'nbs'/'on_runpod.ipynb').read_text())['cells']
+                     if c['cell_type'] == 'markdown')
     text = (readme + '\n' + page).replace('\\\n', ' ')
     lines = [m.split('  #')[0].strip() for m in re.findall(r'(?m)^(lmbook [^\n`]+)', text)]
     named = [c for c in re.findall(r'`(lmbook [^`]+)`', text)]
     assert len(lines) > 15 and len(named) > 10, (lines, named)
     ap = build_parser()
     for c in lines + named:
-        args = shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1').replace('...', '').replace('…', ''))[1:]
+        c = c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1')
+        args = shlex.split(c.replace('...', '').replace('…', ''))[1:]
         p = ap
         while args and not args[0].startswith('-'):
             sub = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
@@ -346,7 +411,8 @@ def test_every_lmbook_command_the_pod_docs_name_exists():
             p, args = sub.choices[args.pop(0)], args
         flags = {o for a in p._actions for o in a.option_strings}
         for a in args:
-            if a.startswith('-') and ' ' not in a: assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
+            if a.startswith('-') and ' ' not in a:
+                assert a.split('=')[0] in flags, f"the docs name `{c}`: no option {a}"
     for c in lines:
         try: ap.parse_args(shlex.split(c.replace('$NODE_RANK', '0').replace('$MASTER_ADDR', '10.0.0.1'))[1:])
         except SystemExit: pytest.fail(f"the docs show `{c}`, which lmbook does not accept")
@@ -360,13 +426,18 @@ def test_a_config_file_for_the_pod_must_be_a_path_on_the_pod(fake, capsys):
 
 
 def test_the_readme_in_a_clone_of_a_local_mirror_stops_at_its_first_command(tmp_path):
-    "The README's laptop commands, run in order in a fresh clone whose origin is a local path: the first one says what to do."
-    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1].split('```bash\n')[1].split('```')[0]
+    """The README's laptop commands, run in order in a fresh clone whose origin is a local path: the first one
+    says what to do."""
+    readme = (ROOT/'README.md').read_text().split('### From your laptop')[1]
+    readme = readme.split('```bash\n')[1].split('```')[0]
     cmds = [l.split('  #')[0].strip() for l in readme.splitlines() if l.startswith('lmbook ')]
     clone = tmp_path/'clone'
-    subprocess.run(['git', 'clone', '-q', str(ROOT), str(clone)], check=True)  # origin: a path on this machine
-    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')} | dict(RUNPOD_API_KEY=KEY, LMBOOK_WORKSPACE=str(tmp_path/'ws'),
-                                                                                       PYTHONPATH=str(clone))
-    first = subprocess.run([sys.executable, '-m', 'lmbook.cli', *cmds[0].split()[1:]], cwd=clone, env=env, capture_output=True, text=True)
+    # origin: a path on this machine
+    subprocess.run(['git', 'clone', '-q', str(ROOT), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('GIT_CONFIG')}
+    env |= dict(RUNPOD_API_KEY=KEY, LMBOOK_WORKSPACE=str(tmp_path/'ws'), PYTHONPATH=str(clone))
+    first = subprocess.run([sys.executable, '-m', 'lmbook.cli', *cmds[0].split()[1:]], cwd=clone, env=env,
+                           capture_output=True, text=True)
     assert first.returncode == 2 and first.stdout == '', first.stdout + first.stderr
-    assert first.stderr.count('\n') == 1 and 'push lmbook' in first.stderr and '--repo' in first.stderr, first.stderr
+    assert (first.stderr.count('\n') == 1 and 'push lmbook' in first.stderr
+            and '--repo' in first.stderr), first.stderr

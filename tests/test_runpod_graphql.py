@@ -1,4 +1,5 @@
-"`lmbook pod` through the other backend, the `runpod` SDK's GraphQL (`api = graphql`), against a fake GraphQL server on 127.0.0.1."
+"""`lmbook pod` through the other backend, the `runpod` SDK's GraphQL (`api = graphql`), against a fake
+GraphQL server on 127.0.0.1."""
 import re
 from pathlib import Path
 import pytest
@@ -11,7 +12,8 @@ def gql(monkeypatch, tmp_path):
     import runpod
     f = FakeRunPod(KEY)
     srv, url = serve(f)
-    for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF, LMBOOK_RUNPOD_API='graphql', LMBOOK_WORKSPACE=str(tmp_path/'ws')).items():
+    for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF, LMBOOK_RUNPOD_API='graphql',
+                     LMBOOK_WORKSPACE=str(tmp_path/'ws')).items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv('JUPYTER_PASSWORD', raising=False)
     monkeypatch.setattr(runpod, 'api_key', None)
@@ -24,17 +26,20 @@ def gql(monkeypatch, tmp_path):
 
 def test_the_sdk_backend_creates_watches_and_stops_a_pod(gql, capsys):
     import runpod
-    assert runpod.__version__.startswith('1.12.'), runpod.__version__  # the range pyproject.toml pins is the one tested here
-    args = ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--volume', 'vol123abc', '--hf-token', 'env:HF_TOKEN',
-            '--autokill', '--retry-wait', '0', '--repo', gql.repo]
+    # the range pyproject.toml pins is the one tested here
+    assert runpod.__version__.startswith('1.12.'), runpod.__version__
+    args = ['pod', 'create', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--gpu', 'H100', '--volume',
+            'vol123abc', '--hf-token', 'env:HF_TOKEN', '--autokill', '--retry-wait', '0', '--repo', gql.repo]
     rc, out, err = run(capsys, *args, '--dry-run')
-    assert rc == 0 and 'podFindAndDeployOnDemand' in out and 'volumeMountPath: "/workspace"' in out and HF not in out, err
+    assert (rc == 0 and 'podFindAndDeployOnDemand' in out and 'volumeMountPath: "/workspace"' in out
+            and HF not in out), err
     rc, out, err = run(capsys, *args, '--save', 'pod.yaml')
     assert rc == 0, err
     (pod,) = gql.pods.values()
     env = {e['key']: e['value'] for e in pod['input']['env']}
     assert (env['LMBOOK_COMMIT'], env['AUTOKILL'], env['HF_TOKEN']) == (HEAD, 'terminate', HF)
-    assert pod['input']['dockerArgs'].endswith("exec bash /tmp/lmbook-start.sh'") and pod['input']['networkVolumeId'] == 'vol123abc'
+    assert (pod['input']['dockerArgs'].endswith("exec bash /tmp/lmbook-start.sh'")
+            and pod['input']['networkVolumeId'] == 'vol123abc')
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')
     assert rc == 0 and 'already exists' in out and len(gql.ops('podFindAndDeployOnDemand')) == 1
     pid = pod['id']
@@ -51,7 +56,8 @@ def test_the_sdk_backend_creates_watches_and_stops_a_pod(gql, capsys):
 
 def test_the_sdk_backend_gives_one_line_errors(gql, capsys, monkeypatch):
     gql.echo_errors = True
-    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', gql.repo, '--hf-token', 'env:HF_TOKEN')
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100',
+                       '--repo', gql.repo, '--hf-token', 'env:HF_TOKEN')
     one_line_error(rc, out, err, 'RunPod API error', 'chars hidden')
     assert HF not in err and KEY not in err
     monkeypatch.setenv('RUNPOD_API_KEY', 'rpa_WRONG')

@@ -1,4 +1,5 @@
-"Loading checkpoints for inference and `lmbook sample` on a tiny trained run: fallback, refusals, greedy cache equality."
+"""Loading checkpoints for inference and `lmbook sample` on a tiny trained run: fallback, refusals, greedy
+cache equality."""
 import json
 from pathlib import Path
 import pytest
@@ -8,7 +9,8 @@ from lmbook.train.trainer import train
 from lmbook.runs.sample import load_model, generate, sample_run
 from conftest import lmbook_cmd
 
-TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=1,
+TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4,
+            eval_steps=1,
             max_steps=8, warmup_steps=2, ckpt_every=4, keep_ckpts=3, tensorboard=False, device='cpu')
 
 @pytest.fixture(scope='module')
@@ -16,12 +18,14 @@ def run(ws):
     return Path(train(get_config('smoke', TINY), 'tiny', root=ws, log=lambda *a, **k: None)['run_dir'])
 
 def test_sample_cli(ws, run):
-    r = lmbook_cmd('sample', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2, '--device', 'cpu', '--json', '--root', ws)
+    r = lmbook_cmd('sample', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2, '--device',
+                   'cpu', '--json', '--root', ws)
     assert r.returncode == 0, r.stderr
     out = [json.loads(l) for l in r.stdout.splitlines()]
     assert len(out) == 2 and all(o['prompt'] == 'Return the' for o in out)
     assert 'weights_only' not in r.stderr
-    again = lmbook_cmd('sample', '-e', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2, '--device', 'cpu', '--json', '--root', ws)
+    again = lmbook_cmd('sample', '-e', 'tiny', 'Return the', '--max-new-tokens', 8, '--num-samples', 2,
+                       '--device', 'cpu', '--json', '--root', ws)
     assert again.stdout == r.stdout  # seeded, and the old --experiment form still works
 
 def test_prompt_longer_than_context(ws, run):
@@ -56,15 +60,19 @@ def test_optimizer_state_is_never_read(ws, run, tmp_path):
     assert load_model(copy, device='cpu').step == 8
 
 def test_no_source_samples_the_default_experiment(ws, run):
-    "With nothing named, `lmbook sample` samples the experiment `lmbook train` would use ($RUN_EXPERIMENT here)."
-    r = lmbook_cmd('sample', '--root', ws, '--max-new-tokens', 2, '--device', 'cpu', '--json', env=dict(RUN_EXPERIMENT='tiny'))
+    """With nothing named, `lmbook sample` samples the experiment `lmbook train` would use ($RUN_EXPERIMENT
+    here)."""
+    r = lmbook_cmd('sample', '--root', ws, '--max-new-tokens', 2, '--device', 'cpu', '--json',
+                   env=dict(RUN_EXPERIMENT='tiny'))
     assert r.returncode == 0 and json.loads(r.stdout.splitlines()[0])['text'] is not None, r.stderr
     r = lmbook_cmd('sample', '--root', ws, env=dict(RUN_EXPERIMENT='never-trained'))
-    assert r.returncode == 2 and "no run 'never-trained'" in r.stderr and 'lmbook train -e never-trained' in r.stderr, r.stderr
+    assert (r.returncode == 2 and "no run 'never-trained'" in r.stderr
+            and 'lmbook train -e never-trained' in r.stderr), r.stderr
 
 def test_missing_experiment(ws):
     r = lmbook_cmd('sample', 'no-such-run', '--root', ws)
-    assert r.returncode == 2 and "no run 'no-such-run'" in r.stderr and 'lmbook train -e no-such-run' in r.stderr, r.stderr
+    assert (r.returncode == 2 and "no run 'no-such-run'" in r.stderr
+            and 'lmbook train -e no-such-run' in r.stderr), r.stderr
 
 def test_greedy_cache_matches_no_cache(ws, run):
     lm = load_model('tiny', root=ws)
@@ -73,13 +81,14 @@ def test_greedy_cache_matches_no_cache(ws, run):
     assert torch.equal(a, generate(lm.model, x, 40, temperature=0, cache=False))
 
 def test_sample_prompts_field():
-    with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"): get_config('smoke', dict(sample_prompts='a||b'))
+    with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"):
+        get_config('smoke', dict(sample_prompts='a||b'))
     assert get_config('smoke', dict(sample_prompts='a|b')).train.sample_prompts == 'a|b'
 
 def test_sample_notebook(ws, run, tmp_path):
     from test_notebooks import papermill_run
-    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('source', run), ('prompts', 'Return the|The function'), ('device', 'cpu'),
-                      ('max_new_tokens', 8))
+    r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('source', run),
+                      ('prompts', 'Return the|The function'), ('device', 'cpu'), ('max_new_tokens', 8))
     assert r.returncode == 0, r.stderr[-3000:]
     txt = (tmp_path/'out.ipynb').read_text()
     assert '**Return the**' in txt and '**The function**' in txt and 'speed-up' in txt
@@ -87,11 +96,16 @@ def test_sample_notebook(ws, run, tmp_path):
 def test_sample_notebook_refuses_unknown_parameters(tmp_path):
     from test_notebooks import papermill_run
     r = papermill_run('sample.ipynb', tmp_path/'out.ipynb', ('max_new_token', 5))
-    assert r.returncode != 0 and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text()
+    assert (r.returncode != 0
+            and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text())
 
-@pytest.mark.parametrize('opt,bad,msg', [('--temperature', 'nan', 'temperature=nan must be >= 0'), ('--temperature', '-1', 'temperature=-1.0'),
-                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'), ('--top-k', '-3', 'top_k=-3 must be >= 0'),
-                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'), ('--num-samples', '0', 'num_samples=0')])
+@pytest.mark.parametrize('opt,bad,msg',
+                         [('--temperature', 'nan', 'temperature=nan must be >= 0'),
+                          ('--temperature', '-1', 'temperature=-1.0'),
+                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'),
+                          ('--top-k', '-3', 'top_k=-3 must be >= 0'),
+                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'),
+                          ('--num-samples', '0', 'num_samples=0')])
 def test_sampling_options_checked(ws, run, opt, bad, msg):
     "Every sampling option is range-checked like a config field: one line, exit 2, before the model loads."
     r = lmbook_cmd('sample', 'tiny', 'Return the', opt, bad, '--device', 'cpu', '--root', ws)
@@ -99,17 +113,21 @@ def test_sampling_options_checked(ws, run, opt, bad, msg):
     assert r.returncode == 2 and len(err) == 1 and msg in err[0], r.stderr
 
 def test_huge_max_new_tokens_capped_and_streamed(ws, run):
-    "--max-new-tokens 1000000000 is capped at the context with a note; the streamed text is the samples' text, clean UTF-8."
-    args = ('sample', 'tiny', 'Return the', 'The function', '--max-new-tokens', 10**9, '--num-samples', 2, '--device', 'cpu', '--root', ws)
+    """--max-new-tokens 1000000000 is capped at the context with a note; the streamed text is the samples'
+    text, clean UTF-8."""
+    args = ('sample', 'tiny', 'Return the', 'The function', '--max-new-tokens', 10**9, '--num-samples', 2,
+            '--device', 'cpu', '--root', ws)
     r = lmbook_cmd(*args, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert 'max_new_tokens=1000000000 is more than the model can use: capped at its context, block_size=64' in r.stderr
+    assert ('max_new_tokens=1000000000 is more than the model can use: capped at its context, block_size=64'
+            in r.stderr)
     j = lmbook_cmd(*args, '--json', timeout=120)
     want = ''.join(f"{s['prompt']}{s['text']}\n---\n" for s in map(json.loads, j.stdout.splitlines()))
     assert r.stdout == want and r.stdout.encode('utf-8').decode('utf-8', 'strict') == want
 
 def test_stream_ends_on_whole_characters():
-    "Tokens that split a character (here one token a byte) are held until it is whole: no broken character mid-stream."
+    """Tokens that split a character (here one token a byte) are held until it is whole: no broken character
+    mid-stream."""
     from lmbook.runs.sample import TextStream
     class ByteTok:
         eot_id = 0
@@ -118,7 +136,8 @@ def test_stream_ends_on_whole_characters():
     pieces = [ts.push(b) for b in text.encode()]
     assert ''.join(pieces) + ts.flush() == text and all('\ufffd' not in p for p in pieces)
 def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
-    r = lmbook_cmd('sample', 'tiny', 'Return the ', '--max-new-tokens', 6, '--num-samples', 4, '--device', 'cpu', '--json', '--root', ws)
+    r = lmbook_cmd('sample', 'tiny', 'Return the ', '--max-new-tokens', 6, '--num-samples', 4, '--device',
+                   'cpu', '--json', '--root', ws)
     assert r.returncode == 0, r.stderr
     out = [json.loads(l) for l in r.stdout.splitlines()]
     assert all(o['prompt'] == 'Return the ' and not o['text'].startswith(' ') for o in out), out

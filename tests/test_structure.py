@@ -1,5 +1,6 @@
-"""The package's shape: imports only go down the notebooks' order, notebooks are numbered once each, lines and
-functions stay readable. Walks the source with `ast`, so it runs in well under a second."""
+"""The package's shape: imports only go down the notebooks' order, notebooks are numbered once each, lines,
+docstrings and functions stay readable, in the package and in its tests and checks. Walks the source with
+`ast`, so it runs in well under a second."""
 import ast, re
 from pathlib import Path
 import pytest
@@ -16,14 +17,16 @@ CHAPTERS = ['data', 'model', 'runs', 'train', 'serve', 'pods', 'dev']
 
 
 def name_of(path:Path) -> str:
-    "A module's dotted name inside lmbook: `train.trainer`, `data` for `data/__init__.py`, `__init__` for the package."
+    """A module's dotted name inside lmbook: `train.trainer`, `data` for `data/__init__.py`, `__init__` for
+    the package."""
     parts = list(path.relative_to(PKG).with_suffix('').parts)
     if parts[-1] == '__init__' and len(parts) > 1: parts = parts[:-1]
     return '.'.join(parts)
 
 
 def modules() -> dict[str, Path]:
-    return {name_of(p): p for p in sorted(PKG.rglob('*.py')) if p.stem not in GENERATED and '__pycache__' not in p.parts}
+    return {name_of(p): p for p in sorted(PKG.rglob('*.py'))
+            if p.stem not in GENERATED and '__pycache__' not in p.parts}
 
 
 def rank(m:str) -> int:
@@ -61,10 +64,12 @@ def imports(path:Path, here:str|None=None) -> list[tuple[str, int, bool]]:
     "(lmbook module, line, inside a function) of every import of the package's own modules in `path`."
     here = here or name_of(path)
     tree, out = ast.parse(path.read_text()), []
-    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+    inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef)) for n in ast.walk(f)}
     for n in ast.walk(tree):
         if isinstance(n, ast.ImportFrom): names = resolve(here, n)
-        elif isinstance(n, ast.Import): names = [a.name.partition('.')[2] for a in n.names if a.name.startswith('lmbook.')]
+        elif isinstance(n, ast.Import):
+            names = [a.name.partition('.')[2] for a in n.names if a.name.startswith('lmbook.')]
         else: continue
         out += [(m, n.lineno, id(n) in inner) for m in names if m in modules()]
     return out
@@ -78,7 +83,8 @@ def test_every_module_has_one_notebook():
 
 
 def test_imports_only_go_down():
-    "No cycle, and no module imports one whose notebook comes later (that would be a cycle waiting to happen)."
+    """No cycle, and no module imports one whose notebook comes later (that would be a cycle waiting to
+    happen)."""
     nbs = notebooks()
     up = [f"{m} ({nbs[m]}) imports {t} ({nbs[t]}) at line {line}" for m, p in modules().items()
           for t, line, _ in imports(p) if t != m and nbs[t] > nbs[m]]
@@ -93,7 +99,8 @@ def test_chapters_are_layered():
 
 
 def test_package_imports_at_top():
-    "lmbook's own imports sit at a module's top; a lazy import of another package says why (its line or the one above)."
+    """lmbook's own imports sit at a module's top; a lazy import of another package says why (its line or the
+    one above)."""
     inner = [f"{m}:{line} imports lmbook.{t} inside a function" for m, p in modules().items()
              for t, line, lazy in imports(p) if lazy]
     assert not inner, '\n'.join(inner)
@@ -106,7 +113,8 @@ def test_package_imports_at_top():
                 if not isinstance(n, (ast.Import, ast.ImportFrom)): continue
                 above = lines[n.lineno - 2].strip()
                 said = '#' in lines[n.end_lineno - 1] or above.startswith(('#', 'try:  #'))
-                joined = above.startswith(('from ', 'import ')) and (m, n.lineno - 1) in reasoned  # one reason, one block
+                # one reason, one block
+                joined = above.startswith(('from ', 'import ')) and (m, n.lineno - 1) in reasoned
                 if said or joined: reasoned.add((m, n.lineno))
                 else: silent.append(f"{m}:{n.lineno} {lines[n.lineno - 1].strip()}")
     assert not silent, "lazy imports without their reason:\n" + '\n'.join(silent)
@@ -124,7 +132,8 @@ def test_no_private_names_across_modules():
 
 
 def generated_lines(path:Path) -> set[int]:
-    "Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__` (wrapped at 120)."
+    """Lines nbdev writes itself: the module docstring (the notebook's title and summary) and `__all__`
+    (wrapped at 120)."""
     tree, out = ast.parse(path.read_text()), set()
     for n in tree.body[:2]:  # the docstring, after `__version__` in the package's own __init__
         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
@@ -140,10 +149,12 @@ def test_readable_width_and_length():
     wide = []
     for m, p in modules().items():
         skip = generated_lines(p)
-        wide += [f"{m}:{i}" for i, l in enumerate(p.read_text().splitlines(), 1) if len(l) > MAX_LINE and i not in skip]
+        wide += [f"{m}:{i}" for i, l in enumerate(p.read_text().splitlines(),
+                                                  1) if len(l) > MAX_LINE and i not in skip]
     assert not wide, f"lines over {MAX_LINE} characters: " + ', '.join(wide)
     long = {f"{m}.{f.name}": f.end_lineno - f.lineno + 1 for m, p in modules().items()
-            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for f in ast.walk(ast.parse(p.read_text())) if isinstance(f, (ast.FunctionDef,
+                                                                          ast.AsyncFunctionDef))
             and f.end_lineno - f.lineno + 1 > MAX_FUNCTION}
     assert not long, f"functions over {MAX_FUNCTION} lines: {long}"
 
@@ -151,8 +162,10 @@ def test_readable_width_and_length():
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     "The import walk finds an import hidden in a function body, so an upward one cannot slip through."
     p = tmp_path/'x.py'
-    p.write_text("from ..core import paths_for\nfrom .step import f\ndef f():\n    from lmbook.cli import main  # late\n")
-    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None, 'x': p})
+    p.write_text("from ..core import paths_for\nfrom .step import f\ndef f():\n    from lmbook.cli import "
+                 "main  # late\n")
+    monkeypatch.setattr('test_structure.modules', lambda: {'core': None, 'cli': None, 'train.step': None,
+                                                           'x': p})
     assert imports(p, 'train.x') == [('core', 1, False), ('train.step', 2, False), ('cli', 4, True)]
     assert rank('cli') > rank('pods.boot') > rank('train.trainer') > rank('data.sft') > rank('core')
 
@@ -212,3 +225,61 @@ def test_environment_read_in_one_place():
     docs = (NBS/'index.ipynb').read_text()
     missing = [v for v in ENV if f'`{v}`' not in docs]
     assert not missing, f"not listed in nbs/index.ipynb's settings: {missing}"
+
+
+def split_docstrings(path:Path) -> list[int]:
+    "Lines of the docstrings in `path` written as a parenthesised run of strings instead of one line."
+    src = path.read_text()
+    lines = src.splitlines()
+    return [n.body[0].lineno for n in ast.walk(ast.parse(src))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+            and isinstance(n.body[0].value.value,
+                           str) and lines[n.body[0].lineno - 1].lstrip().startswith('(')]
+
+
+def test_docstrings_are_one_line():
+    "A docstring says in one line what a thing is for; details go to the notebook's prose."
+    split = [f"{m}:{line}" for m, p in modules().items() for line in split_docstrings(p)]
+    assert not split, "docstrings split into several strings: " + ', '.join(split)
+
+
+def shared_lines(path:Path) -> list[int]:
+    "Lines of `path` that hold two statements (`a; b`, or `if x: a; b`)."
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        for field in ('body', 'orelse', 'finalbody'):
+            body = getattr(n, field, None)
+            if isinstance(body, list):
+                out |= {b.lineno for a, b in zip(body, body[1:])
+                        if isinstance(a, ast.stmt) and isinstance(b, ast.stmt) and a.end_lineno == b.lineno}
+    return sorted(out)
+
+
+def test_one_statement_a_line():
+    "No line of a module holds two statements separated by `;` (nbdev's own lines aside)."
+    shared = [f"{m}:{line}" for m, p in modules().items() for line in shared_lines(p)
+              if line not in generated_lines(p)]
+    assert not shared, "lines with several statements: " + ', '.join(shared)
+
+
+def test_the_checks_see_a_split_docstring_and_a_semicolon(tmp_path):
+    "Both walks find what they look for, so a wrapper's docstring or a `;` line cannot slip through."
+    p = tmp_path/'x.py'
+    p.write_text('def f():\n    ("Two "\n     "strings.")\n    a = 1; b = 2\n    if a: a; b\n'
+                 'def g():\n    "One line."\n    return 1\n')
+    assert split_docstrings(p) == [2]
+    assert shared_lines(p) == [4, 5]
+
+
+def checks_and_tests() -> list[Path]:
+    "The tests and the CI scripts (Python and shell), held to the package's width."
+    ci = [p for p in sorted((ROOT/'.ci').iterdir()) if p.is_file() and p.suffix in ('', '.py', '.sh')]
+    return sorted((ROOT/'tests').rglob('*.py')) + ci
+
+
+def test_tests_and_ci_fit_the_width():
+    "No line over 110 characters in tests/ and .ci/, as in the package."
+    wide = [f"{p.relative_to(ROOT)}:{i}" for p in checks_and_tests()
+            for i, l in enumerate(p.read_text().splitlines(), 1) if len(l) > MAX_LINE]
+    assert not wide, f"lines over {MAX_LINE} characters: " + ', '.join(wide)

@@ -1,4 +1,5 @@
-"In-process training runs on CPU: the run folder, auto-resume, new run folders, refusals, budgets, divergence."
+"""In-process training runs on CPU: the run folder, auto-resume, new run folders, refusals, budgets,
+divergence."""
 import hashlib, json
 from pathlib import Path
 import pytest
@@ -8,17 +9,19 @@ from lmbook.runs.checkpoint import list_checkpoints, check_compatible
 from conftest import rows
 
 # tiny and fast: 2 layers of width 64 on 64-token windows; the data is a slice of the built-in corpus
-TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,
-            max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False)
+TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
+            log_every=1, max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=3, tensorboard=False)
 def cfg(**kw): return get_config('smoke', {**TINY, **kw})
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 
 def test_run_folder(ws):
     res = train(cfg(tensorboard=True), 'basic', root=ws, log=quiet([]))
     run = Path(res['run_dir'])
-    for f in ('training.toml', 'training.yaml', 'meta.json', 'metrics.jsonl', 'samples.md', 'samples.jsonl'): assert (run/f).is_file(), f
+    for f in ('training.toml', 'training.yaml', 'meta.json', 'metrics.jsonl', 'samples.md', 'samples.jsonl'):
+        assert (run/f).is_file(), f
     assert list((run/'tensorboard').glob('events.out.tfevents.*'))
-    assert [p.name for p in list_checkpoints(run/'checkpoints')] == ['step_00000012', 'step_00000008', 'step_00000004']
+    assert ([p.name for p in list_checkpoints(run/'checkpoints')]
+            == ['step_00000012', 'step_00000008', 'step_00000004'])
     assert res['val_loss'] < res['first_val_loss'] - 0.5
     r = rows(run)
     assert [x['step'] for x in r] == list(range(13))
@@ -35,7 +38,8 @@ def test_resume_continues_and_extends(ws):
     assert [x['step'] for x in rows(res['run_dir'])] == list(range(13))  # no replayed or missing lines
 
 def _digest(d):
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).rglob('*')) if p.is_file()}
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(d).rglob('*')) if p.is_file()}
 
 def test_no_auto_resume_new_folder(ws):
     first = train(cfg(max_steps=4), 'fresh', root=ws, log=quiet([]))['run_dir']
@@ -46,11 +50,13 @@ def test_no_auto_resume_new_folder(ws):
 
 def test_other_shape_refused(ws):
     train(cfg(max_steps=4), 'shape', root=ws, log=quiet([]))
-    with pytest.raises(ValueError, match='another model shape.*n_layer=2'): train(cfg(max_steps=8, n_layer=3), 'shape', root=ws, log=quiet([]))
+    with pytest.raises(ValueError, match='another model shape.*n_layer=2'):
+        train(cfg(max_steps=8, n_layer=3), 'shape', root=ws, log=quiet([]))
 
 def test_other_tokenizer_refused():
     state = dict(config=dict(model=dict(n_layer=2)), tokenizer=dict(path='a', sha256='x'))
-    with pytest.raises(ValueError, match='tokenizer'): check_compatible(state, dict(n_layer=2), dict(path='b', sha256='y'))
+    with pytest.raises(ValueError, match='tokenizer'):
+        check_compatible(state, dict(n_layer=2), dict(path='b', sha256='y'))
 
 def test_token_budget_and_epochs(ws):
     assert train(cfg(token_budget=5*4*64), 'budget', root=ws, log=quiet([]))['total_steps'] == 5
@@ -62,7 +68,8 @@ def test_divergent_run_stops(ws):
     c = cfg(max_steps=20, max_nonfinite=3)
     c.train.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
     log = []
-    with pytest.raises(NonFiniteError, match='non-finite for 3 steps in a row'): train(c, 'diverge', root=ws, log=quiet(log))
+    with pytest.raises(NonFiniteError, match='non-finite for 3 steps in a row'):
+        train(c, 'diverge', root=ws, log=quiet(log))
     r = rows(Path(ws)/'runs'/'diverge')
     assert r[-1]['skipped'] == 3 and r[-1]['grad_norm'] is None
     assert any(l.startswith('error: training diverged') for l in log)
@@ -76,12 +83,16 @@ def test_sample_from_run(ws):
 
 
 def test_checkpoints_on_time(ws, monkeypatch):
-    "With `ckpt_minutes`, a checkpoint is due once that much wall time has passed, whatever `ckpt_every` says; the start warns when a write is measured slower than the interval."
+    """With `ckpt_minutes`, a checkpoint is due once that much wall time has passed, whatever `ckpt_every`
+    says; the start warns when a write is measured slower than the interval."""
     from lmbook.runs import checkpoint
     monkeypatch.setattr(checkpoint, 'write_seconds', lambda folder, nbytes: 120.0)  # a slow volume
     log = []
-    res = train(cfg(max_steps=3, ckpt_every=100, ckpt_minutes=1e-9, keep_ckpts=5), 'on-time', root=ws, log=quiet(log))
-    assert [p.name for p in list_checkpoints(Path(res['run_dir'])/'checkpoints')] == ['step_00000003', 'step_00000002', 'step_00000001']
+    res = train(cfg(max_steps=3, ckpt_every=100, ckpt_minutes=1e-9, keep_ckpts=5), 'on-time', root=ws,
+                log=quiet(log))
+    assert ([p.name for p in list_checkpoints(Path(res['run_dir'])/'checkpoints')]
+            == ['step_00000003', 'step_00000002', 'step_00000001'])
     assert sum('about 120 s to write' in l and 'ckpt_minutes=1e-09' in l for l in log) == 1
-    off = train(cfg(max_steps=3, ckpt_every=100), 'on-steps', root=ws, log=quiet(log))  # smoke: ckpt_minutes=0
+    # smoke: ckpt_minutes=0
+    off = train(cfg(max_steps=3, ckpt_every=100), 'on-steps', root=ws, log=quiet(log))
     assert [p.name for p in list_checkpoints(Path(off['run_dir'])/'checkpoints')] == ['step_00000003']

@@ -59,8 +59,7 @@ def site_dirs() -> list[Path]:
     return sorted({Path(p).resolve() for p in cands if Path(p).is_dir()})
 
 def pysource_files(roots:list[Path]|None=None) -> list[Path]:
-    ("The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: the stdlib, then each site folder), in a "
-     "fixed order.")
+    "The `.py`/`.md`/`.rst`/`.txt` files under `roots` (default: stdlib and site folders), in fixed order."
     roots = [Path(sysconfig.get_paths()['stdlib']).resolve(), *site_dirs()] if roots is None else [Path(r)
             for r in roots]
     out, seen = [], set()
@@ -71,7 +70,9 @@ def pysource_files(roots:list[Path]|None=None) -> list[Path]:
             for f in sorted(fns):
                 p = Path(dp)/f
                 if not f.endswith(PYSOURCE_SUFFIXES) or p in seen: continue
-                if p.is_file() and 0 < p.stat().st_size <= MAX_FILE_BYTES: seen.add(p); out.append(p)
+                if p.is_file() and 0 < p.stat().st_size <= MAX_FILE_BYTES:
+                    seen.add(p)
+                    out.append(p)
     return out
 
 def pysource_docs(roots:list[Path]|None=None) -> Iterator[str]:
@@ -115,9 +116,13 @@ class _Utf8:
                  stats:SourceStats): self.p, self.stats, self.good, self.bad, self.first = (p, stats, 0, 0,
                                                                                             None)
     def __call__(self, b:bytes, offset:int) -> str|None:
-        try: s = b.decode('utf-8'); self.good += 1; return s
+        try:
+            s = b.decode('utf-8')
+            self.good += 1
+            return s
         except UnicodeDecodeError as e:
-            self.stats.bad_bytes += 1; self.bad += 1
+            self.stats.bad_bytes += 1
+            self.bad += 1
             if self.first is None: self.first = offset + e.start
             if self.bad >= 3 and self.bad*100 > self.good + self.bad:
                 raise ValueError(f"{self.p} is not UTF-8 text ({self.bad} of its first "
@@ -127,8 +132,7 @@ class _Utf8:
             return None
 
 def _cut(b:bytes, limit:int) -> int:
-    ("Where to split `b` (longer than `limit`): after the last newline or space of its second half, else at "
-     "a UTF-8 boundary.")
+    "Where to split `b` (longer than `limit`): a late newline or space, else a UTF-8 boundary."
     for sep in (b'\n', b' '):
         if (i := b.rfind(sep, limit//2, limit)) > 0: return i + 1
     i = limit
@@ -152,7 +156,9 @@ def _txt_docs(p:Path, stats:SourceStats, limit:int=MAX_DOC_BYTES) -> Iterator[st
             while len(buf) > limit:
                 i = _cut(buf, limit)
                 if (s := emit(memoryview(buf)[:i], start)) is not None: yield s
-                stats.split += 1; start += i; del buf[:i]
+                stats.split += 1
+                start += i
+                del buf[:i]
     if buf.strip(b'\r\n') and (s := emit(buf, start)) is not None: yield s
 
 def _split_text(s:str, limit:int=MAX_DOC_BYTES) -> list[str]:
@@ -161,7 +167,8 @@ def _split_text(s:str, limit:int=MAX_DOC_BYTES) -> list[str]:
     while len(s) > limit:
         i = max(s.rfind('\n', limit//2, limit), s.rfind(' ', limit//2, limit))
         i = i + 1 if i > 0 else limit
-        out.append(s[:i]); s = s[i:]
+        out.append(s[:i])
+        s = s[i:]
     return out + [s]
 
 def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
@@ -176,18 +183,20 @@ def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
                                                           "line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
                 raise ValueError(f"{p}:{i} has no string field {text_field!r}: pass --text-field NAME")
-            parts = _split_text(obj[text_field]); stats.split += len(parts) - 1
+            parts = _split_text(obj[text_field])
+            stats.split += len(parts) - 1
             yield from parts
 
 def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
     import pyarrow.parquet as pq  # slow to import: parquet files only
     pf = pq.ParquetFile(p)
-    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass "
-                                                                 "--text-field NAME")
+    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: "
+                                                                 "pass --text-field NAME")
     for b in pf.iter_batches(columns=[text_field], batch_size=4096):
         for s in b.column(0).to_pylist():
             if s is None: continue
-            parts = _split_text(s); stats.split += len(parts) - 1
+            parts = _split_text(s)
+            stats.split += len(parts) - 1
             yield from parts
 
 def local_docs(path:Path, text_field:str='text', stats:SourceStats|None=None) -> Iterator[str]:

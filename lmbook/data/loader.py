@@ -27,9 +27,8 @@ def token_files(token_dir:Path) -> list[tuple[Path, int]]:
     "(path, token count) of every token file in `token_dir`, checked against its manifest."
     token_dir = Path(token_dir)
     m = read_manifest(token_dir)
-    if m is None or m.get('format') != 'lmbook-tokens': raise FileNotFoundError(f"{token_dir} has no token "
-                                                                                "manifest: run `lmbook "
-                                                                                    "tokenize` first")
+    if m is None or m.get('format') != 'lmbook-tokens':
+        raise FileNotFoundError(f"{token_dir} has no token manifest: run `lmbook tokenize` first")
     if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook "
                                                "tokenize` again to finish it")
     out = []
@@ -130,7 +129,8 @@ class TokenLoader:
 # %% ../../nbs/02d_loader.ipynb #5ec7dd78
 def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path:
     "A token folder with one file per array and its manifest (for tests and benchmarks)."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     files = []
     for i, a in enumerate(arrays):
         write_tokens(out_dir/f'shard_{i:05d}.bin', a, n_docs=int((a == eot_id).sum()))
@@ -162,8 +162,7 @@ def bin_dir(dataset:str) -> Path|None:
     return p if p.is_dir() and all((p/f).is_file() for f in BIN_FILES) else None
 
 def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chunk:int=1 << 24) -> dict:
-    ("Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking every id is below "
-     "`vocab_size`.")
+    "Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking ids against `vocab_size`."
     src, out_dir = Path(src), Path(out_dir)
     size = src.stat().st_size
     source = dict(bin=str(src.resolve()), bytes=size, mtime_ns=src.stat().st_mtime_ns, vocab_size=vocab_size)
@@ -188,10 +187,12 @@ def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chu
                                      f"tokenizer has {vocab_size} ids: "
                                      "give the tokenizer that made this file")
                 if eot_id is not None: docs += int((a == eot_id).sum())
-                g.write(b); at += a.size
+                g.write(b)
+                at += a.size
         with open(tmp, 'r+b') as g: g.write(HEADER.pack(MAGIC, VERSION, 2, n, docs))
     except BaseException:
-        tmp.unlink(missing_ok=True); raise
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, dst)
     m = dict(format='lmbook-tokens', version=1, dtype='uint16', files=[dict(name=dst.name, tokens=n,
                                                                             docs=docs)],
@@ -216,9 +217,9 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
     "Adopt the tokenizer of nanoGPT token files in `bd` and copy them in."
     tj = tokenizer_json or (bd/'tokenizer.json' if (bd/'tokenizer.json').is_file() else None)
     if tj is None and not cfg.data.tokenizer and not (Path(paths.tokenizer)/'tokenizer.json').is_file():
-        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer that made them with "
-                         "--tokenizer-json PATH "
-                         "or a Hub id (tokenizer=gpt2), or put its tokenizer.json beside them")
+        raise ValueError(f"{bd} holds nanoGPT token files: give the tokenizer "
+                         "that made them with --tokenizer-json PATH or a Hub id "
+                         "(tokenizer=gpt2), or put its tokenizer.json beside them")
     tk = ensure_tokenizer(paths.tokenizer, None, cfg.model.vocab_size, tj, tokenizer=cfg.data.tokenizer,
                           hf_cache=paths.hf_cache)
     ms = {k: import_bin(bd/f'{k}.bin', token_dir(paths, k), tk.vocab_size, tk.eot_id) for k in ('train',
@@ -229,8 +230,7 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
 
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
                  log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
-    ("Shard, train or reuse the tokenizer, and tokenize, as far as not done yet, for `cfg` in `paths` "
-     "(nanoGPT .bin folders are copied in).")
+    "Shard, train or reuse the tokenizer, and tokenize for `cfg` in `paths`, skipping what is done."
     # one preparation at a time
     with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
 
@@ -240,8 +240,8 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedDat
     # what the tokenizer stage needs, checked before the long stages
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file():
         if tokenizer_json is not None and not Path(tokenizer_json).is_file():
-            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not exist: give the path of a "
-                                    "tokenizer.json")
+            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not "
+                                    "exist: give the path of a tokenizer.json")
         # found (or fetched) before any shard is written
         if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)
         if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
@@ -280,10 +280,10 @@ def data_status(cfg, paths) -> str:
     except ValueError: return 'with a damaged manifest'
     if not (tm.get('complete') and vm.get('complete')):
         n = sum(len(m.get('shards', [])) for m in (tm, vm))
-        return (f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents "
-                "kept)")
-    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer (the '
-                                                                       'shards are complete)')
+        return (f"while sharding ({n} whole shards "
+                f"of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)")
+    if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer '
+                                                                       '(the shards are complete)')
     for k, m in toks.items():
         if not m.get('complete'):
             n = len((tm if k == 'train' else vm)['shards'])
@@ -303,9 +303,8 @@ def _prepare_cmd(args) -> int:
         print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} tokens in "
-          f"{pd.val_tokens}\n"
-          f"tokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
+    print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} "
+          f"tokens in {pd.val_tokens}\ntokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
     return 0
 
 def add_cli(sub):

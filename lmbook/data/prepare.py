@@ -41,8 +41,7 @@ def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
     return env_var('HF_TOKEN', env=env) or env_var('HUGGINGFACEHUB_API_TOKEN', env=env) or None
 
 class HFDocs:
-    ("Documents of a Hugging Face dataset (an id or a local dataset folder), streamed; resumable through "
-     "`state()`.")
+    "Documents of a Hugging Face dataset (an id or a local folder), streamed; resumable through `state()`."
     def __init__(self, name:str, config:str='', split:str='train', text_field:str='text',
                  hf_cache:Path|None=None,
                  state:dict|None=None):  # `state`: what `state()` returned, to continue from there
@@ -134,7 +133,8 @@ OWN_FILES = 'shard_[0-9][0-9][0-9][0-9][0-9].*'  # the shard and token files thi
 
 def claim_folder(folder:Path) -> dict|None:
     "The manifest of `folder`, or None to start afresh (an interrupted first write's files removed)."
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     if (m := read_manifest(folder)) is not None: return m
     others = sorted(p.name for p in folder.iterdir() if not p.name.startswith('.') and not p.match(OWN_FILES))
     if others: raise ValueError(f"{folder} holds files but no {MANIFEST} ({others[0]}...): use another "
@@ -164,7 +164,9 @@ class _ShardWriter:
             self.f = gzip.open(self.tmp, 'wt', encoding='utf-8', newline='\n',
                                compresslevel=6) if self.gz else \
                      open(self.tmp, 'w', encoding='utf-8', newline='\n')
-        self.f.write(escape_doc(doc)); self.f.write('\n'); self.n += 1
+        self.f.write(escape_doc(doc))
+        self.f.write('\n')
+        self.n += 1
 
     @property
     def name(self) -> str: return f"shard_{len(self.m['shards']):05d}.txt" + ('.gz' if self.gz else '')
@@ -185,7 +187,10 @@ class _ShardWriter:
         write_manifest(self.folder, self.m)
 
     def abort(self):
-        if self.f is not None: self.f.close(); self.tmp.unlink(missing_ok=True); self.f = None
+        if self.f is not None:
+            self.f.close()
+            self.tmp.unlink(missing_ok=True)
+            self.f = None
 
 def _totals(shards): return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
                                  bytes=sum(s['bytes'] for s in shards))
@@ -214,8 +219,7 @@ def _open_split(folder:Path, split:str, meta:dict) -> dict:
     return m
 
 def _keep_whole(folder:Path, m:dict) -> dict:
-    ("An unfinished manifest cut back to its shards that are all there: a half-written stage is redone, not "
-     "refused.")
+    "An unfinished manifest cut back to its complete shards, so a half-written stage is redone."
     ok = lambda s: (folder/s['name']).is_file() and (folder/s['name']).stat().st_size == s['bytes']
     i = next((i for i, s in enumerate(m['shards']) if not ok(s)), None)
     if i is None: return m
@@ -242,8 +246,8 @@ def check_shards(folder:Path, m:dict|None=None, checksums:bool=True) -> dict:
         if not p.is_file(): raise FileNotFoundError(f"shard {p} listed in the manifest is missing: shard "
                                                     "again into a fresh folder")
         if p.stat().st_size != s['bytes'] or (checksums and sha256_file(p) != s['sha256']):
-            raise ValueError(f"shard {p} disagrees with its manifest (size or checksum): it was truncated "
-                             "or edited; shard again")
+            raise ValueError(f"shard {p} disagrees with its manifest (size or "
+                             "checksum): it was truncated or edited; shard again")
     return m
 
 # %% ../../nbs/02b_prepare.ipynb #5a806324
@@ -251,7 +255,8 @@ def _truncate(folder:Path, m:dict, pos:int):
     "Drop shards that reach past source position `pos` (a split closed after its sibling was last saved)."
     keep = [s for s in m['shards'] if s['source_end'] <= pos]
     for s in m['shards'][len(keep):]: (folder/s['name']).unlink(missing_ok=True)
-    m['shards'] = keep; m.update(source_docs=pos, **_totals(keep))
+    m['shards'] = keep
+    m.update(source_docs=pos, **_totals(keep))
 
 # %% ../../nbs/02b_prepare.ipynb #77196b69
 def _check_shard_args(mode:str, split:str, take:int, val_dir:Path|None, val_ratio:float, lines_per_shard:int):
@@ -312,7 +317,8 @@ def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDo
     try:
         for doc in docs:
             w = ws[_split_of(i, args)]
-            w.add(doc); i += 1
+            w.add(doc)
+            i += 1
             if w.full: _close_shards(ws, ms, stats, hf, i)
     except BaseException:
         for w in ws.values(): w.abort()
@@ -322,8 +328,8 @@ def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDo
 def _check_read(dataset:str, i:int, stats:SourceStats, args:dict, ms:dict, ws:dict):
     "Refuse a source that gave no document, or none for validation when some should go there."
     if i == 0 and stats.bad_bytes:
-        raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} documents decode; "
-                         "convert it to UTF-8")
+        raise ValueError(f"{dataset} is not UTF-8 text: none of its {stats.bad_bytes} "
+                         "documents decode; convert it to UTF-8")
     if i == 0: raise ValueError(f"{dataset} gave no documents: check the path, --text-field or --take")
     if args['mode'] == 'split' and args['val_ratio'] > 0 and not (ms['val']['docs'] or ws['val'].n):
         raise ValueError(f"{dataset} gave {i} documents and none went to validation "
@@ -349,8 +355,7 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                  kind:str='auto',             # how to read `dataset`: 'auto', 'builtin', 'local' or 'hf'
                  docs:Iterable[str]|None=None # documents to shard instead of reading `dataset`
                 ) -> dict:
-    ("Shard `dataset` into `train_dir` (and `val_dir`); resumable and idempotent. Returns the manifests by "
-     "split.")
+    "Shard `dataset` into `train_dir` (and `val_dir`), resumably and idempotently; the manifests by split."
     _check_shard_args(mode, split, take, val_dir, val_ratio, lines_per_shard)
     src = dict(dataset=str(dataset), kind=source_kind(dataset, kind), config=config, hf_split=hf_split,
                text_field=text_field)
@@ -403,8 +408,8 @@ def _shard_cmd(args) -> int:
                           progress=not args.quiet, kind='local' if args.input else dataset
                               if dataset in ('builtin', 'pysource') else 'hf')
     for k, m in ms.items():
-        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} shards ({m['bytes']/1e6:,.1f} MB) -> "
-              f"{getattr(p, k)}")
+        print(f"{k}: {m['docs']:,} documents in {len(m['shards'])} "
+              f"shards ({m['bytes']/1e6:,.1f} MB) -> {getattr(p, k)}")
     sk = next(iter(ms.values())).get('skipped') or {}
     if sk.get('bad_bytes') or sk.get('split'):
         print(f"skipped {sk.get('bad_bytes', 0):,} documents that were not UTF-8; split "
@@ -417,13 +422,13 @@ def add_cli(sub):
                     'experiment', 'root', 'quiet')
     a.add_argument('--mode', choices=('smoke', 'prod', 'split'), default='split', help='smoke: stop after '
                    '--take docs; prod: read all into --split; split: route docs to train/val by --val-ratio')
-    a.add_argument('--split', choices=('train', 'val'), default='train', help='destination of smoke/prod '
-                   'modes')
+    a.add_argument('--split', choices=('train', 'val'), default='train',
+                   help='destination of smoke/prod modes')
     a.add_argument('--lines-per-shard', type=int, default=0, help='documents per shard (default: settings '
                    'shard_lines, env SHARD_LINES)')
     a.add_argument('--take', type=int, default=None, help='documents to read (0: all; smoke default 10000)')
-    a.add_argument('--val-ratio', type=float, default=0.05, help='split mode: probability a document goes '
-                   'to val')
+    a.add_argument('--val-ratio', type=float, default=0.05,
+                   help='split mode: probability a document goes to val')
     a.add_argument('--seed', type=int, default=1337, help='split mode: seed of the routing')
     a.add_argument('--gzip', action='store_true', help='write .txt.gz shards')
     a.add_argument('--dataset', default=None, help="Hugging Face dataset id or local dataset folder, "
@@ -431,8 +436,8 @@ def add_cli(sub):
     a.add_argument('--dataset-config', default=None,
                    help=f"dataset config (default {FINEWEB[1]} for FineWeb)")
     a.add_argument('--hf-split', default='train', help='split of the Hugging Face dataset to stream')
-    a.add_argument('--input', default=None, help='local .txt/.jsonl/.parquet file (optionally .gz) or '
-                   'folder of them')
+    a.add_argument('--input', default=None,
+                   help='local .txt/.jsonl/.parquet file (optionally .gz) or folder of them')
     a.add_argument('--text-field', default='text', help='field or column holding the text')
     a.set_defaults(func=_shard_cmd)
     return a

@@ -44,12 +44,12 @@ def record_messages(rec, # one parsed JSONL record
             if not isinstance(m, dict) or 'role' not in m or 'content' not in m:
                 raise ValueError(f"{where}: message {i} must be an object with role and content")
             if m['role'] not in ROLES:
-                raise ValueError(f"{where}: message {i} has unknown role {m['role']!r}: use one of "
-                                 f"{', '.join(ROLES)}")
+                raise ValueError(f"{where}: message {i} has unknown "
+                                 f"role {m['role']!r}: use one of {', '.join(ROLES)}")
             out.append(dict(role=m['role'], content=_content(m['content'], where, f'message {i}')))
         if not any(m['role'] == 'assistant' and m['content'].strip() for m in out):
-            raise ValueError(f"{where}: the conversation has no assistant turn with text: nothing to learn "
-                             "from")
+            raise ValueError(f"{where}: the conversation has no assistant "
+                             "turn with text: nothing to learn from")
         return out
     if 'prompt' not in rec and 'response' not in rec:
         raise ValueError(f"{where}: a record needs prompt and response, or messages; it has "
@@ -66,8 +66,7 @@ def record_messages(rec, # one parsed JSONL record
 def render_chat(messages:list[dict], # turns from `record_messages`
                 tokenizer, # an lmbook `Tokenizer` with the chat tokens
                ) -> tuple[list[int], list[int]]:
-    ("Token ids of a conversation and, per token, 1 where it is trained (assistant text and its `<|end|>`) "
-     "else 0.")
+    "Token ids of a conversation, and per token 1 where it is trained (the assistant's turns) else 0."
     tid = lambda t: tokenizer.token_id(t)
     if any(tid(t) is None for t in [*ROLES.values(), END]):
         raise ValueError("the tokenizer has no chat tokens (<|user|>, <|assistant|>, <|end|>): adopt it "
@@ -76,8 +75,10 @@ def render_chat(messages:list[dict], # turns from `record_messages`
     for m in messages:
         body = tokenizer.encode(m['content']) + [tid(END)]
         train = int(m['role'] == 'assistant')
-        ids += [tid(ROLES[m['role']])] + body; mask += [0] + [train]*len(body)
-    ids.append(tokenizer.eot_id); mask.append(int(messages[-1]['role'] == 'assistant'))
+        ids += [tid(ROLES[m['role']])] + body
+        mask += [0] + [train]*len(body)
+    ids.append(tokenizer.eot_id)
+    mask.append(int(messages[-1]['role'] == 'assistant'))
     return ids, mask
 
 def chat_prompt(prompt:str, system:str='') -> str:
@@ -108,16 +109,19 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
                 raise ValueError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
             ids, mask = render_chat(record_messages(rec, where), tokenizer)
             if len(ids) > block_size + 1:
-                cut.append(where); ids, mask = ids[:block_size + 1], mask[:block_size + 1]
-                if not any(mask[1:]): dropped.append(where); continue
+                cut.append(where)
+                ids, mask = ids[:block_size + 1], mask[:block_size + 1]
+                if not any(mask[1:]):
+                    dropped.append(where)
+                    continue
             out.append((ids, mask))
     if not out:
-        raise ValueError(f"{path} holds no example to train on: add prompt/response or messages records, "
-                         "one per line")
+        raise ValueError(f"{path} holds no example to train on: add "
+                         "prompt/response or messages records, one per line")
     if cut and log:
-        log(f"warning: {len(cut)} example(s) of {path} are longer than block_size + 1 = {block_size + 1} "
-            "tokens and were "
-                        f"truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
+        log(f"warning: {len(cut)} example(s) of {path} are longer "
+            f"than block_size + 1 = {block_size + 1} tokens and "
+            f"were truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
                                                                                  "response token and were "
                                                                                      "dropped" if dropped
                                                                                          else ''))
@@ -132,10 +136,11 @@ def pack(examples:list[tuple[list[int], list[int]]],
     "Inputs and targets (rows, block_size), int64: examples packed in order, untrained targets -1."
     rows, cur, cm = [], [eot_id], [0]
     for ids, mask in examples:
-        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does not fit a row "
-                                                       f"of {block_size + 1}")
+        if len(ids) > block_size + 1: raise ValueError(f"an example of {len(ids)} tokens does "
+                                                       f"not fit a row of {block_size + 1}")
         if len(cur) + len(ids) > block_size + 1:
-            rows.append((cur, cm)); cur, cm = [eot_id], [0]
+            rows.append((cur, cm))
+            cur, cm = [eot_id], [0]
         # a full-length example fills a row of its own, without the start token
         if len(ids) == block_size + 1: cur, cm = [], []
         cur, cm = cur + ids, cm + mask
@@ -143,7 +148,8 @@ def pack(examples:list[tuple[list[int], list[int]]],
     buf = torch.full((len(rows), block_size + 1), eot_id, dtype=torch.int64)
     keep = torch.zeros((len(rows), block_size + 1), dtype=torch.bool)
     for r, (ids, mask) in enumerate(rows):
-        buf[r, :len(ids)] = torch.tensor(ids); keep[r, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        buf[r, :len(ids)] = torch.tensor(ids)
+        keep[r, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
     return buf[:, :-1].contiguous(), torch.where(keep[:, 1:], buf[:, 1:], -1).contiguous()
 
 # %% ../../nbs/02e_sft.ipynb #4b522c04
@@ -179,16 +185,14 @@ class SFTLoader:
     def load_state_dict(self, d:dict):
         "Continue exactly where the loader that saved `d` stopped."
         if d.get('kind') != 'sft' or d.get('rows') != len(self.x) or d.get('block_size') != self.T:
-            raise ValueError(f"loader state is for other data ({d.get('rows')} rows of "
-                             f"{d.get('block_size')}) than this fine-tuning set "
-                             f"({len(self.x)} rows of {self.T}): resume with the same sft_data and "
-                             "block_size")
+            raise ValueError(f"loader state is for other data ({d.get('rows')} rows "
+                             f"of {d.get('block_size')}) than this fine-tuning set ({len(self.x)} "
+                             f"rows of {self.T}): resume with the same sft_data and block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
                     world_size:int=1) -> list:
-    ("The same `n_batches` validation batches every call; ranks get disjoint rows (cycling when there are "
-     "few).")
+    "The same `n_batches` validation batches every call; ranks get disjoint rows, cycling when few."
     out = []
     for b in range(n_batches):
         idx = torch.from_numpy(((b*world_size + rank)*batch_size + np.arange(batch_size)) % len(x))
@@ -197,8 +201,7 @@ def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:in
 
 # %% ../../nbs/02e_sft.ipynb #f0a56ac1
 def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list]:
-    ("(train, val) examples: a seeded `val_ratio` share for validation (at least one when there are two); "
-     "one example serves both.")
+    "(train, val) examples, a seeded `val_ratio` share held out for validation."
     n = len(examples)
     if n < 2: return examples, examples
     n_val = min(n - 1, max(1, round(n*val_ratio))) if val_ratio > 0 else 0
@@ -227,7 +230,8 @@ def builtin_chat() -> list[dict]:
 
 def write_jsonl(records:list[dict], path:Path) -> Path:
     "Write `records` one JSON object a line to `path`, all at once (a temporary file, then renamed)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
     try:
         tmp.write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in records))

@@ -47,8 +47,7 @@ class Tokenizer:
     def __repr__(self): return f"Tokenizer(vocab_size={self.vocab_size}, eot_id={self.eot_id})"
     @property
     def sha256(self) -> str:
-        ("The tokenizer's identity: sha256 of its canonical JSON (the same for a bundle and the object "
-         "loaded from it).")
+        "The tokenizer's identity: the sha256 of its canonical JSON, the same for a bundle and its load."
         return hashlib.sha256(self.tok.to_str().encode()).hexdigest()
 
 # %% ../../nbs/02c_tokenizer.ipynb #5ddc5efe
@@ -67,7 +66,8 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
     def capped():
         n = 0
         for d in docs:
-            yield d; n += len(d)
+            yield d
+            n += len(d)
             if max_bytes and n >= max_bytes: return
     tok = new_bpe()
     tr = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
@@ -77,9 +77,9 @@ def train_bpe(docs:Iterable[str], vocab_size:int, max_bytes:int=0) -> Tokenizer:
 
 # %% ../../nbs/02c_tokenizer.ipynb #0a103653
 def save_bundle(tk:Tokenizer, out_dir:Path, **meta) -> Path:
-    ("Write `meta.json`, then `tokenizer.json` (whose arrival completes the bundle), each atomically, into "
-     "`out_dir`.")
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    "Write `meta.json`, then `tokenizer.json` (which completes the bundle), atomically into `out_dir`."
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(vocab_size=tk.vocab_size, eot_id=tk.eot_id, special_tokens={t: tk.token_id(t)
                                                                             for t in SPECIAL_TOKENS},
                 sha256=tk.sha256, **meta)
@@ -93,8 +93,8 @@ def load_tokenizer(path:Path) -> Tokenizer:
     "The tokenizer of a bundle folder or a `tokenizer.json` file."
     p = Path(path)
     if p.is_dir(): p = p/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook tokenizer` or pass "
-                                                "--tokenizer-json PATH")
+    if not p.is_file(): raise FileNotFoundError(f"no tokenizer at {path}: run `lmbook "
+                                                "tokenizer` or pass --tokenizer-json PATH")
     try: tok = HFTokenizer.from_file(str(p))
     except Exception as e:
         raise ValueError(f"{p} is not a tokenizers JSON file ({str(e).splitlines()[0]})") from None
@@ -112,8 +112,7 @@ def hub_names(repo_id:str) -> list[str]:
             v in HUB_ALIASES.items() if v == repo_id)]
 
 def hub_caches(hf_cache:Path|None=None) -> list[Path]:
-    ("Hugging Face hub caches to search: the environment's (HF_HUB_CACHE, HF_HOME), the workspace's "
-     "`hf_cache`, the default one.")
+    "Hugging Face hub caches to search: the environment's, the workspace's `hf_cache`, the default."
     out = []
     if hub := env_var('HF_HUB_CACHE'): out.append(Path(hub))
     if home := env_var('HF_HOME'): out.append(Path(home)/'hub')
@@ -142,17 +141,15 @@ def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
                 if isinstance(p, str) and Path(p).is_file(): return Path(p)
     except HFValidationError: raise ValueError(f"{repo_id!r} is not a Hub model id: use a name like gpt2 or "
                                                "openai-community/gpt2") from None
-    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` and copy "
-           "the Hugging Face cache "
-           f"here ({caches[0]}, or set HF_HOME)")
+    how = (f"fetch it where there is internet with `huggingface-cli download {repo_id} {filename}` "
+           f"and copy the Hugging Face cache here ({caches[0]}, or set HF_HOME)")
     if not download or hub_offline(): raise FileNotFoundError(f"{filename} of {repo_id} is not in the local "
                                                               f"Hugging Face cache: {how}")
     from huggingface_hub import hf_hub_download  # slow to import: only Hub files need it
     try: return Path(hf_hub_download(repo_id, filename, cache_dir=caches[0]))
     except Exception as e:
-        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face cache and cannot "
-                                "be downloaded "
-                                f"({type(e).__name__}): {how}") from None
+        raise FileNotFoundError(f"{filename} of {repo_id} is not in the local Hugging Face "
+                                f"cache and cannot be downloaded ({type(e).__name__}): {how}") from None
 
 def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e.g. 'gpt2'
                        hf_cache:Path|None=None, # the workspace's Hugging Face cache
@@ -164,8 +161,7 @@ def hub_tokenizer_json(repo_id:str, # a Hub model id whose tokenizer to adopt, e
 
 # %% ../../nbs/02c_tokenizer.ipynb #100c0fbc
 def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
-    ("Copy a published `tokenizer.json` into a bundle (`meta` added to its meta.json), adding "
-     "`<|endoftext|>` and chat tokens it lacks.")
+    "Copy a published `tokenizer.json` into a bundle, adding the `<|endoftext|>` and chat tokens it lacks."
     p = Path(tokenizer_json)
     if not p.is_file(): raise FileNotFoundError(f"--tokenizer-json {p} does not exist")
     tok = HFTokenizer.from_file(str(p))
@@ -182,8 +178,7 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
                      tokenizer:str='',
                      hf_cache:Path|None=None, # the workspace's Hugging Face cache, for `tokenizer`
                     ) -> Tokenizer:
-    ("The bundle in `out_dir`: reused if present, else adopted from `tokenizer_json` or Hub model "
-     "`tokenizer`'s, else trained on `train_dir`.")
+    "The bundle in `out_dir`: reused, else adopted from a file or a Hub model, else trained on `train_dir`."
     out_dir = Path(out_dir)
     if tokenizer_json is not None: tokenizer = ''
     if (out_dir/'tokenizer.json').is_file():
@@ -199,17 +194,17 @@ def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192
             raise ValueError(f"the tokenizer in {out_dir} is {meta['hub_id']}'s, not {tokenizer}'s: use "
                              f"another experiment or delete {out_dir}")
         if not want and asked is not None and asked != vocab_size:
-            raise ValueError(f"the tokenizer in {out_dir} was trained for vocab_size={asked}, not "
-                             f"{vocab_size}: "
-                             f"set vocab_size={asked}, use another experiment, or delete {out_dir}")
+            raise ValueError(f"the tokenizer in {out_dir} was trained for "
+                             f"vocab_size={asked}, not {vocab_size}: set vocab_size={asked}, "
+                             f"use another experiment, or delete {out_dir}")
         return tk
     if tokenizer: return adopt_tokenizer(hub_tokenizer_json(tokenizer, hf_cache), out_dir, hub_id=tokenizer)
     if tokenizer_json is not None: return adopt_tokenizer(tokenizer_json, out_dir)
-    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train shards to train one, or "
-                                           "--tokenizer-json")
+    if train_dir is None: raise ValueError("no tokenizer bundle yet: give the train "
+                                           "shards to train one, or --tokenizer-json")
     m = check_shards(train_dir, checksums=False)
-    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a tokenizer on: run `lmbook "
-                                         "shard` first")
+    if not m['shards']: raise ValueError(f"{train_dir} has no shards to train a "
+                                         "tokenizer on: run `lmbook shard` first")
     t0 = time.time()
     tk = train_bpe(shard_docs(train_dir, m), vocab_size, max_bytes)
     save_bundle(tk, out_dir, requested_vocab_size=vocab_size, trained_on=str(train_dir), max_bytes=max_bytes,
@@ -242,8 +237,8 @@ def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
 def read_header(path:Path) -> dict:
     "The header of a token file, checked against the file's size."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: run `lmbook tokenize` "
-                                                   "again")
+    if not path.is_file(): raise FileNotFoundError(f"token file {path} is missing: "
+                                                   "run `lmbook tokenize` again")
     size = path.stat().st_size
     with open(path, 'rb') as f: raw = f.read(HEADER.size)
     if len(raw) < HEADER.size or raw[:8] != MAGIC: raise ValueError(f"{path} is not an lmbook token file "
@@ -251,9 +246,9 @@ def read_header(path:Path) -> dict:
     _, ver, itemsize, n, docs = HEADER.unpack(raw)
     if ver != VERSION or itemsize not in DTYPES: raise ValueError(f"{path} has token format version {ver}, "
         f"bytes/token {itemsize}; this lmbook reads version {VERSION}: tokenize again")
-    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, header says "
-                                                          f"{HEADER.size + n*itemsize}): delete it and "
-                                                              "tokenize again")
+    if size != HEADER.size + n*itemsize: raise ValueError(f"{path} is truncated ({size} bytes, "
+                                                          f"header says {HEADER.size + n*itemsize}): "
+                                                          "delete it and tokenize again")
     return dict(version=ver, dtype=np.dtype(DTYPES[itemsize]).name, tokens=n, docs=docs)
 
 def open_tokens(path:Path) -> np.ndarray:
@@ -266,17 +261,16 @@ def open_tokens(path:Path) -> np.ndarray:
 # %% ../../nbs/02c_tokenizer.ipynb #02f65538
 def _shard_lines(p:Path, sha:str) -> list[str]:
     raw = p.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its manifest "
-                                                                "checksum: it was truncated or edited; "
-                                                                    "shard again")
+    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its "
+                                                                "manifest checksum: it was "
+                                                                "truncated or edited; shard again")
     if p.name.endswith('.gz'): raw = gzip.decompress(raw)
     lines = raw.decode('utf-8').split('\n')
     if lines and lines[-1] == '': lines.pop()
     return [unescape_doc(l) for l in lines]
 
 def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, on_chunk=None) -> np.ndarray:
-    ("Token ids of `docs`, each preceded by `<|endoftext|>`, as one array of `dtype`; `on_chunk(docs, ids)` "
-     "after each chunk.")
+    "Token ids of `docs`, each after `<|endoftext|>`, as one array of `dtype`; `on_chunk` after each chunk."
     # Rust, without the GIL
     enc = lambda i: tk.tok.encode_batch_fast(docs[i:i+chunk], add_special_tokens=False)
     out, eot = [], tk.eot_id
@@ -287,7 +281,9 @@ def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, o
             # encode the next chunk while this one is packed
             if i + chunk < len(docs): nxt = ex.submit(enc, i + chunk)
             flat = []
-            for e in encs: flat.append(eot); flat.extend(e.ids)
+            for e in encs:
+                flat.append(eot)
+                flat.extend(e.ids)
             try: out.append(np.array(flat, dtype))
             except OverflowError: raise ValueError(f"token id {max(flat)} does not fit "
                                                    f"{np.dtype(dtype).name}: use dtype uint32") from None
@@ -303,8 +299,8 @@ def _token_manifest(out_dir:Path, tk:Tokenizer, dt, shard_dir:Path) -> dict:
         m = dict(format='lmbook-tokens', version=VERSION, tokenizer_sha256=tok_sha, vocab_size=tk.vocab_size,
                  eot_id=tk.eot_id, dtype=np.dtype(dt).name, source=str(shard_dir), files=[])
     elif m.get('tokenizer_sha256') != tok_sha or m.get('dtype') != np.dtype(dt).name:
-        raise ValueError(f"token files in {out_dir} came from another tokenizer or dtype: delete {out_dir} "
-                         "to tokenize again")
+        raise ValueError(f"token files in {out_dir} came from another tokenizer "
+                         f"or dtype: delete {out_dir} to tokenize again")
     return m
 
 def _token_file_ok(out_dir:Path, f:dict|None, name:str) -> bool:
@@ -328,7 +324,8 @@ def _token_progress(total:int, on:bool) -> tuple:
         nonlocal ntok
         ntok += len(toks)
         if bar is not None:
-            bar.update(len(docs)); bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
+            bar.update(len(docs))
+            bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
     return bar, tick
 
 def _tokenize_shard(shard_dir:Path, s:dict, tk:Tokenizer, dt, dest:Path, on_chunk=None) -> dict:
@@ -348,8 +345,7 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
                    dtype:str='auto',           # 'auto' (uint16 when the vocab fits), 'uint16' or 'uint32'
                    progress:bool=False         # show a progress bar with tokens/s
                   ) -> dict:
-    ("Tokenize every shard of `shard_dir` into `out_dir` (one token file per shard); resumable. Returns the "
-     "manifest.")
+    "Tokenize every shard of `shard_dir` into `out_dir`, one token file a shard, resumably; the manifest."
     shard_dir, out_dir = Path(shard_dir), Path(out_dir)
     tk = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     sm = check_shards(shard_dir, checksums=False)
@@ -398,23 +394,23 @@ def _tokenize_cmd(args) -> int:
         for split in (('train', 'val') if args.split == 'both' else (args.split,)):
             m = tokenize_split(getattr(p, split), tk, token_dir(p, split), args.dtype,
                                progress=not args.quiet)
-            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) in {len(m['files'])} files -> "
-                  f"{token_dir(p, split)}")
+            print(f"{split}: {m['tokens']:,} tokens ({m['dtype']}) "
+                  f"in {len(m['files'])} files -> {token_dir(p, split)}")
     return 0
 
 def add_cli(sub):
     "Add the `tokenizer` and `tokenize` commands to an argparse subparsers object."
-    a = cli_options(sub.add_parser('tokenizer', help='train (or adopt) the byte-level BPE bundle of an '
-                                   'experiment'),
+    a = cli_options(sub.add_parser('tokenizer',
+                                   help='train (or adopt) the byte-level BPE bundle of an experiment'),
                     'experiment', 'root', 'tokenizer_json')
     a.add_argument('--vocab-size', type=int, default=8192, help='vocabulary size including special tokens')
-    a.add_argument('--max-bytes', type=int, default=1_000_000_000, help='train on at most this many '
-                   'characters of text')
+    a.add_argument('--max-bytes', type=int, default=1_000_000_000,
+                   help='train on at most this many characters of text')
     a.set_defaults(func=_tokenizer_cmd)
     b = cli_options(sub.add_parser('tokenize', help='turn text shards into binary token files'),
                     'experiment', 'root', 'quiet')
-    b.add_argument('--split', choices=('train', 'val', 'both'), default='both', help='which shards to '
-                   'tokenize')
+    b.add_argument('--split', choices=('train', 'val', 'both'), default='both',
+                   help='which shards to tokenize')
     b.add_argument('--dtype', choices=('auto', 'uint16', 'uint32'), default='auto', help='token id type '
                    '(auto: uint16 when the vocab fits)')
     b.set_defaults(func=_tokenize_cmd)

@@ -20,8 +20,7 @@ __all__ = ['LOADER_SHAPES', 'bench_tokenize', 'bench_loader', 'random_token_dir'
 
 # %% ../../nbs/08b_databench.ipynb #8ea37958
 def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
-    ("tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch` on the same documents (best of "
-     "`repeats`).")
+    "tokens/s of `tokenize_split` on `shard_dir` and of bare `encode_batch`, best of `repeats`."
     docs = list(shard_docs(shard_dir))
     ref, fast, ours, ntok = [], [], [], 0
     for _ in range(repeats):
@@ -44,13 +43,15 @@ def bench_tokenize(shard_dir:Path, tokenizer, repeats:int=3) -> dict:
 # %% ../../nbs/08b_databench.ipynb #cf8899ef
 def bench_loader(token_dir:Path, batch_size:int, block_size:int, seconds:float=2.0, threads:int=1) -> dict:
     "tokens/s of `TokenLoader.next_batch` over `seconds`, with torch limited to `threads` threads."
-    old = torch.get_num_threads(); torch.set_num_threads(threads)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         dl = TokenLoader(token_dir, batch_size, block_size)
         for _ in range(3): dl.next_batch()
         n, t0, c0 = 0, time.perf_counter(), time.process_time()
         while (dt := time.perf_counter() - t0) < seconds:
-            x, y = dl.next_batch(); n += x.numel()
+            x, y = dl.next_batch()
+            n += x.numel()
         cpu = time.process_time() - c0
     finally: torch.set_num_threads(old)
     return dict(batch_size=batch_size, block_size=block_size, tok_per_s=n/dt, cores_used=cpu/dt,

@@ -26,13 +26,13 @@ def is_page(name:str) -> bool:
 # %% ../../nbs/08a_docs.ipynb #442ca5d2
 @contextlib.contextmanager
 def _in_dir(d:Path):
-    old = os.getcwd(); os.chdir(d)
+    old = os.getcwd()
+    os.chdir(d)
     try: yield
     finally: os.chdir(old)
 
 def _doc_cell(cell, eval_cell) -> bool:
-    ("Whether nbdev's `show_doc` run should execute `cell`: exported code, pure imports and `show_doc` calls "
-     "only.")
+    "Whether nbdev's `show_doc` run executes `cell`: exported code, imports and `show_doc` calls only."
     from nbdev.processors import _show_docs  # developer tool: the docs only
     if not eval_cell(cell): return False
     if cell.directives_.keys() & {'export', 'exports', 'exporti', 'exec_doc'}: return True
@@ -50,8 +50,7 @@ def _doc_cells_only():
 # %% ../../nbs/08a_docs.ipynb #84cca621
 def process_notebooks(checkout:Path, # the project folder, holding pyproject.toml
                      ) -> Path:
-    ("nbdev's processed notebooks of the pages of `checkout`, in `checkout/_proc`: the Quarto project to "
-     "render.")
+    "nbdev's processed notebooks of `checkout`'s pages in `checkout/_proc`: the Quarto project to render."
     from nbdev.config import get_config  # developer tool: the docs only
     from nbdev.quarto import refresh_quarto_yml  # developer tool: the docs only
     from nbdev.serve import proc_nbs  # developer tool: the docs only
@@ -78,8 +77,7 @@ def rewrite_links(text:str, # Markdown, or a notebook's JSON
                   names:dict[str, str], # notebook file -> its renamed file
                   site_url:str, # the site's address, e.g. https://lmbook.github.io/lmbook/
                  ) -> str:
-    ("`text` with links to the site's own address made relative and links to a notebook pointing at its "
-     "renamed file.")
+    "`text` with links to the site made relative and links to a notebook pointing at its page."
     text = re.sub(re.escape(site_url.rstrip('/')) + r'/([\w.-]+\.html)', r'\1', text)
     return re.sub(r'\]\(([\w.-]+\.ipynb)(?=[#)])', lambda m: '](' + names.get(m.group(1), m.group(1)), text)
 
@@ -151,20 +149,19 @@ def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
 
 # %% ../../nbs/08a_docs.ipynb #e0c7a5be
 def markdown_copies(out:Path) -> list[Path]:
-    ("Name each page's Markdown copy in the site `out` `<page>.html.md`, as Quarto's `keep-md` does, and "
-     "link `llms.txt` to them.")
+    "Name each page's Markdown copy `<page>.html.md`, as Quarto's `keep-md` does; link `llms.txt` to them."
     done = []
     for f in sorted(Path(out).rglob('*.llms.md')):
         new = f.with_name(f.name.removesuffix('.llms.md') + '.html.md')
-        f.replace(new); done.append(new)
+        f.replace(new)
+        done.append(new)
     for f in [Path(out)/'llms.txt', *done]:
         if f.is_file(): f.write_text(re.sub(r'([\w./-]+)\.llms\.md\b', r'\1.html.md', f.read_text()))
     return done
 
 # %% ../../nbs/08a_docs.ipynb #00e97c25
 def offline_css(out:Path) -> list[str]:
-    ("Drop the stylesheets' imports from other sites (a theme's web fonts) in the site `out`; return what "
-     "was dropped.")
+    "Drop the stylesheets' imports from other sites (web fonts) in the site `out`; return what was dropped."
     dropped = []
     for f in Path(out).rglob('*.css'):
         t = f.read_text()
@@ -175,8 +172,7 @@ def offline_css(out:Path) -> list[str]:
 
 # %% ../../nbs/08a_docs.ipynb #122ab826
 def member_links(out:Path) -> int:
-    ("Point links to a `Class.method` anchor that no page has at the class's anchor, in the site `out`; "
-     "return how many.")
+    "Point links to a `Class.method` anchor no page has at the class's anchor; return how many."
     pages = {f.name: set(re.findall(r'\bid="([^"]+)"', f.read_text())) for f in Path(out).glob('*.html')}
     n = 0
     def fix(m):
@@ -201,9 +197,8 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
               ) -> tuple[Path, list[str]]:
     "Build the docs site of `checkout` offline; return its folder and the renderer's warnings."
     checkout = Path(checkout).resolve()
-    if not (checkout/'pyproject.toml').is_file(): raise FileNotFoundError("no pyproject.toml in "
-                                                                          f"{checkout}: run this in a "
-                                                                              "checkout of the project")
+    if not (checkout/'pyproject.toml').is_file():
+        raise FileNotFoundError(f"no pyproject.toml in {checkout}: run this in a checkout of the project")
     try:  # optional (lmbook[docs])
         from smalldocs.site import build  # optional (lmbook[docs])
         from smalldocs.config import BuildError, ConfigError  # optional (lmbook[docs])
@@ -220,7 +215,9 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
         try: site = build(Path(tmp)/'site', quiet=True)
         # e.g. --out is a folder that is not a site
         except (BuildError, ConfigError) as e: raise ValueError(str(e)) from None
-    markdown_copies(out); offline_css(out); member_links(out)
+    markdown_copies(out)
+    offline_css(out)
+    member_links(out)
     (out/STAMP).write_text(json.dumps(dict(inputs=docs_inputs(checkout))))
     return out, list(site.warnings)
 
@@ -260,15 +257,14 @@ def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
 
 def add_dev_cli(sub):
     "Register `lmbook docs`."
-    p = sub.add_parser('docs', help='[developers] build the docs site offline into _docs/ (nbdev notebooks '
-                       'rendered by '
-                       'smalldocs)')
+    p = sub.add_parser('docs', help='[developers] build the docs site offline into '
+                       '_docs/ (nbdev notebooks rendered by smalldocs)')
     p.add_argument('--checkout', default='.', help='the project folder (default: the current one)')
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')
     p.add_argument('--serve', action='store_true', help='then serve it on 127.0.0.1 until Ctrl-C')
     p.add_argument('--port', type=int, default=8000, help='the port for --serve')
-    p.add_argument('--rebuild', action='store_true', help='with --serve: build even when the site is up to '
-                   'date')
+    p.add_argument('--rebuild', action='store_true',
+                   help='with --serve: build even when the site is up to date')
     def run(a) -> int:
         if a.serve and not a.rebuild and site_current(a.checkout, a.out):
             out = site_folder(a.checkout, a.out)
@@ -279,8 +275,8 @@ def add_dev_cli(sub):
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
         n = len(list(out.glob('*.html')))
-        print(f"{n} pages in {out}; open it over http: lmbook docs --serve (or python -m http.server -d "
-              f"{out})")
+        print(f"{n} pages in {out}; open it over http: lmbook "
+              f"docs --serve (or python -m http.server -d {out})")
         if a.serve: serve(out, a.port)
         return 0
     p.set_defaults(func=run)

@@ -19,8 +19,10 @@ def tiny_llama(out:Path, vocab:int=512, layers:int=2, width:int=64, context:int=
     "A random fp32 Llama folder (config.json, model.safetensors, tokenizer.json) for a published one."
     # optional (the hf extra): only the stand-in needs it
     from transformers import AutoModelForCausalLM, LlamaConfig
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    tok = HFTokenizer(models.BPE()); tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     texts = [r['prompt'] + ' ' + r['response'] for r in builtin_chat()]
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab, special_tokens=['<unk>', '<s>',

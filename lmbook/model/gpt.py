@@ -39,22 +39,21 @@ def keep_apart():
     "Replace each `apart` function by its `torch.compiler.disable` version, once: call before compiling."
     for ns, name in APART:
         if not getattr(ns[name], 'kept_apart', False):
-            ns[name] = torch.compiler.disable(ns[name]); ns[name].kept_apart = True
+            ns[name] = torch.compiler.disable(ns[name])
+            ns[name].kept_apart = True
 
 # %% ../../nbs/03a_gpt.ipynb #79399d2f
 _BACKENDS = dict(cudnn='CUDNN_ATTENTION', flash='FLASH_ATTENTION', efficient='EFFICIENT_ATTENTION',
                  math='MATH')
 
 def _cudnn_suits(q, k, kw) -> bool:
-    ("Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: where cuDNN's kernel "
-     "applies.")
+    "Plain self-attention (no GQA, no dropout, head size <= 128) on Hopper or newer: cuDNN's kernel applies."
     return (q.is_cuda and torch.cuda.get_device_properties(q.device).major >= 9 and not kw.get('enable_gqa')
             and not kw.get('dropout_p') and kw.get('attn_mask') is None and q.shape == k.shape
                 and q.shape[-1] <= 128)
 
 def sdpa(q, k, v, backend:str='auto', **kw) -> torch.Tensor:
-    ("`scaled_dot_product_attention` through the kernel `backend` ('sdpa': torch chooses; 'auto': cuDNN "
-     "where it suits, else torch).")
+    "`scaled_dot_product_attention` through kernel `backend`: 'sdpa' lets torch choose, 'auto' prefers cuDNN."
     if backend == 'auto': backend = 'cudnn' if _cudnn_suits(q, k, kw) else 'sdpa'
     if backend == 'sdpa': return F.scaled_dot_product_attention(q, k, v, **kw)
     # pulls in torch._dynamo (~1 s): a chosen kernel only
@@ -171,8 +170,7 @@ class Block(nn.Module):
 
 # %% ../../nbs/03a_gpt.ipynb #9b4e3b0e
 class KVCache:
-    ("Keys and values of every layer for the positions seen so far (`pos`), in buffers of `block_size` "
-     "positions.")
+    "Keys and values of every layer for the positions seen so far (`pos`), in `block_size` buffers."
     def __init__(self, cfg:ModelConfig, batch_size:int, device=None, dtype:torch.dtype=torch.float32,
                  size:int|None=None, # positions a row holds (default `block_size`)
                 ):
@@ -202,7 +200,8 @@ def write_rows(kbuf:torch.Tensor, vbuf:torch.Tensor, # (B, nkv, S, hd) a layer's
     B, nkv, T, hd = k.shape
     at = pos[:, None] + torch.arange(T, device=pos.device)  # (B, T) the new positions
     idx = at[:, None, :, None].expand(B, nkv, T, hd)
-    kbuf.scatter_(2, idx, k); vbuf.scatter_(2, idx, v)
+    kbuf.scatter_(2, idx, k)
+    vbuf.scatter_(2, idx, v)
     n = span or kbuf.shape[2]
     seen = torch.arange(n, device=pos.device) <= at[:, :, None]  # (B, T, n): a row sees its own past only
     return kbuf[:, :, :n], vbuf[:, :, :n], seen[:, None]
@@ -266,8 +265,7 @@ def fused_linear_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
                                targets:torch.Tensor, # (N,) token ids, -1 ignored
                                chunk:int=8192, # rows at a time for the chunked fallback
                               ) -> torch.Tensor:
-    ("Mean cross-entropy of `x @ weight.T` without the logits: liger-kernel's kernel on CUDA when installed, "
-     "else `chunked_cross_entropy`.")
+    "Mean cross-entropy of `x @ weight.T` without materialising the logits."
     fn = liger_flce() if x.is_cuda else None
     if fn is None: return chunked_cross_entropy(x, weight, targets, chunk)
     # its gradient is kept in this dtype
@@ -288,8 +286,8 @@ class GPT(nn.Module):
             raise ValueError(f"attn_backend='flex' needs FlexAttention, which torch {torch.__version__} "
                              "lacks (2.5+ has it): use attn_backend='sdpa'")
         if cfg.bias and cfg.arch != 'gpt2':
-            raise ValueError("bias=True is published GPT-2's layout: set arch='gpt2', or bias=False for "
-                             f"arch={cfg.arch!r}")
+            raise ValueError("bias=True is published GPT-2's layout: set "
+                             f"arch='gpt2', or bias=False for arch={cfg.arch!r}")
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == 'gpt2' else None

@@ -40,9 +40,9 @@ def hf_tokenizer_json(repo_id:str='openai-community/gpt2', # a Hub model id, loo
                      ) -> Path:
     "The `tokenizer.json` of a cached Hub model, e.g. GPT-2's, for `lmbook prepare --tokenizer-json`."
     p = find_hf_model(repo_id, cache_dir)/'tokenizer.json'
-    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json in {p.parent}: "
-                                                f"download it with huggingface-cli download {repo_id} "
-                                                    "tokenizer.json")
+    if not p.is_file(): raise FileNotFoundError(f"the cached {repo_id} has no tokenizer.json "
+                                                f"in {p.parent}: download it with huggingface-cli "
+                                                f"download {repo_id} tokenizer.json")
     return p
 
 # 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' or another Hub id of a GPT-2 model
@@ -52,15 +52,13 @@ def hf_gpt2_folder(name:str='gpt2',
                    # fetch config.json and model.safetensors when missing (and HF_HUB_OFFLINE is not set)
                    download:bool=False,
                   ) -> Path:
-    ("The local snapshot folder of a published GPT-2 (config.json and model.safetensors) in the Hugging Face "
-     "cache.")
+    "The local snapshot folder of a published GPT-2 in the Hugging Face cache."
     try: cfg, w = hub_file(name, 'config.json', hf_cache, download), hub_file(name, 'model.safetensors',
                                                                               hf_cache, download)
     except FileNotFoundError:
         raise FileNotFoundError(f"the weights of {name} are not in the local Hugging Face cache: fetch them "
-                                "where there is internet with "
-                                f"`huggingface-cli download {name} config.json model.safetensors` and copy "
-                                    "the cache here (or set HF_HOME)") from None
+                                f"where there is internet with `huggingface-cli download {name} config.json "
+                                "model.safetensors` and copy the cache here (or set HF_HOME)") from None
     if cfg.parent != w.parent: raise FileNotFoundError(f"{name}'s config.json ({cfg.parent}) and "
         f"model.safetensors ({w.parent}) are in different snapshots: download both again")
     return w.parent
@@ -70,18 +68,17 @@ def gpt2_from_hf(folder:Path|str,
                  # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens
                  vocab_size:int|None=None,
                 ) -> tuple[ModelConfig, dict]:
-    ("An lmbook `gpt2` config and state dict with the weights of a `transformers` GPT-2 folder, exactly "
-     "(`bias=True` when it has biases).")
+    "An lmbook `gpt2` config and state dict holding exactly the weights of a `transformers` GPT-2 folder."
     if not Path(folder).is_dir() and (Path(folder).exists() or Path(folder).is_absolute()
                                       or str(folder).startswith('.')):
-        raise FileNotFoundError(f"{folder} is not a folder: give a transformers GPT-2 folder or a cached "
-                                "Hub id such as gpt2")
+        raise FileNotFoundError(f"{folder} is not a folder: give a transformers "
+                                "GPT-2 folder or a cached Hub id such as gpt2")
     folder = Path(folder) if Path(folder).is_dir() else hf_gpt2_folder(str(folder))
     if not (folder/'config.json').is_file() or not (folder/'model.safetensors').is_file():
         raise FileNotFoundError(f"{folder} needs config.json and model.safetensors of a GPT-2 model")
     c = json.loads((folder/'config.json').read_text())
-    if c.get('model_type') != 'gpt2': raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, "
-                                                       "not gpt2")
+    if c.get('model_type') != 'gpt2':
+        raise ValueError(f"{folder} holds a {c.get('model_type')!r} model, not gpt2")
     if c.get('activation_function', 'gelu_new') != 'gelu_new': raise ValueError(f"{folder} uses "
         f"{c['activation_function']}; lmbook's gpt2 uses gelu_new")
     if c.get('scale_attn_by_inverse_layer_idx') or not c.get('scale_attn_weights', True):
@@ -121,8 +118,8 @@ def hf_folder(source:str|Path) -> Path:
             raise FileNotFoundError(f"{p} has no config.json: give a transformers model folder")
         return p
     if p.exists() or p.is_absolute() or str(source).startswith(('.', '~')) or str(source).count('/') > 1:
-        raise FileNotFoundError(f"{source} is not a folder: give a transformers model folder or a cached "
-                                "Hub id")
+        raise FileNotFoundError(f"{source} is not a folder: give a "
+                                "transformers model folder or a cached Hub id")
     return find_hf_model(str(source))
 
 # %% ../../nbs/03e_hfimport.ipynb #28c14948
@@ -171,8 +168,8 @@ def hf_model_config(folder:Path, # a transformers folder (config.json)
     c = json.loads((Path(folder)/'config.json').read_text())
     mt = c.get('model_type')
     if mt not in HF_TYPES:
-        raise ValueError(f"{folder} holds a {mt!r} model: lmbook imports {', '.join(HF_TYPES)} (and gpt2) "
-                         "checkpoints")
+        raise ValueError(f"{folder} holds a {mt!r} model: lmbook "
+                         f"imports {', '.join(HF_TYPES)} (and gpt2) checkpoints")
     bs = min(block_size or 4096, c.get('max_position_embeddings', 4096))
     if bad := unsupported(c, bs):
         raise ValueError(f"{folder} uses what lmbook's llama does not compute: {', '.join(bad)}")
@@ -191,13 +188,11 @@ def hf_kind(folder:Path) -> str:
     return json.loads((Path(folder)/'config.json').read_text()).get('model_type', '')
 
 def check_hf_shape(cfg:Config, folder:Path, vocab_size:int):
-    ("Refuse a run config whose model differs from `folder`'s (any context up to its own), naming the values "
-     "to set.")
+    "Refuse a run config whose model differs from `folder`'s, naming the values to set."
     want = hf_model_config(folder, cfg.model.block_size, vocab_size)
     diff = {k: getattr(want, k) for k in ('arch', 'vocab_size', 'n_layer', 'n_head', 'n_kv_head', 'n_embd',
-                                          'mlp_hidden',
-                                          'rope_theta', 'tie_embeddings', 'norm_eps', 'qkv_bias',
-                                              'rope_scaling')
+                                          'mlp_hidden', 'rope_theta', 'tie_embeddings', 'norm_eps',
+                                          'qkv_bias', 'rope_scaling')
             if getattr(want, k) != getattr(cfg.model, k)}
     if diff: raise ValueError(f"init_from={cfg.train.init_from} is another model than this config's: set "
                               + ' '.join(f"{k}={v}" for k, v in diff.items()))
@@ -256,8 +251,7 @@ def hf_tokenizer(folder:Path) -> tuple[Tokenizer, list[str]]:
     return Tokenizer(tok), added
 
 def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
-    ("The tokenizer of `folder` as an lmbook bundle in `out_dir` (`hf_tokenizer`'s), reused when it is there "
-     "already.")
+    "The tokenizer of `folder` as an lmbook bundle in `out_dir`, reused when it is there already."
     tk, added = hf_tokenizer(folder)
     if (Path(out_dir)/'tokenizer.json').is_file():
         have = load_tokenizer(out_dir)
@@ -268,8 +262,7 @@ def adopt_hf_tokenizer(folder:Path, out_dir:Path) -> Tokenizer:
     return load_tokenizer(out_dir)
 
 def new_token_rows(folder:Path) -> dict[int, tuple[list[int], list[int]]]:
-    ("Per token `hf_tokenizer` adds to `folder`'s tokenizer: (rows its embedding averages, rows its head row "
-     "averages).")
+    "Per token `hf_tokenizer` adds: (embedding rows it averages, head rows it averages)."
     c, (tk, added) = json.loads((Path(folder)/'config.json').read_text()), hf_tokenizer(folder)
     first = lambda v: v[0] if isinstance(v, list) else v
     bos, eos, out = first(c.get('bos_token_id')), first(c.get('eos_token_id')), {}
@@ -288,15 +281,13 @@ def init_new_tokens(model:GPT, rows:dict):
 
 # %% ../../nbs/03e_hfimport.ipynb #6e588e18
 def frozen_dtype(cfg:Config, device:str) -> torch.dtype:
-    ("The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA (unless "
-     "dtype=float32), else float32.")
+    "The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA, else float32."
     low = cfg.train.lora_rank and device.startswith('cuda') and cfg.train.dtype != 'float32'
     return torch.bfloat16 if low else torch.float32
 
 @torch.no_grad()
 def _place(model:GPT, name:str, t:torch.Tensor, device:str, dtype:torch.dtype, quant:str, train:bool):
-    ("Put weight `name` of `model` on `device` in `dtype` (4 bits for an adapted projection under "
-     "quant='nf4').")
+    "Put weight `name` of `model` on `device` in `dtype`, or in 4 bits for a projection under quant='nf4'."
     mod, attr = model.get_submodule(name.rpartition('.')[0]), name.rpartition('.')[2]
     setattr(mod, attr, torch.nn.Parameter(t.to(device, dtype), requires_grad=train))
     if isinstance(mod, LoRALinear) and attr == 'weight' and quant == 'nf4': quantize(mod)

@@ -23,8 +23,8 @@ def fp8_support(device:str) -> str:
     "'' when float8 training can run on `device`, else the reason in one line."
     if not device.startswith('cuda') or not torch.cuda.is_available(): return "float8 matmuls need a CUDA GPU"
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 or newer, this card has "
-                                        f"{major}.{minor}")
+    if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 "
+                                        f"or newer, this card has {major}.{minor}")
     try: import torchao.float8  # noqa: F401
     except Exception as e: return ("float8 training needs torchao (pip install torchao): "
                                    f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
@@ -36,8 +36,7 @@ def fp8_eligible(mod:nn.Module, fqn:str) -> bool:
     return mod.in_features % 16 == 0 and mod.out_features % 16 == 0
 
 def convert_fp8(model:nn.Module, recipe:str) -> int:
-    ("Swap the eligible linear layers of `model` for torchao's `Float8Linear` (`recipe`: 'tensorwise' or "
-     "'rowwise'); returns how many.")
+    "Swap `model`'s eligible linear layers for torchao's `Float8Linear` (`recipe`); how many were swapped."
     # optional: float8 through torchao
     from torchao.float8 import convert_to_float8_training, Float8LinearConfig
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())
@@ -49,8 +48,7 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
               recipe:str, # the config's `fp8`: 'off', 'tensorwise' or 'rowwise'
               device:str, # where it trains
              ) -> str:
-    ("Float8 matmuls for `model` where `device` supports them: the recipe applied, or 'off' (with a warning "
-     "if one was asked for).")
+    "Float8 matmuls for `model` where `device` supports them: the recipe applied, or 'off'."
     if recipe == 'off': return 'off'
     why = fp8_support(device)
     if why:
@@ -86,8 +84,8 @@ def apply_act_ckpt(model:nn.Module, # the plain GPT, before compile and DDP/FSDP
                    mode:str, # the config's `act_ckpt`: 'none', 'selective' or 'full'
                   ) -> str:
     "Activation checkpointing on each of `model`'s blocks; returns the mode applied."
-    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose none, "
-                                                                   "selective or full")
+    if mode not in ('none', 'selective', 'full'): raise ValueError(f"act_ckpt={mode!r}: choose "
+                                                                   "none, selective or full")
     if mode != 'none':
         for b in model.h: b.forward = checkpointed(b.forward, mode)
     return mode
@@ -101,8 +99,7 @@ def loss_kernel(cfg:Config, device:str) -> str:
     return 'chunked' if m.ce_chunk else 'logits'
 
 def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
-    ("The attention kernel `cfg.model.attn_backend` asks for on `device` ('sdpa': torch's own choice), as "
-     "`model.sdpa` decides.")
+    "The attention kernel `cfg.model.attn_backend` asks for on `device`, as `model.sdpa` decides it."
     m = cfg.model
     cuda = device.startswith('cuda') and torch.cuda.is_available()
     if m.attn_backend == 'flex':  # FlexAttention for document masks where it runs, else SDPA

@@ -54,7 +54,8 @@ class NF4Matmul(torch.autograd.Function):
     "`x @ W.T` for a 4-bit `W` that is dequantized in the forward and again in the backward, never kept."
     @staticmethod
     def forward(ctx, x, packed, absmax, shape):
-        ctx.save_for_backward(packed, absmax); ctx.shape = shape
+        ctx.save_for_backward(packed, absmax)
+        ctx.shape = shape
         return x @ nf4_dequantize(packed, absmax, shape, x.dtype).t()
 
     @staticmethod
@@ -76,7 +77,8 @@ class LoRALinear(nn.Module):
         self.weight, self.bias = base.weight, base.bias
         for p in (self.weight, self.bias): p is not None and p.requires_grad_(False)
         out_f, in_f = base.weight.shape
-        parts = parts or (out_f,); adapt = adapt or (True,)*len(parts)
+        parts = parts or (out_f,)
+        adapt = adapt or (True,)*len(parts)
         assert sum(parts) == out_f and len(adapt) == len(parts), (parts, adapt, out_f)
         kw, n = dict(device=base.weight.device, dtype=base.weight.dtype), sum(adapt)
         self.scale, self.quant, self.parts, self.adapt = alpha/rank, None, parts, adapt
@@ -149,7 +151,9 @@ def _block_mask(parts, adapt, rank, device) -> torch.Tensor:
     "(out, n_adapted*rank) ones where a part's rows meet its own adapter's columns."
     m, col, row = torch.zeros(sum(parts), sum(adapt)*rank, device=device), 0, 0
     for size, on in zip(parts, adapt):
-        if on: m[row:row+size, col:col+rank] = 1; col += rank
+        if on:
+            m[row:row+size, col:col+rank] = 1
+            col += rank
         row += size
     return m
 

@@ -19,15 +19,13 @@ __all__ = ['state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'b
 def state_bytes(n_params:int, # parameters
                 grad_accum:int=1, # micro-steps per optimizer step
                ) -> dict:
-    ("Bytes of weights, gradients, AdamW state, bf16 weight copies, and the gradients a compiled backward "
-     "returns at once.")
+    "Bytes of weights, gradients, AdamW state, bf16 copies and a compiled backward's gradients."
     return dict(weights=4*n_params, grads=4*n_params if grad_accum > 1 else 0, optimizer=8*n_params,
                 bf16_weights=2*n_params, new_grads=4*n_params)
 
 # %% ../../nbs/03c_memory.ipynb #bff0bc98
 def act_bytes_per_token_layer(m:ModelConfig, fp8:bool=False) -> int:
-    ("Bytes one transformer block saves for the backward pass, per token (bf16 autocast, compiled; `fp8`: "
-     "float8 matmuls).")
+    "Bytes one transformer block saves for the backward, per token (bf16 autocast, compiled)."
     d, h = m.n_embd, m.hidden
     qkv = 2*(m.n_head + 2*m.kv_heads)*m.head_dim
     if fp8: return 4*d + 4*d + qkv + d + (2*h if m.arch == 'gpt2' else 4*h)
@@ -54,8 +52,7 @@ def _liger_ok() -> bool:
     return liger_flce() is not None
 
 def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
-    ("Bytes the loss holds for `tokens` tokens: bf16 logits, the compiled chunked loss's measured 4.4 bytes "
-     "a logit, or a fused loss's chunk and gradients.")
+    "Bytes the loss holds for `tokens` tokens, for the kind of loss the run uses."
     V, C = m.padded_vocab, m.n_embd
     if m.fused_ce:
         # liger: the input's gradient (bf16), the head's (fp32), one chunk of bf16 logits
@@ -123,8 +120,7 @@ def max_batch_size(cfg:Config, # the run's config
 
 # %% ../../nbs/03c_memory.ipynb #0d3a73b1
 def batch_choices(cfg:Config) -> list[tuple[int, int]]:
-    ("(batch_size, grad_accum) pairs with `cfg`'s tokens per step and at least its micro-batch, smallest "
-     "first.")
+    "(batch_size, grad_accum) pairs with `cfg`'s tokens a step and at least its micro-batch, smallest first."
     per = cfg.train.batch_size*cfg.train.grad_accum
     return [(b, per//b) for b in range(cfg.train.batch_size, per + 1) if per % b == 0]
 
@@ -132,8 +128,7 @@ def search_batch(choices:list[tuple[int, int]], # `batch_choices`, smallest micr
                  fits:Callable[[int], bool], # does this micro-batch fit? (a trial on the card)
                  start:int=0, # index to try first (the estimate's pick)
                 ) -> int:
-    ("Index of the largest choice that `fits`: up from `start` while they fit, else down until one does; -1 "
-     "if none.")
+    "Index of the largest choice that `fits`, searching up or down from `start`; -1 if none."
     i = min(max(start, 0), len(choices) - 1)
     if fits(choices[i][0]):
         while i + 1 < len(choices) and fits(choices[i + 1][0]): i += 1

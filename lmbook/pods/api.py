@@ -23,10 +23,11 @@ class CapacityError(RunPodError): "No instance with the requested GPUs is free r
 class NotFound(RunPodError): "The pod, volume or GPU type asked for does not exist."
 class TransientError(RunPodError):
     "No usable answer (network, 429, 5xx): safe to retry, after a lookup for a create."
-    def __init__(self, msg:str,
-                 retry_after:float|None=None): super().__init__(msg); self.retry_after = retry_after
-class RateLimited(TransientError): ("RunPod answered 429: the request was not processed; retry after "
-                                    "`retry_after` s.")
+    def __init__(self, msg:str, retry_after:float|None=None):
+        super().__init__(msg)
+        self.retry_after = retry_after
+class RateLimited(TransientError):
+    "RunPod answered 429: the request was not processed; retry after `retry_after` s."
 
 def masked(text:str, hidden:set) -> str:
     "`text` with every secret value replaced by its length."
@@ -39,8 +40,7 @@ SAFE_VALUES = dict(name=r'[A-Za-z0-9][A-Za-z0-9._-]{0,63}', gpu=r'[A-Za-z0-9][A-
                  data_center=r'[A-Za-z0-9][A-Za-z0-9_-]{0,31}')
 
 def check_safe(value:str, kind:str, what:str|None=None) -> str:
-    ("Return `value` when it matches the `kind` pattern (name, gpu, image, id, env_key, data_center), else a "
-     "one-line error.")
+    "Return `value` when it matches the `kind` pattern (name, gpu, image, id...), else a one-line error."
     if not isinstance(value, str) or not re.fullmatch(SAFE_VALUES[kind], value):
         raise ValueError(f"{what or kind} {value!r} is not allowed: it must match {SAFE_VALUES[kind]}")
     return value
@@ -76,14 +76,14 @@ def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
     p = p if isinstance(p, dict) else {}
     detail = masked(str(p.get('detail') or p.get('title') or f'HTTP {status}').splitlines()[0], hidden)
     errs = [masked(str(e), hidden) for e in p.get('errors') or []]
-    if status == 401: return RunPodError("RunPod rejected the API key: check RUNPOD_API_KEY (runpod.io > "
-                                         "Settings > API Keys)")
+    if status == 401: return RunPodError("RunPod rejected the API key: check "
+                                         "RUNPOD_API_KEY (runpod.io > Settings > API Keys)")
     if status == 429:
         try: wait = float(retry_after) if retry_after else None
         except ValueError: wait = None
         return RateLimited(f"RunPod is rate limiting requests ({detail})", wait)
-    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): a passing failure on its "
-                                            "side")
+    if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): "
+                                            "a passing failure on its side")
     if status == 404: return NotFound(f"RunPod: {detail}")
     if status == 402: return RunPodError(f"RunPod: {detail}: add credit to your account")
     if status == 400 and _CAPACITY.search(detail): return CapacityError(f"RunPod: {detail}")
@@ -188,8 +188,8 @@ def sse_lines(stream, lines:list, out=None) -> list[str]:
     return lines
 
 # %% ../../nbs/07b_api.ipynb #ae266698
-_POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName env uptimeSeconds machine { '
-               'gpuDisplayName } ')
+_POD_FIELDS = ('id name desiredStatus costPerHr gpuCount imageName '
+               'env uptimeSeconds machine { gpuDisplayName } ')
 _RUNTIME = ('runtime { uptimeInSeconds ports { ip isIpPublic privatePort publicPort type } gpus { id '
             'gpuUtilPercent memoryUtilPercent } }')
 
@@ -264,9 +264,9 @@ class GraphQL:
             raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
         return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
     def action(self, pod_id:str, action:str):
-        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: use `lmbook pod "
-                                                  "stop` then `lmbook pod resume`, or the REST API (api = "
-                                                      "rest)")
+        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
+                                                  "use `lmbook pod stop` then `lmbook pod "
+                                                  "resume`, or the REST API (api = rest)")
         if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
                 or {}).get('gpu_count') or 1))
         return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
@@ -305,8 +305,8 @@ class RunPodAPI:
         if not key and name == 'graphql':
             import runpod  # optional backend: the runpod SDK (GraphQL)
             key = runpod.api_key
-        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... (runpod.io > Settings > "
-                                      "API Keys)")
+        if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... "
+                                      "(runpod.io > Settings > API Keys)")
         self.hidden, self.tries, self.sleep = set(hidden or ()) | {key}, tries, sleep or time.sleep
         self.b = BACKENDS[name](key, self.hidden)
         self.backend = name
@@ -324,8 +324,8 @@ class RunPodAPI:
     def find_pod(self, name:str) -> dict|None:
         "The pod called `name`, if one exists (pod names lmbook makes are unique)."
         return next((p for p in self.pods() if p['name'] == name), None)
-    def gpu(self, gpu_id:str) -> dict|None: return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu',
-                                                                                     'GPU type'))
+    def gpu(self, gpu_id:str) -> dict|None:
+        return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
     def availability(self, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
         "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
         return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
@@ -334,14 +334,14 @@ class RunPodAPI:
     def action(self, pod_id:str, action:str):
         "Send `start`, `stop`, `restart` or `terminate` to a pod."
         if action not in ('start', 'stop', 'restart',
-                          'terminate'): raise ValueError(f"pod action {action!r}: choose start, stop, "
-                                                         "restart or terminate")
+                          'terminate'): raise ValueError(f"pod action {action!r}: choose "
+                                                         "start, stop, restart or terminate")
         return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
     def stop(self, pod_id:str): return self.action(pod_id, 'stop')
     def terminate(self, pod_id:str): return self.action(pod_id, 'terminate')
     def volumes(self) -> list[dict]: return self.retry(self.b.volumes)
-    def volume(self, vol_id:str) -> dict|None: return self.retry(self.b.volume, check_safe(vol_id, 'id',
-                                                                                           'volume id'))
+    def volume(self, vol_id:str) -> dict|None:
+        return self.retry(self.b.volume, check_safe(vol_id, 'id', 'volume id'))
     def data_centers(self) -> list[dict]|None: return self.retry(self.b.data_centers)
     def ssh_keys(self) -> list[str]|None:
         "The SSH public keys registered with the account (None: not known)."
@@ -350,9 +350,10 @@ class RunPodAPI:
         "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
         return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
     def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        check_safe(name, 'name', 'volume name'); check_safe(data_center, 'data_center', 'data center id')
-        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: RunPod takes 10 to "
-                                                            "4096")
+        check_safe(name, 'name', 'volume name')
+        check_safe(data_center, 'data_center', 'data center id')
+        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: "
+                                                            "RunPod takes 10 to 4096")
         dcs = self.data_centers()
         if dcs is not None:
             ok = [d['id'] for d in dcs if d['volumes']]

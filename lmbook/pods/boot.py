@@ -75,40 +75,44 @@ class BootOptions:
         "Fill the experiment name and refuse bad values in one line."
         exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
         check_name(exp)
-        if self.autokill not in ('', 'stop', 'terminate'): raise ValueError(f"AUTOKILL={self.autokill!r}: "
-                                                                            "choose stop or terminate (or "
-                                                                                "leave it empty)")
-        if self.on_failure not in ('stop', 'keep'): raise ValueError(f"ON_FAILURE={self.on_failure!r}: "
-                                                                     "choose stop or keep")
+        if self.autokill not in ('', 'stop', 'terminate'):
+            raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
+        if self.on_failure not in ('stop', 'keep'):
+            raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
         if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
         for k, v in self.overrides.items():
-            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, which RUN_OVERRIDES "
-                                               "cannot carry")
+            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
+                                               "which RUN_OVERRIDES cannot carry")
         return replace(self, experiment=exp)
 
 # %% ../../nbs/07g_boot.ipynb #a5286fcb
 class BootLog:
     "Timestamped `[boot]` lines appended to a log file on the volume."
     def __init__(self, path:Path):
-        self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.path, 'a', buffering=1)
         try: st, so = os.fstat(self.f.fileno()), os.fstat(sys.stdout.fileno())
         except (OSError, ValueError, AttributeError): st = so = None
         self.echo = not (st and so and (st.st_ino, st.st_dev) == (so.st_ino, so.st_dev))
     def __call__(self, msg:str):
         line = f"[boot {time.strftime('%H:%M:%S', time.gmtime())}] {msg}"
-        self.f.write(line + '\n'); self.sync()
+        self.f.write(line + '\n')
+        self.sync()
         if self.echo: print(line, flush=True)
-    def sync(self): self.f.flush(); os.fsync(self.f.fileno())
+    def sync(self):
+        self.f.flush()
+        os.fsync(self.f.fileno())
 
 # %% ../../nbs/07g_boot.ipynb #f34a611f
 def stage_install(o:BootOptions, log) -> str|None:
-    ("Refresh the volume's install if its checkout changed; the Jupyter kernel name to use (None: the "
-     "default).")
-    if not o.install: log(f"stage 1/4 install: skipped, using {sys.executable} as it is"); return None
-    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv (this is "
-                                                       f"{sys.executable}): use the pod start command, or "
-                                                           "--no-install")
+    "Refresh the volume's install if its checkout changed; the Jupyter kernel to use (None: the default)."
+    if not o.install:
+        log(f"stage 1/4 install: skipped, using {sys.executable} as it is")
+        return None
+    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv "
+                                                       f"(this is {sys.executable}): use the "
+                                                       "pod start command, or --no-install")
     src, marker = package_dir().parent, Path(sys.prefix)/'lmbook-commit'
     commit = git_commit(src)
     if commit is None or not marker.is_file() or marker.read_text().strip() != commit:
@@ -182,9 +186,9 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
     log(f"stage 3/4 data: waiting for node 0 to prepare the data in {paths.cache}")
     t0 = time.monotonic()
     while not ready():
-        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data in "
-                                                               f"{timeout_s:.0f} s: check its log, or give "
-                                                                   "each node its own data")
+        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data "
+                                                               f"in {timeout_s:.0f} s: check its "
+                                                               "log, or give each node its own data")
         time.sleep(poll_s)
     log("stage 3/4 data: ready")
 
@@ -196,10 +200,11 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
             return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600))
         o = replace(o, shard=True)
     if not o.shard:
-        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing"); return
+        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing")
+        return
     for f in (o.input, o.validation, o.tokenizer_json):
-        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an existing file "
-                                                               "on the volume")
+        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an "
+                                                               "existing file on the volume")
     cfg = run_config(o)
     done = lambda d: (read_manifest(d) or {}).get('complete')
     with data_lock(paths.cache, log):  # one data preparation of an experiment at a time, whoever starts it
@@ -219,8 +224,7 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
 
 # %% ../../nbs/07g_boot.ipynb #7c2e88da
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
-    ("The run's final checkpoint (step >= `total`, default: the total the trainer recorded), if complete, or "
-     "None.")
+    "The run's final checkpoint (step >= `total`, default: the trainer's), if complete, else None."
     rd = RunDir(paths.run)
     if total is None and rd.meta.is_file(): total = rd.read_meta().get('total_steps')
     # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
@@ -243,12 +247,12 @@ def gpu_count() -> int:
 
 # %% ../../nbs/07g_boot.ipynb #66a526d4
 def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
-    ("TensorBoard on `port` (all interfaces, for RunPod's proxy), detached; None when the port is taken or "
-     "it is off.")
+    "TensorBoard on `port` for RunPod's proxy, detached; None when the port is taken or it is off."
     if not port: return None
     with socket.socket() as s:
-        if s.connect_ex(('127.0.0.1', port)) == 0: log(f"tensorboard: port {port} already serves something, "
-                                                       "not starting another"); return None
+        if s.connect_ex(('127.0.0.1', port)) == 0:
+            log(f"tensorboard: port {port} already serves something, not starting another")
+            return None
     p = subprocess.Popen([sys.executable, '-m', 'tensorboard.main', '--logdir', str(logdir), '--port',
                           str(port), '--bind_all'],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -280,8 +284,7 @@ def trainer_exit_code(out:Path, rc:int) -> int:
 
 # %% ../../nbs/07g_boot.ipynb #1f713b6b
 def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw) -> tuple[int, str]:
-    ("Run the training command in a session of its own; pass a stop, or the spend guard's, on to the "
-     "trainer. (exit code, spend reason)")
+    "Run the training command in its own session, passing stops on to the trainer; (exit code, spend reason)."
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
                          start_new_session=True, **kw)
     spent, passed, beat = '', False, 0.0
@@ -289,11 +292,14 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
     try:
         while p.poll() is None:
             if not passed and stop and stop.signum:
-                stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got"); passed = True
+                stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got")
+                passed = True
             if not passed and guard and time.monotonic() - beat > 2:
                 beat = time.monotonic()
-                if (spent := guard.over() or ''): log(spent); stop_run(p, paths.run, log,
-                                                                       'the spend limit'); passed = True
+                if (spent := guard.over() or ''):
+                    log(spent)
+                    stop_run(p, paths.run, log, 'the spend limit')
+                    passed = True
             time.sleep(0.2)
         return wait_run(p, paths.run), spent
     finally:
@@ -301,13 +307,15 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
 
 def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None,
                 guard=None) -> tuple[int, str]:
-    ("Train (or resume) the run; (exit code, why the spend guard stopped it or ''): 0 is finished with the "
-     "final checkpoint on the volume.")
+    "Train or resume the run; (exit code, spend guard's reason or ''): 0 when finished and saved."
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(env_var('NUM_NODES') or env_var('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
-        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train"); return 0, ''
-    if guard and (spent := guard.over()): log(spent); return 1, spent
+        log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train")
+        return 0, ''
+    if guard and (spent := guard.over()):
+        log(spent)
+        return 1, spent
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
     # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
     # package
@@ -328,7 +336,8 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     log.sync()
     if rc == 0 and not finished_checkpoint(paths):
         log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): "
-            "treating the run as unfinished"); rc = 1
+            "treating the run as unfinished")
+        rc = 1
     how = ('finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent
            else f'failed with exit code {rc}')
     log(f"stage 4/4 train: {how}")
@@ -336,34 +345,42 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
 
 # %% ../../nbs/07g_boot.ipynb #24cecd1d
 def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
-    ("Stop or terminate this pod when the run finished, stop it when it failed or spent its limit; True when "
-     "RunPod took the call.")
+    "Stop or terminate this pod once the run is finished, failed or over its limit; True when RunPod took it."
     if spent: action, why, last = 'stop', spent, 'spend-limit'
-    elif rc > 128: log(f"autokill: not firing, the run was stopped by a signal (exit code {rc}): the pod is "
-                       "being stopped"); return False
+    elif rc > 128:
+        log("autokill: not firing, the run was stopped by a "
+            f"signal (exit code {rc}): the pod is being stopped")
+        return False
     elif rc:
-        if o.on_failure == 'keep': log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
-                                       "stays up (ON_FAILURE=keep)"); return False
-        action, why, last = ('stop',
-                             f"the run failed (exit code {rc}); the volume keeps the run and this log",
-                                 'failed')
+        if o.on_failure == 'keep':
+            log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
+                "stays up (ON_FAILURE=keep)")
+            return False
+        action, last = 'stop', 'failed'
+        why = f"the run failed (exit code {rc}); the volume keeps the run and this log"
     elif not o.autokill: return False
-    elif not (ck := finished_checkpoint(paths)): log("autokill: not firing, no complete final checkpoint on "
-                                                     "the volume"); return False
+    elif not (ck := finished_checkpoint(paths)):
+        log("autokill: not firing, no complete final checkpoint on the volume")
+        return False
     else: action, why, last = o.autokill, f"after {ck.name}", ck.name
     pod = env_var('RUNPOD_POD_ID', env=env)
-    if not pod: log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}"); return False
+    if not pod:
+        log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}")
+        return False
     done = RunDir(paths.run).autokill
     prev = json.loads(done.read_text()) if done.is_file() else {}
     # this pod was started again by hand after its autokill
     if (prev.get('pod'), prev.get('after')) == (pod, last):
-        log(f"autokill: not firing again: pod {pod} was already stopped once after {last}; stop it yourself "
-            "when done"); return False
+        log(f"autokill: not firing again: pod {pod} was already "
+            f"stopped once after {last}; stop it yourself when done")
+        return False
     log(f"autokill: {action} pod {pod}: {why}")
     done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
-    log.sync(); os.sync()
+    log.sync()
+    os.sync()
     if stop_pod(pod, action, log, env): return True
-    log(f"autokill: could not {action} pod {pod} through RunPod's API"); done.unlink()
+    log(f"autokill: could not {action} pod {pod} through RunPod's API")
+    done.unlink()
     exit_container(log, env)
     return False
 
@@ -386,12 +403,15 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             stage_data(o, paths, log)
             rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
-            log(f"boot: {e} before training; rerunning resumes where it stopped"); rc = 128 + e.signum
+            log(f"boot: {e} before training; rerunning resumes where it stopped")
+            rc = 128 + e.signum
             spent = stop.spent
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
-            log(f"error: {e}"); rc = EXIT_USER_ERROR
+            log(f"error: {e}")
+            rc = EXIT_USER_ERROR
         except Exception:  # unattended: whatever went wrong must be in the log on the volume
-            log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}"); rc = 1
+            log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}")
+            rc = 1
         stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
         if paths is not None: autokill(o, paths, rc, log, spent=spent)
     log(f"boot: done, exit code {rc}")
@@ -447,7 +467,8 @@ def slurm_script(profile:str, # profile name or config file
                  modules:str='', # `module load` these first, e.g. 'cuda/12.4 python/3.11'
                 ) -> str:
     "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
-    check_name(experiment); get_config(profile)
+    check_name(experiment)
+    get_config(profile)
     if nodes < 1 or gpus_per_node < 1 or cpus_per_task < 0: raise ValueError("nodes and gpus_per_node must "
                                                                              "be >= 1, cpus_per_task >= 0")
     if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit):
@@ -459,8 +480,8 @@ def slurm_script(profile:str, # profile name or config file
     # pasted into double quotes: $VAR expands, nothing else is special
     for what, path in (('workspace', workspace), ('venv', venv)):
         if path and not re.fullmatch(r'[A-Za-z0-9_./~+@:${}-]+', path):
-            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - / ~ + @ : and $VAR only (no "
-                             "spaces or quotes)")
+            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - "
+                             "/ ~ + @ : and $VAR only (no spaces or quotes)")
     q = shlex.quote
     # escaped: each node's own task expands its rank, not the batch host
     targs = ('--nnodes=$SLURM_NNODES --node_rank=\\$SLURM_NODEID --rdzv_backend=c10d '
@@ -481,8 +502,8 @@ def slurm_script(profile:str, # profile name or config file
 # %% ../../nbs/07g_boot.ipynb #24acf036
 def add_cli(sub):
     "Register `lmbook boot` and `lmbook slurm`."
-    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, autokill "
-                       "(reads RUN_* variables)")
+    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, "
+                       "data, train, autokill (reads RUN_* variables)")
     cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
     p.add_argument('--root', '--workspace', dest='workspace', metavar='DIR',
@@ -514,8 +535,9 @@ def _slurm_cmd(a) -> int:
     txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
                        a.venv, a.account, a.mem, a.cpus_per_task, a.modules)
     prep = f"lmbook prepare --profile {shlex.quote(a.profile)} --experiment {shlex.quote(a.experiment)}"
-    if a.out: Path(a.out).write_text(txt); print(f"wrote {a.out}: {prep} (on the login node, once), then "
-                                                 f"sbatch {a.out}")
+    if a.out:
+        Path(a.out).write_text(txt)
+        print(f"wrote {a.out}: {prep} (on the login node, once), then sbatch {a.out}")
     else: print(txt, end='')
     return 0
 

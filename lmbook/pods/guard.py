@@ -30,8 +30,12 @@ def _stop_once(pod_id:str, action:str, log, env:dict) -> bool|None:
         log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
     try: RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=1).action(pod_id, action)
     except NotFound: return True  # already gone
-    except TransientError as e: log(f"autokill: {e}"); return None
-    except ValueError as e: log(f"autokill: {e}"); return False
+    except TransientError as e:
+        log(f"autokill: {e}")
+        return None
+    except ValueError as e:
+        log(f"autokill: {e}")
+        return False
     return True
 
 def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
@@ -50,7 +54,8 @@ def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
         pause = min(most, 2.0**i, max(0.0, deadline - (clock() - t0)))
         log(f"autokill: the {action} did not go through; trying again in {pause:g} s "
             f"({clock() - t0:.0f} of {deadline:.0f} s)")
-        sleep(pause); i += 1
+        sleep(pause)
+        i += 1
     return bool(ok)
 
 # %% ../../nbs/07d_guard.ipynb #d4056dec
@@ -74,34 +79,36 @@ def trainer_pid(run_dir:Path) -> int|None:
     return int(d['pid'])
 
 def stop_run(proc:subprocess.Popen, run_dir:Path, log, why:str='a stop') -> None:
-    ("SIGTERM to the trainer holding the run's lock, else to `proc`'s process group (started in a session of "
-     "its own).")
+    "SIGTERM to the trainer holding the run's lock, else to `proc`'s process group."
     if (pid := trainer_pid(run_dir)):
         log(f"passing {why} on to the trainer (pid {pid}): it writes a checkpoint, then stops")
-        try: os.kill(pid, signal.SIGTERM); return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            return
         except ProcessLookupError: pass
     log(f"passing {why} on to the training processes (group {proc.pid})")
     try: os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError: pass
 
 def wait_run(proc:subprocess.Popen, run_dir:Path, timeout_s:float=1800, poll_s:float=0.5) -> int:
-    ("Wait for `proc` to end and the trainer to let go of the run folder (its checkpoint written); `proc`'s "
-     "exit code.")
+    "Wait for `proc` to end and the trainer to let go of the run folder; `proc`'s exit code."
     t0 = time.monotonic()
     while (proc.poll() is None
            or trainer_pid(run_dir)) and time.monotonic() - t0 < timeout_s: time.sleep(poll_s)
-    if proc.poll() is None: proc.kill(); proc.wait()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
     return proc.returncode
 
 # %% ../../nbs/07d_guard.ipynb #6faea1d7
 class Stopped(Exception):
     "Boot was asked to stop (`signum`) outside training."
     def __init__(self, signum:int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}"); self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 class StopSignals:
-    ("SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; the old handlers come back on "
-     "exit.")
+    "SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; old handlers restored on exit."
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     def __init__(self): self.signum, self.training, self.old, self.spent = 0, False, {}, ''
     def _handler(self, signum, frame):
@@ -151,8 +158,7 @@ class SpendGuard:
 
 # %% ../../nbs/07d_guard.ipynb #9a37044e
 def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
-    ("The pod's spend guard from MAX_HOURS / MAX_DOLLARS, priced from the API (the pod's key) or "
-     "PRICE_PER_HOUR; None without a limit.")
+    "The pod's spend guard from MAX_HOURS / MAX_DOLLARS and its price; None without a limit."
     num = lambda k: float(env_var(k, env=env) or 0)
     hours, dollars, price = num('MAX_HOURS'), num('MAX_DOLLARS'), num('PRICE_PER_HOUR')
     if not (hours or dollars): return None
@@ -160,10 +166,10 @@ def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
     if dollars and pod:
         try: price = (RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None, tries=2).pod(pod)
                       or {}).get('cost') or price
-        except ValueError as e: log(f"spend guard: the pod's price is not known from the API ({e}): using "
-                                    f"${price:.2f}/h")
-    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR unset): --max-dollars cannot "
-                                  "be applied")
+        except ValueError as e: log("spend guard: the pod's price is not known "
+                                    f"from the API ({e}): using ${price:.2f}/h")
+    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR "
+                                  "unset): --max-dollars cannot be applied")
     t0 = float(t) if (t := env_var('LMBOOK_T0', env=env)) else None
     g = SpendGuard(hours, dollars, price, Path(ws)/'logs'/f"spend-{pod or 'local'}.json", t0)
     if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "
@@ -183,7 +189,10 @@ def watch_spend(guard:SpendGuard|None, # the pod's spend guard (None: no limit, 
         while not (stop.signum or stop.training):
             time.sleep(every)
             if not (stop.signum or stop.training) and (why := guard.over()):
-                log(why); stop.spent = why; os.kill(os.getpid(), signal.SIGTERM); return
+                log(why)
+                stop.spent = why
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
     t = threading.Thread(target=watch, name='spend-guard', daemon=True)
     t.start()
     return t

@@ -28,8 +28,7 @@ def _shape(r) -> tuple: return (r['arch'], r['n_layer'], r['n_embd'], r['n_head'
 def _fp8(r) -> str: return str((r.get('overrides') or {}).get('fp8', 'off'))
 
 def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
-    ("(lowest measured multi-GPU tok/s per GPU over one-GPU tok/s at the same micro-batch, rows of one call; "
-     "where), else (0.9, 'assumed').")
+    "(multi-GPU over one-GPU tok/s per GPU as measured, where), else (0.9, 'assumed')."
     effs = []
     for r in rows:
         if r['world_size'] > 1 and r['parallel'] == parallel:
@@ -79,8 +78,7 @@ def _fits(cfg:Config, mem_gb:float, gpus:int, parallel:str|None=None) -> tuple[b
     return need <= mem_gb*(1 - HEADROOM), need
 
 def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
-    ("What would fit instead: the smallest single card, the fewest cards of `gpu` with FSDP, a smaller "
-     "micro-batch.")
+    "What would fit instead: the smallest single card, the fewest `gpu` cards with FSDP, a smaller batch."
     tips = []
     single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if _fits(cfg,
             g['mem_gb'], 1)[0])
@@ -93,8 +91,7 @@ def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
     return '; '.join(tips) or 'no card in the price table fits it'
 
 def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
-    ("`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs (unless a budget, "
-     "epochs or steps are set).")
+    "`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs."
     ov = dict(overrides or {})
     if gpus <= 1 or {'token_budget', 'epochs', 'max_steps'} & set(ov): return ov
     cfg = get_config(profile, ov)
@@ -123,28 +120,27 @@ def plan(profile:str, # profile name or config file
          volume:bool=False, # the pod uses a network volume (Secure Cloud only)
          image:str|None=None, # the image the pod runs (None: the card's default)
         ) -> dict:
-    ("Memory fit, expected tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what does "
-     "not fit or cannot run.")
+    "Memory fit, tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what cannot run."
     if cloud not in ('secure', 'community'): raise ValueError(f"cloud={cloud!r}: choose secure or community")
     if volume and cloud != 'secure': raise ValueError("network volumes are Secure Cloud only: plan --cloud "
                                                       "secure, or without --volume")
     if not 1 <= gpus <= 8: raise ValueError(f"--gpus {gpus}: a RunPod pod has 1 to 8 GPUs")
-    table = gpu_table(); gpu = find_gpu(gpu, table)
+    table = gpu_table()
+    gpu = find_gpu(gpu, table)
     need_cuda = str(table[gpu].get('min_cuda') or '')
     if image and image_cuda(image) and _cuda(image_cuda(image)) < _cuda(need_cuda):
-        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} has "
-                         f"{image_cuda(image)}: "
-                         f"drop --image (lmbook picks {table[gpu].get('image')}) or give a CUDA {need_cuda} "
-                             "image")
+        raise ValueError(f"{gpu} needs an image with CUDA {need_cuda} or newer and {image} "
+                         f"has {image_cuda(image)}: drop --image (lmbook "
+                         f"picks {table[gpu].get('image')}) or give a CUDA {need_cuda} image")
     if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
                                                        "(lmbook/gpu_prices.yaml): choose the other cloud")
     cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
     ok, need = _fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
-        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} "
-                         f"({gpus} x {gpu}, "
-                         f"{cfg.train.parallel if gpus > 1 else 'one GPU'}) but the card has "
-                             f"{table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
+        raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
+                         f"micro-batch {cfg.train.batch_size} ({gpus} "
+                         f"x {gpu}, {cfg.train.parallel if gpus > 1 else 'one GPU'}) but the "
+                         f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
     tps = cfg.tokens_per_step*gpus
     steps = total_steps(cfg.train, tps, None) if not cfg.train.epochs or cfg.train.token_budget else None
@@ -170,8 +166,8 @@ def format_plan(p:dict) -> str:
              f"speed    ~{p['tok_per_s']:,.0f} tok/s ({'measured' if p['measured'] else 'estimated'}: "
                  f"{p['source']})"]
     dur = lambda h: f"{h:.1f} h" if h >= 1 else f"{h*60:.0f} min"
-    if p['steps']: lines.append(f"time     {p['steps']:,} steps = {num(p['tokens'])} tokens in "
-                                f"~{dur(p['hours'])}")
+    if p['steps']: lines.append(f"time     {p['steps']:,} steps "
+                                f"= {num(p['tokens'])} tokens in ~{dur(p['hours'])}")
     else: lines.append("time     unknown until the data is prepared (the run is set by epochs)")
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")

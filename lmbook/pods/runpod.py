@@ -41,8 +41,7 @@ _SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|
 _SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}')
 
 def check_not_secret(key:str, value:str) -> str:
-    ("Refuse a plain environment variable that holds (or is named like) a secret: it would be saved and "
-     "printed.")
+    "Refuse a plain environment variable that holds or is named like a secret: it would be shown."
     if _SECRET_KEY.search(key) or _SECRET_VALUE.search(value):
         raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put "
                          "in the manifest and the printed spec: "
@@ -61,9 +60,8 @@ def check_repo(url:str) -> str:
                          "where the pod can reach it (e.g. GitHub) and give --repo URL")
     git_url = r'(https?|ssh|git)://\S+|[\w.-]+@[\w.-]+:\S+'
     if not isinstance(url, str) or not url or _PLACEHOLDER.search(url) or not re.fullmatch(git_url, url):
-        raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of your lmbook "
-                         "repository (--repo), "
-                         "e.g. https://github.com/NAME/lmbook.git")
+        raise ValueError(f"repository {url!r} is not a git URL a pod can clone: give the URL of "
+                         "your lmbook repository (--repo), e.g. https://github.com/NAME/lmbook.git")
     return url
 
 # %% ../../nbs/07f_runpod.ipynb #493874d3
@@ -98,7 +96,8 @@ class PodSpec:
 
     def validate(self) -> 'PodSpec':
         "Check every field that reaches the request, and the combinations RunPod or the run would regret."
-        check_safe(self.name, 'name', 'pod name'); check_name(self.experiment)
+        check_safe(self.name, 'name', 'pod name')
+        check_name(self.experiment)
         check_safe(self.gpu_type, 'gpu', 'GPU type')
         if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
         if self.template_id: check_safe(self.template_id, 'id', 'template id')
@@ -107,11 +106,11 @@ class PodSpec:
         if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
         if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
         if self.cloud_type not in ('SECURE',
-                                   'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: choose "
-                                                                  "SECURE or COMMUNITY")
+                                   'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: "
+                                                                  "choose SECURE or COMMUNITY")
         if self.volume_id and self.cloud_type != 'SECURE':
-            raise ValueError("network volumes are Secure Cloud only: drop --cloud-type COMMUNITY, or train "
-                             "without --volume")
+            raise ValueError("network volumes are Secure Cloud only: drop "
+                             "--cloud-type COMMUNITY, or train without --volume")
         if not 1 <= self.gpu_count <= 8:
             raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
         if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
@@ -120,7 +119,9 @@ class PodSpec:
             raise ValueError("autokill terminate without a network volume would delete the pod volume, and "
                              "the final checkpoint with it, "
                              "seconds after it is written: use --autokill stop, or give --volume")
-        for k, v in self.env.items(): check_env_value(k, str(v)); check_not_secret(k, str(v))
+        for k, v in self.env.items():
+            check_env_value(k, str(v))
+            check_not_secret(k, str(v))
         if len(self.env) + len(self.secrets) > 49:  # LMBOOK_T0 is added when sent
             raise ValueError(f"{len(self.env) + len(self.secrets)} environment variables: RunPod takes at "
                              "most 50 a pod, and lmbook adds one; drop some --env")
@@ -128,8 +129,8 @@ class PodSpec:
             raise ValueError(f"ports {self.ports!r}: RunPod pods take no UDP ports, only http and tcp")
         if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
         if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
-            raise ValueError("env LMBOOK_COMMIT must be the full 40-character commit the pod checks out "
-                             "(pod create sets it)")
+            raise ValueError("env LMBOOK_COMMIT must be the full 40-character "
+                             "commit the pod checks out (pod create sets it)")
         for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
             if k in self.env and str(self.env[k]) != want:
                 raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them "
@@ -138,9 +139,9 @@ class PodSpec:
             check_safe(k, 'env_key', 'secret variable name')
             if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(SAFE_VALUES['env_key'], v[4:]))
                     or _SECRET_REF.match(v)):
-                raise ValueError(f"secret {k} is not a source lmbook knows (its value is not shown): use "
-                                 f"'generate', 'env:NAME' or '{{{{ RUNPOD_SECRET_name }}}}' (never the "
-                                     "value itself)")
+                raise ValueError(f"secret {k} is not a source lmbook knows (its value "
+                                 "is not shown): use 'generate', 'env:NAME' or '{{ "
+                                 "RUNPOD_SECRET_name }}' (never the value itself)")
         check_env_value('start', self.start, limit=8192)
         return self
 
@@ -173,8 +174,11 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
             v = environ.get(src[4:])
             if not v: raise ValueError(f"secret {k} comes from ${src[4:]}, which is not set: export it, or "
                                        f"use a RunPod secret ('{{{{ RUNPOD_SECRET_name }}}}')")
-        else: env[k] = src; continue  # a reference: RunPod fills it in on the pod
-        env[k] = check_env_value(k, v); hidden.add(v)
+        else:
+            env[k] = src
+            continue  # a reference: RunPod fills it in on the pod
+        env[k] = check_env_value(k, v)
+        hidden.add(v)
     return env, hidden
 
 # %% ../../nbs/07f_runpod.ipynb #8c97510b
@@ -187,12 +191,10 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
                 commit:str|None=None, # commit, branch or tag (default: the checkout's HEAD)
                 checkout:Path|None=None, # the local checkout (default: the one lmbook runs from)
                ) -> tuple[str, str, str]:
-    ("(repository URL, full commit, a warning or '') the pod should run; refuses a commit the remote does "
-     "not have.")
+    "(repository URL, full commit, a warning or '') the pod runs; refuses a commit the remote lacks."
     checkout = Path(checkout or package_dir().parent)
-    if _git('rev-parse', '--git-dir', cwd=checkout).returncode: raise ValueError(f"{checkout} is not a git "
-                                                                                 "checkout: give --repo URL "
-                                                                                     "and --commit SHA")
+    if _git('rev-parse', '--git-dir', cwd=checkout).returncode:
+        raise ValueError(f"{checkout} is not a git checkout: give --repo URL and --commit SHA")
     if not repo:
         r = _git('remote', 'get-url', 'origin', cwd=checkout)
         if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where "
@@ -211,9 +213,8 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
     tips = {l.split()[0] for l in r.stdout.splitlines() if l.strip()}
     has = lambda t: t == sha or not _git('merge-base', '--is-ancestor', sha, t, cwd=checkout).returncode
     if not any(has(t) for t in tips):
-        raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains it): push it "
-                         "first (git push), "
-                         "or give --commit with one that is")
+        raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains "
+                         "it): push it first (git push), or give --commit with one that is")
     dirty = _git('status', '--porcelain', '--untracked-files=no', cwd=checkout).stdout.strip()
     return repo, sha, (f"warning: {checkout} has uncommitted changes; the pod runs commit {sha[:12]} "
                        "without them" if dirty else '')
@@ -227,8 +228,8 @@ def start_script(script:Path|None=None) -> str:
 def start_command(script:Path|None=None) -> str:
     "The container start command: the start script, gzipped and base64-encoded, run by bash as PID 1."
     b64 = base64.b64encode(gzip.compress(start_script(script).encode(), mtime=0)).decode()
-    cmd = (f"bash -c 'echo {b64} | base64 -d | gunzip > /tmp/lmbook-start.sh && exec bash "
-           "/tmp/lmbook-start.sh'")
+    cmd = (f"bash -c 'echo {b64} | base64 -d | gunzip > "
+           "/tmp/lmbook-start.sh && exec bash /tmp/lmbook-start.sh'")
     return check_env_value('start', cmd, limit=8192)
 
 # %% ../../nbs/07f_runpod.ipynb #41ea1803
@@ -281,8 +282,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
             ) -> PodSpec:
-    ("A checked `PodSpec` that trains `profile` as `experiment` on `gpus` x `gpu`, JupyterLab and "
-     "TensorBoard on.")
+    "A checked `PodSpec` training `profile` as `experiment` on `gpus` x `gpu`, with Jupyter and TensorBoard."
     s = load_settings()
     check_name(experiment)
     gpu_type = find_gpu(gpu)
@@ -377,8 +377,7 @@ def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> s
 # %% ../../nbs/07f_runpod.ipynb #2525ca45
 def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait_s:float=20, log=print,
                         sleep=time.sleep) -> tuple[dict, bool]:
-    ("(pod, created) for `spec`: the pod of its name when one exists, else a new one; capacity and transient "
-     "errors are retried.")
+    "(pod, created) for `spec`: the pod of its name, else a new one, retrying capacity and transient errors."
     sent = False  # a create went out whose answer was lost: a pod found by its name is this call's
     for i in range(tries):
         if (found := api.find_pod(spec.name)): return found, sent
@@ -400,8 +399,7 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
 
 def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print,
                  sleep=time.sleep, clock=time.monotonic) -> dict:
-    ("Poll until the pod is RUNNING with its container up; a one-line error after `timeout_s`, saying that "
-     "it bills.")
+    "Poll until the pod is RUNNING with its container up; after `timeout_s`, an error saying that it bills."
     t0, last = clock(), None
     while True:
         p = api.pod(pod_id)
@@ -411,12 +409,12 @@ def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10
             raise RunPodError(f"pod {pod_id} is {p['status']}, not starting: `lmbook pod resume {pod_id}`, "
                               f"or `lmbook pod terminate {pod_id}` and create a new one")
         if p['status'] != last:
-            log(f"pod {pod_id}: {p['status']}, waiting for the container"); last = p['status']
+            log(f"pod {pod_id}: {p['status']}, waiting for the container")
+            last = p['status']
         if clock() - t0 > timeout_s:
-            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s (status {p['status']}), "
-                              "and it is billing "
-                              f"(${p['cost']:.2f}/h): `lmbook pod stop {pod_id}` stops the bill, `lmbook "
-                                  f"pod status {pod_id}` looks again")
+            raise RunPodError(f"pod {pod_id} not running after {timeout_s:.0f} s "
+                              f"(status {p['status']}), and it is billing (${p['cost']:.2f}/h): `lmbook "
+                              f"pod stop {pod_id}` stops the bill, `lmbook pod status {pod_id}` looks again")
         sleep(poll_s)
 
 # %% ../../nbs/07f_runpod.ipynb #41824b0f
@@ -425,8 +423,8 @@ def format_status(p:dict) -> str:
     up = p.get('uptime') or 0
     lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {p.get('gpu_count')} x {p.get('gpu') or '?'}  "
              f"${p.get('cost') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
-    for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% busy, "
-                                                             f"{g.get('mem')}% memory")
+    for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% "
+                                                             f"busy, {g.get('mem')}% memory")
     if p.get('volume_id'): lines.append(f"  volume       {p['volume_id']} ({p.get('data_center') or '?'})")
     if p.get('status') == 'RUNNING':
         u = proxy_urls(p['id'])
@@ -517,21 +515,25 @@ def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 
                             "later, fewer GPUs or another card"
                             + (f", or a volume in a data center that has them: {others}" if where else ''))
     if level == 'LOW':
-        log(f"note: RunPod's catalog says few {n} are free in {where or 'its data centers'} (LOW): "
-            "the create may wait")
+        log(f"note: RunPod's catalog says few {n} are free "
+            f"in {where or 'its data centers'} (LOW): the create may wait")
 
 def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
-    if a.save: spec.to_yaml(a.save); print(f"manifest written to {a.save}")
+    if a.save:
+        spec.to_yaml(a.save)
+        print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
     if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE'):
         print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
               "stops it", file=sys.stderr)
     if a.dry_run:
-        print(spec.to_yaml()); print('# the request (secrets masked), not sent; the volume and GPU type are '
-                                     'checked against the API when sent:')
-        print(request_text(spec, env, hidden)); return 0
+        print(spec.to_yaml())
+        print('# the request (secrets masked), not sent; the volume and GPU type are '
+              'checked against the API when sent:')
+        print(request_text(spec, env, hidden))
+        return 0
     api = RunPodAPI(hidden=hidden)
     _checked_with_api(api, spec)
     pod, created = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
@@ -553,14 +555,15 @@ def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
     p = api.pod(pod_id)
     if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
     keeps = (f"its network volume {p['volume_id']} keeps the run" if p['volume_id'] else
-             "it has no network volume: its pod volume (/workspace, the run and its checkpoints) is deleted "
-                 "with it")
+             "it has no network volume: its pod volume (/workspace, "
+                 "the run and its checkpoints) is deleted with it")
     if not yes:
-        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes it ({keeps}): add "
-                                                    "--yes to confirm")
+        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes "
+                                                    f"it ({keeps}): add --yes to confirm")
         answer = input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ")
         if answer.strip().lower() not in ('y', 'yes'):
-            print('not terminated'); return 1
+            print('not terminated')
+            return 1
     api.terminate(pod_id)
     print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run"
                                          if p['volume_id'] else ''))
@@ -572,10 +575,14 @@ def _pods_cmd(a) -> int:
         for p in api.pods(): print(format_status(p).splitlines()[0])
         return 0
     if a.pod_cmd == 'terminate': return _terminate(api, a.pod_id, a.yes)
-    if a.pod_cmd == 'wait': print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll))); return 0
+    if a.pod_cmd == 'wait':
+        print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll)))
+        return 0
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-    if a.pod_cmd == 'status': print(format_status(p)); return 0
+    if a.pod_cmd == 'status':
+        print(format_status(p))
+        return 0
     try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
     except CapacityError as e:
         if a.pod_cmd != 'resume' or not p['volume_id']: raise
@@ -593,8 +600,8 @@ def _volume_cmd(a) -> int:
     api = RunPodAPI()
     if a.volume_cmd == 'create':
         v = api.create_volume(a.name, a.size, a.data_center)
-        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) in {v['data_center']}: lmbook pod create ... "
-              f"--volume {v['id']}")
+        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) "
+              f"in {v['data_center']}: lmbook pod create ... --volume {v['id']}")
     else:
         for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['data_center']}")
     return 0
@@ -642,8 +649,8 @@ def add_create_cli(pod):
                    help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true',
                    help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
-    p.add_argument('--hf-token', metavar='SOURCE', help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or "
-                   "env:HF_TOKEN")
+    p.add_argument('--hf-token', metavar='SOURCE',
+                   help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
     p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
     p.add_argument('--commit',
                    help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
@@ -656,27 +663,27 @@ def add_create_cli(pod):
 
 def add_guard_options(p):
     "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
-    p.add_argument('--autokill', nargs='?', const='auto', default='', choices=('', 'auto', 'stop',
-                                                                               'terminate'),
+    p.add_argument('--autokill', nargs='?', const='auto', default='',
+                   choices=('', 'auto', 'stop', 'terminate'),
                    help='stop (or terminate) the pod once the final checkpoint is on the volume; '
                         'bare: terminate with --volume, else stop')
     p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop',
-                   help='after a failed run: stop the pod (default; the volume keeps everything) or keep it '
-                       'up')
+                   help='after a failed run: stop the pod (default; '
+                       'the volume keeps everything) or keep it up')
     p.add_argument('--max-hours', type=float, default=0, metavar='H',
                    help='stop the pod after a checkpoint once it has run H hours')
     p.add_argument('--max-dollars', type=float, default=0, metavar='D',
                    help='stop the pod after a checkpoint once it has cost about D dollars')
     p.add_argument('--tries', type=int, default=6)
-    p.add_argument('--retry-wait', type=float, default=20, help='first pause (s) after "no instances '
-                   'available"')
+    p.add_argument('--retry-wait', type=float, default=20,
+                   help='first pause (s) after "no instances available"')
     p.add_argument('--wait', action='store_true', help='wait until RUNNING')
     p.add_argument('--timeout', type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
 
 POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
-                'resume': 'start a stopped pod again', 'restart': 'restart the container (reruns the boot '
-                    'pipeline)',
+                'resume': 'start a stopped pod again', 'restart': 'restart the container '
+                    '(reruns the boot pipeline)',
                 'terminate': 'delete the pod (asks first; a network volume stays)',
                     'wait': 'wait until RUNNING'}
 
@@ -704,12 +711,11 @@ def add_volumes_cli(pod):
     podsync.add_volume_cli(v, _volume_cmd)
 
 def add_cli(sub):
-    ("Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume, restart, "
-     "terminate, volume.")
+    "Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume...."
     pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods',
-                         description='Plan, create, watch and stop RunPod pods. The commands that call '
-                             'RunPod '
-                         'read its API key from RUNPOD_API_KEY (runpod.io > Settings > API Keys).')
+                         description='Plan, create, watch and stop RunPod pods. The '
+                             'commands that call RunPod read its API key from '
+                             'RUNPOD_API_KEY (runpod.io > Settings > API Keys).')
     pod = pod.add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     add_plan_cli(pod)
     add_create_cli(pod)

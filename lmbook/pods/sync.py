@@ -83,10 +83,10 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to push")
     w = pod_workspace()
     dest = dest or f"{w}/uploads/{p.resolve().name}"
-    if not dest.startswith(w + '/') or '..' in dest.split('/'): raise ValueError(f"--dest {dest!r}: push "
-                                                                                 "onto the volume, a path "
-                                                                                     f"under {w}/")
-    api = api or RunPodAPI(); check_ssh(api)
+    if not dest.startswith(w + '/') or '..' in dest.split('/'):
+        raise ValueError(f"--dest {dest!r}: push onto the volume, a path under {w}/")
+    api = api or RunPodAPI()
+    check_ssh(api)
     opts, host = ssh_target(_pod(pod_id, api))
     rc = subprocess.run(copy_cmd(str(p), dest, opts, host, True, rsync=_have_rsync(opts, host)), shell=True,
                         stdin=subprocess.DEVNULL).returncode
@@ -96,7 +96,8 @@ def push(path:str, pod_id:str, dest:str='', api:RunPodAPI|None=None) -> str:
 def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
           api:RunPodAPI|None=None) -> Path:
     "Copy the pod's run folder (without checkpoints unless asked) into the local workspace; the local folder."
-    api = api or RunPodAPI(); check_ssh(api)
+    api = api or RunPodAPI()
+    check_ssh(api)
     p = _pod(pod_id, api)
     exp = check_name(experiment or p['env'].get('RUN_EXPERIMENT', ''))
     out = Path(dest) if dest else paths_for(exp).run
@@ -104,18 +105,23 @@ def fetch(pod_id:str, experiment:str='', dest:str='', checkpoints:bool=False,
     cmd = copy_cmd(f"{pod_workspace()}/runs/{exp}", str(out), opts, host, False, [] if checkpoints
                    else [RUN_FILES['checkpoints']], _have_rsync(opts, host))
     rc = subprocess.run(cmd, shell=True, stdin=subprocess.DEVNULL).returncode
-    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed (exit code {rc}): see the lines "
-                             "above")
+    if rc: raise RunPodError(f"copying runs/{exp} from pod {pod_id} failed "
+                             f"(exit code {rc}): see the lines above")
     return out
 
-def _push_cmd(a) -> int: print(f"{a.path} -> pod {a.pod_id}:{push(a.path, a.pod_id, a.dest or '')}"); return 0
+def _push_cmd(a) -> int:
+    print(f"{a.path} -> pod {a.pod_id}:{push(a.path, a.pod_id, a.dest or '')}")
+    return 0
 def _fetch_cmd(a) -> int:
-    print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}"); return 0
+    print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}")
+    return 0
 def _logs_cmd(a) -> int:
     "The boot log: RunPod's logs endpoint (the start script copies it to the container's stdout), else SSH."
     api = RunPodAPI()
     p = _pod(a.pod_id, api)
-    if api.backend == 'rest': api.logs(a.pod_id, a.lines, a.follow, out=print); return 0
+    if api.backend == 'rest':
+        api.logs(a.pod_id, a.lines, a.follow, out=print)
+        return 0
     check_ssh(api, 'read the log over SSH')
     opts, host = ssh_target(p)
     exp = check_name(p['env'].get('RUN_EXPERIMENT', ''))
@@ -134,7 +140,9 @@ def upload(path:str, # local file or folder
            dest:str='', # path on the volume ('' : uploads/<name>)
            log=print) -> list[str]:
     "Upload `path` into the network volume through the S3-compatible API; the keys written."
-    try: import boto3; from boto3.s3.transfer import TransferConfig  # lazy: only uploads need it
+    try:  # lazy: only uploads need boto3
+        import boto3
+        from boto3.s3.transfer import TransferConfig
     except ImportError:
         raise ValueError("uploading to a network volume needs boto3: pip install boto3") from None
     p = Path(path)
@@ -150,7 +158,8 @@ def upload(path:str, # local file or folder
     for f in files:
         key = dest if p.is_file() else f"{dest}/{f.relative_to(p).as_posix()}"
         s3.upload_file(str(f), check_safe(volume_id, 'id', 'volume id'), key, Config=cfg)
-        keys.append(key); log(f"  {f} -> s3://{volume_id}/{key}")
+        keys.append(key)
+        log(f"  {f} -> s3://{volume_id}/{key}")
     return keys
 
 def upload_cmd(a) -> int:
@@ -158,8 +167,8 @@ def upload_cmd(a) -> int:
     dc = a.data_center
     if not dc:
         v = RunPodAPI().volume(a.volume)
-        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: `lmbook pod volume "
-                                        "list` shows yours")
+        if v is None: raise RunPodError(f"network volume {a.volume} does not exist: "
+                                        "`lmbook pod volume list` shows yours")
         dc = v['data_center']
     keys = upload(a.path, a.volume, dc, a.dest or '')
     print(f"{len(keys)} file(s) uploaded to volume {a.volume} ({dc}); on a pod they are under "
@@ -170,27 +179,30 @@ def upload_cmd(a) -> int:
 def add_pod_cli(pod):
     "Register `lmbook pod push`, `pod fetch` and `pod logs` on the `pod` subparsers."
     p = pod.add_parser('push', help='copy a local file or folder onto the pod (over SSH)')
-    p.add_argument('path'); p.add_argument('pod_id'); p.add_argument('--dest', help='path on the pod '
-                                                                     '(default: /workspace/uploads/NAME)')
+    p.add_argument('path')
+    p.add_argument('pod_id')
+    p.add_argument('--dest', help='path on the pod '
+                   '(default: /workspace/uploads/NAME)')
     p.set_defaults(func=_push_cmd)
-    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints unless asked) into your '
-                       'workspace over SSH')
-    p.add_argument('pod_id'); p.add_argument('--experiment', '-e', help="default: the pod's RUN_EXPERIMENT")
-    p.add_argument('--dest',
-                   help='default: runs/<experiment> in your workspace'); p.add_argument('--checkpoints',
-                           action='store_true', help='also copy the checkpoints (large)')
+    p = pod.add_parser('fetch', help='copy the run folder (without checkpoints '
+                       'unless asked) into your workspace over SSH')
+    p.add_argument('pod_id')
+    p.add_argument('--experiment', '-e', help="default: the pod's RUN_EXPERIMENT")
+    p.add_argument('--dest', help='default: runs/<experiment> in your workspace')
+    p.add_argument('--checkpoints', action='store_true', help='also copy the checkpoints (large)')
     p.set_defaults(func=_fetch_cmd)
     p = pod.add_parser('logs', help="the boot log, from RunPod's logs endpoint (no SSH needed)")
     p.add_argument('pod_id')
-    p.add_argument('-n', '--lines', type=int, default=50); p.add_argument('-f', '--follow',
-                                                                          action='store_true')
+    p.add_argument('-n', '--lines', type=int, default=50)
+    p.add_argument('-f', '--follow', action='store_true')
     p.set_defaults(func=_logs_cmd)
 
 def add_volume_cli(v, func):
     "Register `lmbook pod volume upload` on the `volume` subparsers."
     p = v.add_parser('upload', help="upload a file or folder into a network volume through RunPod's "
                      "S3-compatible API (no pod needed)")
-    p.add_argument('path'); p.add_argument('--volume', required=True, help='network volume id')
+    p.add_argument('path')
+    p.add_argument('--volume', required=True, help='network volume id')
     p.add_argument('--dest', help='path in the volume (default: uploads/NAME; /workspace/... on a pod)')
     p.add_argument('--data-center', help="the volume's data center (default: asked from the API)")
     p.set_defaults(func=func)

@@ -49,7 +49,8 @@ def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer 
                               f"{pod['id']} still runs: wait longer (--timeout), or `lmbook pod stop --now`")
         print(f"\rpod {pod['id']}: {s}, waiting for the stop checkpoint ({clock() - t0:.0f} s)", end='',
               file=out)
-        sleep(poll_s); s = state()
+        sleep(poll_s)
+        s = state()
     print(file=out)
     return s.split('/')[1] if '/' in s else ''
 
@@ -59,8 +60,8 @@ def _stop_cmd(a) -> int:
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     if not a.now and p['status'] == 'RUNNING' and p['env'].get('RUN_EXPERIMENT'):
-        check_ssh(api, 'ask the trainer to save first (or stop with --now, losing the steps since its last '
-                  'checkpoint)')
+        check_ssh(api, 'ask the trainer to save first (or stop with '
+                  '--now, losing the steps since its last checkpoint)')
         ck = save_before_stop(p, a.timeout, a.poll)
         print(f"pod {a.pod_id}: the trainer stopped with {ck or 'no checkpoint'} complete on the volume")
     api.stop(a.pod_id)

@@ -20,8 +20,7 @@ __all__ = ['GPT2_HELLASWAG', 'PLOTS', 'OPTIONAL', 'SMOOTHED', 'X_AXES', 'series'
 
 # %% ../../nbs/04g_analysis.ipynb #34abc9b1
 def series(recs:list[dict], name:str, x:str='step') -> tuple[list, list]:
-    ("Values of `x` (the step, or e.g. `tokens`, `elapsed_s`) and of metric `name`, where a record has both, "
-     "finite.")
+    "Values of `x` (the step, `tokens`, `elapsed_s`...) and of metric `name` where a record has both, finite."
     num = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
     pts = [(r[x], r[name]) for r in recs if num(r.get(name)) and num(r.get(x))]
     return [p[0] for p in pts], [p[1] for p in pts]
@@ -30,8 +29,8 @@ def series(recs:list[dict], name:str, x:str='step') -> tuple[list, list]:
 def smoothed(ys:list[float], smooth:float) -> list[float]:
     "An exponential moving average of `ys` with weight `smooth` in [0, 1) on the past (0: `ys` as they are)."
     if not 0 <= smooth < 1:
-        raise ValueError(f"smooth={smooth} must be in [0, 1): 0 draws the values as they are, 0.9 averages "
-                         "~10 points")
+        raise ValueError(f"smooth={smooth} must be in [0, 1): 0 draws the "
+                         "values as they are, 0.9 averages ~10 points")
     out, m = [], None
     for y in ys:
         m = y if m is None else smooth*m + (1 - smooth)*y
@@ -115,8 +114,7 @@ def _figure(plt, runs:dict, names:tuple, x:str, scale:float, smooth:float, refs:
     return fig, ax
 
 def read_eval(run:Path) -> dict:
-    ("The harness results in the run folder's eval.json (`lmbook eval --tasks`): {task: {metric: value}}, {} "
-     "without one.")
+    "The harness results in the run's eval.json as {task: {metric: value}}; {} without one."
     try: d = json.loads(RunDir(run).eval.read_text())
     except (OSError, ValueError): return {}
     return {t: m for t, m in d.items() if isinstance(m, dict)} if isinstance(d, dict) else {}
@@ -140,13 +138,22 @@ def _tasks_figure(plt, evals:dict):
     fig.tight_layout()
     return fig
 
+def _plot_plan(runs:dict) -> list[tuple]:
+    "(file name, metrics, x, scale, x label) of each figure: every metric by step, the loss by each x axis."
+    plan = [(f, names, 'step', 1.0, 'step') for f, names in PLOTS.items()]
+    for k, (x, label, scale) in X_AXES.items():
+        if scale is None:
+            scale, unit = _time_unit(runs)
+            label = f"{label} ({unit})"
+        plan.append((f"loss_{k}", PLOTS['loss'], x, scale, label))
+    return plan
+
 def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on the same axes
               root:Path|None=None, # workspace root (default: from settings)
               show:bool=False, # also show the figures (in a notebook)
               smooth:float=0.0, # >0: draw loss and grad_norm averaged (see `smoothed`) over their raw curves
              ) -> dict[str, list[Path]]:
-    ("Plot every metric against step, and the loss against tokens, training time and cost; return each "
-     "experiment's PNGs.")
+    "Plot every metric against step, and loss against tokens, time and cost; each experiment's PNGs."
     import matplotlib  # slow to import: plots only
     if not show: matplotlib.use('Agg', force=False)
     import matplotlib.pyplot as plt  # slow to import: plots only
@@ -161,16 +168,13 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
         if price := run_price(d):
             runs[e] = ([dict(r, cost_usd=r['elapsed_s']/3600*price) if 'elapsed_s' in r else r
                         for r in runs[e]])
-    plan = [(f, names, 'step', 1.0, 'step') for f, names in PLOTS.items()]
-    for k, (x, label, scale) in X_AXES.items():
-        if scale is None: scale, unit = _time_unit(runs); label = f"{label} ({unit})"
-        plan.append((f"loss_{k}", PLOTS['loss'], x, scale, label))
     written, figs = {e: [] for e in exps}, []
-    for fname, names, x, scale, xlabel in plan:
+    for fname, names, x, scale, xlabel in _plot_plan(runs):
         # nobody logged it
         if not any(series(recs, n, x)[0] for recs in runs.values() for n in names): continue
         fig, ax = _figure(plt, runs, names, x, scale, smooth, refs)
-        ax.set_xlabel(xlabel); ax.set_ylabel('loss' if fname.startswith('loss') else fname)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel('loss' if fname.startswith('loss') else fname)
         ax.set_title(f"{fname} — {', '.join(exps)}")
         fig.tight_layout()
         for e in exps:
@@ -193,8 +197,7 @@ def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on t
 
 # %% ../../nbs/04g_analysis.ipynb #ab48981a
 def summarize(recs:list[dict]) -> dict:
-    ("First and last step, train loss and val loss of a run's records (and the last val_bpb and hellaswag, "
-     "when logged).")
+    "First and last step, train and val loss of a run's records, with the last val_bpb and hellaswag."
     steps, loss = series(recs, 'loss')
     vsteps, vloss = series(recs, 'val_loss')
     out = dict(steps=steps[-1] if steps else None, first_loss=loss[0] if loss else None, last_loss=loss[-1]

@@ -106,7 +106,9 @@ def dedupe(sd:dict) -> tuple[dict, dict]:
     for k, v in sd.items():
         key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
         if key in seen and v.numel(): aliases[k] = seen[key]
-        else: seen[key] = k; out[k] = v.contiguous()
+        else:
+            seen[key] = k
+            out[k] = v.contiguous()
     return out, aliases
 
 # %% ../../nbs/04b_checkpoint.ipynb #d8cb5c61
@@ -151,8 +153,7 @@ def _gather(obj, info:DistInfo) -> list|None:
 def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
              sharded:bool=False,
              info:DistInfo|None=None, buffers:dict|None=None) -> dict:
-    ("What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank); `buffers`: copy, to "
-     "write later.")
+    "What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank)."
     info = info or DistInfo()
     ranks = _gather(dict(rng=rng_state(), **(rank_state or {})), info)
     if sharded: msd, osd = full_state(model, optimizer)  # gathered to rank 0: a fresh copy
@@ -204,14 +205,12 @@ def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> Check
 
 # %% ../../nbs/04b_checkpoint.ipynb #6e737e44
 def check_space(ckpt_dir:Path, step:int, need:int, keep:int, name:str|None=None):
-    ("Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for checkpoint "
-     "`name`.")
+    "Raise `CheckpointSpaceError` when `ckpt_dir`'s disk has less than `need` bytes free for `name`."
     free = shutil.disk_usage(ckpt_dir).free
     if free < need: raise _space_error(ckpt_dir, name or ckpt_name(step), need, free, keep)
 
 def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
-    ("Whether a failed write ran out of disk: `ENOSPC`, or any error (torch's is a `RuntimeError`) with no "
-     "room left for the rest.")
+    "Whether a failed write ran out of disk: `ENOSPC`, or any error with no room left."
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
     if not isinstance(e, Exception): return False  # an interrupt is not a full disk
     try:
@@ -221,14 +220,16 @@ def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
 
 # %% ../../nbs/04b_checkpoint.ipynb #24db2bfc
 def _torch_save(obj, path:Path):
-    torch.save(obj, path); _fsync(path)
+    torch.save(obj, path)
+    _fsync(path)
 
 def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
 
 def _seal(tmp:Path, step:int, files:dict):
     "Write the manifest `COMPLETE` (each file's size and sha256) last, and flush the folder."
     (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
-    _fsync(tmp/'COMPLETE'); _fsync(tmp)
+    _fsync(tmp/'COMPLETE')
+    _fsync(tmp)
 
 def _publish(tmp:Path, final:Path):
     "Rename the sealed folder `tmp` to `final`, replacing an older one."
@@ -236,7 +237,8 @@ def _publish(tmp:Path, final:Path):
     if old.exists(): shutil.rmtree(old)
     # replaced by two renames: a complete folder is always there but for an instant
     if final.exists(): os.replace(final, old)
-    os.replace(tmp, final); _fsync(final.parent)
+    os.replace(tmp, final)
+    _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 # %% ../../nbs/04b_checkpoint.ipynb #c92285e2
@@ -251,7 +253,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      name:str|None=None,
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
-    ckpt_dir = Path(ckpt_dir); name = name or ckpt_name(step)
+    ckpt_dir = Path(ckpt_dir)
+    name = name or ckpt_name(step)
     final, tmp = ckpt_dir/name, ckpt_dir/f'.tmp-{name}'
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     need = checkpoint_bytes(ckpt_dir, snap)
@@ -305,27 +308,33 @@ def move_damaged(path:Path, log:Callable|None=None) -> Path:
     "Move a checkpoint that does not verify to `damaged/` beside it."
     dest = path.parent/'damaged'/path.name
     i = 1
-    while dest.exists(): i += 1; dest = path.parent/'damaged'/f'{path.name}-{i}'
+    while dest.exists():
+        i += 1
+        dest = path.parent/'damaged'/f'{path.name}-{i}'
     dest.parent.mkdir(exist_ok=True)
     os.replace(path, dest)
     (log or print)(f"warning: moved damaged checkpoint {path.name} to {dest.relative_to(path.parent.parent)}")
     return dest
 
 def prune_checkpoints(ckpt_dir:Path, keep:int, good:set|None=None, log:Callable|None=None):
-    ("Keep the newest `keep` checkpoints that verify; move damaged ones aside; remove older ones and stale "
-     "temporaries.")
+    "Keep the newest `keep` checkpoints that verify; set damaged ones aside; remove older ones."
     good = set() if good is None else good
     kept = 0
     for p in list_checkpoints(ckpt_dir):
         if kept < keep:
             if p.name not in good:
-                try: verify_checkpoint(p); good.add(p.name)
+                try:
+                    verify_checkpoint(p)
+                    good.add(p.name)
                 except CheckpointError as e:
                     (log or print)(f"warning: checkpoint {p.name} does not verify: {e}")
-                    move_damaged(p, log); continue
+                    move_damaged(p, log)
+                    continue
             kept += 1
         elif not (p/'COMPLETE').is_file(): move_damaged(p, log)
-        else: shutil.rmtree(p, ignore_errors=True); good.discard(p.name)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            good.discard(p.name)
     for p in Path(ckpt_dir).glob('.tmp-step_*'): shutil.rmtree(p, ignore_errors=True)
 
 # %% ../../nbs/04b_checkpoint.ipynb #7e15b5c7
@@ -341,8 +350,8 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
         if not p.is_file(): raise CheckpointError(f"{p} is missing")
         if p.stat().st_size != meta['size']: raise CheckpointError(f"{p} has {p.stat().st_size} bytes, "
                                                                    f"expected {meta['size']}")
-        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match its "
-                                                                              "sha256 (corrupt)")
+        if hashes and sha256_file(p) != meta['sha256']: raise CheckpointError(f"{p} does not match "
+                                                                              "its sha256 (corrupt)")
     return man
 
 def load_weights(path:Path) -> dict[str, torch.Tensor]:
@@ -360,8 +369,7 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
 
 # %% ../../nbs/04b_checkpoint.ipynb #4b8d61cc
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
-    ("Model and optimizer state (unless not `weights`), run state and this rank's state, loaded without "
-     "unpickling code.")
+    "Model and optimizer state (unless not `weights`), run and rank state, loaded without unpickling code."
     path = Path(path)
     msd = osd = None
     try:
@@ -380,8 +388,7 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
 # %% ../../nbs/04b_checkpoint.ipynb #37e98427
 def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, check:Callable|None=None,
                       on_skip:Callable|None=None) -> Path|None:
-    ("The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about (and "
-     "`on_skip`-ing) each newer one.")
+    "The newest checkpoint in `ckpt_dir` that verifies and passes `check`, warning about newer ones."
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
     for p in list_checkpoints(ckpt_dir):
         try:
@@ -428,8 +435,7 @@ def changed_keys(old:dict, new:dict) -> list[tuple]:
             if k in old.get(sec, {}) and old[sec][k] != v]
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
-    ("Changes from config dict `old` to `new` as ('key old -> new' needing permission, 'key ...: why' "
-     "refused).")
+    "Changes from config dict `old` to `new`: (those needing permission, those refused with why)."
     asked, refused = [], []
     for k, a, b in changed_keys(old, new):
         if k in FREE_KEYS or k in SHAPE_KEYS: continue
@@ -442,8 +448,8 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
     "The allowed changes from `old` to `new`; `ValueError` for a refused one, or any change without `allow`."
     asked, refused = config_changes(old, new)
     new_run = "start a new experiment (--experiment NAME, or --no-auto-resume)"
-    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: restore the old value or "
-                                 f"{new_run}")
+    if refused: raise ValueError(f"cannot resume {path} with {'; '.join(refused)}: "
+                                 f"restore the old value or {new_run}")
     if asked and not allow: raise ValueError(f"the config differs from checkpoint {path}'s: "
                                              f"{', '.join(asked)}; rerun with "
                                              "--allow-config-change (allow_config_change=true) to go on "
@@ -452,8 +458,7 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
 
 # %% ../../nbs/04b_checkpoint.ipynb #4be13a0d
 class Checkpointer:
-    ("When to save, what to keep, where to resume from; one write in flight in the background when "
-     "`background`.")
+    "When to save, what to keep, where to resume from; one write in flight in the background."
     def __init__(self, ckpt_dir:Path, # the run's checkpoints folder
                  every:int, # steps between checkpoints
                  keep:int=2, # checkpoints kept
@@ -504,10 +509,9 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
                                           config['train'].get('allow_config_change', False), path)
     # loader positions are global: rank 0's state fits every rank
     if data['state'].get('world_size', 1) != info.world_size:
-        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} process(es), "
-                 f"this run has {info.world_size}: "
-                 "model and optimizer load in full, and the data order continues from the same global "
-                     "position")
+        self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} "
+                 f"process(es), this run has {info.world_size}: model and optimizer load in "
+                 "full, and the data order continues from the same global position")
         data['rank_state'] = read_rank_state(path, 0)
     fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
     hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
@@ -515,7 +519,8 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     # the config's betas, weight decay, ..., not the checkpoint's
     for g, h in zip(optimizer.param_groups, hyper): g.update(h)
     data['fresh_optimizer'] = bool(fresh)
-    self.last = step; self.good.add(path.name)
+    self.last = step
+    self.good.add(path.name)
     # a lowered keep_ckpts frees its space now
     if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)
     return data
@@ -540,9 +545,8 @@ def save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.opt
     self.timings.append(rec)
     if rec['wait_s'] > self.slow_wait and not self.warned_slow:
         self.warned_slow = True
-        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous one "
-                 "to be written: "
-                 f"checkpoints come faster than the disk writes them; raise ckpt_every")
+        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous "
+                 "one to be written: checkpoints come faster than the disk writes them; raise ckpt_every")
     def write():
         t1 = time.perf_counter()
         try:
@@ -570,16 +574,19 @@ def _tell(fn:Callable, path:Path, log:Callable):
 @patch
 def wait(self:Checkpointer):
     "Finish the write in flight (and the buffers `prepare` is making); raise the write's error, if any."
-    if self.prep is not None: self.prep.join(); self.prep = None
-    if self.thread is not None: self.thread.join(); self.thread = None
+    if self.prep is not None:
+        self.prep.join()
+        self.prep = None
+    if self.thread is not None:
+        self.thread.join()
+        self.thread = None
     if self.error is not None:
         e, self.error = self.error, None
         raise e
 
 @patch
 def close(self:Checkpointer):
-    ("Finish the write in flight when leaving early (an error, an interrupt): log its error instead of "
-     "raising it.")
+    "Finish the write in flight when leaving early, logging its error instead of raising it."
     try: self.wait()
     except BaseException as e: self.log(f"warning: checkpoint write failed: {type(e).__name__}: {e}")
 
@@ -603,8 +610,7 @@ def load_best(self:Checkpointer,
               at:int|None=None, # the step this run continues from (0: a fresh start); None: keep any `best/`
               lineage:str|None=None, # the run's lineage id (`state['lineage']`), when known
               ) -> float:
-    ("The val_loss of `best/` (inf when there is none; a damaged one, or one the run does not go on from, is "
-     "moved aside).")
+    "The val_loss of `best/` (inf when none; a damaged or foreign one is moved aside)."
     best, old, val, step = self.dir/BEST, self.dir/f'.old-{BEST}', math.inf, -1
     if self.info.is_main:
         shutil.rmtree(self.dir/f'.tmp-{BEST}', ignore_errors=True)
@@ -621,7 +627,8 @@ def load_best(self:Checkpointer,
                 move_damaged(best, self.log)
             else:
                 if at is not None and (step > at or st.get('lineage') not in (None, lineage)):
-                    self._discard_best(st, at); val, step = math.inf, -1
+                    self._discard_best(st, at)
+                    val, step = math.inf, -1
     self.best_saved = step if self.info.is_main else -1
     self.best_val = all_reduce(val if self.info.is_main else -math.inf, 'max')
     self.best_step = int(all_reduce(step if self.info.is_main else -1, 'max'))
@@ -637,13 +644,14 @@ def improves(self:Checkpointer, val_loss:float|None, step:int) -> bool:
 def _discard_best(self:Checkpointer, st:dict, at:int):
     "Move a `best/` that the run does not descend from to `discarded/`, saying so."
     dest, i = self.dir/'discarded'/f"{BEST}-{ckpt_name(int(st['step']))}", 1
-    while dest.exists(): i += 1; dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
-    dest.parent.mkdir(exist_ok=True); os.replace(self.dir/BEST, dest)
-    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from the "
-             "run that goes on "
-             f"{'at step ' + str(at) if at else 'afresh from step 0'}: moved it to "
-                 f"{dest.relative_to(self.dir.parent)}; "
-             f"the next validation writes a new {BEST}/")
+    while dest.exists():
+        i += 1
+        dest = dest.with_name(f"{BEST}-{ckpt_name(int(st['step']))}-{i}")
+    dest.parent.mkdir(exist_ok=True)
+    os.replace(self.dir/BEST, dest)
+    self.log(f"warning: {BEST}/ (step {st['step']}, val_loss {float(st['val_loss']):.4f}) is not from "
+             f"the run that goes on {'at step ' + str(at) if at else 'afresh from step 0'}: moved it "
+             f"to {dest.relative_to(self.dir.parent)}; the next validation writes a new {BEST}/")
 
 # %% ../../nbs/04b_checkpoint.ipynb #17327c70
 def link_checkpoint(src:Path, # a complete step checkpoint
@@ -651,7 +659,8 @@ def link_checkpoint(src:Path, # a complete step checkpoint
                     extra:dict, # what its state.json adds to `src`'s (`val_loss`)
                    ) -> Path:
     "Checkpoint `name` beside `src`, with its weights and rank files hard-linked; `OSError` if links fail."
-    src = Path(src); final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
+    src = Path(src)
+    final, tmp = src.parent/name, src.parent/f'.tmp-{name}'
     man = json.loads((src/'COMPLETE').read_text())
     try:
         if tmp.exists(): shutil.rmtree(tmp)
@@ -659,7 +668,8 @@ def link_checkpoint(src:Path, # a complete step checkpoint
         files = {f: m for f, m in man['files'].items() if f == 'model.safetensors' or f.startswith('rank')}
         for f in files: os.link(src/f, tmp/f)
         st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
-        (tmp/'state.json').write_text(json.dumps(st, indent=1)); _fsync(tmp/'state.json')
+        (tmp/'state.json').write_text(json.dumps(st, indent=1))
+        _fsync(tmp/'state.json')
         files['state.json'] = _file_meta(tmp/'state.json')
         _seal(tmp, man['step'], dict(sorted(files.items())))
         _publish(tmp, final)
@@ -699,9 +709,9 @@ class DiskPlan:
     def line(self, free:int, held:int=0) -> str:
         "The line a run starts with: sizes, the peak, the free space (`held`: by checkpoints already there)."
         have = f"{_size(free)} free" + (f", and {_size(held)} of checkpoints there" if held else '')
-        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; keep_ckpts={self.keep} "
-                f"peaks at {_size(self.peak)} ({self.keep + 1} checkpoints while the newest is written, and "
-                f"{BEST}/); {have}")
+        return (f"disk: a checkpoint {_size(self.step)}, {BEST}/ {_size(self.best)}; "
+                f"keep_ckpts={self.keep} peaks at {_size(self.peak)} ({self.keep + 1} "
+                f"checkpoints while the newest is written, and {BEST}/); {have}")
 
     def warning(self, free:int, held:int=0, where:Path|str='') -> str|None:
         "A warning line when the free space (and `held`) is under the peak; None when it fits."
@@ -741,7 +751,9 @@ def _held_bytes(ckpt_dir:Path) -> int:
     files = {}
     for d in [*list_checkpoints(ckpt_dir), Path(ckpt_dir)/BEST]:
         for f in (d.iterdir() if d.is_dir() else []):
-            if f.is_file(): st = f.stat(); files[(st.st_dev, st.st_ino)] = st.st_size
+            if f.is_file():
+                st = f.stat()
+                files[(st.st_dev, st.st_ino)] = st.st_size
     return sum(files.values())
 
 @patch
@@ -763,11 +775,15 @@ def write_seconds(folder:Path, # where checkpoints go (made when missing)
                   probe:int=32 << 20, # bytes actually written and synced (at most `nbytes`)
                  ) -> float:
     "The seconds writing `nbytes` to `folder` takes, measured on a probe and scaled."
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     n, path = max(1, min(nbytes, probe)), folder/f'.write-probe-{os.getpid()}'
     t0 = time.perf_counter()
     try:
-        with open(path, 'wb') as f: f.write(os.urandom(n)); f.flush(); os.fsync(f.fileno())
+        with open(path, 'wb') as f:
+            f.write(os.urandom(n))
+            f.flush()
+            os.fsync(f.fileno())
     finally: path.unlink(missing_ok=True)
     return (time.perf_counter() - t0)*nbytes/n
 

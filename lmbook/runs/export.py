@@ -111,7 +111,8 @@ def write_tokenizer(tokenizer, out_dir:Path, block_size:int):
 # %% ../../nbs/04f_export.ipynb #6567c872
 def shareable(folder:Path) -> Path:
     "Give `folder` and the files in it the permissions the process's umask gives new files and folders."
-    mask = os.umask(0); os.umask(mask)
+    mask = os.umask(0)
+    os.umask(mask)
     folder = Path(folder)
     folder.chmod(0o777 & ~mask)
     for f in folder.iterdir():
@@ -124,8 +125,7 @@ CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|
                  "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 def write_chat_template(tokenizer, out_dir:Path):
-    ("Add lmbook's chat format to an exported folder: the tokenizer's `chat_template`, and `<|end|>` as an "
-     "end of generation.")
+    "Add lmbook's chat format to an exported folder: a `chat_template`, and `<|end|>` ending generation."
     out_dir, end = Path(out_dir), tokenizer.token_id(END)
     tc = json.loads((out_dir/'tokenizer_config.json').read_text())
     (out_dir/'tokenizer_config.json').write_text(json.dumps(dict(tc, chat_template=CHAT_TEMPLATE), indent=1))
@@ -182,7 +182,8 @@ def write_peft_adapter(out_dir:Path, # the adapter folder to write (made if miss
                       ) -> Path:
     "Write `adapter_config.json` and `adapter_model.safetensors` of a llama run's LoRA adapters."
     cfg, tensors = peft_adapter(sd, m, rank, alpha, targets, base_model)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out/'adapter_model.safetensors', metadata=dict(format='pt'))
     (out/'adapter_config.json').write_text(json.dumps(cfg, indent=1))
     return out
@@ -214,8 +215,8 @@ def export_hf(source:str|Path,
     dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
-        raise ValueError(f"{out} already exists and holds no export of {lm.path}: choose a new folder or "
-                         "pass --overwrite")
+        raise ValueError(f"{out} already exists and holds no export "
+                         f"of {lm.path}: choose a new folder or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp-', dir=out.parent))
     try:
@@ -225,7 +226,9 @@ def export_hf(source:str|Path,
         shareable(tmp)
         if out.exists():
             old = out.with_name(f'.{out.name}.old-{os.getpid()}')
-            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
         else: os.replace(tmp, out)
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -255,7 +258,8 @@ def write_adapter_and_base(lm, tmp:Path, out:Path, dtype:str):
     for name, mod in lm.model.named_modules():  # a 4-bit base dequantized, as its adapters saw it
         if isinstance(mod, LoRALinear): base[name + '.weight'] = mod.base_weight()
     write_hf_folder(tmp/'base', base, lm, dtype)
-    shareable(tmp/'base'); shareable(tmp/'adapter')
+    shareable(tmp/'base')
+    shareable(tmp/'adapter')
 
 def _holds_export(out:Path, lm, dtype:str) -> bool:
     "Whether `out` is a finished export of the checkpoint `lm` came from, in `dtype`."
@@ -288,17 +292,17 @@ def push_to_hub(folder:Path, # an exported folder
 # %% ../../nbs/04f_export.ipynb #1fe0a75a
 def add_cli(sub):
     "Register `lmbook export`."
-    p = sub.add_parser('export', help='write a checkpoint as a Hugging Face transformers folder (and upload '
-                       'it)')
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = sub.add_parser('export',
+                       help='write a checkpoint as a Hugging Face transformers folder (and upload it)')
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('out_dir', type=Path, help='the folder to write')
-    p.add_argument('--format', choices=['hf'], default='hf', help='hf: transformers (GPT2LMHeadModel or '
-                   'LlamaForCausalLM)')
+    p.add_argument('--format', choices=['hf'], default='hf',
+                   help='hf: transformers (GPT2LMHeadModel or LlamaForCausalLM)')
     p.add_argument('--overwrite', action='store_true', help='replace an existing non-empty out_dir')
     p.add_argument('--dtype', choices=['float32', 'bfloat16'], default=None,
-                   help='weight precision (default: bfloat16 for a 4-bit run, else float32; bfloat16 halves '
-                   'the size)')
+                   help='weight precision (default: bfloat16 for a 4-bit '
+                   'run, else float32; bfloat16 halves the size)')
     p.add_argument('--push-to-hub', metavar='REPO_ID', default=None, help='also upload to this Hub model '
                    'repo (needs HF_TOKEN or a login)')
     p.add_argument('--public', action='store_true',
@@ -322,11 +326,10 @@ def add_cli(sub):
             except (ValueError, FileNotFoundError): raise
             except Exception as e:  # offline, refused, a network error: the export itself is done
                 why = (str(e).strip().splitlines() or [''])[0][:200]
-                raise ValueError(f"the export is on disk in {out}, but the upload to {args.push_to_hub} "
-                                 "failed "
-                                 f"({type(e).__name__}: {why}): to retry only the upload, run the same "
-                                     "command again "
-                                 f"(the export in {out} is kept)") from None
+                raise ValueError(f"the export is on disk in {out}, but the upload "
+                                 f"to {args.push_to_hub} failed ({type(e).__name__}: {why}): "
+                                 "to retry only the upload, run the same command "
+                                 f"again (the export in {out} is kept)") from None
             print(f"uploaded to {url}")
         return 0
     p.set_defaults(func=run)

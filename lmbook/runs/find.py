@@ -22,15 +22,14 @@ __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'unknown_ru
 INFERENCE_FILES = ('model.safetensors', 'state.json')
 
 def verify_for_inference(path:Path) -> dict:
-    ("The manifest of checkpoint `path` if all its files have their recorded sizes and weights and state "
-     "their hashes.")
+    "The manifest of checkpoint `path` if its files have their recorded sizes and hashes."
     path = Path(path)
     man = verify_checkpoint(path, hashes=False)
     for name in INFERENCE_FILES:
         meta = man['files'].get(name)
         if meta is None: raise CheckpointError(f"{path} has no {name}")
-        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not match its "
-                                                                           "sha256 (corrupt)")
+        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not "
+                                                                           "match its sha256 (corrupt)")
     return man
 
 # %% ../../nbs/04d_find.ipynb #e845f0df
@@ -58,8 +57,8 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     p = Path(source)
     if p.is_dir(): return (RunDir(p).checkpoints if RunDir(p).checkpoints.is_dir() else p), f"folder {p}"
     if '/' in source or '\\' in source or p.exists():
-        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint folder, a run folder or an "
-                                "experiment name")
+        raise FileNotFoundError(f"{source} is not a folder: give a checkpoint "
+                                "folder, a run folder or an experiment name")
     ck = RunDir(paths_for(source, root=root).run).checkpoints
     if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
     return ck, f"experiment {source!r}"
@@ -90,10 +89,12 @@ def find_checkpoint(source:str|Path,
         return p
     ckdir, what = _ckpt_dir(str(source), root)
     for c in list_checkpoints(ckdir):
-        try: verify_for_inference(c); return c
+        try:
+            verify_for_inference(c)
+            return c
         except CheckpointError as e: warn(f"skipping checkpoint {c.name}: {e}")
-    raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): train it first, or give a "
-                            "checkpoint folder")
+    raise FileNotFoundError(f"no usable checkpoint in {ckdir} ({what}): "
+                            "train it first, or give a checkpoint folder")
 
 # %% ../../nbs/04d_find.ipynb #ec79dc7c
 def run_of(ck:Path) -> Path|None:
@@ -122,7 +123,6 @@ def find_tokenizer(ck:Path, state:dict, experiment:str|None, root:Path|None):
         tok = load_tokenizer(c)  # hashed by content since 'canonical-json'; older checkpoints hashed the file
         if (tok.sha256 if ref.get('hash') == 'canonical-json'
             else sha256_file(f)) == ref['sha256']: return tok
-    raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) is "
-                            "not in "
-                            f"{' or '.join(map(str, cands)) or 'any known folder'}: copy that tokenizer "
-                                "folder there")
+    raise FileNotFoundError(f"the tokenizer {ck} was trained with (sha256 {str(ref.get('sha256'))[:12]}) "
+                            f"is not in {' or '.join(map(str, cands)) or 'any known folder'}: copy that "
+                            "tokenizer folder there")

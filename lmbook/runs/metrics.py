@@ -50,12 +50,11 @@ def format_duration(s:float) -> str:
 
 # %% ../../nbs/04a_metrics.ipynb #8209cc00
 def read_metrics(path:Path) -> list[dict]:
-    ("Records of a `metrics.jsonl` (a file or a run directory), in step order, newest record per step and "
-     "kind.")
+    "Records of a `metrics.jsonl` (a file or a run folder) in step order, the newest per step and kind."
     path = Path(path)
     if path.is_dir(): path = path/METRICS
-    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run started? (check the "
-                                                   "experiment name)")
+    if not path.is_file(): raise FileNotFoundError(f"no metrics at {path}: has the run "
+                                                   "started? (check the experiment name)")
     recs = {}
     for line in path.read_text().splitlines():
         r = parse_row(line)
@@ -71,8 +70,7 @@ def _write_lines(path:Path, lines:list[str]):
     os.replace(tmp, path)
 
 def repair_metrics(path:Path, warn:Callable=print) -> int:
-    ("Drop the lines of `path` that are not whole records (a torn last line), warning about each; return how "
-     "many.")
+    "Drop the lines of `path` that are not whole records, warning about each; return how many."
     path = Path(path)
     if not path.is_file(): return 0
     txt = path.read_text()
@@ -93,7 +91,9 @@ def set_aside(path:Path, step:int, warn:Callable=print) -> Path|None:
     if not any(after): return None
     n, i = max(step, 0), 1
     side = path.with_name(f'metrics.after-step-{n}.jsonl')
-    while side.exists(): i += 1; side = path.with_name(f'metrics.after-step-{n}-{i}.jsonl')
+    while side.exists():
+        i += 1
+        side = path.with_name(f'metrics.after-step-{n}-{i}.jsonl')
     side.write_text(''.join(l + '\n' for l, a in zip(lines, after) if a))
     _write_lines(path, [l for l, a in zip(lines, after) if not a])
     what = f"after step {step}" if step >= 0 else "of an earlier start"
@@ -114,8 +114,8 @@ class MetricsLogger:
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
-            except ImportError: log("tensorboard is not installed: metrics go to metrics.jsonl only (pip "
-                                    "install tensorboard)")
+            except ImportError: log("tensorboard is not installed: metrics go to "
+                                    "metrics.jsonl only (pip install tensorboard)")
         if wandb_project:
             try:
                 import wandb  # optional: a wandb project only
@@ -124,8 +124,7 @@ class MetricsLogger:
             except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
 
     def start_at(self, step:int):
-        ("Make the file ready to continue after `step` (-1: a fresh start): repair it, set later records "
-         "aside.")
+        "Make the file ready to go on after `step` (-1: a fresh start): repair it, set later records aside."
         if not self.enabled: return
         repair_metrics(self.path, self.log)
         set_aside(self.path, step, self.log)
@@ -187,4 +186,6 @@ class RunLog:
             self.out = None
 
     def close(self):
-        if self.file: self.file.close(); self.file = None
+        if self.file:
+            self.file.close()
+            self.file = None

@@ -77,7 +77,9 @@ class Mirror:
                 if self.pending is None: return
                 (name, dst), self.pending, self.busy = self.pending, None, True
             self._send(name, dst)
-            with self.cv: self.busy = False; self.cv.notify_all()
+            with self.cv:
+                self.busy = False
+                self.cv.notify_all()
 
     def _send(self, name:str, dst:Path):
         t0, to = time.perf_counter(), f"{self.kind}://{self.where}/{self.run}/{name}"
@@ -95,6 +97,7 @@ class Mirror:
     def close(self, timeout:float|None=None):
         "Wait for the last checkpoint's upload (at most `timeout` seconds), then stop the thread."
         with self.cv:
-            self.closed = True; self.cv.notify_all()
+            self.closed = True
+            self.cv.notify_all()
         self.thread.join(timeout)
         shutil.rmtree(self.staging, ignore_errors=True)

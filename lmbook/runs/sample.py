@@ -35,8 +35,8 @@ def inference_device(device:str='auto') -> str:
     "`auto`: CUDA where present, else Apple's MPS, else the CPU; other names are checked."
     mps = getattr(torch.backends, 'mps', None) is not None and torch.backends.mps.is_available()
     if device == 'auto': return 'cuda' if torch.cuda.is_available() else 'mps' if mps else 'cpu'
-    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is not available here: "
-                                                     "use auto or cpu")
+    if device == 'mps' and not mps: raise ValueError("device='mps' but Apple's MPS is "
+                                                     "not available here: use auto or cpu")
     return pick_device(device)
 
 @dataclass
@@ -66,7 +66,9 @@ def load_model(source:str|Path,
               ) -> Loaded:
     "Model weights (not the optimizer), config and tokenizer of a checkpoint, for inference."
     ck = find_checkpoint(source, root, warn)
-    try: state = json.loads((ck/'state.json').read_text()); cfg = config_from_dict(state['config'])
+    try:
+        state = json.loads((ck/'state.json').read_text())
+        cfg = config_from_dict(state['config'])
     except (json.JSONDecodeError, KeyError, ValueError) as e:
         raise ValueError(f"checkpoint {ck} has a config this lmbook cannot read ({type(e).__name__}: {e}): "
                          "use the lmbook version that wrote it") from None
@@ -98,10 +100,10 @@ def plain_model(cfg, sd:dict, ck:Path) -> GPT:
     want = model.state_dict()
     bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k,
                                          v in want.items() if k in sd and sd[k].shape != v.shape]
-    if bad: raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} "
-                             "config "
-                             f"({', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)}): {len(bad)} "
-                                 f"tensors differ, first {bad[0]}")
+    if bad:
+        shape = ', '.join(f'{k}={getattr(m, k)}' for k in SHAPE_KEYS)
+        raise ValueError(f"checkpoint {ck} holds weights of another architecture than its {m.arch} "
+                         f"config ({shape}): {len(bad)} tensors differ, first {bad[0]}")
     model.load_state_dict(sd)
     return model
 
@@ -189,7 +191,9 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
         if kv is None: logits = model(idx[:, -bs:])
         else:
             # context full: slide by half
-            if kv.pos + new.shape[1] > bs: kv.reset(); new = idx[:, -max(bs//2, 1):]
+            if kv.pos + new.shape[1] > bs:
+                kv.reset()
+                new = idx[:, -max(bs//2, 1):]
             logits = model(new, cache=kv)
         new = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         idx = torch.cat([idx, new], dim=1)
@@ -209,8 +213,7 @@ def is_chat(cfg) -> bool:
     return bool(cfg.data.sft_data)
 
 def chat_prompts(cfg, n:int=4) -> list[str]:
-    ("The first user turns of the `n` shortest held-out examples of a chat run's file (`CHAT_FALLBACK` "
-     "without it).")
+    "The first user turns of the `n` shortest held-out examples of a chat run (`CHAT_FALLBACK` without)."
     try:
         recs = [json.loads(l) for l in Path(cfg.data.sft_data).read_text(encoding='utf-8').splitlines()
                 if l.strip()]
@@ -222,8 +225,7 @@ def chat_prompts(cfg, n:int=4) -> list[str]:
     return sorted(dict.fromkeys(q for q in qs if q.strip()), key=len)[:n] or list(CHAT_FALLBACK)
 
 def chat_text(prompt:str) -> str:
-    ("What a chat run is given for `prompt`: one user turn and the assistant's tag, unless it holds reserved "
-     "tokens already.")
+    "What a chat run is given for `prompt`: a user turn and the assistant's tag, unless already tagged."
     return prompt if any(t in prompt for t in SPECIAL_TOKENS) else chat_prompt(prompt)
 
 def stop_ids(tokenizer, chat:bool=False) -> list[int]:
@@ -249,8 +251,7 @@ GENERIC_PROMPTS = ('The', 'In the beginning', 'It is', 'One of the most')
 DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
-    ("The prompts a run samples: its `sample_prompts` ('|'-separated), else a chat run's questions, else "
-     "ones that suit its dataset.")
+    "The prompts a run samples: its `sample_prompts`, else a chat run's questions, else its dataset's."
     if getattr(cfg.train, 'sample_prompts', ''):
         return [p.strip() for p in cfg.train.sample_prompts.split('|')]
     if is_chat(cfg): return chat_prompts(cfg)
@@ -259,8 +260,7 @@ def prompts_for(cfg) -> list[str]:
 
 # %% ../../nbs/04e_sample.ipynb #c3397e72
 class TextStream:
-    ("Text of token ids pushed one at a time, handed out in pieces that end on whole characters, up to a "
-     "stop token.")
+    "Text of token ids pushed one at a time, handed out in whole characters, up to a stop token."
     def __init__(self, tokenizer,
                  stop_id:int|list|None=None, # the token (or tokens) that end the text
                  skip:set=frozenset(), # tokens left out of the text (reserved ones)
@@ -271,7 +271,9 @@ class TextStream:
 
     def push(self, i:int) -> str:
         "The text token `i` completes: '' while a character is still partial, and after a stop token."
-        if self.ended or i in self.stops: self.ended = True; return ''
+        if self.ended or i in self.stops:
+            self.ended = True
+            return ''
         if i in self.skip: return ''
         self.ids.append(int(i))
         text = self.tk.decode(self.ids)
@@ -286,8 +288,7 @@ class TextStream:
 
 def streamer(out:Callable, # called with each piece of text
              tokenizer, prompt:str, stops:list[int], chat:bool=False) -> Callable:
-    ("`emit(token_id)` for the first sample as `sample_texts` returns its text; `emit(None)` returns what is "
-     "left.")
+    "`emit(token_id)` for the first sample as `sample_texts` returns it; `emit(None)` returns the rest."
     skip = {getattr(tokenizer, 'token_id', lambda t: None)(t) for t in SPECIAL_TOKENS} - {None}
     ts, first = TextStream(tokenizer, stops, skip), [True]
     out(prompt + ('\n' if chat else ''))
@@ -314,8 +315,7 @@ SAMPLE_RANGES = dict(temperature=at_least(0), top_k=at_least(0), top_p=between(0
                      max_new_tokens=at_least(0), num_samples=between(1, 4096))
 
 def check_sampling(**opts):
-    ("Raise a one-line `ValueError` for a sampling option (`SAMPLE_RANGES`) out of its range; `top_k=None` "
-     "keeps all tokens.")
+    "Raise a one-line `ValueError` for a sampling option out of its range in `SAMPLE_RANGES`."
     for k, v in opts.items():
         if k == 'top_k' and v is None: continue
         if err := SAMPLE_RANGES[k].error(k, v): raise ValueError(err)
@@ -336,7 +336,8 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
                    num_samples=num_samples)
     bs, eot = block_size or model.cfg.block_size, tokenizer.eot_id
     g = torch.Generator().manual_seed(seed)
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     res = []
     try:
         for p in prompts:
@@ -388,8 +389,8 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
     lm = load_model(source, root, device, warn=warn)
     if max_new_tokens > (bs := lm.config.model.block_size):
         (warn or (lambda m: print(f"note: {m}", file=sys.stderr)))(
-            f"max_new_tokens={max_new_tokens} is more than the model can use: capped at its context, "
-                f"block_size={bs}")
+            f"max_new_tokens={max_new_tokens} is more than the "
+                f"model can use: capped at its context, block_size={bs}")
         max_new_tokens = bs
     return sample_texts(lm.model, lm.tokenizer, prompts or prompts_for(lm.config), max_new_tokens, None,
                         temperature,
@@ -399,24 +400,24 @@ def sample_run(source:str|Path, # checkpoint folder, run folder or experiment na
 # %% ../../nbs/04e_sample.ipynb #e27c583c
 def add_cli(sub):
     "Register `lmbook sample`."
-    p = (sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, or the newest good '
-                        'one of an experiment)'))
+    p = (sub.add_parser('sample', help='continue prompts with a checkpoint (a folder, '
+                        'or the newest good one of an experiment)'))
     p.add_argument('source', nargs='?', help='checkpoint folder, run folder or experiment name (default: as '
                    'for --experiment; EXPERIMENT:best: its best checkpoint)')
-    p.add_argument('prompts', nargs='*', help="prompts (default: the run's sample_prompts, else ones that "
-                   "suit its dataset)")
+    p.add_argument('prompts', nargs='*',
+                   help="prompts (default: the run's sample_prompts, else ones that suit its dataset)")
     cli_options(p, 'experiment', 'root')  # with --experiment, every positional argument is a prompt
     p.add_argument('--max-new-tokens', type=int, default=64, help='tokens to add at most')
     p.add_argument('--temperature', type=float, default=0.8, help='0 is greedy')
     p.add_argument('--top-k', type=int, default=50, help='sample among the k most likely tokens (0: all)')
-    p.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling: keep tokens up to this '
-                   'probability (1: all)')
+    p.add_argument('--top-p', type=float, default=1.0,
+                   help='nucleus sampling: keep tokens up to this probability (1: all)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--num-samples', type=int, default=1, help='continuations per prompt')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu, cuda or mps')
     p.add_argument('--json', action='store_true', help='one JSON object per sample')
-    p.add_argument('--raw', action='store_true', help="a chat run's prompt as plain text to continue, not a "
-                   "question to answer")
+    p.add_argument('--raw', action='store_true',
+                   help="a chat run's prompt as plain text to continue, not a question to answer")
     def run(args) -> int:
         if args.experiment: source, prompts = args.experiment, [args.source]*bool(args.source) + args.prompts
         else: source, prompts = args.source, args.prompts

@@ -58,16 +58,17 @@ def chat(lm, # a loaded chat run
         ) -> list[dict]:
     "Answer each line in turn, the conversation kept; return it."
     if not is_chat(lm.config):
-        raise ValueError(f"{lm.experiment or lm.path} was not fine-tuned on chat records: `lmbook sample` "
-                         "continues its text, and "
-                         "`lmbook finetune --init-from RUN --data chat.jsonl -e NAME` makes a model to chat "
-                             "with")
+        raise ValueError(f"{lm.experiment or lm.path} was not fine-tuned on chat records: "
+                         "`lmbook sample` continues its text, and `lmbook finetune --init-from "
+                         "RUN --data chat.jsonl -e NAME` makes a model to chat with")
     g, start = torch.Generator().manual_seed(seed), [dict(role='system', content=system)] if system else []
     talk = list(start)
     for line in lines:
         q = line.strip()
         if q in ('/exit', '/quit'): break
-        if q == '/reset': talk = list(start); continue
+        if q == '/reset':
+            talk = list(start)
+            continue
         if not q: continue
         talk.append(dict(role='user', content=q))
         talk.append(dict(role='assistant', content=reply(lm, talk, generator=g, **kw)))
@@ -83,10 +84,10 @@ def _lines(prompt:str):
 
 def add_cli(sub):
     "Register `lmbook chat`."
-    p = (sub.add_parser('chat', help='talk to a fine-tuned run, the conversation kept (/reset starts anew, '
-                        '/exit or Ctrl-D stops)'))
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = (sub.add_parser('chat', help='talk to a fine-tuned run, the conversation kept '
+                        '(/reset starts anew, /exit or Ctrl-D stops)'))
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--system', default='', help='a system turn that opens the conversation')
     p.add_argument('--max-new-tokens', type=int, default=256, help='tokens an answer has at most')
     p.add_argument('--temperature', type=float, default=0.7, help='0 is greedy')
@@ -99,10 +100,12 @@ def add_cli(sub):
         lm = load_model(a.source, a.root, a.device, warn=lambda m: print(f"warning: {m}", file=sys.stderr))
         if not is_chat(lm.config): chat(lm, [])  # says why, before waiting for input
         if sys.stdin.isatty():
-            print(f"{lm.experiment or lm.path} (step {lm.step}): type a message; /reset starts anew, /exit "
-                  "stops")
+            print(f"{lm.experiment or lm.path} (step {lm.step}): "
+                  "type a message; /reset starts anew, /exit stops")
         users = []
-        def said(q): users.append(q); return q
+        def said(q):
+            users.append(q)
+            return q
         show = (lambda r: print(json.dumps(dict(user=users[-1], assistant=r)),
                                 flush=True)) if a.json else (lambda r: print(r + '\n', flush=True))
         chat(lm, (said(l.strip()) for l in _lines('you> ')), show, a.system, a.seed,

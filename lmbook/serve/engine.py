@@ -129,7 +129,8 @@ class Decoder:
         t, p = self.tensor(tok), self.tensor(pos)
         if not self.graphs: return self.m(t[:, None], cache=self.kv.rows(0, B, p, L))[:, -1]
         g = self.captured.get((B, L)) or self.capture(B, L, t, p)
-        g.tok.copy_(t); g.pos.copy_(p)
+        g.tok.copy_(t)
+        g.pos.copy_(p)
         g.graph.replay()
         return g.logits
 
@@ -184,13 +185,14 @@ class Engine:
     def submit(self, job:Job) -> Job:
         "Queue `job`; its tokens go to `job.out`. `Busy` when the queue is full or the engine stopped."
         if not 0 < len(job.ids) < self.ctx:
-            raise ValueError(f"the prompt has {len(job.ids)} tokens; the served context is {self.ctx}: "
-                             "shorten it")
+            raise ValueError(f"the prompt has {len(job.ids)} tokens; the "
+                             f"served context is {self.ctx}: shorten it")
         with self.cv:
             if self.stopped: raise Busy("the server is shutting down")
             if len(self.waiting) >= self.max_queue:
                 raise Busy(f"{len(self.waiting)} requests are waiting already: try again shortly")
-            self.waiting.append(job); self.cv.notify()
+            self.waiting.append(job)
+            self.cv.notify()
         return job
 
     def load(self) -> dict:
@@ -200,7 +202,9 @@ class Engine:
 
     def stop(self):
         "End the thread; jobs still running or waiting end with an error."
-        with self.cv: self.stopped = True; self.cv.notify_all()
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()
 
 # %% ../../nbs/06a_engine.ipynb #432cd7a1
 def _seat(self, s:int, j:Job):
@@ -250,14 +254,19 @@ def _prefill(self):
     take, budget = [], self.prefill
     for left, s in todo:
         if budget <= 0: break
-        take.append((s, min(left, budget))); budget -= take[-1][1]
+        take.append((s, min(left, budget)))
+        budget -= take[-1][1]
     if not take: return
     T = max(n for _, n in take)
     together = [(s, n) for s, n in take if self.slots[s].fed + T <= self.ctx]
     for group in [[t] for t in take if t not in together] + ([together] if together else []):
-        try: self._feed(group); continue
+        try:
+            self._feed(group)
+            continue
         except Exception as e: err = e
-        if len(group) == 1: self._end(group[0][0], f'error: {type(err).__name__}: {err}'); continue
+        if len(group) == 1:
+            self._end(group[0][0], f'error: {type(err).__name__}: {err}')
+            continue
         for s, n in group:  # whose failure it was: each on its own, so that it ends that request alone
             try: self._feed([(s, n)])
             except Exception as e: self._end(s, f'error: {type(e).__name__}: {e}')

@@ -219,7 +219,9 @@ async def complete(request):
         return StreamingResponse(events(st.engine.s, job, rid, chat, watch, usage),
                                  media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
     try: text = ''.join([p async for p in pieces(st.engine.s, job)])
-    except asyncio.CancelledError: job.cancelled = True; raise
+    except asyncio.CancelledError:
+        job.cancelled = True
+        raise
     finally: watch.cancel()
     if job.finish.startswith('error'): raise ApiError(500, job.finish, type='server_error')
     return JSONResponse(answer(st.engine.s, rid, chat, text, job))
@@ -238,7 +240,9 @@ async def events(s:Served, job:Job, rid:str, chat:bool, watch,
         kind = 'chat.completion.chunk' if chat else 'text_completion'
         if usage: yield say(dict(answer(s, rid, chat, '', job), object=kind, choices=[]))
         yield 'data: [DONE]\n\n'
-    finally: job.cancelled = True; watch.cancel()
+    finally:
+        job.cancelled = True
+        watch.cancel()
 
 # %% ../../nbs/06c_server.ipynb #29b39372
 async def models(request):
@@ -255,8 +259,8 @@ async def health(request):
 def _api_error(request, e:ApiError): return JSONResponse(e.body(), e.status, headers=e.headers)
 
 def _http_error(request, e):
-    msg = (f"no route {request.method} {request.url.path}: use /v1/completions, /v1/chat/completions or "
-           "/v1/models")
+    msg = (f"no route {request.method} {request.url.path}: use "
+           "/v1/completions, /v1/chat/completions or /v1/models")
     return JSONResponse(ApiError(e.status_code, msg).body(), e.status_code)
 
 def _server_error(request, e):
@@ -350,32 +354,32 @@ def _options(p):
     "The server's options of `lmbook serve`."
     p.add_argument('--host', default='127.0.0.1', help='address to listen on (0.0.0.0 on a pod: needs a key)')
     p.add_argument('--port', type=int, default=8000, help='0 picks a free port')
-    p.add_argument('--api-key', default=None, help='require Authorization: Bearer KEY (default: '
-                   '$LMBOOK_API_KEY)')
+    p.add_argument('--api-key', default=None,
+                   help='require Authorization: Bearer KEY (default: $LMBOOK_API_KEY)')
     p.add_argument('--insecure', action='store_true', help='listen beyond this machine without a key')
     p.add_argument('--max-batch', type=int, default=8, help='requests decoded together at most (cache rows)')
-    p.add_argument('--max-queue', type=int, default=256, help='requests waiting for a row at '
-                   'most (429 beyond)')
-    p.add_argument('--context', type=int, default=None, help="positions per row (default: the "
-                   "model's context)")
+    p.add_argument('--max-queue', type=int, default=256,
+                   help='requests waiting for a row at most (429 beyond)')
+    p.add_argument('--context', type=int, default=None,
+                   help="positions per row (default: the model's context)")
     p.add_argument('--prefill', type=int, default=256, help='prompt tokens fed per step at most')
     p.add_argument('--no-graphs', action='store_true', help='run the decode step eagerly on CUDA too')
     p.add_argument('--max-body', type=int, default=2**20, help='request body bytes at most (413 beyond)')
-    p.add_argument('--grace', type=float, default=30, help='seconds running requests get after '
-                   'SIGTERM or Ctrl-C')
+    p.add_argument('--grace', type=float, default=30,
+                   help='seconds running requests get after SIGTERM or Ctrl-C')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu or cuda')
 
 def add_cli(sub):
     "Register `lmbook serve`."
-    p = (sub.add_parser('serve', help='serve a run or an exported model: OpenAI-compatible HTTP API (or a '
-                        'RunPod worker)'))
-    p.add_argument('source', help='experiment, run or checkpoint folder (NAME:best), or a transformers '
-                   'folder (lmbook export)')
+    p = (sub.add_parser('serve', help='serve a run or an exported model: '
+                        'OpenAI-compatible HTTP API (or a RunPod worker)'))
+    p.add_argument('source', help='experiment, run or checkpoint folder (NAME:best), '
+                   'or a transformers folder (lmbook export)')
     _options(p)
-    p.add_argument('--runpod', action='store_true', help="run as a RunPod serverless worker instead of an "
-                   "HTTP server")
-    p.add_argument('--test-input', default=None, metavar='JSON', help="with --runpod: run this one job "
-                   "locally and exit")
+    p.add_argument('--runpod', action='store_true',
+                   help="run as a RunPod serverless worker instead of an HTTP server")
+    p.add_argument('--test-input', default=None, metavar='JSON',
+                   help="with --runpod: run this one job locally and exit")
     p.set_defaults(func=run_serve)
     return p
 
@@ -384,10 +388,14 @@ def run_serve(a) -> int:
     "`lmbook serve`: load, listen, serve until SIGTERM or Ctrl-C, drain, exit 0."
     if a.max_batch < 1: raise ValueError(f"--max-batch {a.max_batch}: give at least 1")
     key = a.api_key or env_var('LMBOOK_API_KEY') or None
-    if not a.runpod: need_web(); check_bind(a.host, key, a.insecure)
+    if not a.runpod:
+        need_web()
+        check_bind(a.host, key, a.insecure)
     s = load_served(a.source, a.device)
     engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=not a.no_graphs)
-    if a.runpod: start_runpod(engine, a.test_input); return 0
+    if a.runpod:
+        start_runpod(engine, a.test_input)
+        return 0
     sock = bind(a.host, a.port)
     print(f"serving {s.name} on http://{a.host}:{sock.getsockname()[1]}/v1 ({s.device}, chat={s.chat}, "
           f"{a.max_batch} rows of {engine.ctx} positions, key {'required' if key else 'not required'})",

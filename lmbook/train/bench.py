@@ -57,8 +57,7 @@ def make_step(cfg:Config, # the config to train
               compile_mode:str='default', # torch.compile mode, or 'regional' (each block compiled on its own)
               inductor:dict|None=None, # torch._inductor.config settings
              ):
-    ("The trainer's `Trainable`, a `step(batches, lr) -> loss` doing one `trainer.train_step`, and the fp8 "
-     "recipe applied.")
+    "The trainer's `Trainable`, a `step(batches, lr) -> loss` of one `train_step`, and the fp8 recipe."
     info = info or DistInfo(device=device)
     compiled = resolve_compile(cfg.train.compile, device)
     if compiled and inductor:
@@ -88,8 +87,7 @@ def _card(device:str) -> str:
 def eager_val_loss(t, # a `trainer.Trainable`
                    batches:list, # (x, y) validation batches
                   ) -> float:
-    ("Mean loss over `batches` through the uncompiled forward (no second compilation for eval mode), "
-     "averaged across ranks.")
+    "Mean loss over `batches` through the uncompiled forward, averaged across ranks."
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
         with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
@@ -117,13 +115,15 @@ def time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[li
     "`warmup` untimed steps, then `steps` timed ones from a fresh peak-memory count; (losses, warmup_s, dts)."
     t0 = time.perf_counter()
     losses = [step(batches, lr(i)).item() for i in range(warmup)]
-    _sync(device); warmup_s = round(time.perf_counter() - t0, 2)
+    _sync(device)
+    warmup_s = round(time.perf_counter() - t0, 2)
     if device.startswith('cuda'): torch.cuda.reset_peak_memory_stats(device)
     dts = []
     for i in range(warmup, warmup + steps):
         t = time.perf_counter()
         losses.append(step(batches, lr(i)).item())
-        _sync(device); dts.append(time.perf_counter() - t)
+        _sync(device)
+        dts.append(time.perf_counter() - t)
     return losses, warmup_s, dts
 
 def timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card:str) -> dict:
@@ -202,9 +202,9 @@ def bench(profile:str, # profile name or config file
           eval_batches:int=20, # validation batches
          ) -> list[dict]:
     "Benchmark `profile` at each micro-batch size; one row per size, appended to `out`."
-    if data is not None and not Path(data).is_dir(): raise FileNotFoundError(f"token folder {data} does not "
-                                                                             "exist: run `lmbook tokenize` "
-                                                                                 "or leave out --data")
+    if data is not None and not Path(data).is_dir():
+        raise FileNotFoundError(f"token folder {data} does not exist: "
+                                "run `lmbook tokenize` or leave out --data")
     base = get_config(profile, overrides or {})
     info = init_distributed(pick_device(base.train.device))
     rows = []
@@ -261,8 +261,8 @@ def add_cli(sub):
     "Add the `bench` command to the `lmbook` CLI."
     p = sub.add_parser('bench', help='measure training tokens/s, MFU and peak memory of a profile')
     cli_options(p, 'profile', 'set', profile='smoke')
-    p.add_argument('--batch-sizes', default='', help='comma-separated micro-batch sizes (default: the '
-                   'profile\'s)')
+    p.add_argument('--batch-sizes', default='',
+                   help="comma-separated micro-batch sizes (default: the profile's)")
     p.add_argument('--steps', type=int, default=10, help='timed optimizer steps')
     p.add_argument('--warmup', type=int, default=2, help='untimed optimizer steps first')
     p.add_argument('--data', type=Path, default=None,
@@ -275,12 +275,12 @@ def add_cli(sub):
                    'settings, e.g. coordinate_descent_tuning=1')
     p.add_argument('--schedule', action='store_true', help="follow the config's warmup and decay over the "
                    "steps (for loss comparisons)")
-    p.add_argument('--val-data', type=Path, default=None, help='folder of validation token files: report '
-                   'val_loss at the end')
+    p.add_argument('--val-data', type=Path, default=None,
+                   help='folder of validation token files: report val_loss at the end')
     p.add_argument('--eval-batches', type=int, default=20, help='validation batches for val_loss')
     p.add_argument('--fit', action='store_true',
-                   help='find the largest micro-batch that fits this GPU, tokens per step kept (as '
-                       'batch_fit does)')
+                   help='find the largest micro-batch that fits this '
+                       'GPU, tokens per step kept (as batch_fit does)')
     p.set_defaults(func=_run)
 
 def main(argv:list[str]|None=None) -> int:

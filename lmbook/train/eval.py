@@ -25,8 +25,7 @@ __all__ = ['evaluate', 'eval_torchrun', 'eval_cmd', 'add_cli']
 
 # %% ../../nbs/05i_eval.ipynb #072baf71
 def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
-    ("HellaSwag's examples; None, with one line to `note`, when the official file is not cached and cannot "
-     "be fetched.")
+    "HellaSwag's examples; None, with a line to `note`, when the file is not cached and cannot be fetched."
     try: return load_hellaswag(root, path, limit)
     except FileNotFoundError as e:
         if path is not None: raise  # a file the user named must be there
@@ -88,8 +87,7 @@ def _show(part:dict):
           flush=True)
 
 def _run_tasks(args, tasks:list[str]) -> dict:
-    ("`lmbook eval --tasks`: the harness's tasks, lm-eval's `hellaswag` reading --hellaswag-file when one is "
-     "given.")
+    "`lmbook eval --tasks`: the harness's tasks, `hellaswag` reading --hellaswag-file when given."
     with tempfile.TemporaryDirectory() as d:
         inc = [args.include_path] if args.include_path else []
         if args.hellaswag_file and 'hellaswag' in tasks:
@@ -103,8 +101,7 @@ def _run_tasks(args, tasks:list[str]) -> dict:
     return res
 
 def eval_torchrun(args) -> int:
-    ("`lmbook eval --nproc N` outside torchrun: the same command on N workers, their one-line messages "
-     "kept; their exit code.")
+    "`lmbook eval --nproc N` outside torchrun: the same command on N workers; their exit code."
     argv = ['eval', str(args.source), '--batches', str(args.batches), '--batch-size',
             str(args.batch_size), '--limit', str(args.limit),
             '--device', args.device] + ['--no-hellaswag']*args.no_hellaswag + ['--json']*args.json
@@ -147,19 +144,19 @@ def eval_cmd(args) -> int:
 
 def add_cli(sub):
     "Register `lmbook eval`."
-    p = (sub.add_parser('eval', help='validation loss, perplexity, bits per byte and HellaSwag of a '
-                        'checkpoint'))
-    p.add_argument('source', help='checkpoint folder, run folder or experiment name (EXPERIMENT:best: its '
-                   'best checkpoint)')
+    p = (sub.add_parser('eval',
+                        help='validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'))
+    p.add_argument('source', help='checkpoint folder, run folder or experiment '
+                   'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0,
                    help="validation batches (default: the run's eval_steps)")
-    p.add_argument('--batch-size', type=int, default=0, help="sequences per batch (default: the run's "
-                   "batch_size)")
+    p.add_argument('--batch-size', type=int, default=0,
+                   help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')
-    p.add_argument('--hellaswag-file', type=Path, default=None, help='a HellaSwag JSONL file (default: the '
-                   'official one, cached)')
-    p.add_argument('--limit', type=int, default=0, help='HellaSwag examples to use, or each task\'s with '
-                   '--tasks (default: all)')
+    p.add_argument('--hellaswag-file', type=Path, default=None,
+                   help='a HellaSwag JSONL file (default: the official one, cached)')
+    p.add_argument('--limit', type=int, default=0,
+                   help="HellaSwag examples to use, or each task's with --tasks (default: all)")
     p.add_argument('--tasks', default='', metavar='T1,T2', help="lm-evaluation-harness tasks instead of "
                    "lmbook's HellaSwag, e.g. "
                    "hellaswag,arc_easy,piqa (pip install 'lmbook[eval]'); results in the run's eval.json")

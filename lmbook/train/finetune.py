@@ -61,10 +61,9 @@ def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experim
     if init.kind == 'llama': return hub_finetune_config(init, data, overrides)
     init_from = init.source
     if init.kind != 'lmbook':
-        raise ValueError(f"fine-tuning starts from an lmbook run or a Llama-family model, not {init_from!r}: "
-                         "first train from it "
-                         f"(lmbook train -p gpt2_124m -e NAME --set bias=true init_from={init_from}), then "
-                             "--init-from NAME")
+        raise ValueError("fine-tuning starts from an lmbook run or a Llama-family model, "
+                         f"not {init_from!r}: first train from it (lmbook train -p gpt2_124m -e "
+                         f"NAME --set bias=true init_from={init_from}), then --init-from NAME")
     base = config_from_dict(init.state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
@@ -91,8 +90,7 @@ def finetune(init_from:str, # experiment name, run folder or checkpoint folder o
              root:Path|None=None, # workspace root (default: from settings)
              log:Callable=print, # where progress lines go
             ) -> dict:
-    ("Fine-tune the run `init_from` on `data` as `experiment` with the trainer (resumes like any run); "
-     "return its result.")
+    "Fine-tune the run `init_from` on `data` as `experiment`, resumable like any run; its result."
     cfg, init, examples = checked(init_from, data, experiment, overrides, root, log)
     return train(cfg, experiment, root=root, log=log, init=init, examples=examples)
 
@@ -103,8 +101,8 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
     init = find_init(init_from, root)  # found once: everything after takes it
     cfg = finetune_config(init, data, overrides, root)
     if init.kind == 'lmbook' and paths_for(experiment, root=root).run == run_of(init.path):
-        raise ValueError(f"experiment {experiment!r} is the init run itself: give the fine-tuned run a new "
-                         "name")
+        raise ValueError(f"experiment {experiment!r} is the init run "
+                         "itself: give the fine-tuned run a new name")
     check_init(cfg, init)
     examples = read_init_sft(cfg, init, root, log)  # read once; bad lines fail before any folder is made
     return cfg, init, examples

@@ -39,8 +39,8 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     torchrun_option(p)
     field_option(p, 'allow_config_change', action='store_true')
-    p.add_argument('--prepare-only', action='store_true', help='only prepare the data (shards, tokenizer, '
-                   'tokens), then exit')
+    p.add_argument('--prepare-only', action='store_true',
+                   help='only prepare the data (shards, tokenizer, tokens), then exit')
     return p
 
 def resolve_args(a:argparse.Namespace) -> tuple:
@@ -68,8 +68,8 @@ def train_process(cfg, # the resolved `Config`
         say = RunLog()
         # says so when it waits for another preparation
         pd = prepare_run(cfg, paths_for(experiment, root=root), say)
-        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
-            f"{pd.vocab_size}")
+        say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} "
+            f"validation tokens, vocabulary {pd.vocab_size}")
         return 0
     try: return exit_code(train(cfg, experiment, root=root))
     except NonFiniteError: return EXIT_DIVERGED
@@ -79,8 +79,7 @@ def _say_error(e:Exception):
     except OSError: pass  # nobody is reading
 
 def main(argv:list[str]|None=None) -> int:
-    ("Entry point of one training process (plain or a torchrun worker); rank 0 also writes its exit code to "
-     "`LMBOOK_EXIT_FILE`.")
+    "Entry point of one training process, plain or a torchrun worker; rank 0 also records its exit code."
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
@@ -132,8 +131,7 @@ def launch(profile:str, # profile name or config file
            prepare_only:bool=False, # only prepare the data
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
           ) -> Iterator[str]:
-    ("Run the training in a subprocess and yield its output lines; raise `TrainingExit` when it does not "
-     "finish.")
+    "Run the training in a subprocess, yielding its output lines; `TrainingExit` when it does not finish."
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
     if 'torch.distributed.run' in cmd or prepare_only:
@@ -145,19 +143,19 @@ class TrainingExit(RuntimeError):
     "A training process that ended with a non-zero exit code (`code`)."
     def __init__(self, code:int):
         self.code = code
-        super().__init__(f"training exited with code {code} ({describe_exit(code)}); its output above says "
-                         "why")
+        super().__init__(f"training exited with code {code} "
+                         f"({describe_exit(code)}); its output above says why")
 
 def _exit_code(rc:int, exit_file:str) -> int:
-    ("The worker's own exit code when it wrote one (torchrun reports 1 for any failed worker), else the "
-     "process's.")
+    "The worker's own exit code when it wrote one (torchrun says 1 for any failure), else the process's."
     try: return int(json.loads(Path(exit_file).read_text())['exit_code']) if rc else 0
     except (OSError, ValueError, KeyError): return 128 - rc if rc < 0 else rc
     finally: Path(exit_file).unlink(missing_ok=True)
 
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
-    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-',
-                                     suffix='.json'); os.close(fd); os.unlink(exit_file)
+    fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
+    os.close(fd)
+    os.unlink(exit_file)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=dict(env, LMBOOK_EXIT_FILE=exit_file),
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
@@ -174,7 +172,9 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try: proc.wait(grace_s)
-            except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
 
@@ -188,7 +188,8 @@ def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:in
     try:
         for line in gen: out(line.rstrip('\n'))
     except KeyboardInterrupt:
-        gen.close(); raise
+        gen.close()
+        raise
     return 0
 
 # %% ../../nbs/05f_launch.ipynb #e138cd59
@@ -198,8 +199,7 @@ def detach(profile:str, # profile name or config file
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
           ) -> tuple[int, Path]:
-    ("Start `lmbook train` for the run in a session of its own, output in `runs/<exp>/train.out`; (pid, that "
-     "file).")
+    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (pid, that file)."
     out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',

@@ -87,7 +87,8 @@ def local_task(name:str, # the task's name
                text:str='ctx', choices:str='endings', target:str='label', # the record fields
               ) -> Path:
     "A harness task of multiple-choice records in the local file `data`; returns its YAML file."
-    out = Path(out_dir)/f'{name}.yaml'; out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)/f'{name}.yaml'
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text('\n'.join([f"task: {name}", "dataset_path: json", "dataset_kwargs:", "  data_files:",
                               f"    validation: {json.dumps(str(Path(data).resolve()))}",
                                   "validation_split: validation",
@@ -104,12 +105,12 @@ def hellaswag_task(data:Path, # a HellaSwag JSONL (ctx_a, ctx_b, activity_label,
                   ) -> Path:
     "The harness's `hellaswag` task reading the local file `data` instead of the Hub."
     if lm_eval is None: raise ValueError("lm-evaluation-harness is not installed: pip install 'lmbook[eval]'")
-    out = Path(out_dir)/f'{name}.yaml'; out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)/f'{name}.yaml'
+    out.parent.mkdir(parents=True, exist_ok=True)
     base = Path(lm_eval.__file__).parent/'tasks'/'hellaswag'/'hellaswag.yaml'
     out.write_text('\n'.join([f"include: {json.dumps(str(base))}", f"task: {name}", "tag: []",
-                              "dataset_path: json",
-                              "dataset_kwargs:", "  data_files:", "    validation: "
-                                  f"{json.dumps(str(Path(data).resolve()))}",
+                              "dataset_path: json", "dataset_kwargs:", "  data_files:",
+                              f"    validation: {json.dumps(str(Path(data).resolve()))}",
                               "training_split: null", ""]))
     return out
 
@@ -161,8 +162,7 @@ def run_tasks(source:str|Path,
     return res
 
 def save_results(run:Path, results:dict, step:int, checkpoint:str) -> Path:
-    ("Merge `results` into `run`/eval.json: each task's newest metrics, with the step and checkpoint they "
-     "came from.")
+    "Merge `results` into the run's eval.json: each task's newest metrics, with their step and checkpoint."
     path = RunDir(run).eval
     try: have = json.loads(path.read_text())
     except (OSError, ValueError): have = {}

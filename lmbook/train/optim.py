@@ -24,8 +24,7 @@ def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
 
 def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu',
                    fused:bool|None=None) -> torch.optim.Optimizer:
-    ("The optimizer `tc.optimizer` names over `model`: AdamW (fused kernels on CUDA unless `fused=False`) or "
-     "`Muon`.")
+    "The optimizer `tc.optimizer` names over `model`: AdamW (fused on CUDA unless `fused=False`) or `Muon`."
     fused = device_type == 'cuda' if fused is None else fused
     if tc.optimizer == 'muon': return Muon(muon_groups(model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2),
                                            momentum=tc.muon_momentum)
@@ -52,8 +51,7 @@ def orthogonalize(G:torch.Tensor,
 _BLOCK = re.compile(r'(^|\.)h\.\d+\.')
 
 def muon_groups(model:torch.nn.Module, tc:TrainConfig) -> list[dict]:
-    ("Muon for the blocks' matrices; AdamW for embeddings and head (with decay) and for gains and biases "
-     "(without).")
+    "Muon for the blocks' matrices; AdamW for embeddings and head (decayed) and gains and biases (not)."
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     hidden = [p for k, p in named if p.dim() == 2 and _BLOCK.search(k)]
     ids = {id(p) for p in hidden}

@@ -79,7 +79,9 @@ def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); not
                    ):
     "Show `USER_ERRORS` raised in this kernel's cells as one `error:` line, as the `lmbook` command does."
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return
     if shell is not None: shell.set_custom_exc(USER_ERRORS, _one_line)
 
@@ -131,11 +133,12 @@ def _parent_cmd(pid:int) -> str:
 def interactive(env:dict|None=None, # the environment (default: os.environ)
                 shell=None, # the IPython shell (default: get_ipython())
                ) -> bool:
-    ("Whether a person watches this kernel in a notebook frontend with widgets (JupyterLab), not papermill "
-     "or a script.")
+    "Whether a person watches this kernel in a frontend with widgets (JupyterLab), not papermill."
     if (on := env_var('LMBOOK_DASHBOARD', env=env)) in ('0', '1'): return on == '1'
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return False
     kernel = getattr(shell, 'kernel', None)
     if kernel is None: return False  # a script, a terminal IPython, or nbdev's in-process test run
@@ -149,10 +152,11 @@ def interactive(env:dict|None=None, # the environment (default: os.environ)
 def terminal(env:dict|None=None, # the environment (default: os.environ)
              shell=None, # the IPython shell (default: get_ipython())
             ):
-    ("A text stream to the terminal of the papermill that runs this kernel, or None where there is none to "
-     "add.")
+    "A text stream to the terminal of the papermill that runs this kernel, or None where there is none."
     if shell is None:
-        try: from IPython import get_ipython; shell = get_ipython()  # a notebook kernel only
+        try:
+            from IPython import get_ipython  # a notebook kernel only
+            shell = get_ipython()
         except ImportError: return None
     # a script or nbdev's tests: stdout is the terminal
     if getattr(shell, 'kernel', None) is None: return None
@@ -181,8 +185,7 @@ def last_sample(run:Path) -> dict|None:
     return s[-1] if s else None
 
 def run_length(run:Path) -> int|None:
-    ("The number of optimizer steps of the run in `run`, from its `meta.json` (None before the trainer wrote "
-     "it).")
+    "The number of optimizer steps of the run in `run`, from its meta (None before the trainer wrote it)."
     try: return int(RunDir(run).read_meta()['total_steps'])
     except (OSError, ValueError, KeyError, TypeError): return None
 
@@ -197,10 +200,13 @@ def plot_png(recs:list[dict], dpi:int=80) -> bytes:
         if xs: ax1.plot(xs, ys, st, ms=3, label=n)
     xs, ys = series(recs, 'lr')
     if xs: ax2.plot(xs, ys, color='tab:green')
-    ax1.set(xlabel='step', ylabel='loss'); ax2.set(xlabel='step', ylabel='lr')
+    ax1.set(xlabel='step', ylabel='loss')
+    ax2.set(xlabel='step', ylabel='lr')
     if ax1.lines: ax1.legend()
     for a in (ax1, ax2): a.grid(alpha=0.3)
-    buf = io.BytesIO(); fig.savefig(buf, format='png'); return buf.getvalue()
+    buf = io.BytesIO()
+    fig.savefig(buf, format='png')
+    return buf.getvalue()
 
 # %% ../../nbs/05k_runnb.ipynb #ee9ea62b
 class Dashboard:
@@ -225,10 +231,9 @@ class Dashboard:
         self.bar.bar_style = 'success' if s['frac'] >= 1 else ''
         eta = f" · eta {format_duration(s['eta'])}" if s['eta'] else ''
         self.status.value = f"step {s['step']}/{self.max_steps or '?'}" + eta
-        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'), ('lr', s.get('lr'),
-                                                                                          '.2e'),
-                 ('tok/s', s.get('tok_per_s'), ',.0f'), ('MFU', 100*s['mfu'] if s.get('mfu') else None,
-                                                         '.1f')]
+        cells = [('loss', s.get('loss'), '.4f'), ('val_loss', s.get('val_loss'), '.4f'),
+                 ('lr', s.get('lr'), '.2e'), ('tok/s', s.get('tok_per_s'), ',.0f'),
+                 ('MFU', 100*s['mfu'] if s.get('mfu') else None, '.1f')]
         self.stats.value = (' &nbsp;·&nbsp; '.join(f"{k} <b>{format(v, f)}{'%' if k == 'MFU' else ''}</b>"
                                                    for k, v, f in cells if v is not None))
         if sample:
@@ -248,8 +253,7 @@ def follow(lines:Iterable[str], # the trainer's output lines
            # a text stream that gets the lines too (default: `terminal()` when there is no dashboard)
            tee=None,
           ) -> None:
-    ("Print `lines` as they come, each once, and keep the dashboard of the run in `run` up to date where "
-     "there is one.")
+    "Print `lines` as they come, each once, and keep the run's dashboard up to date where there is one."
     run = Path(run)
     live = interactive() if live is None else live
     own = tee is None and echo and not live
@@ -273,7 +277,9 @@ def follow(lines:Iterable[str], # the trainer's output lines
                 try: tee.write(back + line.rstrip('\n') + '\n')
                 # that terminal is gone: the notebook keeps every line
                 except (OSError, ValueError): tee, own = None, False
-            if dash is not None and time.time() - last > every: redraw(); last = time.time()
+            if dash is not None and time.time() - last > every:
+                redraw()
+                last = time.time()
     # an interrupted cell: stop the run cleanly (it checkpoints), then stop here too
     except KeyboardInterrupt:
         if hasattr(lines, 'close'): lines.close()

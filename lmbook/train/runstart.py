@@ -68,8 +68,7 @@ def hub_init(init_from:str) -> str:
     return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
 
 def hub_llama(init_from:str) -> Path|None:
-    ("The folder of the Llama-family model an `init_from` such as 'hf:meta-llama/Llama-2-7b-hf' names, "
-     "else None.")
+    "The folder of the Llama-family model an `init_from` like 'hf:meta-llama/Llama-2-7b-hf' names, else None."
     name = hub_init(init_from)
     if not name or name in HUB_ALIASES or name.startswith('openai-community/'): return None
     folder = hf_folder(name)
@@ -144,7 +143,9 @@ def init_model(cfg:Config, # the run's config
                init:Init|None=None, # what its weights start from (None: found and checked here)
                device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of its `Init` and LoRA adapters when asked."
-    if init is None: init = find_init(cfg.train.init_from); check_init(cfg, init)
+    if init is None:
+        init = find_init(cfg.train.init_from)
+        check_init(cfg, init)
     if init.kind == 'llama':
         # built on the meta device, each weight placed (4-bit) as it is read
         return hf_init_model(cfg, init.path, device)
@@ -165,8 +166,7 @@ def init_model(cfg:Config, # the run's config
 
 # %% ../../nbs/05d_runstart.ipynb #6bee2f97
 def adopt_init_tokenizer(ck:Path, state:dict, tok_dir:Path, root:Path|None=None):
-    ("Copy the tokenizer checkpoint `ck` was trained with into `tok_dir` (the new experiment's); return it "
-     "loaded.")
+    "Copy the tokenizer checkpoint `ck` was trained with into `tok_dir`; return it loaded."
     src = find_tokenizer(ck, state, experiment_of(run_of(ck)), root)
     tok_dir, src_dir = Path(tok_dir), Path(src.path).parent
     if (tok_dir/'tokenizer.json').is_file():
@@ -206,7 +206,9 @@ def prepare_run(cfg:Config, # the run's config
                 examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
                ):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
-    if init is None: init = find_init(cfg.train.init_from, paths.root); check_init(cfg, init)
+    if init is None:
+        init = find_init(cfg.train.init_from, paths.root)
+        check_init(cfg, init)
     # one data preparation of an experiment at a time
     with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
 
@@ -271,14 +273,12 @@ def fit_sft_batch(cfg:Config, # the run's config
     rows, B = len(prepared.train[0]), cfg.train.batch_size
     if rows >= B*world_size: return cfg
     if rows < world_size:
-        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than the {world_size} "
-                         "processes: "
-                         "add examples or use fewer processes")
+        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than "
+                         f"the {world_size} processes: add examples or use fewer processes")
     b = rows//world_size
     if log:
-        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} tokens, less "
-            "than one "
-                f"batch of {world_size}x{B}: batch_size {b}")
+        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} "
+            f"tokens, less than one batch of {world_size}x{B}: batch_size {b}")
     return apply_overrides(cfg, dict(batch_size=b))
 
 # %% ../../nbs/05d_runstart.ipynb #52192cbe
@@ -309,7 +309,10 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
         ok = False
     finally:
         t = x = None
-        gc.collect(); torch._dynamo.reset(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(dev)
+        gc.collect()
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
     return all_reduce(float(ok), 'min', dev) > 0
 
 # %% ../../nbs/05d_runstart.ipynb #df4d2572
@@ -334,8 +337,8 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
     seen = ', '.join(f"{b} {'fits' if ok else 'does not'}" for b, ok in sorted(tried.items()))
     if i < 0:
-        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits the card ({seen}); keeping batch_size "
-            f"{tc.batch_size}")
+        log(f"batch_fit: no micro-batch from {tc.batch_size} up fits "
+            f"the card ({seen}); keeping batch_size {tc.batch_size}")
         return cfg
     b, acc = choices[i]
     log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")

@@ -25,8 +25,7 @@ __all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'autoc
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
 
 def cuda_allocator_defaults():
-    ("Let CUDA's caching allocator grow segments (less fragmentation) unless the user chose otherwise; call "
-     "before CUDA starts.")
+    "Let CUDA's caching allocator grow segments unless the user chose otherwise; call before CUDA starts."
     os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', CUDA_ALLOC_CONF)  # PyTorch reads it as CUDA starts
 
 # %% ../../nbs/05b_step.ipynb #7e8fad3e
@@ -64,8 +63,7 @@ class Trainable:
     mask_fn: Callable|None = None
 
     def forward_kw(self, x:torch.Tensor) -> dict:
-        ("The keyword arguments of a forward pass over `x` besides targets: the document mask, when the run "
-         "has one.")
+        "The keyword arguments of a forward over `x` besides targets: the document mask, when there is one."
         return dict(mask=self.mask_fn(x)) if self.mask_fn else {}
 
     def autocast(self):
@@ -85,7 +83,8 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     info = info or DistInfo(device=pick_device(tc.device))
     dev = info.device
     if dev.startswith('cuda'):
-        torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     parallel = parallel or tc.parallel
     fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
     apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block

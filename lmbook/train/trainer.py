@@ -37,8 +37,7 @@ __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 class StopFlag:
-    ("Turns SIGTERM/SIGINT/SIGHUP (a closed SSH session) into a flag while active (main thread only); "
-     "restores the old handlers.")
+    "Turns SIGTERM/SIGINT/SIGHUP into a flag while active (main thread only); restores the old handlers."
     def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT,
                              signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
     def _handler(self, signum, frame): self.signum = signum
@@ -72,9 +71,8 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
         try:
             inside = sorted(p for p in run_dir.iterdir()
                             if not p.name.startswith('.')) if run_dir.is_dir() else []
-            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs there: "
-                           "make it writable, "
-                                                 "or train in another workspace (--root)")
+            check_writable(run_dir, *inside, fix="a run writes its checkpoints, metrics and logs "
+                           "there: make it writable, or train in another workspace (--root)")
             lock = RunLock(run_dir, log).acquire()
         # a read-only folder, a bad LMBOOK_LOCK_STALE_S, or another trainer's lock (`RunLocked`)
         except ValueError as e: err = e
@@ -136,8 +134,7 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
-    ("USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset): what the run's cost plots use off a RunPod "
-     "pod.")
+    "USD per GPU-hour from $LMBOOK_GPU_PRICE (None when unset), for cost plots off a RunPod pod."
     v = env_var('LMBOOK_GPU_PRICE', '').strip()
     if not v: return None
     try: return float(v)
@@ -152,7 +149,9 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     else:
         rd.configs.mkdir(exist_ok=True)
         path, i = rd.restart_config(step), 1
-        while path.exists(): i += 1; path = rd.restart_config(step, i)
+        while path.exists():
+            i += 1
+            path = rd.restart_config(step, i)
         changes = (resumed or {}).get('changes')
         head = f"# resumed at step {step} with allow_config_change: {'; '.join(changes)}\n" if changes else ''
         path.write_text(head + to_toml(config_dict(r.cfg)))
@@ -189,7 +188,9 @@ class StepLog:
         self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
         self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
 
-    def timed(self, seconds:float): self.t_train += seconds; self.n += 1
+    def timed(self, seconds:float):
+        self.t_train += seconds
+        self.n += 1
 
     def train_row(self, step:int, tokens:int, res:StepResult, lr:float, skipped:int) -> dict:
         "The row of a train step; starts the next timing window."
@@ -206,8 +207,7 @@ class StepLog:
 # %% ../../nbs/05e_trainer.ipynb #b0bc789d
 @patch
 def eta(self:StepLog, step:int, now:float|None=None) -> float|None:
-    ("Seconds left after `step`, at the pace since the first row this start wrote (None until there is "
-     "one).")
+    "Seconds left after `step`, at the pace since the first row this start wrote (None until there is one)."
     now = time.time() if now is None else now
     if self.first is None: self.first = (step, now)
     s0, t0 = self.first
@@ -221,7 +221,8 @@ def write(self:StepLog, row:dict):
     row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
     eta = self.eta(row['step'])
     extra += f" | eta {format_duration(eta)}" if eta is not None else ''
-    self.metrics.write(row); self.r.log(format_row(row, self.r.total) + extra)
+    self.metrics.write(row)
+    self.r.log(format_row(row, self.r.total) + extra)
 
 # %% ../../nbs/05e_trainer.ipynb #1705d16e
 class NonFiniteError(RuntimeError):
@@ -234,11 +235,10 @@ def exit_code(result:dict) -> int:
 
 def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteError:
     "The error (logged) of a run whose loss or grad norm stayed non-finite."
-    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row (last at step "
-           f"{step}, "
-           f"lr {lr:.2e}); those updates were skipped and the last good checkpoint "
-           f"{'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: lower lr or raise "
-               "warmup_steps, then rerun")
+    msg = (f"training diverged: loss or grad norm was non-finite for {consec} steps in a row "
+           f"(last at step {step}, lr {lr:.2e}); those updates were skipped and the last good "
+           f"checkpoint {'is step ' + str(last_ckpt) if last_ckpt > 0 else 'does not exist'}: "
+           "lower lr or raise warmup_steps, then rerun")
     r.log(f"error: {msg}")
     return NonFiniteError(msg)
 
@@ -260,9 +260,8 @@ def finish(r:Run, step:int, start:int, tokens:int, signum:int, last_ckpt:int,
               f"rerun the same command to resume")
     elif step == start:
         last_val = mean_loss(r.t, r.validator.batches)
-        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): raise "
-              "max_steps to train on, "
-              f"or use --no-auto-resume (auto_resume=False) for a new run")
+        r.log(f"the run in {r.dir} already finished at step {step} (val_loss {last_val:.4f}): "
+              "raise max_steps to train on, or use --no-auto-resume (auto_resume=False) for a new run")
     else:
         _samples(r, step)
         r.log(f"done: {step} steps, {tokens:,} tokens; val_loss {last_val:.4f}; run folder {r.dir}")
@@ -334,9 +333,9 @@ def check_base(r:Run, resumed:dict|None):
     if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
 
 def _base_error(r:Run, resumed:dict|None) -> str|None:
-    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained model: set init_from "
-                               "(an experiment, a checkpoint folder or hf:ID), or lora_rank=0 to train every "
-                               "weight")
+    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained "
+                               "model: set init_from (an experiment, a checkpoint "
+                               "folder or hf:ID), or lora_rank=0 to train every weight")
     old = (resumed or {}).get('state', {}).get('base')
     if old and old['sha256'] != r.base['sha256']:
         return (f"{resumed['path']} holds adapters trained on {old['path']}, but {r.base['path']} now has "
@@ -372,13 +371,16 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         t0 = time.perf_counter()
         res = train_step(t, r.loader.next_batch, lr)
         slog.timed(time.perf_counter() - t0)
-        p.step += 1; p.tokens += r.tokens_per_step
+        p.step += 1
+        p.tokens += r.tokens_per_step
         # the snapshot buffers are made in the background, once the optimizer has its state
         if p.step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
         consec = consec + 1 if res.skipped else 0
         p.skipped += res.skipped
         ev = log_step(r, slog, p, res, lr)
-        if consec >= max(1, tc.max_nonfinite): ck.wait(); raise diverged(r, consec, p.step, lr, ck.last)
+        if consec >= max(1, tc.max_nonfinite):
+            ck.wait()
+            raise diverged(r, consec, p.step, lr, ck.last)
         if tc.sample_every and p.step % tc.sample_every == 0 and p.step < r.total: _samples(r, p.step)
         signum = agree_stop(flag.signum or take_stop_request(r.dir), r.info)  # or a STOP request
         save_if_due(r, ck, p, ev, signum)

@@ -57,7 +57,8 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                   amp:torch.dtype|str|None='auto', # autocast dtype ('auto': bf16 on CUDA; None: fp32)
                  ) -> dict:
     "`val_loss` (nats per token), `ppl`, `val_bpb` (bits per UTF-8 byte) and counts, summed over ranks."
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     nats = tokens = text_nats = nbytes = 0.0
     bl, V = byte_lengths.to(device), getattr(getattr(model, 'cfg', None), 'vocab_size', 0)
     try:
@@ -70,8 +71,10 @@ def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                 nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none',
                                       ignore_index=-1)
                 b = bl[y.flatten().clamp(0, len(bl) - 1)]*keep
-                nats += nll.sum().item(); tokens += keep.sum().item()
-                text_nats += (nll*(b > 0)).sum().item(); nbytes += b.sum().item()
+                nats += nll.sum().item()
+                tokens += keep.sum().item()
+                text_nats += (nll*(b > 0)).sum().item()
+                nbytes += b.sum().item()
     finally: model.train(was_training)
     nats, tokens, text_nats, nbytes = _sum_ranks([nats, tokens, text_nats, nbytes], device)
     loss = nats/max(tokens, 1)
@@ -120,8 +123,8 @@ def hellaswag_file(root:Path|None=None, # workspace root (default: from settings
     if path.is_file(): return path
     fix = f"download {url} to {path}, or pass --hellaswag-file FILE"
     off = [k for k in OFFLINE_ENV if env_var(k, '').lower() in ('1', 'true', 'yes', 'on')]
-    if off: raise FileNotFoundError("HellaSwag's validation file is not in the cache and downloads are off "
-                                    f"({off[0]}=1): {fix}")
+    if off: raise FileNotFoundError("HellaSwag's validation file is not in the "
+                                    f"cache and downloads are off ({off[0]}=1): {fix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
     try:
@@ -188,7 +191,8 @@ def hellaswag_accuracy(model:torch.nn.Module, # a GPT (or any model with `cfg.bl
     idx = list(range(rank, len(examples), world_size))
     n_mine = -(-len(examples)//world_size)  # every rank runs as many batches
     idx = [(i, True) for i in idx] + [(idx[0] if idx else 0, False)]*(n_mine - len(idx))
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     n = acc = acc_norm = 0
     try:
         for s in range(0, len(idx), batch_examples):
