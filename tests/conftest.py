@@ -6,6 +6,9 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 os.environ.setdefault('MPLBACKEND', 'Agg')
+# The suite's models are tiny: one thread each runs them faster than two, and two test workers share two cores
+# (torch and its subprocesses read this at import).
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 
 
 @pytest.fixture
