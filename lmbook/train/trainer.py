@@ -21,6 +21,7 @@ from ..data.tokenizer import load_tokenizer
 from ..model.levers import lever_report
 from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
+from ..runs.metrics import disk_full, no_space
 from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
@@ -297,6 +298,9 @@ def train(cfg:Config, # the resolved config
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
     r = setup_run(cfg, experiment, root, rlog, init, examples)
     try: return _train(r, experiment)
+    except OSError as e:  # a write of the run's own files (its config, meta.json) on a full disk: one line
+        if disk_full(e): raise no_space('its files', r.dir, e) from None
+        raise
     finally:
         if r.lock: r.lock.release()
         rlog.close()
