@@ -291,6 +291,8 @@ class TrainConfig:
                         cuda=('none', 'nf4'))
     mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
                          "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
+    mirror_wait_s: float = cfield(300.0, at_least(0), 'free', "seconds a finished run waits for the mirror's "
+                                  "last copy; what it could not copy is listed in the run folder")
     hellaswag_every: int = cfield(0, at_least(0), 'free', "steps between HellaSwag evaluations during "
                                   "training (0: off)")
     hellaswag_limit: int = cfield(0, at_least(0), 'free', "HellaSwag examples per evaluation (0: all of "

@@ -420,7 +420,8 @@ def _train(r:Run, experiment:str) -> dict:
     finally:
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
-        if mirror: mirror.close(0 if signum else None)
+        if mirror: mirror.close(0 if signum else tc.mirror_wait_s, RunDir(r.dir).mirror_left,
+                                f"lmbook mirror {r.dir}")
         metrics.close()
     barrier()
     res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,
