@@ -25,7 +25,7 @@ from ..runs.metrics import disk_full, no_space
 from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
-from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
+from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
 from .runstart import Init, run_start
 from .validation import Validator, hellaswag_examples, mean_loss, train_evals
 from ..rundir import RunDir
@@ -296,14 +296,18 @@ def train(cfg:Config, # the resolved config
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
-    r = setup_run(cfg, experiment, root, rlog, init, examples)
-    try: return _train(r, experiment)
-    except OSError as e:  # a write of the run's own files (its config, meta.json) on a full disk: one line
-        if disk_full(e): raise no_space('its files', r.dir, e) from None
+    try:
+        r = setup_run(cfg, experiment, root, rlog, init, examples)
+        try: return _train(r, experiment)
+        except OSError as e:  # a write of the run's own files (config, meta.json) on a full disk: one line
+            if disk_full(e): raise no_space('its files', r.dir, e) from None
+            raise
+        finally:
+            if r.lock: r.lock.release()
+            rlog.close()
+    except (RuntimeError, MemoryError) as e:  # making the model or a step: one line with the fixes
+        if is_oom(e): raise oom_error(e, cfg.train.batch_size) from None
         raise
-    finally:
-        if r.lock: r.lock.release()
-        rlog.close()
 
 # %% ../../nbs/05e_trainer.ipynb #0a2a04b1
 def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
