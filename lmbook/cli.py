@@ -105,6 +105,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         'talk to a fine-tuned run, the conversation kept (/reset starts anew, /exit or Ctrl-D stops)'),
     'eval': ('lmbook.train.eval',
         'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
+    'mirror': ('lmbook.runs.mirror',
+        "copy the checkpoints a run's mirror could not (the run folder lists them)"),
     'export': ('lmbook.runs.export',
         'write a checkpoint as a Hugging Face transformers folder (and upload it)'),
     'serve': ('lmbook.serve.server',

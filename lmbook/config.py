@@ -48,11 +48,15 @@ class Range:
         if self.choices: ok = v in self.choices
         elif self.pattern: ok = isinstance(v, str) and re.fullmatch(self.pattern, v) is not None
         else:
-            ok = isinstance(v, (int, float)) and math.isfinite(v)
+            num = isinstance(v, (int, float)) and not isinstance(v, bool)  # `true` is not 1
+            ok = num and math.isfinite(v)
             if ok and self.lo is not None: ok = v > self.lo if self.lo_open else v >= self.lo
             if ok and self.hi is not None: ok = v < self.hi if self.hi_open else v <= self.hi
         if ok: return None
-        return f"{name}={v!r}: choose {self}" if self.choices else f"{name}={v!r} must be {self}"
+        if self.choices: return f"{name}={v!r}: choose {self}"
+        if self.pattern: return f"{name}={v!r} must be {self}"
+        kind = ('a finite number ' if not math.isfinite(v) else '') if num else 'a number '
+        return f"{name}={v!r} must be {kind}{self}"
 
 def at_least(lo:float) -> Range: return Range(lo)
 def above(lo:float) -> Range: return Range(lo, lo_open=True)
@@ -290,6 +294,9 @@ class TrainConfig:
                         cuda=('none', 'nf4'))
     mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
                          "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
+    mirror_wait_s: float = cfield(300.0, at_least(0), 'free',
+                                  "seconds a finished run waits for the mirror's last copy (what it "
+                                  "could not copy is listed in the run folder)")
     hellaswag_every: int = cfield(0, at_least(0), 'free',
                                   "steps between HellaSwag evaluations during training (0: off)")
     hellaswag_limit: int = cfield(0, at_least(0), 'free',

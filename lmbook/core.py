@@ -254,7 +254,7 @@ def cli_options(p, *names:str, **defaults):
 EXIT_FINISHED, EXIT_USER_ERROR, EXIT_DIVERGED, EXIT_INTERRUPTED = 0, 2, 3, 130
 EXIT_CODES = {EXIT_FINISHED: 'finished, or already finished',
               EXIT_USER_ERROR: 'user error: bad config or input, run folder locked, '
-                               'no space for a checkpoint',
+                               'a full disk (checkpoints, metrics, samples)',
               EXIT_DIVERGED: 'diverged: the loss or grad norm stayed non-finite',
               EXIT_INTERRUPTED: 'stopped by SIGINT after writing its checkpoint',
               129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint',

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 
 # %% ../nbs/01a_runlock.ipynb #236cfbdd
 from __future__ import annotations
-import contextlib, json, os, signal, socket, threading, time, uuid
+import contextlib, json, math, os, signal, socket, threading, time, uuid
 from pathlib import Path
 from .rundir import RUN_FILES
 from .core import env_var
@@ -25,7 +25,8 @@ def stale_after() -> float:
     v = env_var('LMBOOK_LOCK_STALE_S', '120')
     try: s = float(v)
     except ValueError: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be a number of seconds") from None
-    if s <= 0: raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be positive")
+    if not (math.isfinite(s) and s > 0):  # nan compares false with everything: it would never go stale
+        raise ValueError(f"LMBOOK_LOCK_STALE_S={v!r} must be a finite number of seconds > 0")
     return s
 
 def pid_alive(pid:int) -> bool:

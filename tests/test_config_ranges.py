@@ -99,3 +99,23 @@ def test_key_in_the_wrong_section_of_a_file(workspace, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert msg in err and f in err and len(err.splitlines()) == 1, err
     assert list(workspace.iterdir()) == []
+
+
+def test_true_is_not_a_number_and_inf_is_said_so():
+    "A YAML `true` where a number goes is refused (bool is not int); inf and nan say they are not finite."
+    assert Range(0).error('max_tokens', True) == 'max_tokens=True must be a number >= 0'
+    from lmbook.runs.sample import check_sampling
+    with pytest.raises(ValueError, match=r"max_new_tokens=True must be a number >= 0"):
+        check_sampling(max_new_tokens=True)
+    with pytest.raises(ValueError, match=r"^temperature=inf must be a finite number >= 0$"):
+        check_sampling(temperature=math.inf)
+
+
+@pytest.mark.parametrize('v', ['nan', 'inf', '-inf'])
+def test_lock_stale_setting_must_be_finite(monkeypatch, v):
+    from lmbook.runlock import stale_after
+    monkeypatch.setenv('LMBOOK_LOCK_STALE_S', v)
+    with pytest.raises(
+        ValueError, match=rf"LMBOOK_LOCK_STALE_S='{v}' must be a finite number of seconds > 0"
+    ):
+        stale_after()

@@ -135,3 +135,34 @@ def test_an_interrupted_first_write_does_not_block_the_experiment(built, tmp_pat
     m = tokenize_split(d/'train', tk, t)
     assert m['files'] and (t/'manifest.json').is_file() and not list(t.glob('.manifest.json.*.tmp'))
     assert sorted(p.name for p in t.iterdir() if p.suffix == '.bin') == sorted(f['name'] for f in m['files'])
+
+
+BAD_INPUTS = {  # file name -> (its bytes made from a good gzip's, what the one-line error says)
+    'plain.txt.gz': (lambda gz: b'plain text, not gzip\n', 'is not gzip data'),
+    'cut.txt.gz': (lambda gz: gz[:len(gz)//2], 'ends before its gzip stream does'),
+    'cut.jsonl.gz': (lambda gz: gz[:len(gz)//2], 'ends before its gzip stream does'),
+}
+
+@pytest.mark.parametrize('name', BAD_INPUTS)
+def test_bad_compressed_input_names_the_file(tmp_path, name):
+    "A plain file named .gz, or a truncated .gz: one ValueError naming the file and the fix."
+    import gzip
+    make, says = BAD_INPUTS[name]
+    text = ''.join(json.dumps(dict(text=f'document {i} ' * 50)) + '\n' for i in range(3000))
+    (tmp_path/name).write_bytes(make(gzip.compress(text.encode())))
+    with pytest.raises(ValueError) as e:
+        shard_corpus(tmp_path / 'train', dataset=str(tmp_path / name), mode='prod')
+    msg = str(e.value)
+    assert says in msg and str(tmp_path/name) in msg and '\n' not in msg, msg
+
+
+@pytest.mark.parametrize('col', [[1, 2, 3], [['a'], ['b'], ['c']]])
+def test_parquet_column_that_is_not_text(tmp_path, col):
+    "A parquet text column of ints or lists: one ValueError naming the file, the column and its type."
+    import pyarrow as pa, pyarrow.parquet as pq
+    pq.write_table(pa.table({'text': col}), tmp_path/'a.parquet')
+    with pytest.raises(ValueError, match=r"a\.parquet: column 'text' holds .*, not text: pass --text-field"):
+        shard_corpus(tmp_path/'train', dataset=str(tmp_path/'a.parquet'), mode='prod')
+    (tmp_path/'b.parquet').write_bytes(b'not parquet at all')
+    with pytest.raises(ValueError, match=r"b\.parquet is not a parquet file"):
+        shard_corpus(tmp_path/'train2', dataset=str(tmp_path/'b.parquet'), mode='prod')

@@ -3,6 +3,7 @@ a changed config, a full disk, --prepare-only."""
 import errno, json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
+import torch
 from conftest import rows, lmbook_cmd
 from lmbook.config import get_config
 from lmbook.train.trainer import train
@@ -168,6 +169,9 @@ def test_torchrun_stop_exit_code(ws):
     assert p.wait(timeout=120) == 143, rest
     stop = [l for l in rest.splitlines() if l.startswith('stopped by SIGTERM at step')]
     assert stop, rest
+    assert (
+        'Traceback' not in rest and 'SignalException' not in rest
+    ), rest  # torchrun's own report of the stop
     step = int(stop[0].split('at step ')[1].split('/')[0])
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'tr-stop'/'checkpoints')[0]) == step
 
@@ -183,3 +187,29 @@ def test_resume_refuses_new_biases_and_adapters(ws):
         train(cfg(arch='gpt2', lora_rank=4, max_steps=6, allow_config_change=True), 'shapechange', root=ws,
               log=quiet([]))
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'shapechange'/'checkpoints')[0]) == 4
+
+
+OOM = {
+    'cuda': lambda: torch.cuda.OutOfMemoryError(
+        'CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.1 GiB'
+    ),
+    'cpu': lambda: RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 96000000000 bytes. Error code 12 (Cannot allocate memory)"
+    ),
+}
+
+@pytest.mark.parametrize('where', OOM)
+def test_out_of_memory_is_one_line(ws, monkeypatch, capsys, where):
+    "Out of memory in a step, on the GPU or the CPU: one line naming the fixes, exit 2, the lock released."
+    import lmbook.train.trainer as trainer_mod
+    from lmbook.cli import main
+    def oom(*a, **k): raise OOM[where]()
+    monkeypatch.setattr(trainer_mod, 'train_step', oom)
+    assert main(['train', '-p', 'smoke', '-e', f'oom-{where}', '--root', str(ws), *sets(max_steps=4)]) == 2
+    err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(err) == 1 and err[0].startswith(
+        'error: out of memory on the ' + ('GPU' if where == 'cuda' else 'CPU')
+    ), err
+    assert 'lower batch_size' in err[0] and 'act_ckpt' in err[0] and 'more memory' in err[0], err
+    assert not (Path(ws)/'runs'/f'oom-{where}'/'.lock').exists()

@@ -1,6 +1,6 @@
 """Resuming under faults: what each allowed config change does to the saved state, a disk that fills during a
 background write, read-only run folders, bad settings and lock files, and a `best/` that outlives its run."""
-import json, os, shutil, subprocess, sys
+import errno, json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 import torch
@@ -245,3 +245,50 @@ def test_best_kept_when_the_run_goes_on_from_it(ws):
     train(cfg(max_steps=10, eval_every=4), 'lineage2', root=ws, log=quiet(log))
     assert not (ck/'discarded').exists() and not any('not from the run' in l for l in log), log
     assert json.loads((ck/'best'/'state.json').read_text())['lineage'] == before['lineage']
+
+
+def _full_after(n):
+    "A write that fills the disk from its n-th call on."
+    calls = []
+    def write(*a, **k):
+        calls.append(1)
+        if len(calls) >= n: raise OSError(errno.ENOSPC, 'No space left on device')
+        return REAL[0](*a, **k)
+    return write
+
+REAL = [None]
+
+def _fill(monkeypatch, which):
+    "Make the writer `which` of a run find its disk full after a few writes."
+    import lmbook.runs.metrics as metrics_mod, lmbook.runs.sample as sample_mod
+    from tensorboard.summary.writer import record_writer
+    if which == 'tensorboard':
+        REAL[0] = record_writer.RecordWriter.write
+        monkeypatch.setattr(record_writer.RecordWriter, 'write', _full_after(8))
+        return
+    mod, name = (metrics_mod, 'metrics.jsonl') if which == 'metrics' else (sample_mod, 'samples.jsonl')
+    real, n = open, [0]
+    def fake_open(path, *a, **k):
+        if str(path).endswith(name) and a[:1] == ('a',):
+            n[0] += 1
+            if n[0] >= 6: raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(mod, 'open', fake_open, raising=False)
+
+@pytest.mark.parametrize('which', ['tensorboard', 'metrics', 'samples'])
+def test_full_disk_in_a_writer_is_one_line(ws, monkeypatch, capsys, which):
+    "TensorBoard, metrics.jsonl or samples.jsonl finding the disk full: one line, exit 2; a rerun resumes."
+    exp = f'wfull-{which}'
+    _fill(monkeypatch, which)
+    args = ['train', '-p', 'smoke', '-e', exp, '--root', str(ws)]
+    args += sets(max_steps=12, tensorboard=True, sample_every=2)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    err = [l for l in err.splitlines() if l.strip()]
+    assert len(err) == 1 and err[0].startswith('error: no space left'), err
+    assert 'rerun the same command' in err[0], err
+    assert 'Traceback' not in out, out
+    monkeypatch.undo()
+    ck = Path(ws)/'runs'/exp/'checkpoints'
+    for p in list_checkpoints(ck): verify_checkpoint(p)
+    assert main(args) == 0  # space again: the rerun resumes and finishes

@@ -4,7 +4,9 @@ mirror=hf://... goes through huggingface_hub to the local Hub stand-in; a failin
 run finishes."""
 import json, os, subprocess, sys
 import pytest
+from pathlib import Path
 from conftest import ROOT, lmbook_cmd
+from lmbook.rundir import RunDir
 
 sys.path.insert(0, str(ROOT/'nbs'/'benchmarks'))
 S3_ENV = dict(AWS_ACCESS_KEY_ID='testing', AWS_SECRET_ACCESS_KEY='testing', AWS_DEFAULT_REGION='us-east-1')
@@ -70,3 +72,95 @@ def test_hf_mirror(tmp_path):
     finally: hub.close()
     assert r.returncode == 0, r.stdout + r.stderr
     assert hub.files[('me/ckpts', 'exp/step_00000002/model.safetensors')] == b'w'*64
+
+
+class Silent:
+    "A local endpoint that accepts connections and never answers."
+    def __init__(self):
+        import socket, threading
+        self.sock = socket.socket(); self.sock.bind(('127.0.0.1', 0)); self.sock.listen(16)
+        self.url, self.held = f"http://127.0.0.1:{self.sock.getsockname()[1]}", []
+        threading.Thread(target=self._hold, daemon=True).start()
+    def _hold(self):
+        while True:
+            try:self.held.append(self.sock.accept()[0])
+            except OSError: return
+    def close(self):
+        for c in self.held: c.close()
+        self.sock.close()
+
+
+TINY = [
+    '--set',
+    'take=1500',
+    'batch_size=4',
+    'block_size=64',
+    'n_embd=64',
+    'n_head=2',
+    'eval_every=4',
+    'eval_steps=1',
+    'max_steps=4',
+    'warmup_steps=1',
+    'ckpt_every=4',
+    'tensorboard=False',
+    'mirror=s3://ckpts/runs',
+]
+
+def train_popen(ws, exp, wait_s, url):
+    exe = Path(sys.executable).parent/'lmbook'
+    return subprocess.Popen(
+        [str(exe), 'train', '-p', 'smoke', '-e', exp, '--root', str(ws), *TINY, f'mirror_wait_s={wait_s}'],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **S3_ENV, 'AWS_ENDPOINT_URL': url, 'HF_HUB_OFFLINE': '1'},
+    )
+
+
+def test_mirror_that_never_answers_waits_at_most_mirror_wait_s(workspace):
+    """An endpoint that accepts and never answers: the finished run says once what it waits for, gives up
+    after mirror_wait_s, lists the checkpoint it could not copy with the retry command, and leaves no lock
+    and no staging folder."""
+    srv = Silent()
+    try:
+        p = train_popen(workspace, 'silent', 3, srv.url)
+        out = p.communicate(timeout=120)[0]
+    finally:
+        srv.close()
+    assert p.returncode == 0, out
+    run = workspace/'runs'/'silent'
+    assert out.count('mirror: waiting up to 3 s for step_00000004') == 1, out
+    left = json.loads(RunDir(run).mirror_left.read_text())
+    assert left['checkpoints'] == ['step_00000004'] and left['retry'] == f"lmbook mirror {run}", left
+    assert 'Traceback' not in out and not (run/'.lock').exists() and not (run/'.mirror').exists(), out
+    moto = pytest.importorskip('moto.server')  # the endpoint answers again: the retry command copies the list
+    import boto3
+    srv = moto.ThreadedMotoServer(ip_address='127.0.0.1', port=0); srv.start()
+    try:
+        url = f"http://127.0.0.1:{srv._server.server_port}"
+        boto3.client('s3', endpoint_url=url, region_name='us-east-1', aws_access_key_id='testing',
+                     aws_secret_access_key='testing').create_bucket(Bucket='ckpts')
+        r = lmbook_cmd('mirror', run, env=dict(S3_ENV, AWS_ENDPOINT_URL=url))
+    finally:
+        srv.stop()
+    assert r.returncode == 0 and 'mirror: step_00000004 copied to s3://ckpts/runs/silent' in r.stdout, (
+        r.stdout + r.stderr
+    )
+    assert not RunDir(run).mirror_left.exists()
+
+
+def test_a_signal_ends_the_mirror_wait_at_once(workspace):
+    "SIGTERM while a finished run waits for its mirror: it ends in seconds, lock released, list written."
+    import signal, time
+    srv = Silent()
+    try:
+        p = train_popen(workspace, 'silent-term', 300, srv.url)
+        for line in p.stdout:
+            if line.startswith('mirror: waiting up to 300 s'): break
+        t0 = time.monotonic(); p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=60)[0]
+        took = time.monotonic() - t0
+    finally: srv.close()
+    run = workspace/'runs'/'silent-term'
+    assert took < 10 and not (run/'.lock').exists() and not (run/'.mirror').exists(), (took, out)
+    assert 'Traceback' not in out and RunDir(run).mirror_left.is_file(), out

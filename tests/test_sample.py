@@ -100,11 +100,12 @@ def test_sample_notebook_refuses_unknown_parameters(tmp_path):
             and 'unknown parameter(s) max_new_token' in r.stderr + (tmp_path/'out.ipynb').read_text())
 
 @pytest.mark.parametrize('opt,bad,msg',
-                         [('--temperature', 'nan', 'temperature=nan must be >= 0'),
+                         [('--temperature', 'nan', 'temperature=nan must be a finite number >= 0'),
+                          ('--temperature', 'inf', 'temperature=inf must be a finite number >= 0'),
                           ('--temperature', '-1', 'temperature=-1.0'),
-                                         ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'),
+                          ('--top-p', '0', 'top_p=0.0 must be in (0, 1]'),
                           ('--top-k', '-3', 'top_k=-3 must be >= 0'),
-                                         ('--max-new-tokens', '-1', 'max_new_tokens=-1'),
+                          ('--max-new-tokens', '-1', 'max_new_tokens=-1'),
                           ('--num-samples', '0', 'num_samples=0')])
 def test_sampling_options_checked(ws, run, opt, bad, msg):
     "Every sampling option is range-checked like a config field: one line, exit 2, before the model loads."

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/corpus.html.md"""
 
 # %% ../../nbs/02a_corpus.ipynb #7853cd37
 from __future__ import annotations
-import ast, gzip, json, os, site, sys, sysconfig
+import ast, gzip, json, os, site, sys, sysconfig, zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -188,10 +188,16 @@ def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
             yield from parts
 
 def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
-    import pyarrow.parquet as pq  # slow to import: parquet files only
-    pf = pq.ParquetFile(p)
-    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: "
-                                                                 "pass --text-field NAME")
+    import pyarrow as pa, pyarrow.parquet as pq  # slow to import: parquet files only
+    try: pf = pq.ParquetFile(p)
+    except pa.ArrowException as e: raise ValueError(f"{p} is not a parquet file ({e}): give .parquet files "
+                                                    "written by pyarrow, pandas or datasets") from None
+    if text_field not in pf.schema_arrow.names: raise ValueError(f"{p} has no column {text_field!r}: pass "
+                                                                 "--text-field NAME")
+    typ = pf.schema_arrow.field(text_field).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ)):
+        raise ValueError(f"{p}: column {text_field!r} holds {typ}, not text: "
+                         "pass --text-field NAME of a text column")
     for b in pf.iter_batches(columns=[text_field], batch_size=4096):
         for s in b.column(0).to_pylist():
             if s is None: continue
@@ -199,10 +205,19 @@ def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
             stats.split += len(parts) - 1
             yield from parts
 
+def _gzip_error(p:Path, e:Exception) -> ValueError:
+    "The one-line error of a `.gz` input that is not whole gzip data."
+    if isinstance(e, EOFError): return ValueError(f"{p} ends before its gzip stream does (truncated: {e}): "
+                                                  "copy or compress it again")
+    return ValueError(f"{p} is not gzip data ({e}): rename it without .gz if it is plain text, or compress "
+                      "it again")
+
 def local_docs(path:Path, text_field:str='text', stats:SourceStats|None=None) -> Iterator[str]:
     "Documents of a local file or folder, in file order."
     stats = stats if stats is not None else SourceStats()
     for p in input_files(path):
-        if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field, stats)
-        elif p.name.endswith(('.txt', '.txt.gz')): yield from _txt_docs(p, stats)
-        else: yield from _jsonl_docs(p, stats, text_field)
+        try:
+            if p.name.endswith('.parquet'): yield from _parquet_docs(p, text_field, stats)
+            elif p.name.endswith(('.txt', '.txt.gz')): yield from _txt_docs(p, stats)
+            else: yield from _jsonl_docs(p, stats, text_field)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e: raise _gzip_error(p, e) from None

@@ -63,8 +63,17 @@ def record_messages(rec, # one parsed JSONL record
                   dict(role='assistant', content=_content(rec['response'], where, 'response'))]
 
 # %% ../../nbs/02e_sft.ipynb #ebdafaa5
+def _encode_head(tokenizer, text:str, n:int) -> list[int]:
+    "The first `n` token ids of `text` (all when fewer), encoding little more of a long text than they need."
+    size = 8*n + 64
+    while True:
+        ids = tokenizer.encode(text[:size])
+        if len(ids) > n or size >= len(text): return ids[:n]
+        size *= 4
+
 def render_chat(messages:list[dict], # turns from `record_messages`
                 tokenizer, # an lmbook `Tokenizer` with the chat tokens
+                limit:int|None=None, # stop once the conversation has more tokens than this (None: render all)
                ) -> tuple[list[int], list[int]]:
     "Token ids of a conversation, and per token 1 where it is trained (the assistant's turns) else 0."
     tid = lambda t: tokenizer.token_id(t)
@@ -73,7 +82,10 @@ def render_chat(messages:list[dict], # turns from `record_messages`
                          "with `lmbook tokenizer --tokenizer-json` to add them")
     ids, mask = [], []
     for m in messages:
-        body = tokenizer.encode(m['content']) + [tid(END)]
+        if limit is not None and len(ids) > limit: break  # the rest would be cut off anyway
+        room = None if limit is None else limit - len(ids)
+        body = (tokenizer.encode(m['content']) if room is None
+                else _encode_head(tokenizer, m['content'], room)) + [tid(END)]
         train = int(m['role'] == 'assistant')
         ids += [tid(ROLES[m['role']])] + body
         mask += [0] + [train]*len(body)
@@ -107,7 +119,7 @@ def read_sft(path:Path, # a .jsonl of prompt/response or messages records
             except json.JSONDecodeError as e:
                 msg = e.msg.removesuffix(' at')
                 raise ValueError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
-            ids, mask = render_chat(record_messages(rec, where), tokenizer)
+            ids, mask = render_chat(record_messages(rec, where), tokenizer, block_size + 1)
             if len(ids) > block_size + 1:
                 cut.append(where)
                 ids, mask = ids[:block_size + 1], mask[:block_size + 1]

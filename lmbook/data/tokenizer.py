@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip, hashlib, json, os, struct, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, decoders, trainers
 from ..core import cli_options, load_settings, paths_for, resolve_experiment
@@ -19,10 +19,11 @@ from .prepare import claim_folder
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'Tokenizer', 'new_bpe',
-           'train_bpe', 'save_bundle', 'load_tokenizer', 'hub_names', 'hub_caches', 'hub_offline', 'hub_file',
-           'hub_tokenizer_json', 'adopt_tokenizer', 'ensure_tokenizer', 'token_dtype', 'write_tokens', 'read_header',
-           'open_tokens', 'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
+__all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'TOKENIZE_DOCS',
+           'TOKENIZE_BYTES', 'Tokenizer', 'new_bpe', 'train_bpe', 'save_bundle', 'load_tokenizer', 'hub_names',
+           'hub_caches', 'hub_offline', 'hub_file', 'hub_tokenizer_json', 'adopt_tokenizer', 'ensure_tokenizer',
+           'token_dtype', 'stream_tokens', 'write_tokens', 'read_header', 'open_tokens', 'shard_lines', 'encode_stream',
+           'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
 
 # %% ../../nbs/02c_tokenizer.ipynb #f3b30909
 EOT = '<|endoftext|>'
@@ -223,16 +224,27 @@ def token_dtype(vocab_size:int, dtype:str='auto'):
                                                                   "uint16: use dtype uint32 (or auto)")
     return np.dtype(dtype).type
 
+def stream_tokens(path:Path, pieces:Iterable[tuple[int, np.ndarray]], dtype) -> tuple[int, int]:
+    "Write a token file atomically from (documents, ids) pieces, the header last; (tokens, documents)."
+    path, dt = Path(path), np.dtype(dtype)
+    assert dt.type in (np.uint16, np.uint32), dt
+    tmp, n, docs = path.with_name(f'.{path.name}.{os.getpid()}.tmp'), 0, 0
+    try:
+        with open(tmp, 'wb') as f:
+            f.seek(HEADER.size)
+            for k, ids in pieces:
+                f.write(np.ascontiguousarray(ids, dt.newbyteorder('<')).tobytes())
+                n += len(ids)
+                docs += k
+            f.seek(0)
+            f.write(HEADER.pack(MAGIC, VERSION, dt.itemsize, n, docs))
+        os.replace(tmp, path)
+    finally: tmp.unlink(missing_ok=True)
+    return n, docs
+
 def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
     "Write a token file atomically (header, then ids)."
-    path = Path(path)
-    dt = tokens.dtype.type
-    assert dt in (np.uint16, np.uint32), tokens.dtype
-    tmp = path.with_name(f'.{path.name}.{os.getpid()}.tmp')
-    with open(tmp, 'wb') as f:
-        f.write(HEADER.pack(MAGIC, VERSION, tokens.itemsize, len(tokens), n_docs))
-        f.write(np.ascontiguousarray(tokens).astype(tokens.dtype.newbyteorder('<'), copy=False).tobytes())
-    os.replace(tmp, path)
+    stream_tokens(path, [(n_docs, tokens)], tokens.dtype)
 
 def read_header(path:Path) -> dict:
     "The header of a token file, checked against the file's size."
@@ -259,35 +271,67 @@ def open_tokens(path:Path) -> np.ndarray:
                      shape=(h['tokens'],))
 
 # %% ../../nbs/02c_tokenizer.ipynb #02f65538
-def _shard_lines(p:Path, sha:str) -> list[str]:
-    raw = p.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its "
-                                                                "manifest checksum: it was "
-                                                                "truncated or edited; shard again")
-    if p.name.endswith('.gz'): raw = gzip.decompress(raw)
-    lines = raw.decode('utf-8').split('\n')
-    if lines and lines[-1] == '': lines.pop()
-    return [unescape_doc(l) for l in lines]
+TOKENIZE_DOCS, TOKENIZE_BYTES = 2048, 1 << 20  # documents and text bytes encoded at a time, at most
 
-def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, chunk:int=2048, on_chunk=None) -> np.ndarray:
-    "Token ids of `docs`, each after `<|endoftext|>`, as one array of `dtype`; `on_chunk` after each chunk."
-    # Rust, without the GIL
-    enc = lambda i: tk.tok.encode_batch_fast(docs[i:i+chunk], add_special_tokens=False)
-    out, eot = [], tk.eot_id
+class _Hashing:
+    "A binary file that hashes every byte read from it."
+    def __init__(self, f): self.f, self.h = f, hashlib.sha256()
+    def read(self, n:int=-1) -> bytes: return self._seen(self.f.read(n))
+    def readline(self, n:int=-1) -> bytes: return self._seen(self.f.readline(n))
+    def _seen(self, b:bytes) -> bytes:
+        self.h.update(b)
+        return b
+
+def shard_lines(p:Path, sha:str) -> Iterator[str]:
+    "The documents of shard `p`, streamed; a one-line error at the end when its bytes do not hash to `sha`."
+    with open(p, 'rb') as raw:
+        src = _Hashing(raw)
+        f = gzip.GzipFile(fileobj=src, mode='rb') if p.name.endswith('.gz') else src
+        while line := f.readline():
+            yield unescape_doc(line.decode('utf-8').removesuffix('\n'))
+        while src.read(1 << 20): pass  # whatever follows the compressed stream is hashed too
+    if src.h.hexdigest() != sha: raise ValueError(f"shard {p} disagrees with its manifest checksum: it was "
+                                                  "truncated or edited; shard again")
+
+def _batches(docs:Iterable[str], n:int=TOKENIZE_DOCS, size:int=TOKENIZE_BYTES) -> Iterator[list[str]]:
+    "`docs` in lists of at most `n` documents that stop once they hold `size` characters."
+    batch, chars = [], 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d)
+        if len(batch) >= n or chars >= size:
+            yield batch
+            batch, chars = [], 0
+    if batch: yield batch
+
+def _pack(encs, eot:int, dtype) -> np.ndarray:
+    "The ids of encodings `encs`, each after `eot`, as one array of `dtype` (a flat list: the fastest way)."
+    flat = []
+    for e in encs:
+        flat.append(eot)
+        flat.extend(e.ids)
+    try: return np.array(flat, dtype)
+    except OverflowError: raise ValueError(f"token id {max(flat)} does not fit {np.dtype(dtype).name}: use "
+                                           "dtype uint32") from None
+
+def encode_stream(tk:Tokenizer, docs:Iterable[str], dtype=np.uint16, on_chunk=None) -> Iterator[tuple]:
+    "(documents, ids) of `docs` a batch at a time, each id run after `<|endoftext|>`; `on_chunk` sees each."
+    enc = lambda b: tk.tok.encode_batch_fast(b, add_special_tokens=False)  # Rust, without the GIL
+    batches = _batches(docs)
     with ThreadPoolExecutor(1) as ex:
-        nxt = ex.submit(enc, 0)
-        for i in range(0, len(docs), chunk):
-            encs = nxt.result()
-            # encode the next chunk while this one is packed
-            if i + chunk < len(docs): nxt = ex.submit(enc, i + chunk)
-            flat = []
-            for e in encs:
-                flat.append(eot)
-                flat.extend(e.ids)
-            try: out.append(np.array(flat, dtype))
-            except OverflowError: raise ValueError(f"token id {max(flat)} does not fit "
-                                                   f"{np.dtype(dtype).name}: use dtype uint32") from None
-            if on_chunk is not None: on_chunk(docs[i:i+chunk], out[-1])
+        b = next(batches, None)
+        nxt = ex.submit(enc, b) if b else None
+        while b:
+            encs, cur = nxt.result(), b
+            # encode the next batch while this one is packed
+            if b := next(batches, None): nxt = ex.submit(enc, b)
+            ids = _pack(encs, tk.eot_id, dtype)
+            if on_chunk is not None: on_chunk(cur, ids)
+            yield cur, ids
+
+def encode_docs(tk:Tokenizer, docs:list[str], dtype=np.uint16, on_chunk=None) -> np.ndarray:
+    "Token ids of `docs`, each preceded by `<|endoftext|>`, as one array of `dtype`."
+    out = [ids for _, ids in encode_stream(tk, docs, dtype, on_chunk)]
     return np.concatenate(out) if out else np.zeros(0, dtype)
 
 # %% ../../nbs/02c_tokenizer.ipynb #47140193
@@ -330,12 +374,13 @@ def _token_progress(total:int, on:bool) -> tuple:
 
 def _tokenize_shard(shard_dir:Path, s:dict, tk:Tokenizer, dt, dest:Path, on_chunk=None) -> dict:
     "Tokenize the shard of manifest entry `s` into the token file `dest`; the token manifest's entry for it."
-    docs = _shard_lines(shard_dir/s['name'], s['sha256'])
-    if len(docs) != s['docs']: raise ValueError(f"shard {s['name']} holds {len(docs)} documents, "
-                                                f"its manifest says {s['docs']}: shard again")
-    toks = encode_docs(tk, docs, dt, on_chunk=on_chunk)
-    write_tokens(dest, toks, len(docs))
-    return dict(name=dest.name, shard=s['name'], shard_sha256=s['sha256'], tokens=len(toks), docs=len(docs),
+    docs = shard_lines(shard_dir/s['name'], s['sha256'])  # streamed: memory stays bounded by a batch
+    n, n_docs = stream_tokens(dest, ((len(d), ids) for d, ids in encode_stream(tk, docs, dt, on_chunk)), dt)
+    if n_docs != s['docs']:
+        dest.unlink()
+        raise ValueError(f"shard {s['name']} holds {n_docs} documents, its manifest says {s['docs']}: "
+                         "shard again")
+    return dict(name=dest.name, shard=s['name'], shard_sha256=s['sha256'], tokens=n, docs=n_docs,
                 bytes=dest.stat().st_size)
 
 # %% ../../nbs/02c_tokenizer.ipynb #44b197c9

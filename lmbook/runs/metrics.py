@@ -6,14 +6,14 @@ Docs: https://lmbook.github.io/lmbook/metrics.html.md"""
 
 # %% ../../nbs/04a_metrics.ipynb #9535f76b
 from __future__ import annotations
-import errno, json, math, os, time
+import errno, json, math, os, threading, time
 from pathlib import Path
 from typing import Callable
 from ..rundir import RUN_FILES, RunDir
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
-           'MetricsLogger', 'console', 'RunLog']
+           'NoSpaceError', 'disk_full', 'no_space', 'MetricsLogger', 'console', 'RunLog']
 
 # %% ../../nbs/04a_metrics.ipynb #bbe24bdc
 METRICS = RUN_FILES['metrics']
@@ -100,6 +100,25 @@ def set_aside(path:Path, step:int, warn:Callable=print) -> Path|None:
     warn(f"moved {sum(after)} metric record(s) {what} to {side.name}: the run replays those steps")
     return side
 
+# %% ../../nbs/04a_metrics.ipynb #f7f9dbe9
+class NoSpaceError(ValueError):
+    "A run's file that could not be written: its disk is full."
+
+def disk_full(e:BaseException) -> bool:
+    "Whether `e` says the disk, or the user's quota on it, is full."
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+def no_space(what:str, run_dir:Path, e:OSError) -> NoSpaceError:
+    "The one-line error of a run whose `what` found the disk of `run_dir` full."
+    return NoSpaceError(f"no space left on the disk of {run_dir} for {what} ({e.strerror}): free space or "
+                        "use a bigger volume, then rerun the same command to resume from the last checkpoint")
+
+def _writer_hook(old:Callable) -> Callable:
+    "`old` (a `threading.excepthook`), quiet about a full disk in TensorBoard's writer thread: writes say it."
+    def hook(args):
+        if not (disk_full(args.exc_value) and type(args.thread).__name__ == '_AsyncWriterThread'): old(args)
+    return hook
+
 # %% ../../nbs/04a_metrics.ipynb #d9904897
 class MetricsLogger:
     "Writes metric rows to `metrics.jsonl`, TensorBoard and W&B (rank 0 only)."
@@ -107,6 +126,7 @@ class MetricsLogger:
                  config:dict|None=None,
                  name:str='', log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
+        self.full = False  # a write met a full disk (and said so)
         if not enabled: return
         if tensorboard:
             try:
@@ -122,6 +142,7 @@ class MetricsLogger:
                 self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow',
                                      dir=str(run_dir), config=config)
             except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
+        if self.tb: self.hook, threading.excepthook = threading.excepthook, _writer_hook(threading.excepthook)
 
     def start_at(self, step:int):
         "Make the file ready to go on after `step` (-1: a fresh start): repair it, set later records aside."
@@ -133,16 +154,31 @@ class MetricsLogger:
         "Append one metrics row."
         if not self.enabled: return
         row = clean_row(row)
-        with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
         nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                 and k != 'step'}
-        if self.tb:
-            for k, v in nums.items(): self.tb.add_scalar(k, v, row['step'])
+        try:
+            with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
+        except OSError as e: self._full(e, self.path.name)
+        try:
+            for k, v in nums.items() if self.tb else (): self.tb.add_scalar(k, v, row['step'])
+        except OSError as e: self._full(e, 'TensorBoard')  # its writer thread's error, raised here
         if self.wb: self.wb.log(nums, step=row['step'])
 
     def close(self):
-        if self.tb: self.tb.close()
+        "Flush and close the writers; a full disk is one `NoSpaceError`, unless `write` already raised it."
+        try:
+            if self.tb: self.tb.close()
+        except OSError as e:
+            if not (self.full and disk_full(e)): self._full(e, 'TensorBoard')
+        finally:
+            if self.tb: threading.excepthook = self.hook
         if self.wb: self.wb.finish()
+
+    def _full(self, e:OSError, what:str):
+        "Raise the one-line `NoSpaceError` of a full disk that `what` met (any other error as it is)."
+        if not disk_full(e): raise e
+        self.full = True
+        raise no_space(what, self.path.parent, e) from None
 
 # %% ../../nbs/04a_metrics.ipynb #ae132a7a
 def console(line:str):

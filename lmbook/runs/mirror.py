@@ -6,13 +6,14 @@ Docs: https://lmbook.github.io/lmbook/mirror.html.md"""
 
 # %% ../../nbs/04c_mirror.ipynb #11c8feb8
 from __future__ import annotations
-import os, shutil, threading, time
+import json, math, os, shutil, signal, threading, time
 from pathlib import Path
 from typing import Callable
-from ..core import env_var
+from ..core import env_var, cli_options, paths_for
+from ..rundir import RunDir
 
 # %% auto #0
-__all__ = ['mirror_target', 'upload_hf', 'upload_s3', 'stage', 'Mirror']
+__all__ = ['mirror_target', 'upload_hf', 'upload_s3', 'stage', 'Mirror', 'retry_left', 'add_cli']
 
 # %% ../../nbs/04c_mirror.ipynb #5290ed89
 def mirror_target(spec:str) -> tuple[str, str, str]:
@@ -36,9 +37,26 @@ def upload_hf(folder:Path, repo:str, path:str):
 def upload_s3(folder:Path, bucket:str, path:str):
     "Upload every file of `folder` under `path/` in `bucket` (the endpoint and keys from the environment)."
     import boto3  # optional (the s3 extra): only runs that mirror to S3 need it
+    from boto3.s3.transfer import TransferConfig
     s3 = boto3.client('s3', endpoint_url=env_var('AWS_ENDPOINT_URL') or None)
+    # in the calling thread: a pool's threads would hold the process at exit while an endpoint never answers
+    one = TransferConfig(use_threads=False)
     for f in sorted(Path(folder).rglob('*')):
-        if f.is_file(): s3.upload_file(str(f), bucket, f"{path}/{f.relative_to(folder).as_posix()}")
+        if f.is_file(): s3.upload_file(str(f), bucket, f"{path}/{f.relative_to(folder).as_posix()}",
+                                       Config=one)
+
+# %% ../../nbs/04c_mirror.ipynb #4488466a
+class _Signals:
+    "SIGINT, SIGTERM and SIGHUP as a flag while active (main thread only); the old handlers restored after."
+    def __init__(self): self.signum, self.old = 0, {}
+    def _handler(self, signum, frame): self.signum = signum
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            self.old = {s: signal.signal(s, self._handler) for s in sigs}
+        return self
+    def __exit__(self, *exc):
+        for s, h in self.old.items(): signal.signal(s, h)
 
 # %% ../../nbs/04c_mirror.ipynb #2548d58d
 def stage(ck:Path, dst:Path) -> Path:
@@ -54,8 +72,9 @@ def stage(ck:Path, dst:Path) -> Path:
 class Mirror:
     "Uploads checkpoints to `spec` in a background thread, the newest waiting one first."
     def __init__(self, spec:str, run:str, staging:Path, log:Callable=print, upload:Callable|None=None):
-        self.kind, self.where, prefix = mirror_target(spec)
+        self.spec, (self.kind, self.where, prefix) = spec, mirror_target(spec)
         self.run, self.staging, self.log = f"{prefix}/{run}".strip('/'), Path(staging), log
+        self.submitted = []  # the names of the checkpoints handed to `submit`
         self.upload = upload or (upload_hf if self.kind == 'hf' else upload_s3)
         self.cv, self.pending, self.busy, self.closed, self.done, self.failed = (threading.Condition(), None,
                                                                                  False, False, [], 0)
@@ -67,6 +86,7 @@ class Mirror:
         dst = stage(ck, self.staging/f"{Path(ck).name}-{time.monotonic_ns()}")
         with self.cv:
             old, self.pending = self.pending, (Path(ck).name, dst)
+            self.submitted.append(Path(ck).name)
             self.cv.notify_all()
         if old: shutil.rmtree(old[1], ignore_errors=True)  # a newer checkpoint came before it went up
 
@@ -94,10 +114,73 @@ class Mirror:
                      f"{str(e).splitlines()[0][:200] if str(e) else ''})")
         finally: shutil.rmtree(dst, ignore_errors=True)
 
-    def close(self, timeout:float|None=None):
-        "Wait for the last checkpoint's upload (at most `timeout` seconds), then stop the thread."
+    def not_copied(self) -> list[str]:
+        "The checkpoints submitted after the newest one copied: what the copy elsewhere still lacks."
+        newest = max(self.done, default='')
+        return [n for n in dict.fromkeys(self.submitted) if n > newest]
+
+    def close(self, wait_s:float=math.inf, left:Path|None=None, retry:str='') -> list[str]:
+        "Wait at most `wait_s` s for the uploads (a signal ends it); list what was not copied in `left`."
         with self.cv:
             self.closed = True
             self.cv.notify_all()
-        self.thread.join(timeout)
+        if wait_s > 0 and (todo := self.not_copied()):
+            limit = f'up to {wait_s:g} s ' if wait_s < math.inf else ''
+            self.log(f"mirror: waiting {limit}for {', '.join(todo)} to reach {self.kind}://{self.where}/"
+                     f"{self.run} (Ctrl-C stops waiting)")
+        with _Signals() as sig:
+            end = time.monotonic() + wait_s
+            while self.thread.is_alive() and not sig.signum and time.monotonic() < end: self.thread.join(0.1)
+        missed = self.not_copied()
+        if left is not None: self._leave(Path(left), missed, retry)
         shutil.rmtree(self.staging, ignore_errors=True)
+        return missed
+
+    def _leave(self, left:Path, missed:list[str], retry:str):
+        "Write `left`: the checkpoints not copied and the command that retries them (removed when none are)."
+        if not missed:
+            left.unlink(missing_ok=True)
+            return
+        what = dict(mirror=self.spec, key=self.run, checkpoints=missed, retry=retry)
+        left.write_text(json.dumps(what, indent=1))
+        self.log(f"warning: mirror: {', '.join(missed)} not copied to {self.kind}://{self.where}/{self.run}; "
+                 f"listed in {left}: `{retry}` copies it")
+
+# %% ../../nbs/04c_mirror.ipynb #253ef2dc
+def retry_left(run_dir:Path, log:Callable=print) -> list[str]:
+    "Copy the checkpoints that `run_dir`'s `mirror-left.json` lists; return those still not copied."
+    rd = RunDir(run_dir)
+    if not rd.mirror_left.is_file():
+        log(f"nothing to copy: {rd.mirror_left} does not exist")
+        return []
+    left = json.loads(rd.mirror_left.read_text())
+    kind, where, _ = mirror_target(left['mirror'])
+    upload, missed = upload_hf if kind == 'hf' else upload_s3, []
+    for name in left['checkpoints']:
+        ck, to = rd.checkpoints/name, f"{kind}://{where}/{left['key']}/{name}"
+        if not ck.is_dir():
+            log(f"warning: {ck} is gone (keep_ckpts removed it): not copied")
+            continue
+        try:
+            upload(ck, where, f"{left['key']}/{name}")
+            log(f"mirror: {name} copied to {to}")
+        except Exception as e:  # the network, a refusal, a missing package: listed again
+            missed.append(name)
+            log(f"warning: mirror: {name} was not copied to {to} ({type(e).__name__})")
+    if missed: rd.mirror_left.write_text(json.dumps(dict(left, checkpoints=missed), indent=1))
+    else: rd.mirror_left.unlink()
+    return missed
+
+def _mirror_cmd(args) -> int:
+    run = Path(args.run) if Path(args.run).is_dir() else paths_for(args.run, root=args.root).run
+    if missed := retry_left(run):
+        raise ValueError(f"{', '.join(missed)} still not copied: check the mirror's endpoint and keys, then "
+                         f"rerun `lmbook mirror {run}`")
+    return 0
+
+def add_cli(sub):
+    "Register `lmbook mirror`."
+    help = "copy the checkpoints a run's mirror could not (the run folder lists them)"
+    p = cli_options(sub.add_parser('mirror', help=help), 'root')
+    p.add_argument('run', help='a run folder or an experiment name')
+    p.set_defaults(func=_mirror_cmd)

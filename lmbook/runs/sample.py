@@ -22,6 +22,7 @@ from .find import best_base, experiment_of, find_checkpoint, find_tokenizer, run
 from ..data.sft import END, chat_prompt, record_messages, split_examples
 from ..model.hfimport import gpt2_from_hf, hf_init_model, hf_kind
 from ..rundir import RunDir
+from .metrics import disk_full, no_space
 
 # %% auto #0
 __all__ = ['CHAT_FALLBACK', 'CORPUS_PROMPTS', 'GENERIC_PROMPTS', 'DEFAULT_PROMPTS', 'SAMPLE_RANGES', 'inference_device', 'Loaded',
@@ -363,12 +364,17 @@ def sample_texts(model:torch.nn.Module, tokenizer, prompts=DEFAULT_PROMPTS, max_
 def write_samples(run_dir:Path, step:int, samples:list[dict]):
     "Append `samples` at `step` to `samples.jsonl` and `samples.md` in `run_dir`."
     rd = RunDir(run_dir)
-    with open(rd.samples_jsonl, 'a') as f:
-        for s in samples: f.write(json.dumps(dict(step=step, **s)) + '\n')
-    with open(rd.samples, 'a') as f:
-        f.write(f"\n## step {step}\n\n")
-        for s in samples:
-            f.write(f"- **{s['prompt']}**{' → ' if s.get('chat') else ''}{s['text']}\n".replace('\n\n', '\n'))
+    try:
+        with open(rd.samples_jsonl, 'a') as f:
+            for s in samples: f.write(json.dumps(dict(step=step, **s)) + '\n')
+        with open(rd.samples, 'a') as f:
+            f.write(f"\n## step {step}\n\n")
+            for s in samples:
+                line = f"- **{s['prompt']}**{' → ' if s.get('chat') else ''}{s['text']}\n"
+                f.write(line.replace('\n\n', '\n'))
+    except OSError as e:
+        if disk_full(e): raise no_space('its samples', run_dir, e) from None
+        raise
 
 # %% ../../nbs/04e_sample.ipynb #d3d76314
 def sample_run(source:str|Path, # checkpoint folder, run folder or experiment name

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, json, os, shlex, signal, subprocess, sys, tempfile, textwrap, threading
+import argparse, json, os, re, shlex, signal, subprocess, sys, tempfile, textwrap, threading
 from pathlib import Path
 from typing import Iterator
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
@@ -152,6 +152,13 @@ def _exit_code(rc:int, exit_file:str) -> int:
     except (OSError, ValueError, KeyError): return 128 - rc if rc < 0 else rc
     finally: Path(exit_file).unlink(missing_ok=True)
 
+_TORCHRUN_LOG = re.compile(r'^[IWE]\d{4} [\d:.]+ +\d+ torch/distributed/')  # torchrun's own log lines
+
+def _torchrun_only(held:list[str]) -> bool:
+    "Whether `held` is only torchrun's report: its log lines and its own traceback of a stop."
+    rest = ''.join(l for l in held if not _TORCHRUN_LOG.match(l))
+    return not rest or 'torch/distributed/run.py' in rest
+
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
     fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
     os.close(fd)
@@ -164,8 +171,13 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
         pass_on = lambda signum, frame: proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP
                                                          else signum)  # torchrun: TERM
         old = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    # torchrun's own lines and a traceback: shown at the end unless the worker's lines said how it ended
+    held, tb = [], False
     try:
-        for line in proc.stdout: yield line
+        for line in proc.stdout:
+            tb = tb or line.startswith('Traceback')
+            if tb or _TORCHRUN_LOG.match(line): held.append(line)
+            else: yield line
         rc = proc.wait()
     finally:
         for s, h in old.items(): signal.signal(s, h)
@@ -175,6 +187,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    if not (Path(exit_file).is_file() and _torchrun_only(held)): yield from held
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
 

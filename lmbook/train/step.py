@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/step.html.md"""
 
 # %% ../../nbs/05b_step.ipynb #77df4398
 from __future__ import annotations
-import contextlib, math, os
+import contextlib, math, os, re
 from dataclasses import dataclass, field
 from typing import Callable
 import torch
@@ -19,7 +19,7 @@ from ..distributed import DistInfo, grad_sync, unwrap, wrap_model
 
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'autocast', 'resolve_compile', 'Trainable',
-           'make_trainable', 'StepResult', 'train_step', 'is_oom']
+           'make_trainable', 'StepResult', 'train_step', 'is_oom', 'OutOfMemory', 'oom_error']
 
 # %% ../../nbs/05b_step.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -133,5 +133,18 @@ def train_step(t:Trainable, # model, optimizer and settings
 
 # %% ../../nbs/05b_step.ipynb #54961bfe
 def is_oom(e:BaseException) -> bool:
-    "Whether `e` is the GPU running out of memory (also when compilation wrapped the error)."
-    return isinstance(e, torch.cuda.OutOfMemoryError) or 'out of memory' in str(e).lower()
+    "Whether `e` is the GPU or the CPU running out of memory (also when compilation wrapped the error)."
+    if isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)): return True
+    said = str(e).lower()
+    return isinstance(e, RuntimeError) and ('out of memory' in said or "can't allocate memory" in said)
+
+class OutOfMemory(ValueError):
+    "A run that does not fit the memory of its device: a setting to change, not a crash."
+
+def oom_error(e:BaseException, batch_size:int) -> OutOfMemory:
+    "The one-line error of a run that ran out of memory (`is_oom(e)`), with the fixes."
+    size = re.search(r'allocate ([\d.]+ ?[KMGT]i?B|\d+ bytes)', str(e))
+    where = 'the GPU' if isinstance(e, torch.cuda.OutOfMemoryError) or 'CUDA' in str(e) else 'the CPU'
+    return OutOfMemory(f"out of memory on {where}{f' allocating {size[1]}' if size else ''} at batch_size="
+                       f"{batch_size}: lower batch_size (raise grad_accum to keep the tokens per step), set "
+                       "act_ckpt=selective or full, or use a card (or machine) with more memory")

@@ -21,10 +21,11 @@ from ..data.tokenizer import load_tokenizer
 from ..model.levers import lever_report
 from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
+from ..runs.metrics import disk_full, no_space
 from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
-from .step import StepResult, Trainable, cuda_allocator_defaults, train_step
+from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
 from .runstart import Init, run_start
 from .validation import Validator, hellaswag_examples, mean_loss, train_evals
 from ..rundir import RunDir
@@ -294,11 +295,18 @@ def train(cfg:Config, # the resolved config
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
-    r = setup_run(cfg, experiment, root, rlog, init, examples)
-    try: return _train(r, experiment)
-    finally:
-        if r.lock: r.lock.release()
-        rlog.close()
+    try:
+        r = setup_run(cfg, experiment, root, rlog, init, examples)
+        try: return _train(r, experiment)
+        except OSError as e:  # a write of the run's own files (config, meta.json) on a full disk: one line
+            if disk_full(e): raise no_space('its files', r.dir, e) from None
+            raise
+        finally:
+            if r.lock: r.lock.release()
+            rlog.close()
+    except (RuntimeError, MemoryError) as e:  # making the model or a step: one line with the fixes
+        if is_oom(e): raise oom_error(e, cfg.train.batch_size) from None
+        raise
 
 # %% ../../nbs/05e_trainer.ipynb #0a2a04b1
 def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
@@ -418,7 +426,8 @@ def _train(r:Run, experiment:str) -> dict:
     finally:
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
-        if mirror: mirror.close(0 if signum else None)
+        if mirror: mirror.close(0 if signum else tc.mirror_wait_s, RunDir(r.dir).mirror_left,
+                                f"lmbook mirror {r.dir}")
         metrics.close()
     barrier()
     res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,
