@@ -13,8 +13,10 @@ SMALL = ['--set', 'take=1500']
 
 
 def lmbook_popen(*args, env=None):
+    # Ctrl-C as a terminal gives it: a test run started in the background inherits SIGINT ignored
     return subprocess.Popen([EXE, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, 'HF_HUB_OFFLINE': '1', **(env or {})})
+                            env={**os.environ, 'HF_HUB_OFFLINE': '1', **(env or {})},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def data_files(ws, exp):
