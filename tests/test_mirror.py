@@ -155,9 +155,13 @@ def test_a_signal_ends_the_mirror_wait_at_once(workspace):
     srv = Silent()
     try:
         p = train_popen(workspace, 'silent-term', 300, srv.url)
+        seen = []
         for line in p.stdout:
+            seen.append(line)
             if line.startswith('mirror: waiting up to 300 s'): break
-        t0 = time.monotonic(); p.send_signal(signal.SIGTERM)
+        assert seen and seen[-1].startswith('mirror: waiting'), ''.join(seen)[-3000:]  # what the run said instead
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
         out = p.communicate(timeout=60)[0]
         took = time.monotonic() - t0
     finally: srv.close()
