@@ -159,7 +159,7 @@ def test_a_signal_ends_the_mirror_wait_at_once(workspace):
         for line in p.stdout:
             seen.append(line)
             if line.startswith('mirror: waiting up to 300 s'): break
-        assert seen and seen[-1].startswith('mirror: waiting'), ''.join(seen)[-3000:]  # what the run said instead
+        assert seen and seen[-1].startswith('mirror: waiting'), ''.join(seen)[-3000:]  # else what it said
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
         out = p.communicate(timeout=60)[0]
