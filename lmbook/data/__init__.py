@@ -8,13 +8,5 @@ Docs: https://lmbook.github.io/lmbook/data.html.md"""
 __all__ = []
 
 # %% ../../nbs/02_data.ipynb #b7796f70
-import importlib, importlib.util, warnings
-
-def __getattr__(name:str):
-    "A name of the old `lmbook.data` module, from `lmbook.data.prepare`, with a deprecation warning."
-    if name.startswith('__') or importlib.util.find_spec(f'{__name__}.{name}'): raise AttributeError(name)
-    mod = importlib.import_module('lmbook.data.prepare')  # loaded only for an old import
-    if not hasattr(mod, name): raise AttributeError(f"module 'lmbook.data' has no attribute {name!r}")
-    warnings.warn(f"lmbook.data.{name} moved to lmbook.data.prepare.{name}; the old path goes in the next "
-                  "release", DeprecationWarning, stacklevel=2)
-    return getattr(mod, name)
+from ..core import moved_names
+__getattr__ = moved_names('lmbook.data', 'lmbook.data.prepare')

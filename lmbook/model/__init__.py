@@ -8,13 +8,5 @@ Docs: https://lmbook.github.io/lmbook/model.html.md"""
 __all__ = []
 
 # %% ../../nbs/03_model.ipynb #0ef82040
-import importlib, importlib.util, warnings
-
-def __getattr__(name:str):
-    "A name of the old `lmbook.model` module, from `lmbook.model.gpt`, with a deprecation warning."
-    if name.startswith('__') or importlib.util.find_spec(f'{__name__}.{name}'): raise AttributeError(name)
-    mod = importlib.import_module('lmbook.model.gpt')  # loaded only for an old import
-    if not hasattr(mod, name): raise AttributeError(f"module 'lmbook.model' has no attribute {name!r}")
-    warnings.warn(f"lmbook.model.{name} moved to lmbook.model.gpt.{name}; the old path goes in the next "
-                  "release", DeprecationWarning, stacklevel=2)
-    return getattr(mod, name)
+from ..core import moved_names
+__getattr__ = moved_names('lmbook.model', 'lmbook.model.gpt')

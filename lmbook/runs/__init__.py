@@ -8,13 +8,5 @@ Docs: https://lmbook.github.io/lmbook/runs.html.md"""
 __all__ = []
 
 # %% ../../nbs/04_runs.ipynb #b564e408
-import importlib, importlib.util, warnings
-
-def __getattr__(name:str):
-    "A name of the old `lmbook.runs` module, from `lmbook.runs.find`, with a deprecation warning."
-    if name.startswith('__') or importlib.util.find_spec(f'{__name__}.{name}'): raise AttributeError(name)
-    mod = importlib.import_module('lmbook.runs.find')  # loaded only for an old import
-    if not hasattr(mod, name): raise AttributeError(f"module 'lmbook.runs' has no attribute {name!r}")
-    warnings.warn(f"lmbook.runs.{name} moved to lmbook.runs.find.{name}; the old path goes in the next "
-                  "release", DeprecationWarning, stacklevel=2)
-    return getattr(mod, name)
+from ..core import moved_names
+__getattr__ = moved_names('lmbook.runs', 'lmbook.runs.find')

@@ -8,13 +8,5 @@ Docs: https://lmbook.github.io/lmbook/serve.html.md"""
 __all__ = []
 
 # %% ../../nbs/06_serve.ipynb #ee741387
-import importlib, importlib.util, warnings
-
-def __getattr__(name:str):
-    "A name of the old `lmbook.serve` module, from `lmbook.serve.engine`, with a deprecation warning."
-    if name.startswith('__') or importlib.util.find_spec(f'{__name__}.{name}'): raise AttributeError(name)
-    mod = importlib.import_module('lmbook.serve.engine')  # loaded only for an old import
-    if not hasattr(mod, name): raise AttributeError(f"module 'lmbook.serve' has no attribute {name!r}")
-    warnings.warn(f"lmbook.serve.{name} moved to lmbook.serve.engine.{name}; the old path goes in the next "
-                  "release", DeprecationWarning, stacklevel=2)
-    return getattr(mod, name)
+from ..core import moved_names
+__getattr__ = moved_names('lmbook.serve', 'lmbook.serve.engine')
