@@ -224,6 +224,8 @@ def test_the_pod_runs_a_commit_the_remote_has(fake, capsys, tmp_path):
     # a pod cannot clone from this machine
     for local in (f'file://{tmp_path}/remote.git', str(tmp_path/'remote.git')):
         one_line_error(*run(capsys, *base, '--repo', local), 'a pod cannot clone', 'push', '--repo')
+        rc, out, err = run(capsys, 'pod', 'plan', '--profile', 'smoke', '--gpu', 'H100', '--repo', local)
+        assert rc == 0 and 'cost' in out and 'warning:' in err and 'pod create will refuse it' in err, err
     if not subprocess.run(['git', 'remote'], cwd=ROOT, capture_output=True, text=True).stdout.strip():
         one_line_error(*run(capsys, *base), "no remote 'origin'", '--repo')
 

@@ -124,11 +124,11 @@ class Mirror:
         with self.cv:
             self.closed = True
             self.cv.notify_all()
-        if wait_s > 0 and (todo := self.not_copied()):
-            limit = f'up to {wait_s:g} s ' if wait_s < math.inf else ''
-            self.log(f"mirror: waiting {limit}for {', '.join(todo)} to reach {self.kind}://{self.where}/"
-                     f"{self.run} (Ctrl-C stops waiting)")
-        with _Signals() as sig:
+        with _Signals() as sig:  # before the message, so a signal that follows it is caught
+            if wait_s > 0 and (todo := self.not_copied()):
+                limit = f'up to {wait_s:g} s ' if wait_s < math.inf else ''
+                self.log(f"mirror: waiting {limit}for {', '.join(todo)} to reach {self.kind}://{self.where}/"
+                         f"{self.run} (Ctrl-C stops waiting)")
             end = time.monotonic() + wait_s
             while self.thread.is_alive() and not sig.signum and time.monotonic() < end: self.thread.join(0.1)
         missed = self.not_copied()
