@@ -175,6 +175,36 @@ def test_torchrun_stop_exit_code(ws):
     step = int(stop[0].split('at step ')[1].split('/')[0])
     assert ckpt_step(list_checkpoints(Path(ws)/'runs'/'tr-stop'/'checkpoints')[0]) == step
 
+def _rank_pid(parent:int, rank:int) -> int:
+    "The pid of the torchrun worker with RANK=`rank` among the descendants of `parent`."
+    kids = lambda pid: [int(c) for c in Path(f'/proc/{pid}/task/{pid}/children').read_text().split()]
+    todo = kids(parent)
+    while todo:
+        pid = todo.pop()
+        try: env = Path(f'/proc/{pid}/environ').read_bytes().split(b'\0')
+        except OSError: continue
+        if f'RANK={rank}'.encode() in env and b'LOCAL_RANK' in b' '.join(env): return pid
+        todo += kids(pid)
+    raise AssertionError(f'no rank {rank} under {parent}')
+
+def test_a_killed_worker_is_one_line(ws):
+    """kill -9 of one torchrun worker: one line naming the rank and the signal, exit 137, no traceback on the
+    console; torchrun's report is kept in train.log."""
+    exe = Path(sys.executable).parent/'lmbook'
+    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'tr-kill', '--nproc', '2', '--root',
+                          str(ws), *sets(max_steps=500, ckpt_every=100)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in p.stdout:
+        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    os.kill(_rank_pid(p.pid, 1), signal.SIGKILL)
+    rest = p.stdout.read()
+    assert p.wait(timeout=120) == 137, rest
+    errors = [l for l in rest.splitlines() if l.startswith('error:')]
+    assert len(errors) == 1 and 'rank 1 was killed by SIGKILL' in errors[0], rest
+    assert 'Traceback' not in rest and 'ChildFailedError' not in rest, rest
+    log = (Path(ws)/'runs'/'tr-kill'/'train.log').read_text()
+    assert 'Root Cause' in log and 'SIGKILL' in log
+
 def test_resume_refuses_new_biases_and_adapters(ws):
     """Turning on `bias` or changing `lora_rank` on resume is a one-line refusal, even with
     --allow-config-change, not a state-dict error."""

@@ -22,7 +22,8 @@ from ..core import env_var
 
 # %% auto #0
 __all__ = ['WORKER', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd',
-           'launch', 'TrainingExit', 'run_training', 'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
+           'launch', 'TrainingExit', 'killed_rank', 'run_training', 'detach', 'train_epilog', 'detach_option',
+           'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -137,14 +138,15 @@ def launch(profile:str, # profile name or config file
     if 'torch.distributed.run' in cmd or prepare_only:
         yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
                            grace_s, forward_signals)
-    if not prepare_only: yield from _stream(cmd, e, grace_s, forward_signals)
+    if not prepare_only:
+        yield from _stream(cmd, e, grace_s, forward_signals, RunDir(paths_for(experiment, root=root).run).log)
 
 class TrainingExit(RuntimeError):
-    "A training process that ended with a non-zero exit code (`code`)."
-    def __init__(self, code:int):
-        self.code = code
-        super().__init__(f"training exited with code {code} "
-                         f"({describe_exit(code)}); its output above says why")
+    "A training process that ended with a non-zero exit code (`code`), and why when the launcher knows."
+    def __init__(self, code:int, why:str=''):
+        self.code, self.why = code, why
+        super().__init__(why or f"training exited with code {code} ({describe_exit(code)}); "
+                                "its output above says why")
 
 def _exit_code(rc:int, exit_file:str) -> int:
     "The worker's own exit code when it wrote one (torchrun says 1 for any failure), else the process's."
@@ -159,7 +161,28 @@ def _torchrun_only(held:list[str]) -> bool:
     rest = ''.join(l for l in held if not _TORCHRUN_LOG.match(l))
     return not rest or 'torch/distributed/run.py' in rest
 
-def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) -> Iterator[str]:
+_RANK_TB = re.compile(r'^(\[rank\d+\]: )?Traceback')  # a worker's traceback, or torchrun's own
+_ROOT_CAUSE = re.compile(r'Root Cause[\s\S]*?rank\s*:\s*(\d+)[\s\S]*?exitcode\s*:\s*(-?\d+)')
+
+def killed_rank(held:list[str]) -> tuple[int, int]|None:
+    "(rank, signal) of the worker torchrun's report names as the root cause, when a signal killed it."
+    m = _ROOT_CAUSE.search(''.join(held))
+    return (int(m[1]), -int(m[2])) if m and int(m[2]) < 0 else None
+
+def _killed(held:list[str], report:Path|None) -> TrainingExit:
+    "One line for a worker killed by a signal; torchrun's report and the tracebacks go to `report`."
+    rank, sig = killed_rank(held)
+    name = signal.Signals(sig).name
+    hint = "the kernel's out-of-memory killer or a kill -9" if sig == signal.SIGKILL else "a signal"
+    where = ''
+    if report is not None and report.parent.is_dir():
+        with open(report, 'a') as f: f.write("torchrun's report of the failure:\n" + ''.join(held))
+        where = f"; torchrun's report is in {report}"
+    return TrainingExit(128 + sig, f"rank {rank} was killed by {name} ({hint}) and the other ranks stopped "
+                                   f"with it: the same command resumes from the newest checkpoint{where}")
+
+def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
+            report:Path|None=None) -> Iterator[str]:
     fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
     os.close(fd)
     os.unlink(exit_file)
@@ -175,7 +198,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
     held, tb = [], False
     try:
         for line in proc.stdout:
-            tb = tb or line.startswith('Traceback')
+            tb = tb or bool(_RANK_TB.match(line))
             if tb or _TORCHRUN_LOG.match(line): held.append(line)
             else: yield line
         rc = proc.wait()
@@ -187,6 +210,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False) 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    if rc and not Path(exit_file).is_file() and killed_rank(held): raise _killed(held, report)
     if not (Path(exit_file).is_file() and _torchrun_only(held)): yield from held
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
@@ -261,7 +285,7 @@ def start_run(cfg, # the resolved `Config`
                      prepare_only=prepare_only, forward_signals=True)
     except TrainingExit as e:
         # the run's own lines said the rest
-        if e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128: _say_error(e)
+        if e.why or (e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128): _say_error(e)
         return e.code
     return EXIT_FINISHED
 
