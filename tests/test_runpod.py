@@ -447,3 +447,13 @@ def test_the_readme_in_a_clone_of_a_local_mirror_stops_at_its_first_command(tmp_
     assert first.returncode == 2 and first.stdout == '', first.stdout + first.stderr
     assert (first.stderr.count('\n') == 1 and 'push lmbook' in first.stderr
             and '--repo' in first.stderr), first.stderr
+
+
+def test_create_watch_stops_the_pod_from_here_at_its_cap(fake, capsys):
+    "`pod create --watch` waits for the pod, then stops it at its spend cap, with no SSH key to save first."
+    fake.ssh_keys = []
+    rc, out, err = run(capsys, *create(fake, '--watch', '--max-hours', '1e-7', '--watch-poll', '0',
+                                      '--poll', '0'))
+    (pid,) = fake.pods
+    assert rc == 0 and fake.pods[pid]['status'] == 'EXITED', err
+    assert 'over --max-hours 1e-07' in err and 'stop sent' in out

@@ -548,7 +548,11 @@ def _create_cmd(a) -> int:
     for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
     if spec.env.get('RUN_SERVE'): print(serve_usage(pod['id'], spec))
     print(f"  logs         lmbook pod logs {pod['id']}")
-    if a.wait: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
+    if a.wait or a.watch: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
+    if a.watch:
+        cap = lambda k: float(spec.env.get(k) or 0)
+        w = podwatch.Watcher(cap('MAX_DOLLARS'), cap('MAX_HOURS'), a.stall_minutes)
+        return podwatch.watch_pod(api, pod['id'], w, a.watch_poll)
     return 0
 
 def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
@@ -680,6 +684,9 @@ def add_guard_options(p):
     p.add_argument('--wait', action='store_true', help='wait until RUNNING')
     p.add_argument('--timeout', type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
+    p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
+                   'does: stop it at its spend cap, or when it stalls')
+    podwatch.watch_options(p)
 
 POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
                 'resume': 'start a stopped pod again', 'restart': 'restart the container '
@@ -721,5 +728,6 @@ def add_cli(sub):
     add_create_cli(pod)
     add_pod_commands(pod)
     podwatch.add_stop_cli(pod)
+    podwatch.add_watch_cli(pod)
     podsync.add_pod_cli(pod)
     add_volumes_cli(pod)

@@ -14,8 +14,8 @@ from ..rundir import RUN_FILES
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['ssh_target', 'pod_workspace', 'check_ssh', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'upload', 'upload_cmd',
-           'add_pod_cli', 'add_volume_cli']
+__all__ = ['ssh_target', 'pod_workspace', 'check_ssh', 'copy_cmd', 'push', 'fetch', 's3_endpoint', 'volume_s3', 'upload',
+           'upload_cmd', 'add_pod_cli', 'add_volume_cli']
 
 # %% ../../nbs/07c_sync.ipynb #4afb4cfc
 def ssh_target(pod:dict) -> tuple[list[str], str]:
@@ -134,24 +134,26 @@ def s3_endpoint(data_center:str) -> str:
     if ep := env_var('LMBOOK_S3_ENDPOINT'): return ep
     return f"https://s3api-{check_safe(data_center, 'data_center', 'data center id').lower()}.runpod.io/"
 
+def volume_s3(data_center:str):
+    "A boto3 client of RunPod's S3-compatible API for the network volumes of `data_center`."
+    try: import boto3  # lazy: only the volume commands need boto3
+    except ImportError: raise ValueError("reaching a network volume needs boto3: pip install boto3") from None
+    ak, sk = env_var('RUNPOD_S3_ACCESS_KEY'), env_var('RUNPOD_S3_SECRET_KEY')
+    return boto3.client('s3', endpoint_url=s3_endpoint(data_center), region_name=data_center,
+                        aws_access_key_id=ak, aws_secret_access_key=sk)
+
 def upload(path:str, # local file or folder
            volume_id:str, # network volume id (the bucket)
            data_center:str, # the volume's data center (the region)
            dest:str='', # path on the volume ('' : uploads/<name>)
            log=print) -> list[str]:
     "Upload `path` into the network volume through the S3-compatible API; the keys written."
-    try:  # lazy: only uploads need boto3
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-    except ImportError:
-        raise ValueError("uploading to a network volume needs boto3: pip install boto3") from None
+    s3 = volume_s3(data_center)
+    from boto3.s3.transfer import TransferConfig  # lazy, as in volume_s3
     p = Path(path)
     if not p.exists(): raise FileNotFoundError(f"{path} does not exist: give a file or folder to upload")
     dest = (dest or f"uploads/{p.resolve().name}").strip('/')
     if '..' in dest.split('/'): raise ValueError(f"--dest {dest!r} must stay inside the volume")
-    ak, sk = env_var('RUNPOD_S3_ACCESS_KEY'), env_var('RUNPOD_S3_SECRET_KEY')
-    s3 = boto3.client('s3', endpoint_url=s3_endpoint(data_center), region_name=data_center,
-                      aws_access_key_id=ak, aws_secret_access_key=sk)
     cfg = TransferConfig(multipart_threshold=100*2**20, multipart_chunksize=100*2**20)
     files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
     keys = []

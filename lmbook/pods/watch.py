@@ -6,13 +6,17 @@ Docs: https://lmbook.github.io/lmbook/watch.html.md"""
 
 # %% ../../nbs/07e_watch.ipynb #bf5f9768
 from __future__ import annotations
-import shlex, subprocess, sys, time
+import re, shlex, subprocess, sys, time
+from dataclasses import dataclass
+from typing import Callable
+from ..core import env_var
 from .api import RunPodAPI, RunPodError
-from .sync import ssh_target, pod_workspace, check_ssh
+from .sync import ssh_target, pod_workspace, check_ssh, volume_s3
 from ..runlock import LOCK, STOP_REQUEST
 
 # %% auto #0
-__all__ = ['stop_state_cmd', 'save_before_stop', 'add_stop_cli']
+__all__ = ['stop_state_cmd', 'ssh_state', 'volume_state', 'trainer_channel', 'save_before_stop', 'stop_pod', 'add_stop_cli',
+           'progress_mark', 'Watcher', 'watch_pod', 'watch_options', 'add_watch_cli']
 
 # %% ../../nbs/07e_watch.ipynb #20d3f684
 def stop_state_cmd(run:str, ask:bool=False) -> str:
@@ -25,24 +29,63 @@ def stop_state_cmd(run:str, ask:bool=False) -> str:
             "echo done $(ls -d checkpoints/step_*/COMPLETE 2>/dev/null | tail -n 1); fi")
 
 # %% ../../nbs/07e_watch.ipynb #0545fdd8
-def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer should save
-                     timeout_s:float=900, # how long to wait for the stop checkpoint
-                     poll_s:float=5, # seconds between looks
-                     out=None, # where the progress line goes (default: stderr)
-                     clock=time.monotonic, sleep=time.sleep) -> str:
-    "Ask the pod's trainer to checkpoint and stop, and wait; the newest complete checkpoint ('' : none)."
-    exp, out = pod['env'].get('RUN_EXPERIMENT', ''), out or sys.stderr
-    if not exp: return ''
+def ssh_state(pod:dict) -> Callable[[bool], str]:
+    "Where the pod's trainer is (`stop_state_cmd`'s answer), asked over the pod's SSH."
     opts, host = ssh_target(pod)
-    run = f"{pod_workspace()}/runs/{exp}"
-    def state(ask=False):
+    run = f"{pod_workspace()}/runs/{pod['env']['RUN_EXPERIMENT']}"
+    def state(ask:bool=False) -> str:
         r = subprocess.run(['ssh', *opts, host, stop_state_cmd(run, ask)], stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=120)
         if r.returncode:
             raise RunPodError(f"asking pod {pod['id']} over SSH failed (exit code {r.returncode}: "
                               f"{r.stderr.strip()[-200:]}): `lmbook pod stop --now` stops it anyway")
         return r.stdout.strip()
-    t0, s = clock(), state(ask=True)
+    return state
+
+# %% ../../nbs/07e_watch.ipynb #f44252f7
+def volume_state(pod:dict, s3=None) -> Callable[[bool], str]:
+    "The same answers as `ssh_state`, read from the pod's network volume through the S3-compatible API."
+    s3, vol = s3 or volume_s3(pod['data_center']), pod['volume_id']
+    run = f"runs/{pod['env']['RUN_EXPERIMENT']}/"
+    def has(name:str) -> bool: return bool(s3.list_objects_v2(Bucket=vol, Prefix=run + name).get('KeyCount'))
+    def state(ask:bool=False) -> str:
+        try:
+            if has(LOCK):
+                if ask: s3.put_object(Bucket=vol, Key=run + STOP_REQUEST, Body=b'lmbook pod stop\n')
+                return 'asked' if has(STOP_REQUEST) else 'saving'
+            s3.delete_object(Bucket=vol, Key=run + STOP_REQUEST)
+            pages = s3.get_paginator('list_objects_v2').paginate(Bucket=vol, Prefix=run + 'checkpoints/step_')
+            keys = [o['Key'] for page in pages for o in page.get('Contents', [])]
+            done = sorted(k for k in keys if k.endswith('/COMPLETE'))
+        except Exception as e:  # botocore's errors: no keys, a refused endpoint, a missing bucket
+            raise RunPodError(f"reading pod {pod['id']}'s volume {vol} through the S3 API failed "
+                              f"({type(e).__name__}): `lmbook pod stop --now` stops it anyway") from None
+        return ('done ' + done[-1][len(run):]) if done else 'done'
+    return state
+
+# %% ../../nbs/07e_watch.ipynb #deafb3c8
+def trainer_channel(api:RunPodAPI, pod:dict) -> Callable[[bool], str]:
+    "How `pod stop` reaches the pod's trainer: over SSH, else through its network volume's S3 API."
+    keys = api.ssh_keys()
+    if keys is None or keys: return ssh_state(pod)
+    if pod['volume_id'] and env_var('RUNPOD_S3_ACCESS_KEY') and env_var('RUNPOD_S3_SECRET_KEY'):
+        return volume_state(pod)
+    volume = (" or set RUNPOD_S3_ACCESS_KEY and RUNPOD_S3_SECRET_KEY (runpod.io > Settings > S3 API Keys) "
+              "to ask through its volume," if pod['volume_id'] else '')
+    raise RunPodError(f"no SSH public key is registered with RunPod, so lmbook cannot ask pod {pod['id']}'s "
+                      "trainer to save: add ~/.ssh/id_ed25519.pub at runpod.io > Settings > SSH Public "
+                      f"Keys,{volume} or stop with --now, losing the steps since its last checkpoint")
+
+# %% ../../nbs/07e_watch.ipynb #acd3adc7
+def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer should save
+                     state:Callable[[bool], str], # `ssh_state` or `volume_state` of the pod
+                     timeout_s:float=900, # how long to wait for the stop checkpoint
+                     poll_s:float=5, # seconds between looks
+                     out=None, # where the progress line goes (default: stderr)
+                     clock=time.monotonic, sleep=time.sleep) -> str:
+    "Ask the pod's trainer to checkpoint and stop, and wait; the newest complete checkpoint ('' : none)."
+    out = out or sys.stderr
+    t0, s = clock(), state(True)
     while not s.startswith('done'):
         if clock() - t0 > timeout_s:
             raise RunPodError(f"the trainer did not finish its stop checkpoint in {timeout_s:.0f} s; pod "
@@ -50,26 +93,29 @@ def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer 
         print(f"\rpod {pod['id']}: {s}, waiting for the stop checkpoint ({clock() - t0:.0f} s)", end='',
               file=out)
         sleep(poll_s)
-        s = state()
+        s = state(False)
     print(file=out)
     return s.split('/')[1] if '/' in s else ''
+
+# %% ../../nbs/07e_watch.ipynb #d7caaad1
+def stop_pod(api:RunPodAPI, pod:dict, now:bool=False, timeout_s:float=900, poll_s:float=5, out=None):
+    "Stop `pod`: its trainer's stop checkpoint first (unless `now`, or no run on it), then the API stop."
+    if not now and pod['status'] == 'RUNNING' and pod['env'].get('RUN_EXPERIMENT'):
+        ck = save_before_stop(pod, trainer_channel(api, pod), timeout_s, poll_s, out)
+        print(f"pod {pod['id']}: the trainer stopped with {ck or 'no checkpoint'} complete on the volume")
+    api.stop(pod['id'])
+    print(f"pod {pod['id']}: stop sent; the GPU is released, the disks stay (and bill)")
 
 # %% ../../nbs/07e_watch.ipynb #de906b55
 def _stop_cmd(a) -> int:
     api = RunPodAPI()
     p = api.pod(a.pod_id)
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-    if not a.now and p['status'] == 'RUNNING' and p['env'].get('RUN_EXPERIMENT'):
-        check_ssh(api, 'ask the trainer to save first (or stop with '
-                  '--now, losing the steps since its last checkpoint)')
-        ck = save_before_stop(p, a.timeout, a.poll)
-        print(f"pod {a.pod_id}: the trainer stopped with {ck or 'no checkpoint'} complete on the volume")
-    api.stop(a.pod_id)
-    print(f"pod {a.pod_id}: stop sent; the GPU is released, the disks stay (and bill)")
+    stop_pod(api, p, a.now, a.timeout, a.poll)
     return 0
 
 def add_stop_cli(pod):
-    "Register `lmbook pod stop`: save first (over SSH), then stop; `--now` stops at once."
+    "Register `lmbook pod stop`: save first (over SSH or the volume), then stop; `--now` stops at once."
     p = pod.add_parser('stop', help='ask the trainer to checkpoint, wait for it, then stop the pod (the '
                        'volume and container disk stay)')
     p.add_argument('pod_id')
@@ -77,3 +123,88 @@ def add_stop_cli(pod):
     p.add_argument('--timeout', type=float, default=900, help='seconds to wait for the stop checkpoint')
     p.add_argument('--poll', type=float, default=5, help='seconds between looks at the trainer')
     p.set_defaults(func=_stop_cmd)
+
+# %% ../../nbs/07e_watch.ipynb #aca58196
+_STEP = re.compile(r'\bstep +(\d+)/(\d+)')
+
+def progress_mark(lines:list[str]) -> str:
+    "What says a pod moves on: its log's newest training step, else its newest line."
+    for l in reversed(lines):
+        if m := _STEP.search(l): return f"step {m[1]}/{m[2]}"
+    return lines[-1].strip() if lines else ''
+
+# %% ../../nbs/07e_watch.ipynb #4dd90781
+@dataclass
+class Watcher:
+    "The laptop-side limits of a pod: why it must stop, from one look at it and its log."
+    max_dollars:float=0 # stop once it has cost this much (0: no limit)
+    max_hours:float=0 # stop once it has run this long (0: no limit)
+    stall_min:float=0 # stop when its log shows no progress for this long (0: never)
+    mark:str='' # the newest progress seen
+    since:float|None=None # when `mark` was first seen
+
+    def look(self, pod:dict, lines:list[str]|None, now:float) -> str|None:
+        "Why the pod must stop now (None: let it run); `lines` is its log's tail (None: not readable)."
+        t0 = pod['env'].get('LMBOOK_T0')
+        h = (now - float(t0))/3600 if t0 else pod['uptime']/3600
+        if self.max_hours and h >= self.max_hours:
+            return f"it has run {h:.2f} h, over --max-hours {self.max_hours:g}"
+        if self.max_dollars and h*pod['cost'] >= self.max_dollars:
+            return f"it has cost ~${h*pod['cost']:.2f} ({h:.2f} h), over --max-dollars {self.max_dollars:g}"
+        if lines is not None and (self.since is None or progress_mark(lines) != self.mark):
+            self.mark, self.since = progress_mark(lines), now
+        if self.stall_min and self.since is not None and now - self.since >= self.stall_min*60:
+            return f"no progress for {(now - self.since)/60:.0f} min (last: {self.mark or 'an empty log'})"
+        return None
+
+# %% ../../nbs/07e_watch.ipynb #fe45b681
+def watch_pod(api:RunPodAPI, pod_id:str, w:Watcher, poll_s:float=60, save_timeout_s:float=900, out=None,
+              clock=time.time, sleep=time.sleep) -> int:
+    "Look at the pod every `poll_s` s until it ends, or `w` says it must stop, and then stop it."
+    out = sys.stderr if out is None else out
+    while True:
+        p = api.pod(pod_id)
+        if p is None or p['status'] in ('EXITED', 'TERMINATED'):
+            print(f"\npod {pod_id}: {p['status'] if p else 'gone'}: not billing for GPUs", file=out)
+            return 0
+        try: lines = api.logs(pod_id, 200) if p['status'] == 'RUNNING' else None
+        except RunPodError: lines = None  # no log now: progress is judged at the next look
+        if why := w.look(p, lines, clock()):
+            print(f"\npod {pod_id}: {why}: stopping it", file=out)
+            try: stop_pod(api, p, now=why.startswith('no progress'), timeout_s=save_timeout_s, out=out)
+            except RunPodError as e:
+                print(f"pod {pod_id}: {e}; stopping it now", file=out)
+                stop_pod(api, p, now=True, out=out)
+            return 0
+        seen = w.mark or 'no log yet'
+        print(f"\rpod {pod_id}: {p['status']}, ${p['cost']:.2f}/h, {seen}", end='', file=out)
+        sleep(poll_s)
+
+# %% ../../nbs/07e_watch.ipynb #0ba5a914
+def _watch_cmd(a) -> int:
+    api = RunPodAPI()
+    p = api.pod(a.pod_id)
+    if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
+    num = lambda v, k: v if v is not None else float(p['env'].get(k) or 0)  # default: the pod's own caps
+    w = Watcher(num(a.max_dollars, 'MAX_DOLLARS'), num(a.max_hours, 'MAX_HOURS'), a.stall_minutes)
+    if not (w.max_dollars or w.max_hours or w.stall_min):
+        raise ValueError(f"pod {a.pod_id} has no spend cap to watch: give --max-dollars, --max-hours "
+                         "or --stall-minutes")
+    return watch_pod(api, a.pod_id, w, a.watch_poll, a.timeout)
+
+def watch_options(p, poll:float=60):
+    "The options of a laptop-side watch, shared by `pod watch` and `pod create --watch`."
+    p.add_argument('--stall-minutes', type=float, default=0,
+                   help="stop the pod when its log shows no progress for this long (0: never)")
+    p.add_argument('--watch-poll', type=float, default=poll, help='seconds between looks at the pod')
+
+def add_watch_cli(pod):
+    "Register `lmbook pod watch`: stop a pod from the laptop at a spend cap or a stall."
+    p = pod.add_parser('watch', help="stop a pod from this machine once it reaches its spend cap or "
+                       "stalls (while this runs)")
+    p.add_argument('pod_id')
+    p.add_argument('--max-dollars', type=float, help="default: the pod's own --max-dollars")
+    p.add_argument('--max-hours', type=float, help="default: the pod's own --max-hours")
+    p.add_argument('--timeout', type=float, default=900, help='seconds to wait for the stop checkpoint')
+    watch_options(p)
+    p.set_defaults(func=_watch_cmd)
