@@ -16,7 +16,7 @@ def test_template_replaces_the_image(fake, capsys):
     (pod,) = fake.pods.values()
     assert pod['body']['templateId'] == 'tmpl42abc' and 'image' not in pod['body']
     assert violations({'$ref': 'CreatePodRequest'}, pod['body']) == []
-    run(capsys, *create(fake, '--template', 'tmpl42abc', '--image', 'me/img:1'))
+    run(capsys, *create(fake, '--template', 'tmpl42abc', '--image', 'me/img:1', '--experiment', 'fw-img'))
     assert posts(fake)[-1][2]['image'] == 'me/img:1'
 
 

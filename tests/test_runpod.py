@@ -111,13 +111,21 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
             == ['/v2/network-volumes/vol123abc', '/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3'])
 
 
-def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys):
+def test_dry_run_prints_spec_and_request_and_sends_nothing(fake, capsys, monkeypatch):
     rc, out, err = run(capsys, *create(fake, '--dry-run'))
     assert rc == 0, err
-    assert fake.requests == [] and not fake.pods
+    assert all(m == 'GET' for m, p, b in fake.calls()) and not fake.pods  # only the read-only checks
     body = json.loads(out.split('POST /v2/pods\n', 1)[1])
     assert (body['mounts']['network'][0]['path'] == '/workspace' and body['gpu']['count'] == 2
-            and 'kind: lmbook-pod' in out)
+            and 'kind: lmbook-pod' in out and body['dataCenterIds'] == ['EU-RO-1'])
+    # the exact request: the same name each time, and the one a create then sends
+    again = json.loads(run(capsys, *create(fake, '--dry-run'))[1].split('POST /v2/pods\n', 1)[1])
+    assert again['name'] == body['name'] and run(capsys, *create(fake))[0] == 0
+    (sent,) = [b for m, p, b in posts(fake)]
+    assert sent['name'] == body['name'] and sent['dataCenterIds'] == body['dataCenterIds']
+    monkeypatch.delenv('RUNPOD_API_KEY')
+    rc, out, err = run(capsys, *create(fake, '--dry-run'))
+    assert rc == 0 and "no RUNPOD_API_KEY, so not checked: a create adds the volume's data center" in out
     assert (HF not in out and KEY not in out and 'chars hidden' in out and 'HF_TOKEN' in out
             and 'JUPYTER_PASSWORD' in out)
 
@@ -145,8 +153,9 @@ def test_capacity_is_retried_after_a_lookup_then_a_clear_error(fake, capsys):
     assert len(fake.pods) == 1 and len(posts(fake)) == 3 and len(fake.calls('GET', '/v2/pods')) == 3
     assert 'retrying' in out
     fake.capacity_failures = 99
-    one_line_error(*run(capsys, *create(fake, '--tries', '3')), 'no capacity', 'gave up after 3 tries',
-                   '--gpu')
+    # another experiment: the same one would find the pod just made
+    one_line_error(*run(capsys, *create(fake, '--tries', '3', '--experiment', 'fw-2c')), 'no capacity',
+                   'gave up after 3 tries', '--gpu')
     assert len(fake.pods) == 1
 
 
@@ -374,7 +383,7 @@ def test_a_manifest_is_refused_when_its_env_carries_a_secret_or_disagrees_with_i
     Path('moved.yaml').write_text(txt.replace('experiment: fw-2b', 'experiment: fw-2b-again'))
     one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'moved.yaml', '--dry-run'), 'RUN_EXPERIMENT',
                    'fw-2b-again')
-    assert fake.requests == []
+    assert not fake.calls('POST')  # a dry run only reads
 
 
 def test_printed_request_shows_no_character_of_a_secret(fake, capsys):

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runpod.html.md"""
 
 # %% ../../nbs/07f_runpod.ipynb #8ae11586
 from __future__ import annotations
-import base64, gzip, json, os, re, secrets, subprocess, sys, time
+import base64, gzip, hashlib, json, os, re, secrets, subprocess, sys, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
@@ -21,7 +21,7 @@ from ..core import env_var, process_env
 
 # %% auto #0
 __all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
-           'resolve_env', 'code_source', 'start_script', 'start_command', 'check_pod_args', 'run_overrides',
+           'resolve_env', 'code_source', 'start_script', 'start_command', 'pod_name', 'check_pod_args', 'run_overrides',
            'spend_env', 'pod_spec', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage', 'request_text',
            'create_pod_retrying', 'wait_running', 'format_status', 'check_origin', 'check_available', 'add_plan_cli',
            'add_create_cli', 'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
@@ -232,6 +232,12 @@ def start_command(script:Path|None=None) -> str:
            "/tmp/lmbook-start.sh && exec bash /tmp/lmbook-start.sh'")
     return check_env_value('start', cmd, limit=8192)
 
+# %% ../../nbs/07f_runpod.ipynb #4ad811fc
+def pod_name(experiment:str, gpu_type:str, gpus:int, volume_id:str='') -> str:
+    "The pod's name: the experiment, and a short hash of the machine and volume it runs on."
+    h = hashlib.sha256(f"{experiment}|{gpu_type}|{gpus}|{volume_id}".encode()).hexdigest()[:6]
+    return f"{experiment}-{h}"
+
 # %% ../../nbs/07f_runpod.ipynb #41ea1803
 def check_pod_args(profile:str, overrides:dict|None, autokill:str, on_failure:str, max_hours:float,
                    max_dollars:float):
@@ -296,7 +302,8 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
-    spec = PodSpec(name=f"{experiment}-{secrets.token_hex(3)}", profile=profile, experiment=experiment,
+    spec = PodSpec(name=pod_name(experiment, gpu_type, gpus, volume_id), profile=profile,
+                   experiment=experiment,
                    gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
                    cloud_type=cloud_type or s.cloud_type, volume_id=volume_id, volume_gb=s.volume_gb,
                    container_disk_gb=s.container_disk_gb, data_center=data_center, env=env, secrets=sec)
@@ -336,7 +343,8 @@ def serve_spec(export:str, # the served model's path on the volume: an export, r
                LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit,
                PYTHONUNBUFFERED='1', **(extra_env or {}))
     gpu_type, s = find_gpu(gpu), load_settings()
-    spec = PodSpec(name=f"serve-{name}-{secrets.token_hex(3)}", profile='', experiment=f'serve-{name}',
+    spec = PodSpec(name=pod_name(f'serve-{name}', gpu_type, gpus, volume_id), profile='',
+                   experiment=f'serve-{name}',
                    gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
                    cloud_type=cloud_type, volume_id=volume_id, volume_gb=s.volume_gb,
                    container_disk_gb=s.container_disk_gb, data_center=data_center,
@@ -518,6 +526,13 @@ def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 
         log(f"note: RunPod's catalog says few {n} are free "
             f"in {where or 'its data centers'} (LOW): the create may wait")
 
+def _read_only_checks(spec:PodSpec, hidden:set) -> str:
+    "For `--dry-run`: the checks a create makes, by the API's read-only calls (the volume's data center)."
+    if not env_var('RUNPOD_API_KEY'):
+        return "no RUNPOD_API_KEY, so not checked: a create adds the volume's data center"
+    _checked_with_api(RunPodAPI(hidden=hidden), spec)
+    return 'the volume, GPU type and stock checked by the API as a create would'
+
 def _create_cmd(a) -> int:
     spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
     if a.save:
@@ -529,9 +544,9 @@ def _create_cmd(a) -> int:
         print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
               "stops it", file=sys.stderr)
     if a.dry_run:
+        checked = _read_only_checks(spec, hidden)
         print(spec.to_yaml())
-        print('# the request (secrets masked), not sent; the volume and GPU type are '
-              'checked against the API when sent:')
+        print(f'# the request (secrets masked), not sent; {checked}:')
         print(request_text(spec, env, hidden))
         return 0
     api = RunPodAPI(hidden=hidden)
