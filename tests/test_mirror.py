@@ -106,10 +106,11 @@ TINY = [
     'mirror=s3://ckpts/runs',
 ]
 
-def train_popen(ws, exp, wait_s, url):
+def train_popen(ws, exp, wait_s, url, *extra):
     exe = Path(sys.executable).parent/'lmbook'
     return subprocess.Popen(
-        [str(exe), 'train', '-p', 'smoke', '-e', exp, '--root', str(ws), *TINY, f'mirror_wait_s={wait_s}'],
+        [str(exe), 'train', '-p', 'smoke', '-e', exp, '--root', str(ws), *extra, *TINY,
+         f'mirror_wait_s={wait_s}'],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -149,12 +150,14 @@ def test_mirror_that_never_answers_waits_at_most_mirror_wait_s(workspace):
     assert not RunDir(run).mirror_left.exists()
 
 
-def test_a_signal_ends_the_mirror_wait_at_once(workspace):
-    "SIGTERM while a finished run waits for its mirror: it ends in seconds, lock released, list written."
+@pytest.mark.parametrize('nproc', [1, 2])
+def test_a_signal_ends_the_mirror_wait_at_once(workspace, nproc):
+    """SIGTERM while a finished run waits for its mirror, one process or under torchrun: it ends in seconds,
+    lock released, list written."""
     import signal, time
     srv = Silent()
     try:
-        p = train_popen(workspace, 'silent-term', 300, srv.url)
+        p = train_popen(workspace, 'silent-term', 300, srv.url, '--nproc', str(nproc))
         seen = []
         for line in p.stdout:
             seen.append(line)

@@ -78,6 +78,7 @@ class Mirror:
         self.upload = upload or (upload_hf if self.kind == 'hf' else upload_s3)
         self.cv, self.pending, self.busy, self.closed, self.done, self.failed = (threading.Condition(), None,
                                                                                  False, False, [], 0)
+        self.signum = 0  # the signal that ended `close`'s wait, if one did
         self.thread = threading.Thread(target=self._loop, name='checkpoint-mirror', daemon=True)
         self.thread.start()
 
@@ -131,6 +132,7 @@ class Mirror:
                          f"{self.run} (Ctrl-C stops waiting)")
             end = time.monotonic() + wait_s
             while self.thread.is_alive() and not sig.signum and time.monotonic() < end: self.thread.join(0.1)
+        self.signum = sig.signum  # a signal that ended the wait: the process is asked to leave
         missed = self.not_copied()
         if left is not None: self._leave(Path(left), missed, retry)
         shutil.rmtree(self.staging, ignore_errors=True)

@@ -429,7 +429,7 @@ def _train(r:Run, experiment:str) -> dict:
         if mirror: mirror.close(0 if signum else tc.mirror_wait_s, RunDir(r.dir).mirror_left,
                                 f"lmbook mirror {r.dir}")
         metrics.close()
-    barrier()
+    if not (mirror and mirror.signum): barrier()  # after a signal the other ranks are leaving too
     res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,
                val_loss=p.last_val, stopped=signal.Signals(signum).name if signum else None, signal=signum,
                skipped=p.skipped, checkpoints=ck.timings, best_step=ck.best_step,
