@@ -151,7 +151,13 @@ _DATASET_CONFIG = Range(pattern=f'({_TEXT})?', hint="'' or a config name without
 _HUB_ID = r'[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?'  # one part of a Hub id
 _TOKENIZER = Range(pattern=f'({_HUB_ID}/)?{_HUB_ID}|',
                    hint="'' or a Hub model id such as gpt2 or openai-community/gpt2")
-_SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl file (no surrounding spaces)")
+_SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl or .json file, or hf:ID of a "
+                  "Hugging Face dataset (no surrounding spaces)")
+_SFT_SPLIT = Range(pattern=r'[\w.-]+(\[[^\]\s]*\])?',
+                   hint="a split name such as train, or a slice such as train[:1000]")
+_SFT_COLUMN = r'[a-z]+:[^\s,:]+'  # a format's field, then the data's column that holds it
+_SFT_COLUMNS = Range(pattern=f'({_SFT_COLUMN}(,{_SFT_COLUMN})*)?',
+                     hint="'' or FIELD:COLUMN pairs, comma-separated: instruction:question,output:answer")
 
 _DATA_MOVED = "the loader's position is in the old data"  # why a data field cannot change on resume
 
@@ -176,9 +182,16 @@ class DataConfig:
                             "id ('gpt2') adopts that model's tokenizer.json "
                             "(local Hugging Face cache, downloaded when online)",
                             why="the checkpoint's embeddings belong to the old tokenizer's vocabulary")
-    sft_data: str = cfield('', _SFT_DATA, 'fixed', "a JSONL of prompt/response or chat records to "
-                           "fine-tune on ('' trains on `dataset`); needs init_from",
+    sft_data: str = cfield('', _SFT_DATA, 'fixed', "chat records to fine-tune on ('' trains on `dataset`): "
+                           "a .jsonl or .json file of prompt/response, messages, Alpaca or ShareGPT records, "
+                           "or hf:ID of a Hugging Face dataset; needs init_from",
                            why=_DATA_MOVED)
+    sft_split: str = cfield('train', _SFT_SPLIT, 'fixed', "the split of an hf: sft_data ('train', or a slice "
+                            "such as 'train[:1000]')",
+                            why=_DATA_MOVED)
+    sft_columns: str = cfield('', _SFT_COLUMNS, 'fixed', "the data's columns for a chat format's fields, "
+                              "FIELD:COLUMN pairs: 'instruction:question,output:answer'",
+                              why=_DATA_MOVED)
 
 DATA_RANGES = field_ranges(DataConfig)
 

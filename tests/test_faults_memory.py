@@ -3,6 +3,7 @@ reads, with a peak RSS that does not grow with the line (measured in a subproces
 nbs/benchmarks/long_line.py's)."""
 import json, subprocess, sys
 from pathlib import Path
+import pytest
 from lmbook.data.prepare import shard_corpus
 from lmbook.data.tokenizer import train_bpe, save_bundle, SPECIAL_TOKENS
 
@@ -40,13 +41,19 @@ def test_long_line_tokenizes_in_bounded_memory(tmp_path):
     assert mb < 250, f"tokenizing a 12 MB line grew the peak RSS by {mb} MB"
 
 
-def test_long_record_is_cut_as_it_is_read(tmp_path):
-    "One 8 MB fine-tuning record, cut to 65 tokens: the peak RSS grows by about its size, not 150x it."
+@pytest.mark.parametrize('name', ['chat.jsonl', 'sharegpt.json'])
+def test_long_record_is_cut_as_it_is_read(tmp_path, name):
+    """One 8 MB fine-tuning record, cut to 65 tokens: the peak RSS grows by about its size, not 150x it; in a
+    JSONL file, or in a ShareGPT JSON array (read whole, parsed a record at a time)."""
     words = (tmp_path/'w.txt'); write_long_line(words, 8e6)
-    rec = dict(prompt='Tell me a story.', response=words.read_text())
-    (tmp_path/'chat.jsonl').write_text(json.dumps(rec) + '\n')
+    story = words.read_text()
+    if name == 'chat.jsonl':
+        (tmp_path/name).write_text(json.dumps(dict(prompt='Tell me a story.', response=story)) + '\n')
+    else:
+        turns = [dict(zip(('from', 'value'), t)) for t in [('human', 'Tell me a story.'), ('gpt', story)]]
+        (tmp_path/name).write_text(json.dumps([dict(conversations=turns)]))
     tok = bundle(tmp_path)
     mb = growth_mb('from lmbook.data.sft import read_sft; from lmbook.data.tokenizer import load_tokenizer',
-                   f"ex = read_sft({str(tmp_path/'chat.jsonl')!r}, load_tokenizer({str(tok)!r}), 64)\n"
+                   f"ex = read_sft({str(tmp_path/name)!r}, load_tokenizer({str(tok)!r}), 64)\n"
                    "assert len(ex) == 1 and len(ex[0][0]) == 65, len(ex[0][0])")
     assert mb < 120, f"reading an 8 MB record grew the peak RSS by {mb} MB"

@@ -15,8 +15,8 @@ from lmbook.runs.find import find_checkpoint
 from lmbook.data.tokenizer import load_tokenizer, train_bpe
 from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
 from lmbook.train.runstart import init_model, resolve_init
-from lmbook.data.sft import (read_sft, pack, render_chat, record_messages, builtin_chat, write_jsonl,
-                             chat_prompt)
+from lmbook.data.sft import read_sft, pack, render_chat, builtin_chat, write_jsonl, chat_prompt
+from lmbook.data.chatdata import record_messages
 from conftest import lmbook_cmd, rows
 
 quiet = lambda *a, **k: None
@@ -66,15 +66,25 @@ def test_packing_targets_are_exactly_the_response_tokens():
     assert torch.allclose(m(x, y), manual, atol=1e-5)
 
 
-@pytest.mark.parametrize('line,msg', [('{"prompt": "Hi"}', ':2: the record has no response'),
-                                      ('{"messages": []}', ':2: messages is empty'),
-                                      ('{"messages": [{"role": "robot", "content": "x"}]}',
-                                       ":2: message 0 has unknown role 'robot'"),
-                                      ('{"prompt": "Hi", "response": ', ':2: not valid JSON')])
-def test_bad_records_name_file_and_line_and_write_nothing(pre, line, msg):
+PR, ALPACA = '{"prompt": "Hi", "response": "Hello"}', '{"instruction": "Hi", "output": "Hello"}'
+SHAREGPT = '{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}'
+
+
+@pytest.mark.parametrize('first,line,msg', [
+    (PR, '{"prompt": "Hi"}', ":2: the record has no 'response': give it one"),
+    (PR, '{"messages": []}', ":2: 'messages' is empty: give a list of turns, each with 'role' and 'content'"),
+    (PR, '{"messages": [{"role": "robot", "content": "x"}]}', ":2: 'messages'[0] has unknown 'role' 'robot': "
+     "use one of system, developer, user, assistant"),
+    (PR, '{"prompt": "Hi", "response": ', ':2: not valid JSON'),
+    (ALPACA, '{"instruction": "Hi", "input": 3, "output": "Hello"}', ":2: 'input' must be text, got int"),
+    (ALPACA, '{"instruction": "Hi", "input": ""}', ":2: the record has no 'output'"),
+    (SHAREGPT, '{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt"}]}',
+     ":2: 'conversations'[1] has no 'value': give a list of turns, each with 'from' and 'value'"),
+    (SHAREGPT, ALPACA, ":2: this record is Alpaca, but the first record of")])
+def test_bad_records_name_file_and_line_and_write_nothing(pre, first, line, msg):
     root, _ = pre
     bad = root/'bad.jsonl'
-    bad.write_text('{"prompt": "Hi", "response": "Hello"}\n' + line + '\n')
+    bad.write_text(first + '\n' + line + '\n')
     with pytest.raises(ValueError) as e: finetune('pre', bad, 'ft-bad', FT, root=root, log=quiet)
     assert str(e.value).startswith(f"{bad}{msg}") and '\n' not in str(e.value)
     assert (not paths_for('ft-bad', root=root).run.exists()
@@ -86,7 +96,8 @@ def test_cli_bad_record_one_line(pre):
     bad = root/'bad-cli.jsonl'
     bad.write_text('{"prompt": "Hi", "response": "Hello"}\n{"prompt": "Hi"}\n')
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', bad, '-e', 'ft-cli-bad', '--root', root)
-    assert r.returncode == 2 and r.stderr == f"error: {bad}:2: the record has no response\n", r.stderr
+    assert r.returncode == 2 and r.stderr == (f"error: {bad}:2: the record has no 'response': give it one, "
+                                              "or map a column to it with sft_columns\n"), r.stderr
     assert not paths_for('ft-cli-bad', root=root).run.exists()
 
 
@@ -283,7 +294,7 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
 
 def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     """Eight short records pack into fewer rows than a batch of 16 (the smoke profile's): a note and a batch
-    they fill, not a refusal."""
+    they fill, not a refusal. The same records as an Alpaca JSON file fine-tune too."""
     root, _ = pre
     words = 'one two three four five six seven eight'.split()
     small = write_jsonl([dict(prompt=f'Say {w}.', response=f'{w.title()}!') for w in words],
@@ -297,9 +308,15 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
     assert c.max_steps == 3 and 1 <= c.batch_size < 16 and str(c.batch_size) == note[0].rsplit(' ', 1)[1]
     assert find_checkpoint(paths_for('ft-small', root=root).run).name == 'step_00000003'
-    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small-1', '--root', root,
+    alpaca = root/'small-alpaca.json'
+    alpaca.write_text(json.dumps([dict(instruction=f'Say {w}.', input='', output=f'{w.title()}!')
+                                  for w in words]))
+    r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', alpaca, '-e', 'ft-small-1', '--root', root,
                    '--max-steps', '2', '--batch-size', '1', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0 and 'note:' not in r.stdout, r.stdout + r.stderr
+    assert find_checkpoint(paths_for('ft-small-1', root=root).run).name == 'step_00000002'
+    c = load_config_file(paths_for('ft-small-1', root=root).run/'training.toml').data
+    assert c.sft_data == str(alpaca) and (c.sft_split, c.sft_columns) == ('train', '')
 
 
 def test_finetune_takes_the_training_road(pre, monkeypatch):

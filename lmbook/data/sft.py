@@ -12,55 +12,15 @@ from typing import Callable
 import numpy as np
 import torch
 from ..config import Config
-from .tokenizer import SPECIAL_TOKENS
+from .chatdata import CHAT_ROLES, ChatSource, chat_records, chat_source, record_messages
 
 # %% auto #0
-__all__ = ['ROLES', 'END', 'record_messages', 'render_chat', 'chat_prompt', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches',
-           'split_examples', 'sft_val_rows', 'builtin_chat', 'write_jsonl']
+__all__ = ['ROLES', 'END', 'render_chat', 'chat_prompt', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'split_examples',
+           'sft_source', 'sft_val_rows', 'builtin_chat', 'write_jsonl']
 
 # %% ../../nbs/02e_sft.ipynb #e17b6ee7
-# role -> its reserved token
-ROLES = {'system': '<|system|>', 'user': '<|user|>', 'assistant': '<|assistant|>'}
+ROLES = {r: f'<|{r}|>' for r in CHAT_ROLES}  # role -> its reserved token
 END = '<|end|>'  # closes every turn
-
-def _content(v, where:str, what:str) -> str:
-    if not isinstance(v, str): raise ValueError(f"{where}: {what} must be text, got {type(v).__name__}")
-    if bad := [t for t in SPECIAL_TOKENS if t in v]:
-        raise ValueError(f"{where}: {what} holds the reserved token {bad[0]}: remove it from the text")
-    return v
-
-def record_messages(rec, # one parsed JSONL record
-                    where:str='record', # 'file:line', for errors
-                   ) -> list[dict]:
-    "The turns `[{'role', 'content'}]` of a prompt/response or messages record, checked."
-    if not isinstance(rec, dict):
-        raise ValueError(f"{where}: a record must be a JSON object with prompt and response, or messages")
-    if 'messages' in rec:
-        msgs = rec['messages']
-        if not isinstance(msgs, list) or not msgs:
-            raise ValueError(f"{where}: messages is empty: give a list of {{\"role\", \"content\"}} turns")
-        out = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or 'role' not in m or 'content' not in m:
-                raise ValueError(f"{where}: message {i} must be an object with role and content")
-            if m['role'] not in ROLES:
-                raise ValueError(f"{where}: message {i} has unknown "
-                                 f"role {m['role']!r}: use one of {', '.join(ROLES)}")
-            out.append(dict(role=m['role'], content=_content(m['content'], where, f'message {i}')))
-        if not any(m['role'] == 'assistant' and m['content'].strip() for m in out):
-            raise ValueError(f"{where}: the conversation has no assistant "
-                             "turn with text: nothing to learn from")
-        return out
-    if 'prompt' not in rec and 'response' not in rec:
-        raise ValueError(f"{where}: a record needs prompt and response, or messages; it has "
-                         f"{', '.join(map(repr, rec)) or 'no fields'}")
-    # text, not a number or a list
-    if rec.get('response') is not None: _content(rec['response'], where, 'response')
-    if not isinstance(rec.get('response'), str) or not rec['response'].strip():
-        raise ValueError(f"{where}: the record has no response")
-    out = [dict(role='system', content=_content(rec['system'], where, 'system'))] if rec.get('system') else []
-    return out + [dict(role='user', content=_content(rec.get('prompt', ''), where, 'prompt')),
-                  dict(role='assistant', content=_content(rec['response'], where, 'response'))]
 
 # %% ../../nbs/02e_sft.ipynb #ebdafaa5
 def _encode_head(tokenizer, text:str, n:int) -> list[int]:
@@ -99,44 +59,30 @@ def chat_prompt(prompt:str, system:str='') -> str:
             else '') + f"{ROLES['user']}{prompt}{END}{ROLES['assistant']}"
 
 # %% ../../nbs/02e_sft.ipynb #17a8b2af
-def read_sft(path:Path, # a .jsonl of prompt/response or messages records
+def read_sft(source:ChatSource|str|Path, # a .jsonl or .json file, hf:ID, or a `ChatSource`
              tokenizer, # the tokenizer of the model being fine-tuned
              block_size:int, # the model's context: longer examples are cut to block_size + 1 tokens
              log:Callable|None=None, # where warnings about truncated examples go
+             hf_cache:Path|None=None, # the workspace's Hugging Face cache, for a Hugging Face dataset
             ) -> list[tuple[list[int], list[int]]]:
-    "(ids, mask) of every example of `path`, checked line by line."
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"fine-tuning data {path} does not exist: give a .jsonl file of "
-                                "prompt/response or messages records")
+    "(ids, mask) of every example of `source`, each record checked."
+    src = source if isinstance(source, ChatSource) else chat_source(source)
     out, cut, dropped = [], [], []
-    with open(path, encoding='utf-8') as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip(): continue
-            where = f"{path}:{i}"
-            try: rec = json.loads(line)
-            # e.msg may end in 'at' already ('Unterminated string starting at')
-            except json.JSONDecodeError as e:
-                msg = e.msg.removesuffix(' at')
-                raise ValueError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
-            ids, mask = render_chat(record_messages(rec, where), tokenizer, block_size + 1)
-            if len(ids) > block_size + 1:
-                cut.append(where)
-                ids, mask = ids[:block_size + 1], mask[:block_size + 1]
-                if not any(mask[1:]):
-                    dropped.append(where)
-                    continue
-            out.append((ids, mask))
-    if not out:
-        raise ValueError(f"{path} holds no example to train on: add "
-                         "prompt/response or messages records, one per line")
+    for where, turns in chat_records(src, hf_cache):
+        ids, mask = render_chat(turns, tokenizer, block_size + 1)
+        if len(ids) > block_size + 1:
+            cut.append(where)
+            ids, mask = ids[:block_size + 1], mask[:block_size + 1]
+            if not any(mask[1:]):
+                dropped.append(where)
+                continue
+        out.append((ids, mask))
+    if not out: raise ValueError(f"{src} holds no example to train on: add chat records (prompt/response, "
+                                 "messages, Alpaca or ShareGPT)")
     if cut and log:
-        log(f"warning: {len(cut)} example(s) of {path} are longer "
-            f"than block_size + 1 = {block_size + 1} tokens and "
-            f"were truncated (first: line {cut[0].rsplit(':', 1)[1]})" + (f"; {len(dropped)} kept no "
-                                                                                 "response token and were "
-                                                                                     "dropped" if dropped
-                                                                                         else ''))
+        gone = f"; {len(dropped)} kept no response token and were dropped" if dropped else ''
+        log(f"warning: {len(cut)} example(s) of {src} are longer than block_size + 1 = {block_size + 1} "
+            f"tokens and were truncated (first: {cut[0]}){gone}")
     return out
 
 # %% ../../nbs/02e_sft.ipynb #e3598b79
@@ -222,10 +168,14 @@ def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list
     return [e for i, e in enumerate(examples) if i not in val], [e for i, e in enumerate(examples)
                                                                  if i in val]
 
-def sft_val_rows(cfg:Config, tokenizer) -> tuple:
+def sft_source(cfg:Config) -> ChatSource:
+    "The fine-tuning data of the run `cfg`: its `sft_data`, `sft_split` and `sft_columns`, resolved."
+    return chat_source(cfg.data.sft_data, cfg.data.sft_split, cfg.data.sft_columns)
+
+def sft_val_rows(cfg:Config, tokenizer, hf_cache:Path|None=None) -> tuple:
     "The packed validation rows of the fine-tuning run `cfg`, as its trainer made them (for `lmbook eval`)."
-    _, va = split_examples(read_sft(cfg.data.sft_data, tokenizer, cfg.model.block_size), cfg.data.val_ratio,
-                           cfg.data.data_seed)
+    exs = read_sft(sft_source(cfg), tokenizer, cfg.model.block_size, hf_cache=hf_cache)
+    _, va = split_examples(exs, cfg.data.val_ratio, cfg.data.data_seed)
     return pack(va, cfg.model.block_size, tokenizer.eot_id)
 
 # %% ../../nbs/02e_sft.ipynb #92a196db

@@ -19,7 +19,8 @@ from ..model.gpt import GPT, KVCache
 from ..model.lora import add_lora, load_adapters, merge_lora, merge_lora_state
 from .checkpoint import SHAPE_KEYS, load_weights
 from .find import best_base, experiment_of, find_checkpoint, find_tokenizer, run_of
-from ..data.sft import END, chat_prompt, record_messages, split_examples
+from ..data.sft import END, chat_prompt, sft_source, split_examples
+from ..data.chatdata import chat_records
 from ..model.hfimport import gpt2_from_hf, hf_init_model, hf_kind
 from ..rundir import RunDir
 from .metrics import disk_full, no_space
@@ -206,7 +207,7 @@ def generate(model:torch.nn.Module, # a GPT (returns logits for (B, T) token ids
     return idx
 
 # %% ../../nbs/04e_sample.ipynb #ae548c38
-# for a chat run whose file is gone
+# for a chat run whose file is gone, or whose data is a Hugging Face dataset (not loaded to sample)
 CHAT_FALLBACK = ('What can you do?', 'Explain what a list is in one sentence.')
 
 def is_chat(cfg) -> bool:
@@ -215,14 +216,10 @@ def is_chat(cfg) -> bool:
 
 def chat_prompts(cfg, n:int=4) -> list[str]:
     "The first user turns of the `n` shortest held-out examples of a chat run (`CHAT_FALLBACK` without)."
-    try:
-        recs = [json.loads(l) for l in Path(cfg.data.sft_data).read_text(encoding='utf-8').splitlines()
-                if l.strip()]
-    except (OSError, ValueError): recs = []
-    qs = []
-    for r in split_examples(recs, cfg.data.val_ratio, cfg.data.data_seed)[1]:
-        try: qs.append(next(m['content'] for m in record_messages(r) if m['role'] == 'user'))
-        except (ValueError, StopIteration): continue
+    try: convs = [] if sft_source(cfg).hub else [turns for _, turns in chat_records(sft_source(cfg))]
+    except (OSError, ValueError): convs = []
+    qs = [next((m['content'] for m in turns if m['role'] == 'user'), '')
+          for turns in split_examples(convs, cfg.data.val_ratio, cfg.data.data_seed)[1]]
     return sorted(dict.fromkeys(q for q in qs if q.strip()), key=len)[:n] or list(CHAT_FALLBACK)
 
 def chat_text(prompt:str) -> str:

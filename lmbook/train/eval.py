@@ -52,9 +52,9 @@ def evaluate(source:str|Path,
     mask_fn = (functools.partial(doc_mask, sep_id=lm.tokenizer.eot_id, backend=cfg.model.attn_backend)
                if cfg.train.doc_mask else None)
     if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
-        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer), batch_size or cfg.train.batch_size, batches
-                             or cfg.train.eval_steps,
-                             info.rank, info.world_size)
+        hf_cache = paths_for(lm.experiment, root=root).hf_cache if lm.experiment else None
+        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer, hf_cache), batch_size or cfg.train.batch_size,
+                             batches or cfg.train.eval_steps, info.rank, info.world_size)
         res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')

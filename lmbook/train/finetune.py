@@ -13,6 +13,7 @@ from ..config import Config, apply_overrides, config_from_dict, parse_assignment
 from ..config import config_dict, field_option, field_values, to_toml
 from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
+from ..data.chatdata import data_value
 from .runstart import Init, check_init, find_init, read_init_sft
 from .trainer import NonFiniteError, exit_code, train
 from .launch import detach_option, start_run, torchrun_option
@@ -32,7 +33,8 @@ FINETUNE_PARAMS = dict(
     # the pretrained run: experiment name, run folder or checkpoint folder ('': pretrain a tiny one in a
     # scratch workspace)
     init_from='',
-    # the .jsonl of records; '' writes `builtin_chat` to datasets/sft/builtin_chat.jsonl in the workspace
+    # the chat records (a .jsonl or .json file, or hf:ID: see `lmbook.data.chatdata`); '' writes
+    # `builtin_chat` to datasets/sft/builtin_chat.jsonl in the workspace
     data='',
     experiment=None,         # the fine-tuned run: runs/<experiment>; None: '<init_from>-sft'
     root='',                 # workspace root ('': the settings' one; a scratch folder when init_from is '')
@@ -52,7 +54,7 @@ def finetune_overrides(p:dict) -> dict:
 
 # %% ../../nbs/05g_finetune.ipynb #b5fcfab8
 def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experiment, run or checkpoint folder
-                    data:str|Path, # the .jsonl of records
+                    data:str|Path, # the chat records: a .jsonl or .json file, or hf:ID
                     overrides:dict|None=None, # flat config overrides (applied last)
                     root:Path|None=None, # workspace root
                    ) -> Config:
@@ -67,7 +69,7 @@ def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experim
     base = config_from_dict(init.state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
     return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
-                                  'sft_data': str(Path(data).resolve()),
+                                  'sft_data': data_value(data),
                                   **(overrides or {})})
 
 # a published model's fine-tuning run
@@ -79,12 +81,12 @@ def hub_finetune_config(init:Init|str, data:str|Path, overrides:dict|None=None) 
     folder, ov = init.path, {**HUB_FINETUNE, **(overrides or {})}
     m = hf_model_config(folder, int(ov.pop('block_size')), hf_tokenizer(folder)[0].vocab_size)
     return apply_overrides(Config(model=m), {**FINETUNE, **HUB_FINETUNE, 'block_size': m.block_size,
-                                             'init_from': init.source, 'sft_data': str(Path(data).resolve()),
+                                             'init_from': init.source, 'sft_data': data_value(data),
                                              'tokenizer': '', **ov})
 
 # %% ../../nbs/05g_finetune.ipynb #bd49a1a5
 def finetune(init_from:str, # experiment name, run folder or checkpoint folder of the pretrained model
-             data:str|Path, # the .jsonl of prompt/response or messages records
+             data:str|Path, # chat records: a .jsonl or .json file, or hf:ID of a Hugging Face dataset
              experiment:str, # the new run: runs/<experiment>
              overrides:dict|None=None, # flat config overrides, e.g. dict(lora_rank=8, max_steps=500)
              root:Path|None=None, # workspace root (default: from settings)
@@ -104,7 +106,8 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
         raise ValueError(f"experiment {experiment!r} is the init run "
                          "itself: give the fine-tuned run a new name")
     check_init(cfg, init)
-    examples = read_init_sft(cfg, init, root, log)  # read once; bad lines fail before any folder is made
+    # read once; a bad record fails before any folder is made
+    examples = read_init_sft(cfg, init, root, log, paths_for(experiment, root=root).hf_cache)
     return cfg, init, examples
 
 # %% ../../nbs/05g_finetune.ipynb #662cc594
@@ -112,7 +115,7 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
 PUBLISHED_PARAMS = dict(
     # a transformers folder or a cached Hub id ('': a tiny random Llama written in a scratch workspace)
     model='',
-    data='',                 # the .jsonl of chat records ('': `builtin_chat`)
+    data='',                 # the chat records, a .jsonl or .json file or hf:ID ('': `builtin_chat`)
     experiment=None,         # the fine-tuned run: runs/<experiment> (None: '<model folder>-qlora')
     root='',                 # workspace root ('': the settings' one; a scratch folder when model is '')
     lora_rank=16,            # LoRA rank
@@ -126,7 +129,8 @@ PUBLISHED_PARAMS = dict(
 )
 
 # %% ../../nbs/05g_finetune.ipynb #e35228aa
-OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel')
+OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel',
+           'sft_split', 'sft_columns')
 
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
@@ -143,12 +147,16 @@ def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, r
 # %% ../../nbs/05g_finetune.ipynb #ae034cd3
 def add_cli(sub):
     "Register `lmbook finetune`."
-    p = (sub.add_parser('finetune', help='fine-tune a pretrained run on a .jsonl of prompt/response or chat '
-                        'records (loss on responses only)'))
+    p = (sub.add_parser('finetune', help='fine-tune a pretrained run on chat records (prompt/response, '
+                        'messages, Alpaca or ShareGPT; loss on responses only)'))
     p.add_argument('--init-from', required=True, metavar='SOURCE', help='the pretrained run (experiment '
                    'name, run folder or checkpoint folder), or hf:PATH_OR_ID of a Llama-family model')
-    p.add_argument('--data', required=True, metavar='FILE.jsonl', help='records {"prompt", "response"} or '
-                   '{"messages": [{"role", "content"}, ...]}, one per line')
+    p.add_argument('--data', required=True, metavar='FILE|hf:ID', help='a .jsonl (or .json array) of '
+                   'records {"prompt", "response"}, {"messages": [{"role", "content"}, ...]}, Alpaca\'s '
+                   '{"instruction", "input", "output"} or ShareGPT\'s {"conversations": [{"from", "value"}, '
+                   '...]}, one format a file; or hf:ID (hf:FOLDER) of a Hugging Face dataset')
+    field_option(p, 'sft_split', metavar='SPLIT')
+    field_option(p, 'sft_columns', metavar='FIELD:COLUMN,..')
     p.add_argument('--experiment', '-e', required=True, metavar='NAME', help='the fine-tuned run: runs/NAME')
     field_option(p, 'lora_rank', metavar='R')
     field_option(p, 'lora_alpha', metavar='A')

@@ -22,7 +22,7 @@ from ..model.memory import batch_choices, max_batch_size, search_batch
 from ..distributed import DistInfo, all_reduce, barrier
 from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
-from ..data.sft import SFTLoader, pack, read_sft, sft_val_batches, split_examples
+from ..data.sft import SFTLoader, pack, read_sft, sft_source, sft_val_batches, split_examples
 from ..runs.sample import base_ref, load_model
 from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
@@ -134,9 +134,10 @@ def init_tokenizer(init:Init, root:Path|None=None):
     if init.kind == 'llama': return hf_tokenizer(init.path)[0]
     return find_tokenizer(init.path, init.state, experiment_of(run_of(init.path)), root)
 
-def read_init_sft(cfg:Config, init:Init, root:Path|None=None, log:Callable|None=None) -> list:
-    "The examples of `cfg.data.sft_data` in the tokens of `init`, every line checked: read once a run."
-    return read_sft(cfg.data.sft_data, init_tokenizer(init, root), cfg.model.block_size, log)
+def read_init_sft(cfg:Config, init:Init, root:Path|None=None, log:Callable|None=None,
+                  hf_cache:Path|None=None) -> list:
+    "The examples of `cfg.data.sft_data` in the tokens of `init`, every record checked: read once a run."
+    return read_sft(sft_source(cfg), init_tokenizer(init, root), cfg.model.block_size, log, hf_cache)
 
 # %% ../../nbs/05d_runstart.ipynb #6609495e
 def init_model(cfg:Config, # the run's config
@@ -215,7 +216,8 @@ def prepare_run(cfg:Config, # the run's config
 def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None):
     if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths)
     # every line checked before anything is written
-    if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log)
+    if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log,
+                                                                       paths.hf_cache)
     if init.kind == 'llama': tk = adopt_hf_tokenizer(init.path, paths.tokenizer)
     else: tk = adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
     return sft_data(cfg, paths, examples, tk) if cfg.data.sft_data else prepare_data(cfg, paths)
