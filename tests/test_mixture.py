@@ -72,7 +72,7 @@ def write_notes(folder:Path, n:int=300) -> Path:
     "A folder of two text files of short documents, blank-line separated."
     folder.mkdir(parents=True)
     for k in range(2):
-        docs = [f"Note {k}.{i}: the mixture keeps {i % 9} apples and {i % 4} pears in store." for i in range(n)]
+        docs = [f"Note {k}.{i}: the mixture keeps {i % 9} apples and {i % 4} pears." for i in range(n)]
         (folder/f'notes{k}.txt').write_text('\n\n'.join(docs))
     return folder
 
@@ -179,7 +179,7 @@ def test_nanogpt_bins_read_in_place(workspace, tmp_path, gpt2_cache, capsys):
     ('corpus:/no/such/dir:1', ['source corpus:/no/such/dir', 'does not exist']),
 ])
 def test_bad_sources_one_line(workspace, capsys, sources, words):
-    "Each bad `sources` stops `lmbook prepare` with one `error:` line that says what to write, writing nothing."
+    "A bad `sources` stops `lmbook prepare` with one `error:` line that says what to write, writing nothing."
     assert main(['prepare', '-p', 'smoke', '-e', 'bad', '-q', '-s', f'sources={sources}']) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith('error: '), err
