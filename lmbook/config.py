@@ -16,13 +16,14 @@ try: import tomllib
 except ImportError: import tomli as tomllib
 
 # %% auto #0
-__all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES', 'PROFILES',
-           'Range', 'at_least', 'above', 'between', 'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig',
-           'TrainConfig', 'Config', 'field_index', 'did_you_mean', 'apply_overrides', 'validate', 'config_fields',
-           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
-           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
-           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'config_from_dict', 'to_toml',
-           'save_config', 'load_config_file', 'get_config']
+__all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES',
+           'SOURCE_NAMES', 'SOURCE_PREFIXES', 'GPT2_TOKENIZERS', 'PROFILES', 'Range', 'at_least', 'above', 'between',
+           'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config', 'field_index',
+           'did_you_mean', 'apply_overrides', 'validate', 'source_parts', 'parse_sources', 'mixture_of',
+           'check_sources', 'sources_text', 'config_fields', 'resume_rules', 'cuda_values', 'field_help',
+           'field_option', 'fields_table', 'field_values', 'parse_assignments', 'parse_overrides', 'count_params',
+           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
+           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ _DATASET_CONFIG = Range(pattern=f'({_TEXT})?', hint="'' or a config name without
 _HUB_ID = r'[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?'  # one part of a Hub id
 _TOKENIZER = Range(pattern=f'({_HUB_ID}/)?{_HUB_ID}|',
                    hint="'' or a Hub model id such as gpt2 or openai-community/gpt2")
+_SOURCES = Range(pattern=f'({_TEXT})?', hint="'' or SOURCE:WEIGHT entries separated by commas")
 _SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl or .json file, or hf:ID of a "
                   "Hugging Face dataset (no surrounding spaces)")
 _SFT_SPLIT = Range(pattern=r'[\w.-]+(\[[^\]\s]*\])?',
@@ -192,6 +194,10 @@ class DataConfig:
     sft_columns: str = cfield('', _SFT_COLUMNS, 'fixed', "the data's columns for a chat format's fields, "
                               "FIELD:COLUMN pairs: 'instruction:question,output:answer'",
                               why=_DATA_MOVED)
+    sources: str = cfield('', _SOURCES, 'fixed', "a weighted mixture to train on instead of `dataset`: "
+                          "'SOURCE:WEIGHT,...', a source being builtin, pysource, fineweb, a Hub id, "
+                          "corpus:PATH or nanogpt:PATH; weights are normalised ('': `dataset` alone)",
+                          why=_DATA_MOVED)
 
 DATA_RANGES = field_ranges(DataConfig)
 
@@ -406,6 +412,7 @@ def validate(cfg:Config) -> Config:
     if m.arch == 'gpt2' and (m.qkv_bias or m.rope_scaling):
         raise ValueError("qkv_bias and rope_scaling belong to arch='llama' "
                          "(gpt2 has learned positions and biases everywhere)")
+    check_sources(cfg.data)
     t = cfg.train
     if t.quant != 'none' and not t.lora_rank:
         raise ValueError(f"quant={t.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
@@ -414,6 +421,81 @@ def validate(cfg:Config) -> Config:
         raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by "
                          "'|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
+
+# %% ../nbs/01_config.ipynb #5d5f9a14
+SOURCE_NAMES = ('builtin', 'pysource', 'fineweb')  # sources named by one word
+SOURCE_PREFIXES = ('corpus', 'nanogpt', 'hf')      # sources named PREFIX:WHAT
+GPT2_TOKENIZERS = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # Hub models with GPT-2's vocabulary
+_HUB_SOURCE = re.compile(f'{_HUB_ID}/{_HUB_ID}(@[^@:,\\s]+)?')
+_SOURCE_KINDS = ("builtin, pysource, fineweb, a Hub id (owner/name[@config]), hf:NAME, corpus:PATH or "
+                 "nanogpt:PATH")
+
+def source_parts(name:str) -> tuple[str, str]:
+    "(kind, what it names) of a source of a mixture, e.g. ('corpus', 'my_text/'); one line if it is unknown."
+    kind, sep, what = name.partition(':')
+    if sep and kind in SOURCE_PREFIXES:
+        if not what.strip(): raise ValueError(f"source {name!r} names nothing after '{kind}:': give a "
+                                              f"{'Hub id' if kind == 'hf' else 'path'}")
+        return kind, what
+    if name in SOURCE_NAMES: return name, ''
+    if _HUB_SOURCE.fullmatch(name): return 'hf', name
+    raise ValueError(f"unknown source {name!r} in sources: use {_SOURCE_KINDS}")
+
+# %% ../nbs/01_config.ipynb #5d42663c
+def _entry(e:str) -> tuple[str, str]:
+    "(source, weight text) of one `SOURCE:WEIGHT` entry."
+    if not e.strip(): raise ValueError("sources has an empty entry (a doubled or trailing comma): remove it")
+    if ':' not in e: raise ValueError(f"sources entry {e.strip()!r} has no weight: write SOURCE:WEIGHT, e.g. "
+                                      "pysource:0.2")
+    name, _, w = e.strip().rpartition(':')
+    return name.strip(), w.strip()
+
+def _weight(name:str, w) -> float:
+    "The weight `w` (a text, or a table's number) of source `name`, refused unless finite and > 0."
+    try: v = float(w) if isinstance(w, str) else w
+    except ValueError: v = None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"sources entry {name}:{w} does not end in a weight: write SOURCE:WEIGHT, e.g. "
+                         "pysource:0.2")
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"sources: {name} has weight {w}; a weight is a finite number > 0 (leave a "
+                         "source out instead of 0)")
+    return float(v)
+
+def parse_sources(spec:str|dict) -> dict[str, float]:
+    "Source -> weight (normalised to sum 1) of a `sources` text or `[data.sources]` table; one-line errors."
+    items = spec.items() if isinstance(spec, dict) else [_entry(e) for e in spec.split(',')]
+    out, seen = {}, {}
+    for name, w in items:
+        w = _weight(name, w)
+        kind, what = source_parts(name)
+        key = (kind, str(Path(what).expanduser()) if kind in ('corpus', 'nanogpt') else what)
+        if key in seen: raise ValueError(f"sources names one source twice ({seen[key]!r} and {name!r}): "
+                                         "give it once, with the sum of the weights")
+        seen[key], out[name] = name, w
+    total = sum(out.values())
+    return {k: v/total for k, v in out.items()}
+
+# %% ../nbs/01_config.ipynb #42606e37
+def mixture_of(d:DataConfig) -> dict[str, float]:
+    "The sources and weights a data config trains on: `sources`, a `nanogpt:PATH` dataset, or none ({})."
+    if d.sources: return parse_sources(d.sources)
+    return {d.dataset: 1.0} if d.dataset.startswith('nanogpt:') else {}
+
+def check_sources(d:DataConfig):
+    "Refuse a bad `sources`, or nanoGPT token files with a tokenizer other than GPT-2's, in one line."
+    gpt2 = [n for n in mixture_of(d) if source_parts(n)[0] == 'nanogpt']
+    if gpt2 and d.tokenizer.removeprefix('openai-community/') not in GPT2_TOKENIZERS:
+        raise ValueError(f"{gpt2[0]} holds GPT-2 token ids (nanoGPT's prepare.py): set tokenizer=gpt2 (now "
+                         f"{d.tokenizer!r})")
+
+def sources_text(table:dict) -> str:
+    "The `sources` text of a `[data.sources]` table of source = weight."
+    for k in table:
+        if ',' in k: raise ValueError(f"[data.sources] key {k!r} holds a comma, which separates sources: "
+                                      "rename that path")
+    parse_sources(table)
+    return ','.join(f"{k}:{v}" for k, v in table.items())
 
 # %% ../nbs/01_config.ipynb #1701c782
 def config_fields() -> dict[str, dataclasses.Field]:
@@ -576,6 +658,7 @@ def config_from_dict(d:dict, base:Config|None=None) -> Config:
                                                                    f"not [{k}]: move it there")
             flat.update(v)
         else: flat[k] = v
+    if isinstance(flat.get('sources'), dict): flat['sources'] = sources_text(flat['sources'])
     return apply_overrides(base or Config(), flat)
 
 # %% ../nbs/01_config.ipynb #ad948fa2

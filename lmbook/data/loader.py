@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
-from ..config import get_config, parse_assignments
+from ..config import get_config, mixture_of, parse_assignments
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER
 from .tokenizer import MAGIC, SPECIAL_TOKENS, VERSION, hub_tokenizer_json, write_tokens
+from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixture, prepare_mixture
 
 # %% auto #0
-__all__ = ['BIN_FILES', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'bin_dir', 'import_bin', 'PreparedData',
-           'prepare_data', 'data_status', 'add_cli']
+__all__ = ['BIN_FILES', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader', 'bin_dir', 'import_bin',
+           'PreparedData', 'prepare_data', 'data_status', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def token_files(token_dir:Path) -> list[tuple[Path, int]]:
@@ -145,6 +146,8 @@ def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, r
                 world_size:int=1) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "The same `n_batches` (x, y) validation batches every call; ranks get disjoint windows."
     if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    if is_mixture(token_dir): return mixture_val_batches(token_dir, batch_size, block_size, n_batches, rank,
+                                                         world_size)
     dl = TokenLoader(token_dir, 1, block_size, shuffle=False)  # needs one window at least
     total, out = int(dl.n_windows.sum()), []
     for b in range(n_batches):
@@ -152,6 +155,14 @@ def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, r
                                           ((b*world_size + rank)*batch_size + np.arange(batch_size)) % total))
         out.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
     return out
+
+# %% ../../nbs/02d_loader.ipynb #1b1678fd
+def open_loader(token_dir:Path, batch_size:int, block_size:int, rank:int=0, world_size:int=1,
+                seed:int=0) -> TokenLoader|MixtureLoader:
+    "The train loader of a token folder: a `TokenLoader` of its files, or a `MixtureLoader` of its sources."
+    if is_mixture(token_dir): return MixtureLoader(*open_mixture(token_dir), batch_size, block_size, rank,
+                                                   world_size, seed)
+    return TokenLoader(token_dir, batch_size, block_size, rank, world_size, seed)
 
 # %% ../../nbs/02d_loader.ipynb #abb7ccca
 BIN_FILES = ('train.bin', 'val.bin')
@@ -247,6 +258,10 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedDat
         if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
             raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: "
                              f"use at least {256 + len(SPECIAL_TOKENS)}")
+    if mixture_of(d):  # each source sharded and tokenized once, in the cache experiments share
+        tk, ms = prepare_mixture(cfg, paths, progress, tokenizer_json)
+        return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
+                            tk.vocab_size, tk.eot_id, ms['train']['tokens'], ms['val']['tokens'])
     tm, vm = read_manifest(paths.train), read_manifest(paths.val)
     if tm and tm.get('complete') and not (vm and vm.get('complete')):
         raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` "
@@ -274,6 +289,8 @@ def data_status(cfg, paths) -> str:
     read = lambda d: (read_manifest(d) or {}) if Path(d, 'manifest.json').is_file() else {}
     try:
         toks = {k: read(token_dir(paths, k)) for k in ('train', 'val')}
+        if mixture_of(cfg.data) and not all(m.get('complete') for m in toks.values()):
+            return 'while preparing the sources of the mixture (each resumes where it stopped)'
         if bin_dir(cfg.data.dataset) is not None and not all(m.get('complete') for m in toks.values()):
             return 'while copying the nanoGPT token files in'
         tm, vm = read(paths.train), read(paths.val)
@@ -305,6 +322,9 @@ def _prepare_cmd(args) -> int:
         return EXIT_INTERRUPTED
     print(f"train: {pd.n_train_tokens:,} tokens in {pd.train_tokens}\nval: {pd.n_val_tokens:,} "
           f"tokens in {pd.val_tokens}\ntokenizer: vocab_size {pd.vocab_size} in {pd.tokenizer_dir}")
+    for e in (read_manifest(pd.train_tokens)['sources'] if is_mixture(pd.train_tokens) else []):
+        print(f"  {e['name']}: weight {e['weight']:.2f}, {e['tokens']:,} train tokens in {e['docs']:,} "
+              "documents")
     return 0
 
 def add_cli(sub):

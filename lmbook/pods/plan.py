@@ -11,12 +11,13 @@ from pathlib import Path
 import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
 from ..config import get_config, flops_per_token, count_params, Config
+from ..config import mixture_of
 from ..model.memory import estimate_memory, max_batch_size
 from ..train.optim import total_steps
 
 # %% auto #0
-__all__ = ['HEADROOM', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'fit_advice', 'pod_overrides',
-           'image_cuda', 'card_image', 'plan', 'format_plan']
+__all__ = ['HEADROOM', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'plan_sources', 'fit_advice',
+           'pod_overrides', 'image_cuda', 'card_image', 'plan', 'format_plan']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -69,6 +70,14 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
     exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
+
+# %% ../../nbs/07a_plan.ipynb #17b9fa47
+def plan_sources(cfg:Config, # the run's config
+                 tokens:int|None, # the run's tokens (None: not known before the data is)
+                ) -> list[dict]|None:
+    "Each source of `cfg`'s mixture with its weight and that part of the run's `tokens` (None: no mixture)."
+    return [dict(name=n, weight=w, tokens=round(w*tokens) if tokens else None)
+            for n, w in mixture_of(cfg.data).items()] or None
 
 # %% ../../nbs/07a_plan.ipynb #88e04459
 HEADROOM = 0.06  # fraction of a card kept back for the CUDA context and fragmentation
@@ -153,13 +162,14 @@ def plan(profile:str, # profile name or config file
                     measured=tp['measured'],
                 source=tp['source'], steps=steps, tokens=steps*tps if steps else None, hours=hours,
                     cloud=cloud,
+                sources=plan_sources(cfg, steps*tps if steps else None),
                 price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price)
                     else None)
 
 def format_plan(p:dict) -> str:
     "The plan as a few readable lines."
     money = lambda x: f"${x:,.2f}" if x is not None else 'n/a'
-    num = lambda x: f"{x/1e9:.2f}B" if x >= 1e9 else f"{x/1e6:.1f}M"
+    num = lambda x: f"{x/1e9:.2f}B" if x >= 0.9995e9 else f"{x/1e6:.1f}M"
     lines = [f"{p['profile']} ({num(p['params'])} params) on {p['gpus']} x {p['gpu']}",
              f"memory   ~{p['mem_need_gb']:.1f} GB of {p['mem_card_gb']:.1f} GB per GPU at micro-batch "
                  f"{p['batch_size']}: fits",
@@ -169,6 +179,11 @@ def format_plan(p:dict) -> str:
     if p['steps']: lines.append(f"time     {p['steps']:,} steps "
                                 f"= {num(p['tokens'])} tokens in ~{dur(p['hours'])}")
     else: lines.append("time     unknown until the data is prepared (the run is set by epochs)")
+    for i, s in enumerate(p.get('sources') or []):
+        lines.append(f"{'' if i else 'data':9}{s['name']}: weight {s['weight']:.2f}"
+                     + (f", ~{num(s['tokens'])} tokens" if s['tokens'] else ''))
+    if p.get('sources'): lines.append(f"{'':9}(split by weight; a source of longer documents gives more: "
+                                      "train.log has the measured split)")
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")
     return '\n'.join(lines)

@@ -30,6 +30,8 @@ from .optim import schedule_for, total_steps
 from .step import Trainable, is_oom, make_trainable, train_step
 from .step import Trainable, is_oom, make_trainable, train_step
 from ..rundir import RunDir
+from ..data.loader import open_loader
+from ..data.mixture import MixtureLoader, mixture_report
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
@@ -236,7 +238,7 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
                 sft_val_batches(*prepared.val, tc.batch_size, tc.eval_steps, info.rank, info.world_size))
-    return (TokenLoader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
+    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
             val_batches(prepared.val_tokens, tc.batch_size, bs, tc.eval_steps, info.rank, info.world_size))
 
 # %% ../../nbs/05d_runstart.ipynb #078c711a
@@ -406,4 +408,6 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     if cfg.train.doc_mask:
         t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
     loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
+    if log and isinstance(loader, MixtureLoader):  # what each source gives the run
+        for line in mixture_report(loader, total*tps): log(line)
     return RunStart(cfg, init, prepared, t, loader, val, total, tps, base)
