@@ -7,7 +7,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT/'nbs'
 MAX_KB = 200  # outputs of one notebook, in KB of notebook JSON: a plot is 15-40 KB at 72 dpi
 VOLATILE = [  # what an output must not hold: it would differ on the next machine or the next run
-    (re.compile(r'(?<![\w.])(/tmp/|/var/folders/|/home/|/Users/|/root/|/private/)'), "a machine's path"),
+    # (/tmp/lmbook-start.sh is where a pod's start command writes its script, the same on every pod)
+    (re.compile(r'(?<![\w.])(/tmp/(?!lmbook-start\.sh\b)|/var/folders/|/home/|/Users/|/root/|/private/)'),
+     "a machine's path"),
     (re.compile(r'\b20\d\d-\d\d-\d\d[T ]\d\d:\d\d'), 'a timestamp'),
     (re.compile(r'\bat 0x[0-9a-f]{6,}'), 'an object address'),
 ]
@@ -21,9 +23,10 @@ random.seed(0); numpy.random.seed(0); torch.manual_seed(0)"""
 
 
 def is_run_notebook(nb:dict) -> bool:
-    "A notebook without `default_exp`: a run notebook (train, analysis, sample, pods) or a page without code."
-    return not any(c['cell_type'] == 'code'
-                   and re.search(r'^#\|\s*default_exp\b', ''.join(c['source']), re.M) for c in nb['cells'])
+    "A notebook papermill runs (train, analysis, sample, finetune): a `parameters` cell and no `default_exp`."
+    code = [c for c in nb['cells'] if c['cell_type'] == 'code']
+    return (not any(re.search(r'^#\|\s*default_exp\b', ''.join(c['source']), re.M) for c in code)
+            and any('parameters' in c.get('metadata', {}).get('tags', []) for c in code))
 
 
 def _text(o:dict) -> str:

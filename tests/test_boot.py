@@ -294,7 +294,7 @@ def test_install_stage_reinstalls_only_when_the_checkout_moved(tmp_path, monkeyp
 def test_autokill_through_the_api_when_runpodctl_is_missing_or_fails(tmp_path, monkeypatch, runpodctl):
     """Without a working `runpodctl` autokill uses the pod-scoped RUNPOD_API_KEY (REST v2); an API failure is
     logged on the volume, never raised."""
-    from fake_runpod_v2 import FakeRunPodV2, serve
+    from lmbook.dev.fake_runpod import FakeRunPodV2, serve
     from lmbook.pods.boot import BootOptions, autokill
     from lmbook.core import paths_for
     f = FakeRunPodV2('rpa_PODSCOPEDkey42')
@@ -324,7 +324,7 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
     """--max-dollars on the pod: priced from the API, the run stops mid-way with a checkpoint, then the pod
     stops (its volume kept)."""
     import time
-    from fake_runpod_v2 import FakeRunPodV2, serve
+    from lmbook.dev.fake_runpod import FakeRunPodV2, serve
     from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
     ws, env = pod
     f = FakeRunPodV2('rpa_PODSCOPEDkey42')

@@ -5,7 +5,7 @@ import pytest
 from lmbook.pods.api import RunPodAPI, RunPodError
 from test_runpod import fake, run, create, one_line_error, posts, HEAD
 from test_runpod_graphql import gql
-from fake_runpod_v2 import violations
+from lmbook.dev.fake_runpod import violations
 
 H100 = 'NVIDIA H100 80GB HBM3'
 
@@ -105,7 +105,7 @@ def test_a_resume_without_free_gpus_points_to_a_new_pod_on_the_volume(fake, caps
 
 
 def test_the_fake_keeps_the_contracts_cross_field_rules_and_lmbook_never_breaks_them(fake, capsys):
-    from fake_runpod_v2 import Problem
+    from lmbook.dev.fake_runpod import Problem
     gpu = dict(id=H100, count=1)
     for body, words in ((dict(gpu=dict(gpu, minCudaVersion='12.8', allowedCudaVersions=['12.8'])),
                          'mutually exclusive'),

@@ -4,7 +4,7 @@ says why in the volume's log."""
 import json, os, shlex, signal, subprocess, sys, sysconfig, time
 from pathlib import Path
 import pytest
-from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.pods.runpod import start_command
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
 

@@ -6,7 +6,7 @@ import json, os, shlex, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from conftest import lmbook_cmd
-from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from test_pod_start import container, pid1, wait_for, KEY
 from lmbook.rundir import RunDir
 

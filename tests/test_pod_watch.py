@@ -3,7 +3,7 @@
 v2 fake."""
 import socket, threading, time
 import pytest
-from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from test_runpod import run, one_line_error, KEY
 from lmbook.pods.api import RunPodAPI
 from lmbook.pods.watch import Watcher, watch_pod

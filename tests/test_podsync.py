@@ -4,7 +4,7 @@ package)."""
 import json, os, shutil, socket, subprocess, time
 from pathlib import Path
 import pytest
-from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from test_runpod import run, one_line_error, KEY
 
 FAKE = {}  # the fake API of the running `pod` fixture

@@ -3,7 +3,7 @@ contract."""
 import json, os, re, subprocess, sys
 from pathlib import Path
 import pytest
-from fake_runpod_v2 import FakeRunPodV2, serve, CAPACITY, violations
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve, CAPACITY, violations
 from lmbook.cli import main
 
 KEY, HF = 'rpa_TESTKEY123', 'hf_SECRETtokenVALUE987'

@@ -1,6 +1,6 @@
 """The pod rehearsal: the nearest thing to a real RunPod pod without RunPod. It runs the pod's exact start command
 (`lmbook.pods.runpod.start_command`) under bash as a container's PID 1 (a process group of its own), with a stand-in for
-the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (tests/fake_runpod_v2.py) on 127.0.0.1 as
+the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (lmbook/dev/fake_runpod.py, run as a script) on 127.0.0.1 as
 RunPod. The start command clones a snapshot of this checkout at its commit, installs it into the volume's virtualenv
 and runs `lmbook boot`: volume layout, data (the built-in corpus: no download), training through papermill. Mid-run
 the container's process group gets SIGTERM, as a stop sends it; the start command runs again and must resume from
@@ -123,7 +123,7 @@ def main():
     standin = work/'start.sh'
     standin.write_text('#!/bin/bash\n# stands in for the image\'s /start.sh (sshd, JupyterLab), which then sleeps\nexec sleep infinity\n'); standin.chmod(0o755)
     calls = work/'api-calls.jsonl'
-    fake = subprocess.Popen([sys.executable, str(ROOT/'tests'/'fake_runpod_v2.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
+    fake = subprocess.Popen([sys.executable, str(ROOT/'lmbook'/'dev'/'fake_runpod.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     url = fake.stdout.readline().strip()
     env = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'LC_ALL', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')}
