@@ -439,7 +439,7 @@ def check_origin(checkout:Path|None=None):
     if not r.returncode: check_repo(r.stdout.strip())
 
 def _plan_cmd(a) -> int:
-    try: check_repo(a.repo) if a.repo else check_origin()  # a plan rents nothing: it warns what create refuses
+    try: check_repo(a.repo) if a.repo else check_origin()  # a plan rents nothing: it only warns
     except ValueError as e: print(f'warning: {e}; pod create will refuse it', file=sys.stderr)
     p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count,
              parse_assignments(a.set), a.cloud,

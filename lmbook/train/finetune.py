@@ -15,7 +15,7 @@ from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
 from .runstart import Init, check_init, find_init, read_init_sft
 from .trainer import NonFiniteError, exit_code, train
-from .launch import detach_option, start_run, torchrun_option
+from .launch import check_hardware, detach_option, start_run, torchrun_option
 
 # %% auto #0
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
@@ -104,6 +104,7 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
         raise ValueError(f"experiment {experiment!r} is the init run "
                          "itself: give the fine-tuned run a new name")
     check_init(cfg, init)
+    if note := check_hardware(cfg): log(note)  # before the records are read and tokenized
     examples = read_init_sft(cfg, init, root, log)  # read once; bad lines fail before any folder is made
     return cfg, init, examples
 
@@ -126,7 +127,8 @@ PUBLISHED_PARAMS = dict(
 )
 
 # %% ../../nbs/05g_finetune.ipynb #e35228aa
-OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel')
+OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel',
+           'force')
 
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
@@ -138,7 +140,7 @@ def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, r
     path = paths_for(experiment, root=root).cache/'finetune.toml'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(config_dict(cfg)))
-    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args)
+    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args, checked=True)
 
 # %% ../../nbs/05g_finetune.ipynb #ae034cd3
 def add_cli(sub):
@@ -162,6 +164,7 @@ def add_cli(sub):
     field_option(p, 'parallel')
     torchrun_option(p)
     detach_option(p)
+    field_option(p, 'force', action='store_true')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:
