@@ -326,6 +326,8 @@ class TrainConfig:
                             "row (block-diagonal causal, documents start "
                             "at end-of-text); fine-tuning turns it on",
                             cuda=(True,))
+    force: bool = cfield(False, FLAG, 'free', "start even when the hardware check refuses: a model over 1B "
+                         "parameters on a CPU, or a memory estimate over the card's memory or the free RAM")
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 

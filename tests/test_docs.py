@@ -60,6 +60,16 @@ def test_pages_match_docstring_links(site):
     assert 'Analysis of runs' not in (site/'analysis.html').read_text()
 
 
+def test_site_links_resolve_and_name_only_declared_repositories(site):
+    """Every href and src of the site's pages, and every link of their Markdown copies, opens a file the site
+    has (the raw benchmark results included) or a repository pyproject.toml declares."""
+    from test_links import site_problems
+    bad = site_problems(site)
+    assert not bad, '\n'.join(bad[:30])
+    raw = 'benchmarks/results/levers_2026-11-26_h100.jsonl'
+    assert f'href="{raw}"' in (site/'benchmarks.html').read_text() and (site/raw).is_file()
+
+
 def test_serve_an_up_to_date_site_without_rebuilding(site):
     "`lmbook docs --serve` with nothing changed since the build serves the site at once."
     import sys, urllib.request

@@ -1,6 +1,6 @@
 """Names: an empty or blank name is a one-line error, and a run with no experiment given never lands in
 another run's folder."""
-import os, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 from conftest import ROOT
@@ -56,15 +56,22 @@ def papermill(out, *params):
 
 
 def test_train_notebook_names(workspace, monkeypatch):
-    """`-p experiment ''` stops before any work; `-p profile runpod_2b` alone never writes into
-    runs/smoke-demo."""
+    """`-p experiment ''` stops before any work; `-p profile runpod_2b` on a CPU is refused before any work,
+    in one line naming the card and `lmbook pod plan`; forced, it never writes into runs/smoke-demo."""
     monkeypatch.delenv('RUN_EXPERIMENT', raising=False)
     r = papermill(workspace/'blank.ipynb', ('experiment', ''))
     assert r.returncode != 0 and 'experiment is empty' in r.stderr + (workspace/'blank.ipynb').read_text()
     assert written(workspace) == ['blank.ipynb']
-    # runpod_2b reads FineWeb, which is unreachable offline: the run stops at data preparation, in its own
-    # folder
     r = papermill(workspace/'big.ipynb', ('profile', 'runpod_2b'), ('overrides', 'device=cpu'))
+    said = [o['traceback'] for c in json.loads((workspace/'big.ipynb').read_text())['cells']
+            for o in c.get('outputs', []) if o['output_type'] == 'error']
+    assert r.returncode != 0 and len(said) == 1 and len(said[0]) == 1, said  # one line
+    assert 'NVIDIA H100' in said[0][0] and 'lmbook pod plan --profile runpod_2b' in said[0][0], said
+    assert written(workspace) == ['big.ipynb', 'blank.ipynb']
+    # forced, it goes on: runpod_2b reads FineWeb, which is unreachable offline, so the run stops at data
+    # preparation, in its own folder
+    r = papermill(workspace/'big.ipynb', ('profile', 'runpod_2b'), ('overrides', 'device=cpu'),
+                  ('force', 'True'))
     assert r.returncode != 0
     assert (workspace/'datasets'/'train'/'runpod_2b').is_dir()
     assert not [p for p in written(workspace) if 'smoke-demo' in p]

@@ -362,3 +362,21 @@ def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
     read = counter(monkeypatch, sft.read_sft)
     finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
     assert (found[0], checked[0], read[0]) == (1, 1, 1)
+
+
+def test_finetune_checks_the_machine_before_reading_its_data(pre, monkeypatch, capsys):
+    "`lmbook finetune` without the RAM refuses in one line before the records are read; --force goes on."
+    import lmbook.train.launch as launch
+    from lmbook.cli import main
+    from lmbook.data import sft
+    root, data = pre
+    monkeypatch.setattr(launch, 'free_ram_gb', lambda: 1e-4)
+    read = counter(monkeypatch, sft.read_sft)
+    args = ['finetune', '--init-from', 'pre', '--data', str(data), '-e', 'ft-ram', '--root', str(root),
+            '--max-steps', '1', '--set', 'eval_steps=1', 'ckpt_every=1', 'eval_every=1', 'ckpt_async=false']
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and len(err.strip().splitlines()) == 1 and 'GB of memory' in err, err
+    assert read[0] == 0 and not paths_for('ft-ram', root=root).run.exists()
+    assert main(args + ['--force']) == 0 and read[0] == 1
+    assert 'note: force=true' in capsys.readouterr().out

@@ -8,12 +8,14 @@ Docs: https://lmbook.github.io/lmbook/memory.html.md"""
 from __future__ import annotations
 import math
 from typing import Callable
-from ..config import Config, ModelConfig, count_params
+from ..core import gpu_table
+from ..config import Config, ModelConfig, apply_overrides, count_params
 from .gpt import liger_flce
 
 # %% auto #0
-__all__ = ['state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'block_matrix_params', 'logits_bytes',
-           'estimate_memory', 'max_batch_size', 'batch_choices', 'search_batch']
+__all__ = ['HEADROOM', 'CPU_MAX_PARAMS', 'state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'block_matrix_params',
+           'logits_bytes', 'estimate_memory', 'max_batch_size', 'batch_choices', 'search_batch', 'fits', 'card_for',
+           'fit_changes', 'card_needed', 'fit_verdict']
 
 # %% ../../nbs/03c_memory.ipynb #ecc6715a
 def state_bytes(n_params:int, # parameters
@@ -103,9 +105,11 @@ def estimate_memory(cfg:Config, # the run's config
                 total_gb=gb(total))
 
 # %% ../../nbs/03c_memory.ipynb #345705ec
+HEADROOM = 0.06  # fraction of a card kept back for the CUDA context and fragmentation
+
 def max_batch_size(cfg:Config, # the run's config
                    mem_gb:float, # the card's memory in GB, e.g. 85.0 for an 80 GB H100 (81559 MiB)
-                   headroom:float=0.06, # fraction kept back for the CUDA context and fragmentation
+                   headroom:float=HEADROOM, # fraction kept back for the CUDA context and fragmentation
                    world_size:int=1, # GPUs in the job
                    limit:int=4096, # largest micro-batch considered
                   ) -> int:
@@ -137,3 +141,102 @@ def search_batch(choices:list[tuple[int, int]], # `batch_choices`, smallest micr
         i -= 1
         if fits(choices[i][0]): return i
     return -1
+
+# %% ../../nbs/03c_memory.ipynb #e9feb053
+def fits(cfg:Config, # the run's config
+         mem_gb:float, # memory per GPU, in GB
+         world_size:int=1, # GPUs in the job
+         parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
+         headroom:float=HEADROOM, # fraction of `mem_gb` kept back
+        ) -> tuple[bool, float]:
+    "(whether `cfg`'s estimated peak per GPU fits `mem_gb` less `headroom`, that estimate in GB)."
+    need = estimate_memory(cfg, world_size=world_size, parallel=parallel)['total_gb']
+    return need <= mem_gb*(1 - headroom), need
+
+def card_for(cfg:Config, # the run's config
+             table:dict, # the GPU table (`core.gpu_table`)
+            ) -> tuple[str, int]|None:
+    "(GPU, count): the card of `table` with the least memory that trains `cfg`, alone or on fewest with FSDP."
+    for n in (1, 2, 4, 8):
+        ok = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items()
+                    if fits(cfg, g['mem_gb'], n, 'fsdp')[0])
+        if ok: return ok[0][2], n
+    return None
+
+# %% ../../nbs/03c_memory.ipynb #a1dad0ad
+def _smaller_batch(cfg:Config, mem_gb:float, world_size:int, headroom:float=HEADROOM) -> str:
+    "The largest smaller micro-batch that fits `mem_gb`, as overrides keeping the tokens a step ('' if none)."
+    per = cfg.train.batch_size*cfg.train.grad_accum
+    b = min(max_batch_size(cfg, mem_gb, headroom, world_size), cfg.train.batch_size - 1)
+    b = max((d for d in range(1, b + 1) if per % d == 0), default=0)
+    return f"batch_size={b} grad_accum={per//b}" if b else ''
+
+def fit_changes(cfg:Config, # the run's config
+                mem_gb:float, # memory per GPU, in GB
+                world_size:int=1, # GPUs in the job
+                fp8:bool=True, # the card runs float8 matmuls (compute capability 8.9 or newer)
+                headroom:float=HEADROOM, # fraction of `mem_gb` kept back
+               ) -> list[str]:
+    "Overrides that each bring `cfg` within `mem_gb` a GPU: micro-batch, act_ckpt, fp8, more GPUs with FSDP."
+    tc = cfg.train
+    out = [b] if (b := _smaller_batch(cfg, mem_gb, world_size, headroom)) else []
+    levers = [('act_ckpt', 'none', ('selective', 'full'))] + [('fp8', 'off', ('tensorwise',))]*fp8
+    for k, off, vals in levers:
+        ok = [v for v in vals if getattr(tc, k) == off and fits(apply_overrides(cfg, {k: v}), mem_gb,
+                                                                world_size, headroom=headroom)[0]]
+        if ok: out.append(f"{k}={ok[0]}")
+    n = next((n for n in (2, 4, 8) if n > world_size and fits(cfg, mem_gb, n, 'fsdp', headroom)[0]), None)
+    if n: out.append(f"nproc={n} parallel=fsdp")
+    return out
+
+# %% ../../nbs/03c_memory.ipynb #580db293
+CPU_MAX_PARAMS = 1_000_000_000  # larger models are refused on a CPU: their runs would take years
+
+def card_needed(cfg:Config, # the run's config
+                profile:str|None=None, # its profile name or config file
+                table:dict|None=None, # the GPU table (default: `core.gpu_table()`)
+               ) -> str:
+    "The card `cfg` needs, with the `lmbook pod plan` call that sizes it there."
+    table = table or gpu_table()
+    plan = f"lmbook pod plan --profile {profile or 'CONFIG.toml'}"
+    if not (card := card_for(cfg, table)): return f"more than 8 of any card in the GPU table ({plan})"
+    gpu, n = card
+    plan += f" --gpu {(table[gpu].get('aliases') or [gpu])[0]}"
+    return f"{n} x {gpu} ({plan} --gpus {n})" if n > 1 else f"a GPU such as {gpu} ({plan})"
+
+def _cpu_verdict(cfg:Config, device:str, ram_gb:float|None, profile:str|None, world_size:int,
+                 table:dict|None) -> tuple[bool, str]|None:
+    n, who, dev = count_params(cfg.model), profile or 'this config', device.upper()
+    if n > CPU_MAX_PARAMS:
+        return True, (f"{who} has {n/1e9:.2f}B parameters, too many to train on the {dev}: it needs "
+                      f"{card_needed(cfg, profile, table)}")
+    if cfg.train.lora_rank or ram_gb is None: return None
+    c = apply_overrides(cfg, {'dtype': 'float32'}) if cfg.train.dtype == 'auto' else cfg  # no autocast here
+    need = world_size*estimate_memory(c, world_size=world_size)['total_gb']  # every process holds its copy
+    if need <= ram_gb: return None
+    fix = _smaller_batch(c, ram_gb/world_size, world_size)
+    return True, (f"{who} needs ~{need:.1f} GB of memory to train at micro-batch {c.train.batch_size} on the "
+                  f"{dev} and {ram_gb:.1f} GB is free: " + (f"set {fix}" if fix else "train a smaller model"))
+
+# %% ../../nbs/03c_memory.ipynb #1ad1ab57
+def fit_verdict(cfg:Config, # the run's config
+                device:str, # where it trains: 'cuda', 'cpu' or 'mps'
+                mem_gb:float|None, # a GPU's memory, or the RAM free for a CPU run, in GB (None: unknown)
+                name:str='the GPU', # the card's name
+                profile:str|None=None, # its profile name or config file, for `lmbook pod plan`
+                world_size:int=1, # processes in the job
+                fp8:bool=True, # the card runs float8 matmuls (compute capability 8.9 or newer)
+                table:dict|None=None, # the GPU table (default: `core.gpu_table()`)
+               ) -> tuple[bool, str]|None:
+    "(refused, one line saying what to change) when `cfg` cannot, or may not, fit `device`; None if it fits."
+    if not device.startswith('cuda'): return _cpu_verdict(cfg, device, mem_gb, profile, world_size, table)
+    if cfg.train.lora_rank or mem_gb is None: return None
+    ok, need = fits(cfg, mem_gb, world_size)
+    if ok: return None
+    where = f"{world_size} x {name}, {cfg.train.parallel}" if world_size > 1 else name
+    head = (f"{profile or 'this config'} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} "
+            f"({where})")
+    if need <= mem_gb: return False, f"{head}, within {HEADROOM:.0%} of its {mem_gb:.1f} GB: it may not fit"
+    fix = ', or '.join(fit_changes(cfg, mem_gb, world_size, fp8))
+    return True, (f"{head} but the card has {mem_gb:.1f} GB: " + (f"set {fix}; or " if fix else '')
+                  + f"use {card_needed(cfg, profile, table)}")

@@ -12,12 +12,12 @@ import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
 from ..config import get_config, flops_per_token, count_params, Config
 from ..config import mixture_of
-from ..model.memory import estimate_memory, max_batch_size
+from ..model.memory import HEADROOM, fits, max_batch_size
 from ..train.optim import total_steps
 
 # %% auto #0
-__all__ = ['HEADROOM', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'plan_sources', 'fit_advice',
-           'pod_overrides', 'image_cuda', 'card_image', 'plan', 'format_plan']
+__all__ = ['throughput_rows', 'scaling_efficiency', 'expected_throughput', 'plan_sources', 'fit_advice', 'pod_overrides',
+           'image_cuda', 'card_image', 'plan', 'format_plan']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -80,19 +80,13 @@ def plan_sources(cfg:Config, # the run's config
             for n, w in mixture_of(cfg.data).items()] or None
 
 # %% ../../nbs/07a_plan.ipynb #88e04459
-HEADROOM = 0.06  # fraction of a card kept back for the CUDA context and fragmentation
-
-def _fits(cfg:Config, mem_gb:float, gpus:int, parallel:str|None=None) -> tuple[bool, float]:
-    need = estimate_memory(cfg, world_size=gpus, parallel=parallel)['total_gb']
-    return need <= mem_gb*(1 - HEADROOM), need
-
 def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
     "What would fit instead: the smallest single card, the fewest `gpu` cards with FSDP, a smaller batch."
     tips = []
-    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if _fits(cfg,
+    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if fits(cfg,
             g['mem_gb'], 1)[0])
     if single: tips.append(f"smallest single card that fits: --gpu '{single[0][2]}'")
-    n = next((n for n in (2, 4, 8) if _fits(cfg, table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
+    n = next((n for n in (2, 4, 8) if fits(cfg, table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
     if n: tips.append(f"or --gpus {n} --set parallel=fsdp")
     b = max_batch_size(cfg, table[gpu]['mem_gb'], HEADROOM)
     if b: tips.append(f"or --set batch_size={b} "
@@ -144,7 +138,7 @@ def plan(profile:str, # profile name or config file
     if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
                                                        "(lmbook/gpu_prices.yaml): choose the other cloud")
     cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
-    ok, need = _fits(cfg, table[gpu]['mem_gb'], gpus)
+    ok, need = fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
         raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
                          f"micro-batch {cfg.train.batch_size} ({gpus} "

@@ -16,7 +16,7 @@ from ..model.hfimport import hf_model_config, hf_tokenizer
 from ..data.chatdata import data_value
 from .runstart import Init, check_init, find_init, read_init_sft
 from .trainer import NonFiniteError, exit_code, train
-from .launch import detach_option, start_run, torchrun_option
+from .launch import check_hardware, detach_option, start_run, torchrun_option
 
 # %% auto #0
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
@@ -106,6 +106,7 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
         raise ValueError(f"experiment {experiment!r} is the init run "
                          "itself: give the fine-tuned run a new name")
     check_init(cfg, init)
+    if note := check_hardware(cfg): log(note)  # before the records are read and tokenized
     # read once; a bad record fails before any folder is made
     examples = read_init_sft(cfg, init, root, log, paths_for(experiment, root=root).hf_cache)
     return cfg, init, examples
@@ -130,7 +131,7 @@ PUBLISHED_PARAMS = dict(
 
 # %% ../../nbs/05g_finetune.ipynb #e35228aa
 OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel',
-           'sft_split', 'sft_columns')
+           'sft_split', 'sft_columns', 'force')
 
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
@@ -142,7 +143,7 @@ def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, r
     path = paths_for(experiment, root=root).cache/'finetune.toml'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(config_dict(cfg)))
-    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args)
+    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args, checked=True)
 
 # %% ../../nbs/05g_finetune.ipynb #ae034cd3
 def add_cli(sub):
@@ -170,6 +171,7 @@ def add_cli(sub):
     field_option(p, 'parallel')
     torchrun_option(p)
     detach_option(p)
+    field_option(p, 'force', action='store_true')
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     cli_options(p, 'set', 'root')
     def run(a) -> int:

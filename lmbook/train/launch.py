@@ -6,24 +6,27 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, json, os, re, shlex, signal, subprocess, sys, tempfile, textwrap, threading
+import argparse, json, os, platform, re, shlex, signal, subprocess, sys, tempfile, textwrap, threading
 from pathlib import Path
 from typing import Iterator
+import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR
 from ..config import get_config, parse_assignments, field_option, field_values, PROFILES, SECTIONS
 from ..config import field_index
 from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from ..runs.metrics import RunLog
+from ..model.memory import fit_verdict
+from .step import cuda_allocator_defaults
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['WORKER', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main', 'launch_cmd',
-           'launch', 'TrainingExit', 'killed_rank', 'run_training', 'detach', 'train_epilog', 'detach_option',
-           'start_run', 'add_cli']
+__all__ = ['WORKER', 'FORCE', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main',
+           'launch_cmd', 'free_ram_gb', 'device_memory', 'check_hardware', 'launch', 'TrainingExit', 'killed_rank',
+           'run_training', 'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -40,6 +43,7 @@ def train_args(p:argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument('--no-auto-resume', action='store_true', help='start afresh in a new run folder')
     torchrun_option(p)
     field_option(p, 'allow_config_change', action='store_true')
+    field_option(p, 'force', action='store_true')
     p.add_argument('--prepare-only', action='store_true',
                    help='only prepare the data (shards, tokenizer, tokens), then exit')
     return p
@@ -48,7 +52,7 @@ def resolve_args(a:argparse.Namespace) -> tuple:
     "(config, experiment, overrides) from parsed training options."
     s = load_settings()
     ov = parse_assignments(a.set) | parse_assignments(a.overrides)
-    ov |= field_values(a, ('nproc', 'parallel', 'allow_config_change'))
+    ov |= field_values(a, ('nproc', 'parallel', 'allow_config_change', 'force'))
     if a.no_auto_resume: ov['auto_resume'] = False
     profile = nonblank(a.profile, 'profile') or s.profile
     experiment = resolve_experiment(a.experiment, profile)
@@ -117,6 +121,45 @@ def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|
     return ([sys.executable, '-m', 'torch.distributed.run'] + (targs or ['--standalone']) +
             [f'--nproc_per_node={nproc}', '--no-python', sys.executable, '-u', '-c', WORKER] + args)
 
+# %% ../../nbs/05f_launch.ipynb #e92326ee
+FORCE = "or force=true (lmbook train --force) to start it anyway"  # the end of a refusal's line
+
+def free_ram_gb() -> float|None:
+    "The RAM a new process can have now, in GB (the container's limit where lower); None where unknown."
+    try:
+        info = dict(l.split(':', 1) for l in Path('/proc/meminfo').read_text().splitlines() if ':' in l)
+        gb = int(info['MemAvailable'].split()[0])*1024/1e9
+    except (OSError, KeyError, ValueError): return None  # not Linux
+    try: limit = Path('/sys/fs/cgroup/memory.max').read_text().strip()
+    except OSError: return gb
+    return min(gb, int(limit)/1e9) if limit.isdigit() else gb
+
+def device_memory(device:str) -> tuple[str, float|None, bool]:
+    "(name, GB, runs float8) of where a run on `device` trains: a GPU's whole memory, else the RAM free now."
+    if not device.startswith('cuda'): return platform.machine() or 'CPU', free_ram_gb(), False
+    cuda_allocator_defaults()  # starting CUDA's allocator reads its settings, once
+    p = torch.cuda.get_device_properties(torch.device(device).index or 0)  # no CUDA context on the card
+    return p.name, p.total_memory/1e9, (p.major, p.minor) >= (8, 9)
+
+def _nodes(torchrun_args:str|list) -> int:
+    "The node count a multi-node job's `--nnodes N` (or the least of `N:M`) names, else 1."
+    m = re.search(r'--nnodes[=\s]+(\d+)', ' '.join(torchrun_args) if isinstance(torchrun_args,
+                                                                                 list) else torchrun_args)
+    return int(m.group(1)) if m else 1
+
+def check_hardware(cfg, # the resolved `Config`
+                   profile:str|None=None, # its profile name or config file, for `lmbook pod plan`
+                   torchrun_args:str|list='', # a multi-node job's flags (its node count)
+                  ) -> str|None:
+    "Refuse, in one line, a run its machine cannot hold; else the note worth showing (None: it fits)."
+    device = pick_device(cfg.train.device)
+    name, mem, fp8 = device_memory(device)
+    v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*_nodes(torchrun_args), fp8)
+    if v is None: return None
+    refused, line = v
+    if refused and not cfg.train.force: raise ValueError(f"{line}; {FORCE}")
+    return f"note: {'force=true, so it starts although ' if refused else ''}{line}"
+
 # %% ../../nbs/05f_launch.ipynb #d8d65613
 def _child_setup():
     set_parent_death_signal(signal.SIGTERM)
@@ -131,9 +174,13 @@ def launch(profile:str, # profile name or config file
            grace_s:float=30, # how long a stopped run may take to checkpoint
            prepare_only:bool=False, # only prepare the data
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
+           checked:bool=False, # the caller ran `check_hardware` already
           ) -> Iterator[str]:
     "Run the training in a subprocess, yielding its output lines; `TrainingExit` when it does not finish."
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
+    if not (prepare_only or checked):  # before any work
+        ov = dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc)))
+        if note := check_hardware(get_config(profile, ov), profile, torchrun_args): yield note
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
     if 'torch.distributed.run' in cmd or prepare_only:
         yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
@@ -218,10 +265,10 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
                  root:Path|None=None,
                  torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False,
-                     forward_signals:bool=False) -> int:
+                     forward_signals:bool=False, checked:bool=False) -> int:
     "`launch` and print every line; on Ctrl-C / an interrupted cell stop the run cleanly, then re-raise."
     gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env, prepare_only=prepare_only,
-                 forward_signals=forward_signals)
+                 forward_signals=forward_signals, checked=checked)
     try:
         for line in gen: out(line.rstrip('\n'))
     except KeyboardInterrupt:
@@ -270,8 +317,12 @@ def detach_option(p):
 def start_run(cfg, # the resolved `Config`
               profile:str, # what the worker reads it from again: a profile name or a config file
               experiment:str, overrides:dict, root:Path|None=None, detached:bool=False, torchrun_args:str='',
-              prepare_only:bool=False) -> int:
+              prepare_only:bool=False,
+              checked:bool=False, # the caller ran `check_hardware` already
+             ) -> int:
     "Train `cfg` here, under torchrun or in the background, as `lmbook train` and `lmbook finetune` do."
+    if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
+        if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
     if detached:
         pid, out = detach(profile, experiment, overrides, root, torchrun_args)
         print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
@@ -282,7 +333,7 @@ def start_run(cfg, # the resolved `Config`
     if cfg.train.nproc == 1 and not torchrun_args: return train_process(cfg, experiment, root, prepare_only)
     try:
         run_training(profile, experiment, overrides, root=root, torchrun_args=torchrun_args,
-                     prepare_only=prepare_only, forward_signals=True)
+                     prepare_only=prepare_only, forward_signals=True, checked=True)
     except TrainingExit as e:
         # the run's own lines said the rest
         if e.why or (e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128): _say_error(e)

@@ -37,6 +37,7 @@ TRAIN_PARAMS = dict(
     lr=None,
     device=None,
     overrides='',           # any other config fields: 'n_layer=4,warmup_steps=10'
+    force=False,            # start even when the hardware check refuses (e.g. a 2B model on a CPU)
 )
 ANALYSIS_PARAMS = dict(
     experiments='smoke-demo',  # one experiment, or several separated by commas
@@ -92,6 +93,7 @@ def train_overrides(p:dict) -> dict:
     ov.update({k: p[k] for k in ('max_steps', 'batch_size', 'grad_accum', 'lr', 'device')
                if p.get(k) is not None})
     ov.update(parse_overrides(p.get('overrides', '')))
+    if p.get('force'): ov['force'] = True
     return ov
 
 def train_config(p:dict) -> Config:
