@@ -105,6 +105,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         'talk to a fine-tuned run, the conversation kept (/reset starts anew, /exit or Ctrl-D stops)'),
     'eval': ('lmbook.train.eval',
         'validation loss, perplexity, bits per byte and HellaSwag of a checkpoint'),
+    'alert': ('lmbook.runs.alert',
+        "send one event to $LMBOOK_ALERT_URL (`lmbook alert test` checks the webhook)"),
     'mirror': ('lmbook.runs.mirror',
         "copy the checkpoints a run's mirror could not (the run folder lists them)"),
     'export': ('lmbook.runs.export',

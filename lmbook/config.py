@@ -328,6 +328,20 @@ class TrainConfig:
                             cuda=(True,))
     force: bool = cfield(False, FLAG, 'free', "start even when the hardware check refuses: a model over 1B "
                          "parameters on a CPU, or a memory estimate over the card's memory or the free RAM")
+    wandb_entity: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9_-]{0,63})?',
+                                         hint="'' or a W&B team or user name"), 'free',
+                               "the W&B team or user the run goes to ('': $WANDB_ENTITY, else your default)")
+    wandb_group: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
+                                        hint="'' or a name of letters, digits, '.', '_', '-'"), 'free',
+                              "the W&B group the run joins, e.g. a sweep's name ('': $WANDB_RUN_GROUP)")
+    wandb_tags: str = cfield('', Range(pattern=r'([\w.:+=-]{1,64}(,[\w.:+=-]{1,64})*)?',
+                                       hint="'' or comma-separated tags of letters, digits, '_.:+=-'"),
+                             'free', "the run's W&B tags, comma-separated ('': $WANDB_TAGS)")
+    wandb_mode: str = cfield('', one_of('', 'online', 'offline'), 'free', "'online', 'offline' (kept in the "
+                             "run folder; the run ends by printing the `wandb sync` command that uploads it) "
+                             "or '' ($WANDB_MODE, else online)")
+    alert_stall_minutes: float = cfield(30.0, at_least(0), 'free', "minutes without a finished step before "
+                                        "$LMBOOK_ALERT_URL hears that the run stalled (0: no watch)")
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 

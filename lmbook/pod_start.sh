@@ -3,7 +3,8 @@
 # $LMBOOK_COMMIT from $LMBOOK_REPO), starts `lmbook boot` in the background, runs the image's own start script
 # (sshd, JupyterLab) beside it, and passes a container stop's SIGTERM on to boot, which checkpoints the run.
 # A stage that fails before boot runs stops the pod through RunPod's API (the guard), logging why on the volume;
-# so does the spend guard, which counts from the pod's create time. A stop the API does not take within
+# so does the spend guard, which counts from the pod's create time; both say so to $LMBOOK_ALERT_URL when it is set
+# (the alert's forms are lmbook.runs.alert's). A stop the API does not take within
 # LMBOOK_STOP_DEADLINE seconds ends this script instead: an exited container is EXITED, which bills no GPU time.
 W=${LMBOOK_WORKSPACE:-/workspace}
 S=${LMBOOK_SRC:-$W/lmbook}
@@ -27,8 +28,36 @@ try: print(u.urlopen(req, timeout=30).status)
 except Exception as e: print(getattr(e, "code", 0))' 2>> "$L"
 }
 
+alert() {  # event $1, text $2 to the webhook $LMBOOK_ALERT_URL, if set: `lmbook alert` once it runs, else python3
+  [ -n "$LMBOOK_ALERT_URL" ] || return 0
+  if [ -x "$V/bin/lmbook" ] && "$V/bin/lmbook" alert "$1" "$2" >> "$L" 2>&1; then return 0; fi
+  python3 - "$1" "$2" >> "$L" 2>&1 <<'PY'
+import json, os, socket, sys, urllib.parse, urllib.request as u
+event, text, url = sys.argv[1], sys.argv[2], os.environ["LMBOOK_ALERT_URL"]
+exp, host, p = os.environ.get("RUN_EXPERIMENT", ""), socket.gethostname(), urllib.parse.urlsplit(url)
+name = (p.hostname or "").lower()
+title = "lmbook: %s %s" % (exp or host, event.replace("_", " "))
+h = {"Content-Type": "application/json", "User-Agent": "lmbook-start"}
+if name == "hooks.slack.com": d = {"text": "*%s*\n%s" % (title, text)}
+elif name.split(".")[-2:] in (["discord", "com"], ["discordapp", "com"]) and p.path.startswith("/api/webhooks/"):
+    d = {"content": ("**%s**\n%s" % (title, text))[:2000]}
+elif "ntfy" in name:
+    d, h = None, dict(h, Title=title, Tags={"failed": "x", "spend_limit": "moneybag"}.get(event, "bell"), Priority="high")
+    h["Content-Type"] = "text/plain; charset=utf-8"
+else: d = {"event": event, "title": title, "text": text, "experiment": exp, "host": host, "pod": os.environ.get("RUNPOD_POD_ID")}
+body = text.encode() if d is None else json.dumps(d).encode()
+try: u.urlopen(u.Request(url, body, h), timeout=10).read()
+except Exception as e: sys.exit("alert: the %s alert was not delivered (%s)" % (event, getattr(e, "code", "") or getattr(e, "reason", "") or type(e).__name__))
+print("%s alert delivered" % event)
+PY
+}
+
 stop_pod() {  # the guard: stop this pod (runpodctl, else REST v2), retried with backoff; else end the container
   say "guard: $1: stopping pod ${RUNPOD_POD_ID:-?} (the volume keeps this log)"
+  case $1 in
+    "spend guard"*) alert spend_limit "$1. The pod is being stopped; its volume keeps everything." ;;
+    *) alert failed "$1. The pod is being stopped; the boot log on its volume says more." ;;
+  esac
   [ -n "$RUNPOD_POD_ID" ] || { say "guard: RUNPOD_POD_ID is not set: not a RunPod pod, nothing to stop"; return 1; }
   t0=$(date +%s); i=0; deadline=${LMBOOK_STOP_DEADLINE:-600}
   while :; do

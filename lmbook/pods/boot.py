@@ -19,7 +19,8 @@ from ..data.tokenizer import token_dir
 from ..data.loader import prepare_data
 from ..train.optim import total_steps
 from ..runs.checkpoint import ckpt_step, latest_checkpoint
-from ..train.launch import launch_cmd
+from ..train.launch import launch_cmd, describe_exit
+from ..runs.alert import Alerts
 from .guard import stop_pod, exit_container, stop_run, wait_run, StopSignals, Stopped, spend_guard
 from .guard import watch_spend
 from ..rundir import RunDir
@@ -29,7 +30,7 @@ from ..core import env_var, process_env
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
            'train_overrides', 'wait_for_data', 'stage_data', 'finished_checkpoint', 'planned_steps', 'gpu_count',
            'start_tensorboard', 'train_notebook', 'papermill_cmd', 'trainer_exit_code', 'stage_train', 'autokill',
-           'run_pipeline', 'slurm_script', 'add_cli', 'add_dev_cli']
+           'boot_alert', 'run_pipeline', 'slurm_script', 'add_cli', 'add_dev_cli']
 
 # %% ../../nbs/07g_boot.ipynb #a04fc27b
 @dataclass
@@ -319,7 +320,8 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
     # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
     # package
-    env, spent = dict(os.environ, PYTHONUNBUFFERED='1'), ''  # the trainer's whole environment, passed on
+    # the trainer's whole environment, passed on; a failure's alert is boot's to send
+    env, spent = dict(os.environ, PYTHONUNBUFFERED='1', LMBOOK_ALERT_PARENT='1'), ''
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
@@ -384,6 +386,19 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
     exit_container(log, env)
     return False
 
+# %% ../../nbs/07g_boot.ipynb #da4b8586
+def boot_alert(o:BootOptions, paths:Paths|None, rc:int, spent:str, detail:str, log) -> bool:
+    "Tell $LMBOOK_ALERT_URL how boot ended: `spend_limit` when the guard stopped it, `failed` on a failure."
+    al = Alerts(o.experiment, o.profile, log)
+    if spent: sent = al.send('spend_limit', f"{spent}. The pod is being stopped; its volume keeps the run "
+                             "and its checkpoints.", reason=spent, exit_code=rc)
+    else:
+        run_log = RunDir(paths.run).log if paths else None
+        last = run_log if run_log and run_log.is_file() else log.path  # before training: boot's own log
+        sent = al.failed(rc, describe_exit(rc), last, detail)
+    al.close()
+    return sent
+
 # %% ../../nbs/07g_boot.ipynb #109713fa
 def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
     "Run the boot stages against workspace `ws`, then autokill; the exit code (0: finished)."
@@ -393,7 +408,7 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
                              else f'boot-{o.experiment}-node{node}.log'))
     log(f"boot: {o.profile} as {o.experiment} in {ws} (stages "
         f"{', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''})")
-    paths, rc, spent = None, 1, ''
+    paths, rc, spent, why = None, 1, '', ''
     with StopSignals() as stop:
         try:
             kernel = stage_install(o, log) if 1 in stages else None
@@ -408,11 +423,12 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             spent = stop.spent
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
             log(f"error: {e}")
-            rc = EXIT_USER_ERROR
-        except Exception:  # unattended: whatever went wrong must be in the log on the volume
+            rc, why = EXIT_USER_ERROR, f"error: {e}"
+        except Exception as e:  # unattended: whatever went wrong must be in the log on the volume
             log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}")
-            rc = 1
+            rc, why = 1, f"boot failed unexpectedly: {type(e).__name__}: {e}"
         stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
+        if not node: boot_alert(o, paths, rc, spent, why, log)  # before the pod stops
         if paths is not None: autokill(o, paths, rc, log, spent=spent)
     log(f"boot: done, exit code {rc}")
     return rc

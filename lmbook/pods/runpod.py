@@ -22,9 +22,9 @@ from ..core import env_var, process_env
 # %% auto #0
 __all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
            'resolve_env', 'code_source', 'start_script', 'start_command', 'pod_name', 'check_pod_args', 'run_overrides',
-           'spend_env', 'pod_spec', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage', 'request_text',
-           'create_pod_retrying', 'wait_running', 'format_status', 'check_origin', 'check_available', 'add_plan_cli',
-           'add_create_cli', 'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+           'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage',
+           'request_text', 'create_pod_retrying', 'wait_running', 'format_status', 'check_origin', 'check_available',
+           'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../../nbs/07f_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -37,16 +37,19 @@ def check_env_value(key:str, value:str, limit:int=4096) -> str:
                          "RunPod's GraphQL request would carry it unescaped; remove them")
     return value
 
-_SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|CREDENTIAL', re.I)
-_SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}')
+_SECRET_KEY = re.compile(r'TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|CREDENTIAL|ALERT_URL|WEBHOOK',
+                         re.I)
+# a token, or a webhook's address (whoever has it can post to the channel)
+_SECRET_VALUE = re.compile(r'\b(hf_|rpa_|sk-|ghp_|github_pat_)[A-Za-z0-9_]{16,}|hooks\.slack\.com/services/'
+                           r'|discord(app)?\.com/api/webhooks/')
 
 def check_not_secret(key:str, value:str) -> str:
     "Refuse a plain environment variable that holds or is named like a secret: it would be shown."
     if _SECRET_KEY.search(key) or _SECRET_VALUE.search(value):
         raise ValueError(f"environment variable {key} looks like a secret, which a plain variable would put "
                          "in the manifest and the printed spec: "
-                         "pass it by reference (--hf-token env:HF_TOKEN or '{{ RUNPOD_SECRET_name }}'; in a "
-                             "manifest, under secrets:)")
+                         "pass it by reference (--hf-token env:HF_TOKEN, --alert-url env:LMBOOK_ALERT_URL or "
+                         "'{{ RUNPOD_SECRET_name }}'; in a manifest, under secrets:)")
     return value
 
 # %% ../../nbs/07f_runpod.ipynb #dfd3801f
@@ -287,6 +290,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              on_failure:str='stop',
              max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
+             alert_url:str='', # LMBOOK_ALERT_URL's source: '', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
             ) -> PodSpec:
     "A checked `PodSpec` training `profile` as `experiment` on `gpus` x `gpu`, with Jupyter and TensorBoard."
     s = load_settings()
@@ -302,6 +306,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')
     if hf_token: sec['HF_TOKEN'] = hf_token
+    if alert_url: sec['LMBOOK_ALERT_URL'] = alert_url
     spec = PodSpec(name=pod_name(experiment, gpu_type, gpus, volume_id), profile=profile,
                    experiment=experiment,
                    gpu_type=gpu_type, gpu_count=gpus, image=image or card_image(gpu_type, s.image),
@@ -312,6 +317,11 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
 
 SERVE_PORT = 8000  # the port `lmbook serve` listens on in an endpoint pod
 SERVE_SECRET = 'lmbook_api_key'  # the RunPod secret an endpoint pod's key comes from by default
+
+def alert_source(given:str='', environ:dict|None=None) -> str:
+    "Where a pod's LMBOOK_ALERT_URL comes from: `given`, else your $LMBOOK_ALERT_URL when it is set, else ''."
+    if given: return given
+    return 'env:LMBOOK_ALERT_URL' if env_var('LMBOOK_ALERT_URL', env=environ) else ''
 
 def serve_key(given:str='', environ:dict|None=None) -> str:
     "Where an endpoint pod's key comes from: `given`, else your $LMBOOK_API_KEY, else the RunPod secret."
@@ -470,7 +480,8 @@ def _spec_from_args(a) -> PodSpec:
     if warn: print(warn, file=sys.stderr)
     return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
                                 a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
-                                a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars))
+                                a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
+                                alert_source(a.alert_url)))
 
 def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
     "The endpoint pod of `pod create --serve EXPORT`."
@@ -670,6 +681,9 @@ def add_create_cli(pod):
                    help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
     p.add_argument('--hf-token', metavar='SOURCE',
                    help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
+    p.add_argument('--alert-url', metavar='SOURCE', help="LMBOOK_ALERT_URL on the pod, the webhook its run's "
+                   "events go to: '{{ RUNPOD_SECRET_name }}' or env:NAME "
+                   "(default: env:LMBOOK_ALERT_URL if set)")
     p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
     p.add_argument('--commit',
                    help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')

@@ -6,14 +6,16 @@ Docs: https://lmbook.github.io/lmbook/metrics.html.md"""
 
 # %% ../../nbs/04a_metrics.ipynb #9535f76b
 from __future__ import annotations
-import errno, json, math, os, threading, time
+import errno, json, math, os, shlex, threading, time
 from pathlib import Path
 from typing import Callable
 from ..rundir import RUN_FILES, RunDir
+from ..core import env_var
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
-           'NoSpaceError', 'disk_full', 'no_space', 'MetricsLogger', 'console', 'RunLog']
+           'NoSpaceError', 'disk_full', 'no_space', 'wandb_args', 'wandb_start', 'wandb_finish', 'MetricsLogger',
+           'console', 'RunLog']
 
 # %% ../../nbs/04a_metrics.ipynb #bbe24bdc
 METRICS = RUN_FILES['metrics']
@@ -119,29 +121,61 @@ def _writer_hook(old:Callable) -> Callable:
         if not (disk_full(args.exc_value) and type(args.thread).__name__ == '_AsyncWriterThread'): old(args)
     return hook
 
+# %% ../../nbs/04a_metrics.ipynb #666413c2
+def wandb_args(tc, # the run's `TrainConfig`
+               run_dir:Path, # the run folder
+               lineage:str, # the id every checkpoint of the run keeps
+               config:dict|None=None, # the config W&B records
+               env:dict|None=None, # the environment (default: this process's)
+              ) -> dict|None:
+    "The arguments of `wandb.init` for a run (None without a `wandb` project)."
+    if not tc.wandb: return None
+    get = lambda field, var: getattr(tc, field) or env_var(var, env=env) or None
+    tags = get('wandb_tags', 'WANDB_TAGS')
+    return dict(project=tc.wandb, entity=get('wandb_entity', 'WANDB_ENTITY'),
+                group=get('wandb_group', 'WANDB_RUN_GROUP'), tags=tags.split(',') if tags else None,
+                mode=get('wandb_mode', 'WANDB_MODE'), id=f"{Path(run_dir).name}-{lineage}",
+                name=Path(run_dir).name, resume='allow', dir=str(run_dir), config=config)
+
+# %% ../../nbs/04a_metrics.ipynb #9acc06f0
+def wandb_start(args:dict, log:Callable=print):
+    "The W&B run `wandb.init(**args)` starts; None, after one line, when wandb is missing or W&B refuses."
+    try: import wandb  # optional (the wandb extra): only a run with a W&B project
+    except ImportError:
+        log("wandb is not installed: pip install wandb (lmbook's wandb extra), or set wandb=''; metrics go "
+            "to metrics.jsonl and TensorBoard")
+        return None
+    try: return wandb.init(**args)
+    except wandb.errors.Error as e:  # no login, no network: the run goes on without W&B
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        log(f"warning: W&B did not start ({why}): `wandb login`, or wandb_mode=offline; metrics go to "
+            "metrics.jsonl and TensorBoard")
+        return None
+
+def wandb_finish(run, log:Callable=print):
+    "Finish the W&B `run`; an offline one ends with the `wandb sync` command that uploads it."
+    mode, where = getattr(run.settings, 'mode', ''), getattr(run.settings, 'sync_dir', '')
+    run.finish()
+    if mode in ('offline', 'dryrun') and where:
+        log(f"W&B kept this run offline; upload it with: wandb sync {shlex.quote(str(where))}")
+
 # %% ../../nbs/04a_metrics.ipynb #d9904897
 class MetricsLogger:
     "Writes metric rows to `metrics.jsonl`, TensorBoard and W&B (rank 0 only)."
-    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True, wandb_project:str='',
-                 config:dict|None=None,
-                 name:str='', log:Callable=print):
+    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True,
+                 wandb:dict|None=None, # `wandb.init`'s arguments (`wandb_args`; None: no W&B)
+                 log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
         self.full = False  # a write met a full disk (and said so)
         if not enabled: return
         if tensorboard:
             try:
                 # slow to import: only a run that logs to TensorBoard
-                # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
             except ImportError: log("tensorboard is not installed: metrics go to "
                                     "metrics.jsonl only (pip install tensorboard)")
-        if wandb_project:
-            try:
-                import wandb  # optional: a wandb project only
-                self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow',
-                                     dir=str(run_dir), config=config)
-            except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
+        if wandb: self.wb = wandb_start(wandb, log)
         if self.tb: self.hook, threading.excepthook = threading.excepthook, _writer_hook(threading.excepthook)
 
     def start_at(self, step:int):
@@ -172,7 +206,7 @@ class MetricsLogger:
             if not (self.full and disk_full(e)): self._full(e, 'TensorBoard')
         finally:
             if self.tb: threading.excepthook = self.hook
-        if self.wb: self.wb.finish()
+        if self.wb: wandb_finish(self.wb, self.log)
 
     def _full(self, e:OSError, what:str):
         "Raise the one-line `NoSpaceError` of a full disk that `what` met (any other error as it is)."

@@ -16,7 +16,7 @@ from ..model.hfimport import hf_model_config, hf_tokenizer
 from ..data.chatdata import data_value
 from .runstart import Init, check_init, find_init, read_init_sft
 from .trainer import NonFiniteError, exit_code, train
-from .launch import check_hardware, detach_option, start_run, torchrun_option
+from .launch import alerting, check_hardware, detach_option, start_run, torchrun_option
 
 # %% auto #0
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
@@ -133,13 +133,17 @@ PUBLISHED_PARAMS = dict(
 OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel',
            'sft_split', 'sft_columns', 'force')
 
+def _train_here(cfg:Config, experiment:str, root:Path|None, init:Init, examples:list) -> int:
+    "Train the fine-tuning run in this process; its exit code."
+    try: return exit_code(train(cfg, experiment, root=root, init=init, examples=examples))
+    except NonFiniteError: return EXIT_DIVERGED
+
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
     "`lmbook finetune`: the checks, then training here, under torchrun or in the background (`start_run`)."
     cfg, init, examples = checked(init_from, data, experiment, overrides, root)
     if cfg.train.nproc == 1 and not (detached or torchrun_args):
-        try: return exit_code(train(cfg, experiment, root=root, init=init, examples=examples))
-        except NonFiniteError: return EXIT_DIVERGED
+        return alerting(lambda: _train_here(cfg, experiment, root, init, examples), experiment, root)
     path = paths_for(experiment, root=root).cache/'finetune.toml'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(config_dict(cfg)))

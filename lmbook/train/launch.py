@@ -8,7 +8,7 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 from __future__ import annotations
 import argparse, json, os, platform, re, shlex, signal, subprocess, sys, tempfile, textwrap, threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR
@@ -18,15 +18,17 @@ from ..distributed import check_parallel, cleanup_distributed, set_parent_death_
 from ..runs.metrics import RunLog
 from ..model.memory import fit_verdict
 from .step import cuda_allocator_defaults
+from ..runs.alert import Alerts
 from .runstart import prepare_run
 from .trainer import NonFiniteError, exit_code, train
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['WORKER', 'FORCE', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process', 'main',
-           'launch_cmd', 'free_ram_gb', 'device_memory', 'check_hardware', 'launch', 'TrainingExit', 'killed_rank',
-           'run_training', 'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
+__all__ = ['WORKER', 'CRASHED', 'FORCE', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process',
+           'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb', 'device_memory',
+           'check_hardware', 'launch', 'TrainingExit', 'killed_rank', 'run_training', 'detach', 'train_epilog',
+           'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -67,7 +69,9 @@ def describe_exit(code:int) -> str:
     return 'crashed: see its output'
 
 def train_process(cfg, # the resolved `Config`
-                  experiment:str, root:Path|None=None, prepare_only:bool=False) -> int:
+                  experiment:str, root:Path|None=None, prepare_only:bool=False,
+                  profile:str='', # the profile it came from (the `started` alert names it)
+                 ) -> int:
     "Prepare the data, or train, in this process; return the exit code (`EXIT_CODES`). User errors raise."
     if prepare_only:
         say = RunLog()
@@ -76,7 +80,7 @@ def train_process(cfg, # the resolved `Config`
         say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} "
             f"validation tokens, vocabulary {pd.vocab_size}")
         return 0
-    try: return exit_code(train(cfg, experiment, root=root))
+    try: return exit_code(train(cfg, experiment, root=root, profile=profile))
     except NonFiniteError: return EXIT_DIVERGED
 
 def _say_error(e:Exception):
@@ -88,8 +92,8 @@ def main(argv:list[str]|None=None) -> int:
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
-        cfg, _, experiment, _ = resolve_args(a)
-        rc = train_process(cfg, experiment, a.root, a.prepare_only)
+        cfg, profile, experiment, _ = resolve_args(a)
+        rc = train_process(cfg, experiment, a.root, a.prepare_only, profile)
     except (ValueError, FileNotFoundError) as e:
         if int(env_var('RANK', '0')) == 0: _say_error(e)
         rc = EXIT_USER_ERROR
@@ -100,6 +104,43 @@ def main(argv:list[str]|None=None) -> int:
 
 WORKER = 'import sys; from lmbook.train.launch import main; sys.exit(main())'
 
+
+# %% ../../nbs/05f_launch.ipynb #db9965dd
+CRASHED = 1  # what Python exits with when an exception nobody caught ends it
+
+def alert_failure(code:int, # the training process's exit code
+                  experiment:str, root:Path|None=None,
+                  detail:str='', # the error raised, or the last line the process printed
+                  profile:str='') -> bool:
+    "Send the `failed` alert of exit code `code`, unless it is no failure or a parent process sends it."
+    if env_var('LMBOOK_ALERT_PARENT'): return False
+    al = Alerts(experiment, profile)
+    if not al.url: return False
+    sent = al.failed(code, describe_exit(code), RunDir(paths_for(experiment, root=root).run).log, detail)
+    al.close()
+    return sent
+
+def alerting(run:Callable[[], int], experiment:str, root:Path|None=None, profile:str='') -> int:
+    "The exit code of `run()`, a training in this process; a failure (a code, or an error) is alerted."
+    try: code = run()
+    except (ValueError, FileNotFoundError) as e:
+        alert_failure(EXIT_USER_ERROR, experiment, root, f"error: {e}", profile)
+        raise
+    except Exception as e:
+        alert_failure(CRASHED, experiment, root, f"{type(e).__name__}: {e}", profile)
+        raise
+    alert_failure(code, experiment, root, profile=profile)
+    return code
+
+def node_rank(torchrun_args:str|list) -> int:
+    "The node rank that torchrun flags give (0 when they give none)."
+    args = shlex.split(torchrun_args) if isinstance(torchrun_args, str) else list(torchrun_args)
+    for i, a in enumerate(args):
+        k, _, v = a.partition('=')
+        if k in ('--node_rank', '--node-rank'):
+            v = v or (args[i + 1] if i + 1 < len(args) else '')
+            return int(v) if v.isdigit() else 0
+    return 0
 
 # %% ../../nbs/05f_launch.ipynb #5f6fec5e
 def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
@@ -176,17 +217,24 @@ def launch(profile:str, # profile name or config file
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
            checked:bool=False, # the caller ran `check_hardware` already
           ) -> Iterator[str]:
-    "Run the training in a subprocess, yielding its output lines; `TrainingExit` when it does not finish."
+    "Run the training in a subprocess, yielding its output lines; `TrainingExit` (alerted) when it fails."
     cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     if not (prepare_only or checked):  # before any work
         ov = dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc)))
         if note := check_hardware(get_config(profile, ov), profile, torchrun_args): yield note
     e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
+    cmds = [] if prepare_only else [cmd]
     if 'torch.distributed.run' in cmd or prepare_only:
-        yield from _stream(launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True), e,
-                           grace_s, forward_signals)
-    if not prepare_only:
-        yield from _stream(cmd, e, grace_s, forward_signals, RunDir(paths_for(experiment, root=root).run).log)
+        cmds.insert(0, launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True))
+    report, last = RunDir(paths_for(experiment, root=root).run).log, ''
+    try:
+        for c in cmds:
+            for line in _stream(c, e, grace_s, forward_signals, report if c is cmd else None):
+                last = line.strip() or last
+                yield line
+    except TrainingExit as x:
+        if node_rank(torchrun_args) == 0: alert_failure(x.code, experiment, root, last, profile)
+        raise
 
 class TrainingExit(RuntimeError):
     "A training process that ended with a non-zero exit code (`code`), and why when the launcher knows."
@@ -330,7 +378,9 @@ def start_run(cfg, # the resolved `Config`
               f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"
               f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
         return EXIT_FINISHED
-    if cfg.train.nproc == 1 and not torchrun_args: return train_process(cfg, experiment, root, prepare_only)
+    if cfg.train.nproc == 1 and not torchrun_args:
+        return alerting(lambda: train_process(cfg, experiment, root, prepare_only, profile), experiment, root,
+                        profile)
     try:
         run_training(profile, experiment, overrides, root=root, torchrun_args=torchrun_args,
                      prepare_only=prepare_only, forward_signals=True, checked=True)

@@ -21,7 +21,8 @@ from ..data.tokenizer import load_tokenizer
 from ..model.levers import lever_report
 from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
-from ..runs.metrics import disk_full, no_space
+from ..runs.metrics import disk_full, no_space, wandb_args
+from ..runs.alert import Alerts, watch_stall
 from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
@@ -34,7 +35,7 @@ from ..core import env_var
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
            'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
-           'log_step', 'save_if_due', 'run_steps']
+           'log_step', 'save_if_due', 'run_steps', 'alert_started', 'alert_finished']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -292,12 +293,13 @@ def train(cfg:Config, # the resolved config
           log:Callable=print, # where progress lines go (rank 0), besides train.log
           init:Init|None=None, # what the weights start from, found and checked (None: from `init_from`)
           examples:list|None=None, # the fine-tuning examples, read and checked (None: from `sft_data`)
+          profile:str='', # the profile it came from, which the `started` alert names
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
     try:
         r = setup_run(cfg, experiment, root, rlog, init, examples)
-        try: return _train(r, experiment)
+        try: return _train(r, experiment, profile)
         except OSError as e:  # a write of the run's own files (config, meta.json) on a full disk: one line
             if disk_full(e): raise no_space('its files', r.dir, e) from None
             raise
@@ -319,8 +321,8 @@ def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progre
     p.lineage = (st.get('lineage') if st else None) or uuid.uuid4().hex[:12]
     # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
     ck.load_best(p.step, p.lineage)
-    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard, tc.wandb, config_dict(r.cfg), r.dir.name,
-                            r.log)
+    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard,
+                            wandb_args(tc, r.dir, p.lineage, config_dict(r.cfg)), r.log)
     if info.is_main:
         record_start(r, p.step, resumed, experiment)
         metrics.start_at(p.step if resumed else -1)
@@ -395,6 +397,35 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         if signum: break
     return signum
 
+# %% ../../nbs/05e_trainer.ipynb #57677d6a
+def _count(n:float) -> str:
+    "A count in the largest unit that fits: '524k', '8.39M', '3.1B'."
+    return next((f"{n/d:.3g}{u}" for d, u in ((1e9, 'B'), (1e6, 'M'), (1e3, 'k')) if n >= d), f"{n:g}")
+
+def alert_started(r:Run, p:Progress, al:Alerts):
+    "Send `started` with the run's plan: profile, steps, tokens, processes and device (none once finished)."
+    if p.step >= r.total: return
+    dev = r.info.device
+    card = torch.cuda.get_device_name(dev) if dev.startswith('cuda') else dev
+    tokens, n = r.total*r.tokens_per_step, count_params(r.cfg.model)
+    text = ((f"profile {al.profile}: " if al.profile else '') + f"{r.total:,} steps of "
+            f"{_count(r.tokens_per_step)} tokens ({_count(tokens)} tokens) on {r.info.world_size} x {card}, "
+            f"{_count(n)} parameters" + (f"; resumed at step {p.step}" if p.step else '')
+            + f"\nrun folder {r.dir}")
+    al.send('started', text, run_dir=r.dir, total_steps=r.total, step=p.step, tokens=tokens,
+            tokens_per_step=r.tokens_per_step, world_size=r.info.world_size, device=card, n_params=n)
+
+def alert_finished(r:Run, ck:Checkpointer, p:Progress, slog:StepLog, al:Alerts):
+    "Send `finished`: steps, tokens and time, the final validation loss, and where `best/` is."
+    best = ck.dir/ckpt.BEST if ck.best_saved > 0 else None
+    took = slog.elapsed0 + time.time() - slog.t0
+    loss = lambda v: 'n/a' if v is None else f"{v:.4f}"
+    text = (f"{p.step:,} steps, {_count(p.tokens)} tokens in {format_duration(took)}; val_loss "
+            + (f"{loss(p.first_val)} -> " if p.first_val is not None else '') + loss(p.last_val)
+            + (f"\nbest/ (step {ck.best_saved}): {best}" if best else '') + f"\nrun folder {r.dir}")
+    al.send('finished', text, run_dir=r.dir, step=p.step, tokens=p.tokens, val_loss=p.last_val, best=best,
+            best_step=ck.best_saved or None)
+
 # %% ../../nbs/05e_trainer.ipynb #7153aa42
 def _best_line(ck:Checkpointer) -> str:
     "The run's last line about `best/`: where it is, or that its newest one was not written."
@@ -403,7 +434,7 @@ def _best_line(ck:Checkpointer) -> str:
     held = f"{folder} holds step {ck.best_saved}" if ck.best_saved > 0 else f"there is no {folder}"
     return f"{head}, not written (see the warning above); {held}"
 
-def _train(r:Run, experiment:str) -> dict:
+def _train(r:Run, experiment:str, profile:str='') -> dict:
     tc = r.cfg.train
     ck = Checkpointer(RunDir(r.dir).checkpoints, tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
                       tc.ckpt_minutes)
@@ -416,19 +447,26 @@ def _train(r:Run, experiment:str) -> dict:
         ev = r.validator.run(r.t, 0)
         p.first_val = p.last_val = ev['val_loss']
         slog.write(dict(step=0, tokens=0, epoch=0, **ev))
+    al = Alerts(experiment, profile, r.log, enabled=r.info.is_main)
+    alert_started(r, p, al)
     start, signum = p.step, 0
     try:
-        with StopFlag() as flag:
-            signum = run_steps(r, ck, slog, p, flag)
+        with StopFlag() as flag, watch_stall(al, tc.alert_stall_minutes, lambda: p.step, r.total):
+            try: signum = run_steps(r, ck, slog, p, flag)
+            except NonFiniteError as e:
+                al.send('diverged', str(e), step=p.step, total_steps=r.total)
+                raise
             ck.wait()  # still under the flag: a second signal cannot cut the last write short
             p.last_val = finish(r, p.step, start, p.tokens, signum, ck.last, p.last_val)
             if ck.best_step > 0: r.log(_best_line(ck))
+        if not signum and p.step > start: alert_finished(r, ck, p, slog, al)
     finally:
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
         if mirror: mirror.close(0 if signum else tc.mirror_wait_s, RunDir(r.dir).mirror_left,
                                 f"lmbook mirror {r.dir}")
         metrics.close()
+        al.close()  # the last alerts' posts, a few seconds at most
     if not (mirror and mirror.signum): barrier()  # after a signal the other ranks are leaving too
     res = dict(run_dir=r.dir, step=p.step, total_steps=r.total, tokens=p.tokens, first_val_loss=p.first_val,
                val_loss=p.last_val, stopped=signal.Signals(signum).name if signum else None, signal=signum,
