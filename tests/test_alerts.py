@@ -4,7 +4,7 @@ warning and no time; the address is in no file of the run, no log line and no ma
 import http.server, json, os, signal, socket, threading, time
 from pathlib import Path
 import pytest
-from fake_runpod_v2 import FakeRunPodV2, serve
+from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.config import get_config
 from lmbook.runs.alert import Alerts, alert_shape
 from lmbook.train import trainer
