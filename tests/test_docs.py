@@ -68,6 +68,13 @@ def test_site_links_resolve_and_name_only_declared_repositories(site):
     assert not bad, '\n'.join(bad[:30])
     raw = 'benchmarks/results/levers_2026-11-26_h100.jsonl'
     assert f'href="{raw}"' in (site/'benchmarks.html').read_text() and (site/raw).is_file()
+    # source links open the site's own copy of the module, at the line, not a code host
+    pages = [p.read_text() for p in site.glob('*.html')]
+    assert not any('href="https://github.com/' in t for t in pages)
+    launch = (site/'launch.html').read_text()
+    line = int(launch.split('href="src/lmbook/train/launch.py.html#L', 1)[1].split('"', 1)[0])
+    src = (site/'src'/'lmbook'/'train'/'launch.py.html').read_text()
+    assert f'<span id="L{line}">def ' in src or f'<span id="L{line}">class ' in src
 
 
 def test_serve_an_up_to_date_site_without_rebuilding(site):

@@ -6,14 +6,14 @@ Docs: https://lmbook.github.io/lmbook/docs.html.md"""
 
 # %% ../../nbs/08a_docs.ipynb #e89e8853
 from __future__ import annotations
-import ast, contextlib, functools, hashlib, http.server, json, os, re, shutil, sys, tempfile, warnings
+import ast, contextlib, functools, hashlib, html, http.server, json, os, re, shutil, sys, tempfile, warnings
 from pathlib import Path
 import yaml
 
 # %% auto #0
 __all__ = ['DOCS_FILE_RE', 'CHAPTER_TITLES', 'SITE_DATA', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links',
-           'sidebar', 'stage_site', 'markdown_copies', 'offline_css', 'member_links', 'build_docs', 'docs_inputs',
-           'site_folder', 'site_current', 'serve', 'add_dev_cli']
+           'sidebar', 'stage_site', 'markdown_copies', 'offline_css', 'member_links', 'source_page', 'local_sources',
+           'build_docs', 'docs_inputs', 'site_folder', 'site_current', 'serve', 'add_dev_cli']
 
 # %% ../../nbs/08a_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -189,6 +189,31 @@ def member_links(out:Path) -> int:
         f.write_text(t)
     return n
 
+# %% ../../nbs/08a_docs.ipynb #e1a23964
+def source_page(src:Path, dest:Path):
+    "Write `dest`: the source file `src` as an HTML page, each line with the anchor `L<n>`."
+    lines = src.read_text().splitlines()
+    body = '\n'.join(f'<span id="L{i}">{html.escape(l)}</span>' for i, l in enumerate(lines, 1))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(f'<!doctype html>\n<meta charset="utf-8">\n<title>{html.escape(src.name)}</title>\n'
+                    f'<pre>{body}</pre>\n')
+
+def local_sources(out:Path, checkout:Path, repo:str, branch:str) -> int:
+    "Point the pages' links to source files on `repo` at pages of those files in the site; the count."
+    link = re.compile(r'href="' + re.escape(f"{repo.rstrip('/')}/blob/{branch}/") + r'([^"#]+)(#L\d+)?"')
+    out, done, n = Path(out), set(), 0
+    for page in list(out.rglob('*.html')):
+        def fix(m):
+            nonlocal n
+            path, dest = m.group(1), out/'src'/(m.group(1) + '.html')
+            if not (Path(checkout)/path).is_file(): return m.group(0)
+            if path not in done: source_page(Path(checkout)/path, dest)
+            done.add(path)
+            n += 1
+            return f'href="{os.path.relpath(dest, page.parent)}{m.group(2) or ""}"'
+        page.write_text(link.sub(fix, page.read_text()))
+    return n
+
 # %% ../../nbs/08a_docs.ipynb #40025bfc
 SITE_DATA = ('benchmarks/results',)  # folders of nbs/ the site carries as they are: the raw results
 
@@ -218,6 +243,7 @@ def build_docs(checkout:Path='.', # the project folder, holding pyproject.toml
     markdown_copies(out)
     offline_css(out)
     member_links(out)
+    local_sources(out, checkout, cfg.git_url, cfg.branch)
     (out/STAMP).write_text(json.dumps(dict(inputs=docs_inputs(checkout))))
     return out, list(site.warnings)
 
@@ -228,7 +254,7 @@ def docs_inputs(checkout:Path) -> str:
     "A hash of what the site of `checkout` is built from (nbs/, the package's modules, pyproject.toml)."
     checkout, h = Path(checkout).resolve(), hashlib.sha256()
     files = [f for f in (checkout/'nbs').rglob('*') if f.is_file() and '.ipynb_checkpoints' not in f.parts]
-    files += [*(checkout/'lmbook').glob('*.py'), checkout/'pyproject.toml']
+    files += [*(checkout/'lmbook').rglob('*.py'), checkout/'pyproject.toml']
     for f in sorted(files):
         h.update(str(f.relative_to(checkout)).encode() + b'\0' + f.read_bytes() + b'\0')
     return h.hexdigest()
