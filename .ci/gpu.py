@@ -70,6 +70,7 @@ ROWS = [
     Row('eval', 'eval', after=('train-bf16-compile',)),
     Row('serve-8-clients', 'serve', after=('finetune-lora',)),
     Row('papermill-sigterm-resume', 'papermill'),
+    Row('hardware-guard', 'guard'),
     Row('ddp-kill-resume', 'dist', dict(parallel='ddp'), gpus=2),
     Row('fsdp-kill-resume', 'dist', dict(parallel='fsdp'), gpus=2),
 ]
@@ -346,8 +347,24 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
     return dict(resumed_at=int(m.group(1)), workers_gone_s=gone_s, **trained(ws/'runs'/name))
 
 
+def run_guard(row:Row, ws:Path, out:Path) -> dict:
+    "The hardware check on the card: one that fits passes; one over its memory is refused in one line, first."
+    fits = subprocess.run([sys.executable, '-c', 'from lmbook.config import get_config; '
+                           'from lmbook.train.launch import check_hardware; '
+                           "print(check_hardware(get_config('runpod_2b'), 'runpod_2b'))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run_ok(fits, 'check_hardware(runpod_2b)')
+    check(fits.stdout.strip().splitlines()[-1] == 'None', f"runpod_2b did not fit: {fits.stdout[-400:]}")
+    p = lmbook(ws, 'train', '-p', 'runpod_4b', '-e', row.name, '--set=batch_size=64', '--set=act_ckpt=none',
+               log=out/f'{row.name}.log')
+    errors = [l for l in p.stderr.splitlines() if l.startswith('error:')]
+    check(p.returncode == 2 and len(errors) == 1 and 'GB' in errors[0], f"not one refusal: {p.stderr[-600:]}")
+    check(not (ws/'runs'/row.name).exists(), 'the refused run made its folder')
+    return dict(refusal=errors[0][:300])
+
+
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
-               papermill=run_papermill, dist=run_dist)
+               papermill=run_papermill, dist=run_dist, guard=run_guard)
 LOCK = threading.Lock()
 
 
