@@ -72,7 +72,7 @@ def estimate_memory(cfg:Config, # the run's config
                     parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
                    ) -> dict:
     "Estimated peak GPU memory of training `cfg`, in GB (1e9 bytes), with its parts."
-    m, tc = cfg.model, cfg.train
+    m, tc, lv = cfg.model, cfg.train, cfg.train.levers
     B = batch_size or tc.batch_size
     if B <= 0: raise ValueError(f"batch_size must be positive, got {B}")
     n = count_params(m)
@@ -82,10 +82,10 @@ def estimate_memory(cfg:Config, # the run's config
     shard = world_size if par == 'fsdp' else 1
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
-    fp8 = tc.fp8 != 'off'
-    act = tokens*act_bytes_per_token(m, fp8, tc.act_ckpt)
+    fp8 = lv.fp8 != 'off'
+    act = tokens*act_bytes_per_token(m, fp8, lv.act_ckpt)
     logits = logits_bytes(m, tokens)
-    fp32 = tc.dtype == 'float32'
+    fp32 = lv.dtype == 'float32'
     if fp32: act, logits = 2*act, 2*logits
     bf16w = 0 if fp32 else s['bf16_weights']/shard
     # float8 copies of the blocks' matrices: 1 byte, not 2

@@ -10,6 +10,7 @@ import errno, json, math, os, threading, time
 from pathlib import Path
 from typing import Callable
 from ..rundir import RUN_FILES, RunDir
+from ..config import LoggingConfig
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
@@ -122,13 +123,15 @@ def _writer_hook(old:Callable) -> Callable:
 # %% ../../nbs/04a_metrics.ipynb #d9904897
 class MetricsLogger:
     "Writes metric rows to `metrics.jsonl`, TensorBoard and W&B (rank 0 only)."
-    def __init__(self, run_dir:Path, enabled:bool=True, tensorboard:bool=True, wandb_project:str='',
-                 config:dict|None=None,
+    def __init__(self, run_dir:Path, enabled:bool=True,
+                 lc:LoggingConfig|None=None, # the run's `logging` section (None: `LoggingConfig()`)
+                 config:dict|None=None, # the run's whole config, for W&B
                  name:str='', log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
         self.full = False  # a write met a full disk (and said so)
+        lc = lc or LoggingConfig()
         if not enabled: return
-        if tensorboard:
+        if lc.tensorboard:
             try:
                 # slow to import: only a run that logs to TensorBoard
                 # slow to import: only a run that logs to TensorBoard
@@ -136,10 +139,10 @@ class MetricsLogger:
                 self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
             except ImportError: log("tensorboard is not installed: metrics go to "
                                     "metrics.jsonl only (pip install tensorboard)")
-        if wandb_project:
+        if lc.wandb:
             try:
                 import wandb  # optional: a wandb project only
-                self.wb = wandb.init(project=wandb_project, name=name, id=name, resume='allow',
+                self.wb = wandb.init(project=lc.wandb, name=name, id=name, resume='allow',
                                      dir=str(run_dir), config=config)
             except ImportError: log("wandb is not installed: pip install wandb, or set wandb=''")
         if self.tb: self.hook, threading.excepthook = threading.excepthook, _writer_hook(threading.excepthook)
