@@ -43,9 +43,9 @@ def _lmbook_caller(frame):
 def cfg_path(argv:list) -> dict:
     """Trace `lmbook *argv` in this process: the calls between lmbook files that hand on the config, up to the
     first step."""
-    from lmbook.config import Config, ModelConfig, DataConfig, TrainConfig
+    from lmbook.config import Config, config_sections
     from lmbook.cli import main
-    kinds = (Config, ModelConfig, DataConfig, TrainConfig)
+    kinds = (Config, *config_sections().values())  # the config and each of its sections
     carries = lambda v: isinstance(v, kinds) or isinstance(getattr(v, 'cfg', None), Config)
     calls = []
     def prof(frame, event, arg):

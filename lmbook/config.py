@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/config.html.md"""
 
 # %% ../nbs/01_config.ipynb #ec2b06d0
 from __future__ import annotations
-import dataclasses, difflib, json, math, re
+import copy, dataclasses, difflib, functools, json, math, re
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -18,12 +18,14 @@ except ImportError: import tomli as tomllib
 # %% auto #0
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES',
            'SOURCE_NAMES', 'SOURCE_PREFIXES', 'GPT2_TOKENIZERS', 'PROFILES', 'Range', 'at_least', 'above', 'between',
-           'one_of', 'cfield', 'field_ranges', 'ModelConfig', 'DataConfig', 'TrainConfig', 'Config', 'field_index',
-           'did_you_mean', 'apply_overrides', 'validate', 'source_parts', 'parse_sources', 'mixture_of',
-           'check_sources', 'sources_text', 'config_fields', 'resume_rules', 'cuda_values', 'field_help',
-           'field_option', 'fields_table', 'field_values', 'parse_assignments', 'parse_overrides', 'count_params',
-           'flops_per_token', 'profile', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
-           'config_dict', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'one_of', 'cfield', 'is_section', 'value_fields', 'field_ranges', 'ModelConfig', 'DataConfig', 'OptimConfig',
+           'ScheduleConfig', 'CheckpointConfig', 'EvalConfig', 'LoggingConfig', 'LeversConfig', 'FinetuneConfig',
+           'TrainConfig', 'Config', 'config_sections', 'field_index', 'section_of', 'did_you_mean', 'apply_overrides',
+           'validate', 'source_parts', 'parse_sources', 'mixture_of', 'check_sources', 'sources_text', 'config_fields',
+           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
+           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
+           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'flat_config', 'config_from_dict',
+           'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -83,9 +85,17 @@ def cfield(default, # the field's default value
     return field(default=default, metadata=dict(allowed=allowed, resume=resume, help=help, why=why,
                                                 cuda=cuda))
 
+def is_section(f:dataclasses.Field) -> bool:
+    "Whether config field `f` holds a section of its own (a config dataclass) rather than one value."
+    return dataclasses.is_dataclass(f.default_factory)
+
+def value_fields(cls) -> list[dataclasses.Field]:
+    "The fields of config class `cls` that hold values, those of its sections included, in order."
+    return [v for f in fields(cls) for v in (value_fields(f.default_factory) if is_section(f) else [f])]
+
 def field_ranges(cls) -> dict[str, Range]:
-    "Field name -> the values it may take, for the config class `cls`."
-    return {f.name: f.metadata['allowed'] for f in fields(cls)}
+    "Field name -> the values it may take, for the config class `cls` (its sections included)."
+    return {f.name: f.metadata['allowed'] for f in value_fields(cls)}
 
 # %% ../nbs/01_config.ipynb #e3569f03
 _ATTN_BACKEND = one_of('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math', 'flex')
@@ -201,75 +211,122 @@ class DataConfig:
 
 DATA_RANGES = field_ranges(DataConfig)
 
-# %% ../nbs/01_config.ipynb #e9c4c250
-_DEVICE = Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?', hint="auto, cpu, mps, cuda or cuda:N")
-_WANDB = Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
-               hint="'' or a project name of letters, digits, '.', '_', '-'")
-_SAMPLE_PROMPTS = Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?',
-                        hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces")
-_INIT_FROM = Range(pattern=f'({_TEXT})?',
-                   hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)")
-_HELLASWAG_FILE = Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces")
-_TARGET = '(q|k|v|o|mlp)'  # a projection LoRA can adapt
-_LORA_TARGETS = Range(pattern=f'{_TARGET}(,{_TARGET})*', hint="some of q, k, v, o, mlp, comma-separated")
-_MIRROR = Range(pattern=r'|hf://[A-Za-z0-9][\w.-]*/[\w.-]+|s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\s]*)?',
-                hint="'', hf://USER/REPO or s3://BUCKET/PREFIX")
-
+# %% ../nbs/01_config.ipynb #55f161e0
 @dataclass
-class TrainConfig:
-    "How the network is trained."
-    batch_size: int = cfield(8, at_least(1), 'fixed', "sequences per device per micro-step",
-                             why="the loader's exact position counts batches of the old batch_size")
-    grad_accum: int = cfield(1, at_least(1), 'ask', "micro-steps per optimizer step")
-    max_steps: int = cfield(1000, at_least(1), 'free', "optimizer steps")
+class OptimConfig:
+    "The optimizer and its hyperparameters, as `make_optimizer` builds it."
+    optimizer: str = cfield('adamw', one_of('adamw', 'muon'), 'reset', "'adamw', or 'muon': Muon for the "
+                            "blocks' matrices, AdamW for embeddings, head and gains",
+                            why="a fresh optimizer state: the old optimizer's moments do not fit the new one",
+                            cuda=('adamw', 'muon'))
     lr: float = cfield(6e-4, between(0, 1, lo_open=True, hi_open=True), 'ask', "peak learning rate")
-    min_lr_ratio: float = cfield(0.1, between(0, 1), 'ask', "the schedule's floor, as a fraction of lr")
-    warmup_steps: int = cfield(100, at_least(0), 'ask', "linear warmup steps")
-    schedule: str = cfield('cosine', one_of('cosine', 'wsd'), 'ask', "'cosine' (warmup + cosine to the "
-                           "floor) or 'wsd' (warmup-stable-decay)")
     weight_decay: float = cfield(0.1, at_least(0), 'ask', "AdamW weight decay on matrices")
     beta1: float = cfield(0.9, between(0, 1, hi_open=True), 'ask', "AdamW beta1")
     beta2: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "AdamW beta2")
     grad_clip: float = cfield(1.0, at_least(0), 'ask', "clip the global grad norm to this (0 disables)")
-    eval_every: int = cfield(100, at_least(1), 'free', "steps between validation passes")
-    eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
-    log_every: int = cfield(10, at_least(1), 'free', "steps between metric lines")
+    muon_lr: float = cfield(0.02, between(0, 1, lo_open=True, hi_open=True), 'ask', "Muon's peak learning "
+                            "rate; it follows lr's warmup and decay")
+    muon_momentum: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "Muon's (Nesterov) momentum")
+
+@dataclass
+class ScheduleConfig:
+    "How long the run is and how its learning rate moves (`total_steps`, `schedule_for`)."
+    max_steps: int = cfield(1000, at_least(1), 'free', "optimizer steps")
+    epochs: float = cfield(0.0, at_least(0), 'free',
+                           "passes over the train tokens; >0 sets the number of steps (over max_steps)")
+    token_budget: int = cfield(0, at_least(0), 'free', "tokens to train on; >0 sets the number of steps "
+                               "(over epochs and max_steps)")
+    warmup_steps: int = cfield(100, at_least(0), 'ask', "linear warmup steps")
+    schedule: str = cfield('cosine', one_of('cosine', 'wsd'), 'ask', "'cosine' (warmup + cosine to the "
+                           "floor) or 'wsd' (warmup-stable-decay)")
+    min_lr_ratio: float = cfield(0.1, between(0, 1), 'ask', "the schedule's floor, as a fraction of lr")
+    decay_frac: float = cfield(0.2, between(0, 1), 'ask',
+                               "fraction of the run spent decaying at the end of the 'wsd' schedule")
+
+# %% ../nbs/01_config.ipynb #996a87f8
+_MIRROR = Range(pattern=r'|hf://[A-Za-z0-9][\w.-]*/[\w.-]+|s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\s]*)?',
+                hint="'', hf://USER/REPO or s3://BUCKET/PREFIX")
+
+@dataclass
+class CheckpointConfig:
+    "When checkpoints are written, how many stay, where they are copied, and resuming."
     ckpt_every: int = cfield(500, at_least(1), 'free', "steps between checkpoints (and one at the end)")
     ckpt_minutes: float = cfield(30.0, at_least(0), 'free', "wall-clock minutes between checkpoints besides "
                                  "ckpt_every (0: off); the start warns when a write takes longer")
     keep_ckpts: int = cfield(2, at_least(1), 'free', "checkpoints kept on disk")
+    ckpt_async: bool = cfield(True, FLAG, 'free', "write checkpoints in a background thread from a CPU "
+                              "snapshot (training goes on)",
+                              cuda=(True, False))
+    auto_resume: bool = cfield(True, FLAG, 'free',
+                               "continue from the newest complete checkpoint of the run directory")
+    allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
+                                       "checkpoint's (the change is logged)")
+    mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
+                         "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
+    mirror_wait_s: float = cfield(300.0, at_least(0), 'free',
+                                  "seconds a finished run waits for the mirror's last copy (what it "
+                                  "could not copy is listed in the run folder)")
+
+# %% ../nbs/01_config.ipynb #fabdc240
+_WANDB = Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
+               hint="'' or a project name of letters, digits, '.', '_', '-'")
+_SAMPLE_PROMPTS = Range(pattern=r'(?s)(\S(.{0,3998}\S)?)?',
+                        hint="'' or at most 4000 characters of '|'-separated prompts, not padded with spaces")
+_HELLASWAG_FILE = Range(pattern=f'({_TEXT})?', hint="'' or a file path without surrounding spaces")
+
+@dataclass
+class EvalConfig:
+    "What a run measures besides its training loss, and how often: validation, samples, HellaSwag."
+    eval_every: int = cfield(100, at_least(1), 'free', "steps between validation passes")
+    eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
     sample_every: int = cfield(0, at_least(0), 'free',
                                "steps between sampled continuations (0: only at the end)")
-    seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of init, data order and sampling",
-                       why="the data order and RNG states continue from the checkpoint, not from a new seed")
-    device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
+    sample_prompts: str = cfield('', _SAMPLE_PROMPTS, 'free', "prompts sampled during and at the end of "
+                                 "a run, '|'-separated ('' picks ones that suit the dataset)")
+    hellaswag_every: int = cfield(0, at_least(0), 'free',
+                                  "steps between HellaSwag evaluations during training (0: off)")
+    hellaswag_limit: int = cfield(0, at_least(0), 'free',
+                                  "HellaSwag examples per evaluation (0: all of them)")
+    hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
+                                 "validation file, cached in the workspace)")
+
+@dataclass
+class LoggingConfig:
+    "How often metric rows are written, and where besides `metrics.jsonl`."
+    log_every: int = cfield(10, at_least(1), 'free', "steps between metric lines")
+    tensorboard: bool = cfield(True, FLAG, 'free', "also log to runs/<exp>/tensorboard")
+    wandb: str = cfield('', _WANDB, 'free', "Weights & Biases project name ('' disables; "
+                        "WANDB_MODE=offline honoured)")
+    wandb_entity: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9_-]{0,63})?',
+                                         hint="'' or a W&B team or user name"), 'free',
+                               "the W&B team or user the run goes to ('': $WANDB_ENTITY, else your default)")
+    wandb_group: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
+                                        hint="'' or a name of letters, digits, '.', '_', '-'"), 'free',
+                              "the W&B group the run joins, e.g. a sweep's name ('': $WANDB_RUN_GROUP)")
+    wandb_tags: str = cfield('', Range(pattern=r'([\w.:+=-]{1,64}(,[\w.:+=-]{1,64})*)?',
+                                       hint="'' or comma-separated tags of letters, digits, '_.:+=-'"),
+                             'free', "the run's W&B tags, comma-separated ('': $WANDB_TAGS)")
+    wandb_mode: str = cfield('', one_of('', 'online', 'offline'), 'free', "'online', 'offline' (kept in the "
+                             "run folder; the run ends by printing the `wandb sync` command that uploads it) "
+                             "or '' ($WANDB_MODE, else online)")
+    alert_stall_minutes: float = cfield(30.0, at_least(0), 'free', "minutes without a finished step before "
+                                        "$LMBOOK_ALERT_URL hears that the run stalled (0: no watch)")
+
+# %% ../nbs/01_config.ipynb #466525a2
+_INIT_FROM = Range(pattern=f'({_TEXT})?',
+                   hint="'' or an experiment name, run folder or checkpoint folder (no surrounding spaces)")
+_TARGET = '(q|k|v|o|mlp)'  # a projection LoRA can adapt
+_LORA_TARGETS = Range(pattern=f'{_TARGET}(,{_TARGET})*', hint="some of q, k, v, o, mlp, comma-separated")
+
+@dataclass
+class LeversConfig:
+    "Speed and memory levers: precision, compile, float8, recompute, micro-batch fit, masks."
     dtype: str = cfield('auto', one_of('auto', 'bfloat16', 'float32'), 'ask', "'auto' (bf16 autocast on "
                         "CUDA, fp32 on CPU), 'bfloat16' or 'float32'",
                         cuda=('auto', 'bfloat16', 'float32'))
     compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free',
                           "torch.compile: 'auto' (on CUDA), 'true' or 'false'",
                           cuda=('auto', 'true', 'false'))
-    epochs: float = cfield(0.0, at_least(0), 'free',
-                           "passes over the train tokens; >0 sets the number of steps (over max_steps)")
-    token_budget: int = cfield(0, at_least(0), 'free', "tokens to train on; >0 sets the number of steps "
-                               "(over epochs and max_steps)")
-    decay_frac: float = cfield(0.2, between(0, 1), 'ask',
-                               "fraction of the run spent decaying at the end of the 'wsd' schedule")
-    parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
-                           "or 'fsdp' (FSDP2, sharded)",
-                           cuda=('ddp', 'fsdp'))
-    nproc: int = cfield(1, at_least(1), 'free',
-                        "processes (GPUs) per node that `launch` starts through torchrun")
-    auto_resume: bool = cfield(True, FLAG, 'free',
-                               "continue from the newest complete checkpoint of the run directory")
-    deterministic: bool = cfield(False, FLAG, 'free',
-                                 "torch.use_deterministic_algorithms (bit-identical resume on CPU)",
-                                 cuda=(True,))
-    max_nonfinite: int = cfield(5, at_least(0), 'free',
-                                "non-finite steps in a row (skipped updates) that stop the run")
-    tensorboard: bool = cfield(True, FLAG, 'free', "also log to runs/<exp>/tensorboard")
-    wandb: str = cfield('', _WANDB, 'free', "Weights & Biases project name ('' disables; "
-                        "WANDB_MODE=offline honoured)")
     fp8: str = cfield('off', one_of('off', 'tensorwise', 'rowwise'), 'ask', "float8 matmuls through torchao "
                       "on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)",
                       cuda=('tensorwise', 'rowwise'))
@@ -281,20 +338,14 @@ class TrainConfig:
                              "that fits the card (trial steps), lowering grad_accum so tokens per step stay; "
                              "the choice goes in the run's config",
                              cuda=(True,))
-    optimizer: str = cfield('adamw', one_of('adamw', 'muon'), 'reset', "'adamw', or 'muon': Muon for the "
-                            "blocks' matrices, AdamW for embeddings, head and gains",
-                            why="a fresh optimizer state: the old optimizer's moments do not fit the new one",
-                            cuda=('adamw', 'muon'))
-    muon_lr: float = cfield(0.02, between(0, 1, lo_open=True, hi_open=True), 'ask', "Muon's peak learning "
-                            "rate; it follows lr's warmup and decay")
-    muon_momentum: float = cfield(0.95, between(0, 1, hi_open=True), 'ask', "Muon's (Nesterov) momentum")
-    sample_prompts: str = cfield('', _SAMPLE_PROMPTS, 'free', "prompts sampled during and at the end of "
-                                 "a run, '|'-separated ('' picks ones that suit the dataset)")
-    ckpt_async: bool = cfield(True, FLAG, 'free', "write checkpoints in a background thread from a CPU "
-                              "snapshot (training goes on)",
-                              cuda=(True, False))
-    allow_config_change: bool = cfield(False, FLAG, 'free', "resume even though the config differs from the "
-                                       "checkpoint's (the change is logged)")
+    doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a "
+                            "row (block-diagonal causal, documents start "
+                            "at end-of-text); fine-tuning turns it on",
+                            cuda=(True,))
+
+@dataclass
+class FinetuneConfig:
+    "What the weights start from and which of them train: `init_from`, LoRA, QLoRA."
     init_from: str = cfield('', _INIT_FROM, 'ask', "start from this run's weights (experiment name, "
                             "run folder or checkpoint folder) and its tokenizer, or from published "
                             "weights: GPT-2 (hf:gpt2) or a Llama-family model (hf:PATH_OR_ID, a "
@@ -311,37 +362,38 @@ class TrainConfig:
                         "4 bits (QLoRA; bitsandbytes kernels on CUDA)",
                         why="the checkpoint holds the base weights in the old precision",
                         cuda=('none', 'nf4'))
-    mirror: str = cfield('', _MIRROR, 'free', "copy each checkpoint off the volume in the background: "
-                         "'hf://USER/REPO' or 's3://BUCKET/PREFIX'")
-    mirror_wait_s: float = cfield(300.0, at_least(0), 'free',
-                                  "seconds a finished run waits for the mirror's last copy (what it "
-                                  "could not copy is listed in the run folder)")
-    hellaswag_every: int = cfield(0, at_least(0), 'free',
-                                  "steps between HellaSwag evaluations during training (0: off)")
-    hellaswag_limit: int = cfield(0, at_least(0), 'free',
-                                  "HellaSwag examples per evaluation (0: all of them)")
-    hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
-                                 "validation file, cached in the workspace)")
-    doc_mask: bool = cfield(False, FLAG, 'ask', "attention stays within each document of a "
-                            "row (block-diagonal causal, documents start "
-                            "at end-of-text); fine-tuning turns it on",
-                            cuda=(True,))
+
+# %% ../nbs/01_config.ipynb #d309b90b
+_DEVICE = Range(pattern=r'auto|cpu|mps|cuda(:[0-9]+)?', hint="auto, cpu, mps, cuda or cuda:N")
+
+@dataclass
+class TrainConfig:
+    "How the network is trained: the batch and its processes here, each part of the loop in a section."
+    batch_size: int = cfield(8, at_least(1), 'fixed', "sequences per device per micro-step",
+                             why="the loader's exact position counts batches of the old batch_size")
+    grad_accum: int = cfield(1, at_least(1), 'ask', "micro-steps per optimizer step")
+    seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of init, data order and sampling",
+                       why="the data order and RNG states continue from the checkpoint, not from a new seed")
+    device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
+    parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
+                           "or 'fsdp' (FSDP2, sharded)",
+                           cuda=('ddp', 'fsdp'))
+    nproc: int = cfield(1, at_least(1), 'free',
+                        "processes (GPUs) per node that `launch` starts through torchrun")
+    deterministic: bool = cfield(False, FLAG, 'free',
+                                 "torch.use_deterministic_algorithms (bit-identical resume on CPU)",
+                                 cuda=(True,))
+    max_nonfinite: int = cfield(5, at_least(0), 'free',
+                                "non-finite steps in a row (skipped updates) that stop the run")
     force: bool = cfield(False, FLAG, 'free', "start even when the hardware check refuses: a model over 1B "
                          "parameters on a CPU, or a memory estimate over the card's memory or the free RAM")
-    wandb_entity: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9_-]{0,63})?',
-                                         hint="'' or a W&B team or user name"), 'free',
-                               "the W&B team or user the run goes to ('': $WANDB_ENTITY, else your default)")
-    wandb_group: str = cfield('', Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',
-                                        hint="'' or a name of letters, digits, '.', '_', '-'"), 'free',
-                              "the W&B group the run joins, e.g. a sweep's name ('': $WANDB_RUN_GROUP)")
-    wandb_tags: str = cfield('', Range(pattern=r'([\w.:+=-]{1,64}(,[\w.:+=-]{1,64})*)?',
-                                       hint="'' or comma-separated tags of letters, digits, '_.:+=-'"),
-                             'free', "the run's W&B tags, comma-separated ('': $WANDB_TAGS)")
-    wandb_mode: str = cfield('', one_of('', 'online', 'offline'), 'free', "'online', 'offline' (kept in the "
-                             "run folder; the run ends by printing the `wandb sync` command that uploads it) "
-                             "or '' ($WANDB_MODE, else online)")
-    alert_stall_minutes: float = cfield(30.0, at_least(0), 'free', "minutes without a finished step before "
-                                        "$LMBOOK_ALERT_URL hears that the run stalled (0: no watch)")
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: ScheduleConfig = field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    levers: LeversConfig = field(default_factory=LeversConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 
@@ -359,16 +411,31 @@ class Config:
         return self.train.batch_size*self.train.grad_accum*self.model.block_size
 
 # %% ../nbs/01_config.ipynb #23dd7478
-SECTIONS = ('model', 'data', 'train')
+SECTIONS = ('model', 'data', 'train')  # the top-level sections; `train` holds sections of its own
+
+def config_sections(cls=None, path:str='') -> dict[str, type]:
+    "Every section's dotted path ('model', 'train', 'train.optim', ...) -> its class, in order."
+    out = {}
+    for f in fields(cls or Config):
+        if not is_section(f): continue
+        p = f"{path}.{f.name}" if path else f.name
+        out[p] = f.default_factory
+        out.update(config_sections(f.default_factory, p))
+    return out
 
 def field_index() -> dict[str, tuple[str, Any]]:
-    "Map every config field name to (section, type)."
+    "Map every config field name to (its section's path, type): `lr` -> ('train.optim', 'float')."
     idx = {}
-    for sec, cls in zip(SECTIONS, (ModelConfig, DataConfig, TrainConfig)):
+    for sec, cls in config_sections().items():
         for f in fields(cls):
+            if is_section(f): continue
             assert f.name not in idx, f.name
             idx[f.name] = (sec, f.type)
     return idx
+
+def section_of(cfg, path:str):
+    "The section object of `cfg` at dotted `path` (`section_of(cfg, 'train.optim')` is `cfg.train.optim`)."
+    return functools.reduce(getattr, path.split('.'), cfg)
 
 # %% ../nbs/01_config.ipynb #2561a0a4
 def did_you_mean(name:str, choices) -> str:
@@ -397,14 +464,13 @@ def _coerce(name:str, value, typ:str):
 def apply_overrides(cfg:Config, overrides:dict) -> Config:
     "A copy of `cfg` with flat `overrides` (field name -> value) applied and type-checked."
     idx = field_index()
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model), data=dataclasses.replace(cfg.data),
-                              train=dataclasses.replace(cfg.train))
+    cfg = copy.deepcopy(cfg)  # every section copied: the caller's config stays as it was
     for k, v in overrides.items():
         if k not in idx:
             raise ValueError(f"unknown config key {k!r}{did_you_mean(k, idx)}; valid keys: "
                              f"{', '.join(sorted(idx))}")
         sec, typ = idx[k]
-        setattr(getattr(cfg, sec), k, _coerce(k, v, typ))
+        setattr(section_of(cfg, sec), k, _coerce(k, v, typ))
     validate(cfg)
     return cfg
 
@@ -413,10 +479,8 @@ RANGES = {**MODEL_RANGES, **DATA_RANGES, **TRAIN_RANGES}  # every field's allowe
 
 def validate(cfg:Config) -> Config:
     "Raise a one-line `ValueError` naming the field for a config that cannot train."
-    for sec in SECTIONS:
-        for f in fields(getattr(cfg, sec)):
-            assert f.name in RANGES, f"config field {f.name} has no entry in {sec.upper()}_RANGES"
-            if err := RANGES[f.name].error(f.name, getattr(getattr(cfg, sec), f.name)): raise ValueError(err)
+    for k, (sec, _) in field_index().items():
+        if err := RANGES[k].error(k, getattr(section_of(cfg, sec), k)): raise ValueError(err)
     m = cfg.model
     if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
     if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be "
@@ -429,12 +493,12 @@ def validate(cfg:Config) -> Config:
         raise ValueError("qkv_bias and rope_scaling belong to arch='llama' "
                          "(gpt2 has learned positions and biases everywhere)")
     check_sources(cfg.data)
-    t = cfg.train
-    if t.quant != 'none' and not t.lora_rank:
-        raise ValueError(f"quant={t.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
-    if t.sample_prompts and (len(t.sample_prompts) > 4000 or any(not q.strip()
-                                                                 for q in t.sample_prompts.split('|'))):
-        raise ValueError(f"sample_prompts={t.sample_prompts[:60]!r} needs non-empty prompts separated by "
+    ft, ev = cfg.train.finetune, cfg.train.eval
+    if ft.quant != 'none' and not ft.lora_rank:
+        raise ValueError(f"quant={ft.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
+    if ev.sample_prompts and (len(ev.sample_prompts) > 4000 or any(not q.strip()
+                                                                   for q in ev.sample_prompts.split('|'))):
+        raise ValueError(f"sample_prompts={ev.sample_prompts[:60]!r} needs non-empty prompts separated by "
                          "'|' (4000 characters at most), e.g. 'Once upon a time|The'")
     return cfg
 
@@ -515,8 +579,8 @@ def sources_text(table:dict) -> str:
 
 # %% ../nbs/01_config.ipynb #1701c782
 def config_fields() -> dict[str, dataclasses.Field]:
-    "Every config field by name, in section order (model, data, train)."
-    return {f.name: f for cls in (ModelConfig, DataConfig, TrainConfig) for f in fields(cls)}
+    "Every config field by name, in section order (model, data, train, train.optim, ...)."
+    return {f.name: f for cls in config_sections().values() for f in fields(cls) if not is_section(f)}
 
 def resume_rules() -> dict[str, tuple[str, str]]:
     "Field name -> (its rule on resume, why): `free`, `ask`, `reset`, `fixed` or `shape`."
@@ -546,10 +610,10 @@ def field_option(p, # an argparse parser
     p.add_argument(*(flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
 
 def fields_table(section:str) -> str:
-    "A Markdown table of the fields of `section` ('model', 'data' or 'train') with their facts."
-    cls = dict(model=ModelConfig, data=DataConfig, train=TrainConfig)[section]
+    "A Markdown table of the fields of `section` ('model', 'train', 'train.optim', ...) with their facts."
     rows = ['| field | default | values | on resume | what it is |', '|---|---|---|---|---|']
-    for f in fields(cls):
+    for f in fields(config_sections()[section]):
+        if is_section(f): continue
         m = f.metadata
         cells = [f"`{f.name}`", f"`{f.default!r}`", str(m['allowed']), m['resume'], m['help']]
         rows.append('| ' + ' | '.join(x.replace('|', '&#124;') for x in cells) + ' |')
@@ -613,16 +677,20 @@ def smoke() -> Config:
     "CPU, a few minutes: a 2-layer model on the built-in corpus."
     return Config(ModelConfig(vocab_size=4096, block_size=128, n_layer=2, n_head=4, n_embd=128),
                   DataConfig(take=0, val_ratio=0.05),
-                  TrainConfig(batch_size=16, max_steps=300, lr=3e-3, warmup_steps=30, eval_every=50,
-                              eval_steps=8,
-                              log_every=10, ckpt_every=100, ckpt_minutes=0, device='cpu', compile='false'))
+                  TrainConfig(batch_size=16, device='cpu', optim=OptimConfig(lr=3e-3),
+                              sched=ScheduleConfig(max_steps=300, warmup_steps=30),
+                              eval=EvalConfig(eval_every=50, eval_steps=8),
+                              logging=LoggingConfig(log_every=10),
+                              checkpoint=CheckpointConfig(ckpt_every=100, ckpt_minutes=0),
+                              levers=LeversConfig(compile='false')))
 
 @profile
 def m3_medium() -> Config:
     "~22M parameters: the largest profile that trains usefully on a laptop or one small GPU."
     return Config(ModelConfig(vocab_size=8192, block_size=512, n_layer=11, n_head=6, n_embd=384),
-                  DataConfig(), TrainConfig(batch_size=32, max_steps=5000, lr=1e-3, warmup_steps=200,
-                                            eval_every=250))
+                  DataConfig(), TrainConfig(batch_size=32, optim=OptimConfig(lr=1e-3),
+                                            sched=ScheduleConfig(max_steps=5000, warmup_steps=200),
+                                            eval=EvalConfig(eval_every=250)))
 
 @profile
 def gpt2_124m() -> Config:
@@ -630,8 +698,9 @@ def gpt2_124m() -> Config:
     return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
                               n_embd=768),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
-                  TrainConfig(batch_size=64, grad_accum=8, max_steps=19073, lr=6e-4, warmup_steps=715,
-                              eval_every=250))
+                  TrainConfig(batch_size=64, grad_accum=8, optim=OptimConfig(lr=6e-4),
+                              sched=ScheduleConfig(max_steps=19073, warmup_steps=715),
+                              eval=EvalConfig(eval_every=250)))
 
 @profile
 def runpod_1b() -> Config:
@@ -639,8 +708,9 @@ def runpod_1b() -> Config:
     return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=32, n_kv_head=8,
                               n_embd=2048),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=16, grad_accum=8, max_steps=20000, lr=3e-4, warmup_steps=1000,
-                              eval_every=500))
+                  TrainConfig(batch_size=16, grad_accum=8, optim=OptimConfig(lr=3e-4),
+                              sched=ScheduleConfig(max_steps=20000, warmup_steps=1000),
+                              eval=EvalConfig(eval_every=500)))
 
 # %% ../nbs/01_config.ipynb #d147044e
 @profile
@@ -648,32 +718,52 @@ def runpod_2b() -> Config:
     "~2B parameters: hidden 2560, 24 layers, 40 heads."
     return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=40, n_embd=2560),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=8, grad_accum=16, max_steps=30000, lr=2e-4, warmup_steps=1000,
-                              eval_every=500))
+                  TrainConfig(batch_size=8, grad_accum=16, optim=OptimConfig(lr=2e-4),
+                              sched=ScheduleConfig(max_steps=30000, warmup_steps=1000),
+                              eval=EvalConfig(eval_every=500)))
 
 @profile
 def runpod_4b() -> Config:
     "~4B parameters: hidden 3072, 32 layers, 48 heads; micro-batch 2 fits one 80 GB card (76 GB measured)."
     return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=32, n_head=48, n_embd=3072),
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=2, grad_accum=64, max_steps=40000, lr=1.5e-4, warmup_steps=1000,
-                              eval_every=500))
+                  TrainConfig(batch_size=2, grad_accum=64, optim=OptimConfig(lr=1.5e-4),
+                              sched=ScheduleConfig(max_steps=40000, warmup_steps=1000),
+                              eval=EvalConfig(eval_every=500)))
 
 # %% ../nbs/01_config.ipynb #39b44042
-def config_dict(cfg:Config) -> dict: return asdict(cfg)
+def config_dict(cfg:Config) -> dict:
+    "`cfg` as nested dicts: `{'model': {...}, 'data': {...}, 'train': {..., 'optim': {...}, ...}}`."
+    return asdict(cfg)
+
+def flat_config(d:dict) -> dict:
+    "Field name -> value of a config dict: sectioned (`config_dict`), or a run's from before the sections."
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict): out.update(flat_config(v))
+        else: out[k] = v
+    return out
+
+def _gather(d:dict, path:str, idx:dict, secs:dict, out:dict):
+    "Put the values of table `path` of `d` into `out`, refusing a key outside its section or given twice."
+    for k, v in d.items():
+        p = f"{path}.{k}" if path else k
+        if isinstance(v, dict) and k not in idx:  # a table of fields; a field may be a table ([data.sources])
+            if p not in secs: raise ValueError(f"unknown config section [{p}]{did_you_mean(p, secs)}; "
+                                               f"sections: {', '.join(secs)}")
+            _gather(v, p, idx, secs, out)
+            continue
+        if p in secs: raise ValueError(f"{k} is the section [{p}], not a value: give it a table of fields")
+        home = idx[k][0] if k in idx else path
+        if path and home != path and not home.startswith(path + '.'):
+            raise ValueError(f"{k} belongs in [{home}], not [{path}]: move it there")
+        if k in out: raise ValueError(f"{k} is given twice: keep one")
+        out[k] = v
 
 def config_from_dict(d:dict, base:Config|None=None) -> Config:
-    "A `Config` from nested (`{'model': {...}}`) or flat keys, over `base` (default: `Config()`)."
-    flat, idx = {}, field_index()
-    for k, v in d.items():
-        if isinstance(v, dict):
-            if k not in SECTIONS: raise ValueError(f"unknown config section [{k}]; "
-                                                   f"sections: {', '.join(SECTIONS)}")
-            for kk in v:
-                if kk in idx and idx[kk][0] != k: raise ValueError(f"{kk} belongs in [{idx[kk][0]}], "
-                                                                   f"not [{k}]: move it there")
-            flat.update(v)
-        else: flat[k] = v
+    "A `Config` from sectioned (`[train.optim]`), older flat (`[train]`) or bare keys, over `base`."
+    flat = {}
+    _gather(d, '', field_index(), config_sections(), flat)
     if isinstance(flat.get('sources'), dict): flat['sources'] = sources_text(flat['sources'])
     return apply_overrides(base or Config(), flat)
 
@@ -683,14 +773,16 @@ def _toml_value(v) -> str:
     if isinstance(v, (int, float)): return repr(v)
     return json.dumps(str(v))
 
-def to_toml(d:dict) -> str:
-    "TOML text of a dict of tables of scalars."
-    out = []
+def _toml_lines(d:dict, prefix:str):
     for sec, tbl in d.items():
-        out.append(f"[{sec}]")
-        out += [f"{k} = {_toml_value(v)}" for k, v in tbl.items()]
-        out.append('')
-    return '\n'.join(out)
+        yield f"[{prefix}{sec}]"
+        yield from (f"{k} = {_toml_value(v)}" for k, v in tbl.items() if not isinstance(v, dict))
+        yield ''
+        yield from _toml_lines({k: v for k, v in tbl.items() if isinstance(v, dict)}, f"{prefix}{sec}.")
+
+def to_toml(d:dict) -> str:
+    "TOML text of a dict of tables of scalars; a table's own tables follow its values (`[train.optim]`)."
+    return '\n'.join(_toml_lines(d, ''))
 
 # %% ../nbs/01_config.ipynb #7231d46d
 def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:

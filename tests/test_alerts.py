@@ -119,7 +119,7 @@ def test_a_run_sends_started_and_finished_once_and_writes_the_url_nowhere(hook, 
 
 def test_divergence_is_sent_once_and_is_no_failure(hook, ws):
     c = cfg(max_steps=20, max_nonfinite=3)
-    c.train.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
+    c.train.optim.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
     assert alerting(lambda: train_process(c, 'diverged', ws, profile='smoke'), 'diverged', ws) == 3
     assert hook.events() == ['started', 'diverged']
     assert 'non-finite for 3 steps in a row' in hook.one('diverged')['text']

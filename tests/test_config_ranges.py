@@ -1,8 +1,10 @@
 """Every config field has a declared range; out-of-range values are one-line errors naming the key, before
 anything is written."""
 import math
-import pytest
-from lmbook.config import RANGES, SECTIONS, field_index, get_config, Range
+from dataclasses import fields
+import pytest, yaml
+from lmbook.config import RANGES, field_index, get_config, Range, config_sections, config_fields, is_section
+from lmbook.config import config_dict, config_from_dict, flat_config, load_config_file, save_config, to_toml
 from lmbook.cli import main
 
 IDX = field_index()
@@ -92,7 +94,7 @@ def test_key_in_the_wrong_section_of_a_file(workspace, tmp_path, capsys):
     (tmp_path/'run.toml').write_text('[model]\nn_layer = 2\nwarmup_steps = 10\n')
     (tmp_path/'run.yaml').write_text('train:\n  take: 100\n')
     (tmp_path/'typo.toml').write_text('[modle]\nn_layer = 2\n')
-    for f, msg in (('run.toml', 'warmup_steps belongs in [train], not [model]'),
+    for f, msg in (('run.toml', 'warmup_steps belongs in [train.sched], not [model]'),
                    ('run.yaml', 'take belongs in [data], not [train]'),
                    ('typo.toml', 'unknown config section [modle]')):
         assert main(['train', '-p', str(tmp_path/f), '-e', 'bad-file']) == 2
@@ -119,3 +121,49 @@ def test_lock_stale_setting_must_be_finite(monkeypatch, v):
         ValueError, match=rf"LMBOOK_LOCK_STALE_S='{v}' must be a finite number of seconds > 0"
     ):
         stale_after()
+
+
+def test_names_are_unique_across_sections():
+    "Every field has one home and a bare name that no other field or section has, so `lr=3e-4` finds it."
+    secs = config_sections()
+    names = [f.name for cls in secs.values() for f in fields(cls) if not is_section(f)]
+    assert len(names) == len(set(names)) == len(IDX) == len(config_fields())
+    assert not set(names) & {p.rsplit('.', 1)[-1] for p in secs}, 'a field named like a section'
+    assert {sec for sec, _ in IDX.values()} == set(secs)  # no section without fields
+    assert all('allowed' in f.metadata for f in config_fields().values())  # each made by `cfield`
+    assert IDX['lr'] == ('train.optim', 'float') and IDX['batch_size'] == ('train', 'int')
+
+
+def test_a_config_file_from_before_the_sections(tmp_path):
+    "Every train field straight under [train], as run folders from before the sections hold it: same config."
+    cfg = get_config('smoke', dict(lr=1e-3, ckpt_every=7, hellaswag_limit=3, fp8='rowwise', init_from='x'))
+    d = config_dict(cfg)
+    old = dict(d, train=flat_config(d['train']))
+    assert old['train']['lr'] == 1e-3 and not any(isinstance(v, dict) for v in old['train'].values())
+    (tmp_path/'old.toml').write_text(to_toml(old))
+    (tmp_path/'old.yaml').write_text(yaml.safe_dump(old))
+    assert load_config_file(tmp_path/'old.toml') == cfg == load_config_file(tmp_path/'old.yaml')
+    assert config_from_dict(old) == cfg
+    # a user's file of the old layout, written by hand
+    (tmp_path/'mine.toml').write_text('[model]\nn_layer = 3\n\n[train]\nbatch_size = 4\nlr = 1e-3\n'
+                                      'max_steps = 50\nckpt_every = 10\nwandb = "proj"\n')
+    t = load_config_file(tmp_path/'mine.toml').train
+    got = (t.batch_size, t.optim.lr, t.sched.max_steps, t.checkpoint.ckpt_every, t.logging.wandb)
+    assert got == (4, 1e-3, 50, 10, 'proj')
+    # what a run writes now: a table per section, read back the same
+    toml = save_config(cfg, tmp_path/'run')[0]
+    assert '\n[train.optim]\noptimizer = "adamw"\nlr = 0.001\n' in toml.read_text()
+    assert load_config_file(toml) == cfg
+
+
+def test_a_file_with_a_field_outside_its_section(workspace, tmp_path, capsys):
+    (tmp_path/'a.toml').write_text('[train.optim]\nckpt_every = 5\n')
+    (tmp_path/'b.toml').write_text('[train]\nlr = 1e-3\n\n[train.optim]\nlr = 2e-3\n')
+    (tmp_path/'c.toml').write_text('[train.optm]\nlr = 1e-3\n')
+    for f, msg in (('a.toml', 'ckpt_every belongs in [train.checkpoint], not [train.optim]'),
+                   ('b.toml', 'lr is given twice'), ('c.toml', 'unknown config section [train.optm] (did you '
+                                                            'mean train.optim?)')):
+        assert main(['train', '-p', str(tmp_path/f), '-e', 'bad-file']) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err
+    assert list(workspace.iterdir()) == []

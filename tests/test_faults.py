@@ -102,7 +102,7 @@ def test_config_change_needs_permission(ws):
     train(cfg(max_steps=8), 'cfgchange', root=ws, log=quiet([]))
     run = Path(ws)/'runs'/'cfgchange'
     first = (run/'training.toml').read_text()
-    old_lr = cfg().train.lr
+    old_lr = cfg().train.optim.lr
     with pytest.raises(ValueError, match=f"lr {old_lr!r} -> 0.001.*--allow-config-change"):
         train(cfg(max_steps=10, lr=1e-3), 'cfgchange', root=ws, log=quiet([]))
     with pytest.raises(ValueError, match="batch_size 4 -> 8: the loader's exact position"):

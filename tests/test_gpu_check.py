@@ -4,7 +4,7 @@ GPU."""
 import importlib.util, sys
 from conftest import ROOT
 import pytest
-from lmbook.config import cuda_values, get_config, apply_overrides, Config, config_dict
+from lmbook.config import cuda_values, get_config, apply_overrides, Config, config_dict, flat_config
 
 spec = importlib.util.spec_from_file_location('gpu_check', ROOT/'.ci'/'gpu.py')
 gpu = sys.modules['gpu_check'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(gpu)
@@ -21,8 +21,7 @@ def uncovered(rows, wanted:dict) -> list[str]:
     "The CUDA values `wanted` that no row's config holds."
     have = {}
     for row in rows:
-        for sec in config_dict(row_config(row)).values():
-            for k, v in sec.items(): have.setdefault(k, set()).add(v)
+        for k, v in flat_config(config_dict(row_config(row))).items(): have.setdefault(k, set()).add(v)
     return [f"{k}={v!r}" for k, vals in wanted.items() for v in vals if v not in have.get(k, set())]
 
 

@@ -83,7 +83,7 @@ def test_greedy_cache_matches_no_cache(ws, run):
 def test_sample_prompts_field():
     with pytest.raises(ValueError, match="sample_prompts=.*separated by '|'"):
         get_config('smoke', dict(sample_prompts='a||b'))
-    assert get_config('smoke', dict(sample_prompts='a|b')).train.sample_prompts == 'a|b'
+    assert get_config('smoke', dict(sample_prompts='a|b')).train.eval.sample_prompts == 'a|b'
 
 def test_sample_notebook(ws, run, tmp_path):
     from test_notebooks import papermill_run

@@ -286,7 +286,7 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
     res = finetune('pre', data, 'ft-eval', FT, root=root, log=quiet)
     from lmbook.config import load_config_file
     # packed examples see only themselves
-    assert load_config_file(paths_for('ft-eval', root=root).run/'training.toml').train.doc_mask
+    assert load_config_file(paths_for('ft-eval', root=root).run/'training.toml').train.levers.doc_mask
     r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
     assert r.returncode == 0, r.stderr
     assert abs(json.loads(r.stdout)['val_loss'] - res['val_loss']) < 1e-5, (r.stdout, res['val_loss'])
@@ -306,7 +306,8 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
     from lmbook.config import load_config_file
     c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
-    assert c.max_steps == 3 and 1 <= c.batch_size < 16 and str(c.batch_size) == note[0].rsplit(' ', 1)[1]
+    assert c.sched.max_steps == 3 and 1 <= c.batch_size < 16
+    assert str(c.batch_size) == note[0].rsplit(' ', 1)[1]
     assert find_checkpoint(paths_for('ft-small', root=root).run).name == 'step_00000003'
     alpaca = root/'small-alpaca.json'
     alpaca.write_text(json.dumps([dict(instruction=f'Say {w}.', input='', output=f'{w.title()}!')
@@ -332,8 +333,8 @@ def test_finetune_takes_the_training_road(pre, monkeypatch):
     assert main(['finetune', '--init-from', 'pre', '--data', str(data), '-e', 'ft-road', '--root', str(root),
                  '--nproc', '2', '--lora-rank', '4', '--max-steps', '3']) == 0
     cfg = load_config_file(Path(seen['profile']))
-    assert ((cfg.train.nproc, cfg.train.lora_rank, cfg.train.max_steps) == (2, 4, 3)
-            and cfg.train.init_from.endswith('pre'))
+    assert ((cfg.train.nproc, cfg.train.finetune.lora_rank, cfg.train.sched.max_steps) == (2, 4, 3)
+            and cfg.train.finetune.init_from.endswith('pre'))
     assert seen['forward_signals'] and not (root/'runs'/'ft-road').exists()  # nothing trained in this process
     assert main(['finetune', '--init-from', 'pre', '--data', str(root/'missing.jsonl'), '-e', 'ft-road2',
                  '--root', str(root), '--nproc', '2']) == 2 and 'profile' in seen

@@ -1,9 +1,10 @@
 """In-process training runs on CPU: the run folder, auto-resume, new run folders, refusals, budgets,
 divergence."""
-import hashlib, json
+import hashlib, json, tomllib
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.config import get_config, flat_config, to_toml
+from lmbook.core import sha256_file
 from lmbook.train.trainer import train, NonFiniteError
 from lmbook.runs.checkpoint import list_checkpoints, check_compatible
 from conftest import rows
@@ -37,6 +38,31 @@ def test_resume_continues_and_extends(ws):
     assert any('resumed at step 8' in l for l in log)
     assert [x['step'] for x in rows(res['run_dir'])] == list(range(13))  # no replayed or missing lines
 
+def old_layout(run):
+    "Rewrite run folder `run` as lmbook wrote it before `TrainConfig` had sections: train fields in [train]."
+    flat = lambda d: dict(d, train=flat_config(d['train']))
+    (run/'training.toml').write_text(to_toml(flat(tomllib.loads((run/'training.toml').read_text()))))
+    for ck in list_checkpoints(run/'checkpoints'):
+        st = json.loads((ck/'state.json').read_text())
+        (ck/'state.json').write_text(json.dumps(dict(st, config=flat(st['config'])), indent=1))
+        man = json.loads((ck/'COMPLETE').read_text())
+        f = ck/'state.json'
+        man['files'][f.name] = dict(size=f.stat().st_size, sha256=sha256_file(f))
+        (ck/'COMPLETE').write_text(json.dumps(man, indent=1))
+
+def test_resume_a_run_from_before_the_sections(ws):
+    "Its saved config and checkpoints hold the flat [train]: the run resumes, and a change is still caught."
+    run = Path(train(cfg(max_steps=4), 'flat', root=ws, log=quiet([]))['run_dir'])
+    old_layout(run)
+    st = json.loads((list_checkpoints(run/'checkpoints')[0]/'state.json').read_text())
+    assert st['config']['train']['lr'] == 3e-3 and 'optim' not in st['config']['train']
+    with pytest.raises(ValueError, match=r'differs.*: lr 0.003 -> 0.001;'):
+        train(cfg(max_steps=8, lr=1e-3), 'flat', root=ws, log=quiet([]))
+    log = []
+    res = train(cfg(max_steps=8), 'flat', root=ws, log=quiet(log))
+    assert any('resumed at step 4' in l for l in log) and not any('config changed' in l for l in log), log
+    assert [x['step'] for x in rows(res['run_dir'])] == list(range(9))
+
 def _digest(d):
     return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(d).rglob('*')) if p.is_file()}
@@ -66,7 +92,7 @@ def test_token_budget_and_epochs(ws):
 
 def test_divergent_run_stops(ws):
     c = cfg(max_steps=20, max_nonfinite=3)
-    c.train.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
+    c.train.optim.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
     log = []
     with pytest.raises(NonFiniteError, match='non-finite for 3 steps in a row'):
         train(c, 'diverge', root=ws, log=quiet(log))

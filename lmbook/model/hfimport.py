@@ -194,7 +194,8 @@ def check_hf_shape(cfg:Config, folder:Path, vocab_size:int):
                                           'mlp_hidden', 'rope_theta', 'tie_embeddings', 'norm_eps',
                                           'qkv_bias', 'rope_scaling')
             if getattr(want, k) != getattr(cfg.model, k)}
-    if diff: raise ValueError(f"init_from={cfg.train.init_from} is another model than this config's: set "
+    src = cfg.train.finetune.init_from
+    if diff: raise ValueError(f"init_from={src} is another model than this config's: set "
                               + ' '.join(f"{k}={v}" for k, v in diff.items()))
 
 # %% ../../nbs/03e_hfimport.ipynb #26952ede
@@ -282,7 +283,8 @@ def init_new_tokens(model:GPT, rows:dict):
 # %% ../../nbs/03e_hfimport.ipynb #6e588e18
 def frozen_dtype(cfg:Config, device:str) -> torch.dtype:
     "The dtype of a run's weights as loaded: bf16 for a LoRA run's frozen base on CUDA, else float32."
-    low = cfg.train.lora_rank and device.startswith('cuda') and cfg.train.dtype != 'float32'
+    tc = cfg.train
+    low = tc.finetune.lora_rank and device.startswith('cuda') and tc.levers.dtype != 'float32'
     return torch.bfloat16 if low else torch.float32
 
 @torch.no_grad()
@@ -298,12 +300,12 @@ def hf_init_model(cfg:Config, # the run's config (model shape from `hf_model_con
                   dtype:torch.dtype|None=None, # the weights' dtype (default: `frozen_dtype`'s)
                  ) -> GPT:
     "The GPT of `cfg` with `folder`'s weights on `device`, and LoRA or QLoRA adapters when `cfg.train` asks."
-    tc, dtype = cfg.train, dtype or frozen_dtype(cfg, device)
+    ft, dtype = cfg.train.finetune, dtype or frozen_dtype(cfg, device)
     with torch.device('meta'): model = GPT(cfg.model)
     # QLoRA holds every frozen projection in 4 bits, adapted or not
-    if tc.lora_rank: add_lora(model, tc.lora_rank, tc.lora_alpha, tc.lora_targets, every=tc.quant != 'none')
+    if ft.lora_rank: add_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_targets, every=ft.quant != 'none')
     for name, t in hf_state(folder, cfg.model):
-        _place(model, name, t, device, dtype, tc.quant, not tc.lora_rank)
+        _place(model, name, t, device, dtype, ft.quant, not ft.lora_rank)
     if cfg.model.tie_embeddings: model.lm_head.weight = model.wte.weight
     init_new_tokens(model, new_token_rows(folder) if (Path(folder)/'tokenizer.json').is_file() else {})
     for mod in model.modules():

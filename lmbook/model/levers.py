@@ -103,14 +103,14 @@ def attention_kernel(cfg:Config, device:str, training:bool=True) -> str:
     m = cfg.model
     cuda = device.startswith('cuda') and torch.cuda.is_available()
     if m.attn_backend == 'flex':  # FlexAttention for document masks where it runs, else SDPA
-        return 'flex' if cfg.train.doc_mask and cuda and flex() else 'sdpa'
+        return 'flex' if cfg.train.levers.doc_mask and cuda and flex() else 'sdpa'
     if m.attn_backend != 'auto': return m.attn_backend
     plain = m.kv_heads == m.n_head and not (training and m.dropout) and m.head_dim <= 128
     return 'cudnn' if cuda and plain and torch.cuda.get_device_properties(device).major >= 9 else 'sdpa'
 
 def lever_report(cfg:Config, device:str, fp8_applied:str='off') -> dict:
     "The levers a run of `cfg` really uses on `device`, for a metrics or benchmark row."
-    return dict(fp8=fp8_applied, loss_kernel=loss_kernel(cfg, device), attention=attention_kernel(cfg,
-                                                                                                  device),
-                optimizer=cfg.train.optimizer, act_ckpt=cfg.train.act_ckpt, mfu_basis='bf16 peak'
-                    if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')
+    tc, kernel = cfg.train, attention_kernel(cfg, device)
+    return dict(fp8=fp8_applied, loss_kernel=loss_kernel(cfg, device), attention=kernel,
+                optimizer=tc.optim.optimizer, act_ckpt=tc.levers.act_ckpt,
+                mfu_basis='bf16 peak' if fp8_applied == 'off' else 'bf16 peak (bf16-equivalent)')

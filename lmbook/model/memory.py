@@ -74,7 +74,7 @@ def estimate_memory(cfg:Config, # the run's config
                     parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
                    ) -> dict:
     "Estimated peak GPU memory of training `cfg`, in GB (1e9 bytes), with its parts."
-    m, tc = cfg.model, cfg.train
+    m, tc, lv = cfg.model, cfg.train, cfg.train.levers
     B = batch_size or tc.batch_size
     if B <= 0: raise ValueError(f"batch_size must be positive, got {B}")
     n = count_params(m)
@@ -84,10 +84,10 @@ def estimate_memory(cfg:Config, # the run's config
     shard = world_size if par == 'fsdp' else 1
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
-    fp8 = tc.fp8 != 'off'
-    act = tokens*act_bytes_per_token(m, fp8, tc.act_ckpt)
+    fp8 = lv.fp8 != 'off'
+    act = tokens*act_bytes_per_token(m, fp8, lv.act_ckpt)
     logits = logits_bytes(m, tokens)
-    fp32 = tc.dtype == 'float32'
+    fp32 = lv.dtype == 'float32'
     if fp32: act, logits = 2*act, 2*logits
     bf16w = 0 if fp32 else s['bf16_weights']/shard
     # float8 copies of the blocks' matrices: 1 byte, not 2
@@ -210,8 +210,8 @@ def _cpu_verdict(cfg:Config, device:str, ram_gb:float|None, profile:str|None, wo
     if n > CPU_MAX_PARAMS:
         return True, (f"{who} has {n/1e9:.2f}B parameters, too many to train on the {dev}: it needs "
                       f"{card_needed(cfg, profile, table)}")
-    if cfg.train.lora_rank or ram_gb is None: return None
-    c = apply_overrides(cfg, {'dtype': 'float32'}) if cfg.train.dtype == 'auto' else cfg  # no autocast here
+    if cfg.train.finetune.lora_rank or ram_gb is None: return None
+    c = apply_overrides(cfg, {'dtype': 'float32'}) if cfg.train.levers.dtype == 'auto' else cfg  # no autocast here
     need = world_size*estimate_memory(c, world_size=world_size)['total_gb']  # every process holds its copy
     if need <= ram_gb: return None
     fix = _smaller_batch(c, ram_gb/world_size, world_size)
@@ -230,7 +230,7 @@ def fit_verdict(cfg:Config, # the run's config
                ) -> tuple[bool, str]|None:
     "(refused, one line saying what to change) when `cfg` cannot, or may not, fit `device`; None if it fits."
     if not device.startswith('cuda'): return _cpu_verdict(cfg, device, mem_gb, profile, world_size, table)
-    if cfg.train.lora_rank or mem_gb is None: return None
+    if cfg.train.finetune.lora_rank or mem_gb is None: return None
     ok, need = fits(cfg, mem_gb, world_size)
     if ok: return None
     where = f"{world_size} x {name}, {cfg.train.parallel}" if world_size > 1 else name

@@ -239,7 +239,7 @@ def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
     "The run's total steps from its config (None for an epoch-based run: known once the data is tokenized)."
     cfg = run_config(o)
-    try: return total_steps(cfg.train, cfg.tokens_per_step*world_size, None)
+    try: return total_steps(cfg.train.sched, cfg.tokens_per_step*world_size, None)
     except ValueError: return None
 
 def gpu_count() -> int:

@@ -46,13 +46,13 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     m, tc = cfg.model, cfg.train
     shape, n = (m.arch, m.n_layer, m.n_embd, m.n_head), count_params(m)
     multi = [r for r in rows if gpus > 1 and r['world_size'] > 1 and r['parallel'] == tc.parallel
-             and _shape(r) == shape and _fp8(r) == tc.fp8]
+             and _shape(r) == shape and _fp8(r) == tc.levers.fp8]
     if multi: multi = [r for r in multi if r['world_size'] == min({r['world_size'] for r in multi},
                                                                   key=lambda w: (abs(w - gpus), -w))]
     ones = multi or [r for r in rows if r['world_size'] == 1]
     same = [r for r in ones if _shape(r) == shape]
     pool = same or sorted(ones, key=lambda r: abs(math.log(r['params']/n)))[:1]
-    pool = [r for r in pool if _fp8(r) == tc.fp8] or pool
+    pool = [r for r in pool if _fp8(r) == tc.levers.fp8] or pool
     on_card = [r for r in pool if r['card'] == gpu]
     cands = on_card or [r for r in pool if r['card'] == 'NVIDIA H100 80GB HBM3'] or pool
     row = min(cands, key=lambda r: (abs(r['batch_size'] - tc.batch_size), -r['mfu']))
@@ -98,8 +98,9 @@ def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
     ov = dict(overrides or {})
     if gpus <= 1 or {'token_budget', 'epochs', 'max_steps'} & set(ov): return ov
     cfg = get_config(profile, ov)
-    if cfg.train.token_budget or cfg.train.epochs: return ov
-    return dict(ov, token_budget=cfg.train.max_steps*cfg.tokens_per_step)
+    sc = cfg.train.sched
+    if sc.token_budget or sc.epochs: return ov
+    return dict(ov, token_budget=sc.max_steps*cfg.tokens_per_step)
 
 def image_cuda(image:str) -> str|None:
     "The CUDA version `major.minor` an image tag names (`cuda12.8.1`, `cu1281`), or None."
@@ -146,7 +147,8 @@ def plan(profile:str, # profile name or config file
                          f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
     tps = cfg.tokens_per_step*gpus
-    steps = total_steps(cfg.train, tps, None) if not cfg.train.epochs or cfg.train.token_budget else None
+    sc = cfg.train.sched
+    steps = total_steps(sc, tps, None) if not sc.epochs or sc.token_budget else None
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
     return dict(profile=profile, gpu=gpu, gpus=gpus, params=count_params(cfg.model),

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file, load_file, safe_open
 from fastcore.basics import patch
 from ..core import sha256_file
-from ..config import resume_rules
+from ..config import CheckpointConfig, flat_config, resume_rules
 from ..data.tokenizer import load_tokenizer
 from ..distributed import DistInfo, all_reduce, barrier
 from ..rundir import BEST
@@ -430,9 +430,9 @@ FIXED_KEYS = {k: why for k, (r, why) in _RULES.items() if r == 'fixed'}
 RESET_KEYS = {k: why for k, (r, why) in _RULES.items() if r == 'reset'}
 
 def changed_keys(old:dict, new:dict) -> list[tuple]:
-    "(key, old value, new value) of every field of config dict `new` that differs from `old`."
-    return [(k, old[sec][k], v) for sec, fields in new.items() for k, v in fields.items()
-            if k in old.get(sec, {}) and old[sec][k] != v]
+    "(key, old value, new value) of every field of config dict `new` that differs from `old` (either layout)."
+    o = flat_config(old)  # a checkpoint from before the sections holds every train field under 'train'
+    return [(k, o[k], v) for k, v in flat_config(new).items() if k in o and o[k] != v]
 
 def config_changes(old:dict, new:dict) -> tuple[list[str], list[str]]:
     "Changes from config dict `old` to `new`: (those needing permission, those refused with why)."
@@ -479,6 +479,11 @@ class Checkpointer:
         # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
         self.on_written = None
 
+    @classmethod
+    def from_config(cls, ckpt_dir:Path, cc:CheckpointConfig, info:DistInfo|None=None, log:Callable=print):
+        "The `Checkpointer` of a run's `checkpoint` section (`cfg.train.checkpoint`)."
+        return cls(ckpt_dir, cc.ckpt_every, cc.keep_ckpts, cc.ckpt_async, info, log, cc.ckpt_minutes)
+
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps or `minutes`, at the end, and when stopping."
         return step % self.every == 0 or step == total or (stop and self.last < step) or self.late()
@@ -506,7 +511,7 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     data = found.get('data') or read_checkpoint(path, info.rank)
     check_compatible(data['state'], config['model'], tok_ref, path)
     data['changes'] = check_config_change(data['state'].get('config', {}), config,
-                                          config['train'].get('allow_config_change', False), path)
+                                          flat_config(config).get('allow_config_change', False), path)
     # loader positions are global: rank 0's state fits every rank
     if data['state'].get('world_size', 1) != info.world_size:
         self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} "

@@ -212,7 +212,7 @@ def export_hf(source:str|Path,
         raise ValueError(f"{out} already exists and is not empty: choose a new folder or pass --overwrite")
     lm = load_model(source, root, 'cpu', warn=warn, merge=False)
     # QLoRA: dequantized, merged, bf16
-    dtype = dtype or ('bfloat16' if lm.config.train.quant != 'none' else 'float32')
+    dtype = dtype or ('bfloat16' if lm.config.train.finetune.quant != 'none' else 'float32')
     if taken and reuse and _holds_export(out, lm, dtype): return out
     if taken and not overwrite:
         raise ValueError(f"{out} already exists and holds no export "
@@ -251,9 +251,9 @@ def write_hf_folder(folder:Path, sd:dict, lm, dtype:str):
 
 def write_adapter_and_base(lm, tmp:Path, out:Path, dtype:str):
     "A LoRA run's adapters in peft's format (`tmp/adapter`) and the base they apply to (`tmp/base`)."
-    tc = lm.config.train
-    write_peft_adapter(tmp/'adapter', lora_state(lm.model), lm.config.model, tc.lora_rank, tc.lora_alpha,
-                       tc.lora_targets, base_model=str(Path(out).resolve()/'base'))
+    ft = lm.config.train.finetune
+    write_peft_adapter(tmp/'adapter', lora_state(lm.model), lm.config.model, ft.lora_rank, ft.lora_alpha,
+                       ft.lora_targets, base_model=str(Path(out).resolve()/'base'))
     base = {k: v for k, v in lm.model.state_dict().items() if not k.endswith(('.lora_A', '.lora_B'))}
     for name, mod in lm.model.named_modules():  # a 4-bit base dequantized, as its adapters saw it
         if isinstance(mod, LoRALinear): base[name + '.weight'] = mod.base_weight()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 from ..rundir import RUN_FILES, RunDir
 from ..core import env_var
+from ..config import LoggingConfig
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
@@ -122,17 +123,17 @@ def _writer_hook(old:Callable) -> Callable:
     return hook
 
 # %% ../../nbs/04a_metrics.ipynb #666413c2
-def wandb_args(tc, # the run's `TrainConfig`
+def wandb_args(lc:LoggingConfig, # the run's `logging` section
                run_dir:Path, # the run folder
                lineage:str, # the id every checkpoint of the run keeps
                config:dict|None=None, # the config W&B records
                env:dict|None=None, # the environment (default: this process's)
               ) -> dict|None:
     "The arguments of `wandb.init` for a run (None without a `wandb` project)."
-    if not tc.wandb: return None
-    get = lambda field, var: getattr(tc, field) or env_var(var, env=env) or None
+    if not lc.wandb: return None
+    get = lambda field, var: getattr(lc, field) or env_var(var, env=env) or None
     tags = get('wandb_tags', 'WANDB_TAGS')
-    return dict(project=tc.wandb, entity=get('wandb_entity', 'WANDB_ENTITY'),
+    return dict(project=lc.wandb, entity=get('wandb_entity', 'WANDB_ENTITY'),
                 group=get('wandb_group', 'WANDB_RUN_GROUP'), tags=tags.split(',') if tags else None,
                 mode=get('wandb_mode', 'WANDB_MODE'), id=f"{Path(run_dir).name}-{lineage}",
                 name=Path(run_dir).name, resume='allow', dir=str(run_dir), config=config)
@@ -167,8 +168,9 @@ class MetricsLogger:
                  log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
         self.full = False  # a write met a full disk (and said so)
+        lc = lc or LoggingConfig()
         if not enabled: return
-        if tensorboard:
+        if lc.tensorboard:
             try:
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter

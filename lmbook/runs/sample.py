@@ -97,7 +97,8 @@ def read_weights(ck:Path) -> dict[str, torch.Tensor]:
 
 def plain_model(cfg, sd:dict, ck:Path) -> GPT:
     "The GPT of `cfg` with the weights `sd` (adapters in them folded in); refused when they do not fit."
-    m, sd = cfg.model, merge_lora_state(sd, cfg.train.lora_alpha, cfg.train.lora_rank or None)
+    ft = cfg.train.finetune
+    m, sd = cfg.model, merge_lora_state(sd, ft.lora_alpha, ft.lora_rank or None)
     model = GPT(m)
     want = model.state_dict()
     bad = sorted(set(want) ^ set(sd)) + [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k,
@@ -134,7 +135,7 @@ def adapted_base(cfg, # the LoRA run's config
                  device:str='cpu', # where to build it
                 ) -> torch.nn.Module:
     "The base a LoRA run trained on, read again from `ref` and checked by its hash, with fresh adapters."
-    path, tc = Path(ref['path']), cfg.train
+    path, ft = Path(ref['path']), cfg.train.finetune
     if not path.exists():
         raise FileNotFoundError(f"the base these adapters were trained on, {path} ({ref['init_from']}), is "
                                 "gone: restore it there to use them")
@@ -146,7 +147,7 @@ def adapted_base(cfg, # the LoRA run's config
     else:
         base = GPT(cfg.model).to(device)
         base.load_state_dict(gpt2_from_hf(path, cfg.model.vocab_size)[1])
-    return add_lora(base, tc.lora_rank, tc.lora_alpha, tc.lora_targets)
+    return add_lora(base, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
 
 # %% ../../nbs/04e_sample.ipynb #4129b5c5
 def next_token(logits:torch.Tensor, # (B, V) logits of the last position
@@ -250,8 +251,8 @@ DEFAULT_PROMPTS = CORPUS_PROMPTS['builtin']
 
 def prompts_for(cfg) -> list[str]:
     "The prompts a run samples: its `sample_prompts`, else a chat run's questions, else its dataset's."
-    if getattr(cfg.train, 'sample_prompts', ''):
-        return [p.strip() for p in cfg.train.sample_prompts.split('|')]
+    if cfg.train.eval.sample_prompts:
+        return [p.strip() for p in cfg.train.eval.sample_prompts.split('|')]
     if is_chat(cfg): return chat_prompts(cfg)
     ds = cfg.data.dataset.lower()
     return list(next((v for k, v in CORPUS_PROMPTS.items() if k in ds), GENERIC_PROMPTS))

@@ -59,7 +59,7 @@ def make_step(cfg:Config, # the config to train
              ):
     "The trainer's `Trainable`, a `step(batches, lr) -> loss` of one `train_step`, and the fp8 recipe."
     info = info or DistInfo(device=device)
-    compiled = resolve_compile(cfg.train.compile, device)
+    compiled = resolve_compile(cfg.train.levers.compile, device)
     if compiled and inductor:
         import torch._inductor.config as icfg  # compile settings only
         for k, v in inductor.items():
@@ -72,7 +72,7 @@ def make_step(cfg:Config, # the config to train
         if compile_mode == 'regional':
             for b in t.raw.h: b.compile()
         else: t.raw.compile(mode=None if compile_mode == 'default' else compile_mode)
-    def step(batches, lr=cfg.train.lr): return train_step(t, lambda: next(batches), lr).loss
+    def step(batches, lr=cfg.train.optim.lr): return train_step(t, lambda: next(batches), lr).loss
     return t, step, t.fp8
 
 # %% ../../nbs/05j_bench.ipynb #8e25b9aa
@@ -105,10 +105,10 @@ def bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:st
                 vocab_size=m.vocab_size, params=count_params(m), batch_size=tc.batch_size,
                 block_size=m.block_size, grad_accum=tc.grad_accum, world_size=world,
                 parallel=tc.parallel if world > 1 else 'none', tokens_per_step=cfg.tokens_per_step*world,
-                ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.compile,
+                ce_chunk=m.ce_chunk, attn_backend=m.attn_backend, compile=tc.levers.compile,
                 compile_mode=compile_mode, inductor=inductor or {},
                 alloc_conf=env_var('PYTORCH_CUDA_ALLOC_CONF', ''),
-                dtype=tc.dtype, data=str(data) if data else 'synthetic', card=_card(device),
+                dtype=tc.levers.dtype, data=str(data) if data else 'synthetic', card=_card(device),
                 torch=torch.__version__, cuda=torch.version.cuda)
 
 def time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[list, float, list]:
@@ -164,7 +164,7 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         torch.manual_seed(tc.seed + info.rank)
         model, step, fp8 = make_step(cfg, device, info, compile_mode, inductor)
         row.update(lever_report(cfg, device, fp8), schedule=schedule)
-        lr = schedule_for(tc, warmup + steps) if schedule else (lambda s: tc.lr)
+        lr = schedule_for(tc.sched, tc.optim.lr, warmup + steps) if schedule else (lambda s: tc.optim.lr)
         batches = (file_batches(data, tc.batch_size, m.block_size, device, info.rank, world) if data else
                    synthetic_batches(m.vocab_size, tc.batch_size, m.block_size, device,
                                      seed=tc.seed + info.rank))

@@ -50,11 +50,11 @@ def evaluate(source:str|Path,
     lm = load_model(source, root, info.device, warn=warn if info.is_main else (lambda m: None))
     cfg, res = lm.config, dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment)
     mask_fn = (functools.partial(doc_mask, sep_id=lm.tokenizer.eot_id, backend=cfg.model.attn_backend)
-               if cfg.train.doc_mask else None)
+               if cfg.train.levers.doc_mask else None)
     if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
         hf_cache = paths_for(lm.experiment, root=root).hf_cache if lm.experiment else None
         vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer, hf_cache), batch_size or cfg.train.batch_size,
-                             batches or cfg.train.eval_steps, info.rank, info.world_size)
+                             batches or cfg.train.eval.eval_steps, info.rank, info.world_size)
         res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')
@@ -62,7 +62,7 @@ def evaluate(source:str|Path,
             raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e "
                                     f"{lm.experiment}` with the run's profile")
         allb = (val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches
-                            or cfg.train.eval_steps))
+                            or cfg.train.eval.eval_steps))
         res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size],
                                  token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     if report and info.is_main: report(dict(res))

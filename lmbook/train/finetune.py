@@ -68,7 +68,7 @@ def finetune_config(init:Init|str, # the pretrained run's `Init`, or its experim
                          f"NAME --set bias=true init_from={init_from}), then --init-from NAME")
     base = config_from_dict(init.state['config'])
     src = str(Path(init_from).resolve()) if Path(init_from).exists() else init_from
-    return apply_overrides(base, {**FINETUNE, 'lr': base.train.lr/10, 'init_from': src,
+    return apply_overrides(base, {**FINETUNE, 'lr': base.train.optim.lr/10, 'init_from': src,
                                   'sft_data': data_value(data),
                                   **(overrides or {})})
 

@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR
-from ..config import get_config, parse_assignments, field_option, field_values, PROFILES, SECTIONS
-from ..config import field_index
+from ..config import get_config, parse_assignments, field_option, field_values, PROFILES
+from ..config import config_sections, field_index
 from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from ..runs.metrics import RunLog
 from ..model.memory import fit_verdict
@@ -351,7 +351,7 @@ def train_epilog(width:int=100) -> str:
     idx = field_index()
     keys = [textwrap.fill(', '.join(k for k, (s, _) in idx.items() if s == sec), width,
                           initial_indent=f"  {sec}: ",
-                          subsequent_indent=' '*(len(sec) + 4)) for sec in SECTIONS]
+                          subsequent_indent=' '*(len(sec) + 4)) for sec in config_sections()]
     return '\n'.join(["profiles (--profile NAME, or a .toml/.yaml file such as a run's training.toml; "
                       "sizes: lmbook profiles):", *profs, '',
                       "config keys (--set KEY=VALUE ... or KEY=VALUE; what each means and allows: the docs' "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math, re
 from dataclasses import dataclass
 import torch
-from ..config import TrainConfig, count_params
+from ..config import OptimConfig, ScheduleConfig, count_params
 
 # %% auto #0
 __all__ = ['param_groups', 'make_optimizer', 'orthogonalize', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'total_steps',
@@ -22,13 +22,13 @@ def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
     return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
             dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
 
-def make_optimizer(model:torch.nn.Module, tc:TrainConfig, device_type:str='cpu',
+def make_optimizer(model:torch.nn.Module, oc:OptimConfig, device_type:str='cpu',
                    fused:bool|None=None) -> torch.optim.Optimizer:
-    "The optimizer `tc.optimizer` names over `model`: AdamW (fused on CUDA unless `fused=False`) or `Muon`."
+    "The optimizer `oc.optimizer` names over `model`: AdamW (fused on CUDA unless `fused=False`) or `Muon`."
     fused = device_type == 'cuda' if fused is None else fused
-    if tc.optimizer == 'muon': return Muon(muon_groups(model, tc), lr=tc.lr, betas=(tc.beta1, tc.beta2),
-                                           momentum=tc.muon_momentum)
-    return torch.optim.AdamW(param_groups(model, tc.weight_decay), lr=tc.lr, betas=(tc.beta1, tc.beta2),
+    if oc.optimizer == 'muon': return Muon(muon_groups(model, oc), lr=oc.lr, betas=(oc.beta1, oc.beta2),
+                                           momentum=oc.muon_momentum)
+    return torch.optim.AdamW(param_groups(model, oc.weight_decay), lr=oc.lr, betas=(oc.beta1, oc.beta2),
                              eps=1e-8, fused=fused or None)
 
 # %% ../../nbs/05a_optim.ipynb #3d5c16a9
@@ -50,14 +50,14 @@ def orthogonalize(G:torch.Tensor,
 # %% ../../nbs/05a_optim.ipynb #98f2120b
 _BLOCK = re.compile(r'(^|\.)h\.\d+\.')
 
-def muon_groups(model:torch.nn.Module, tc:TrainConfig) -> list[dict]:
+def muon_groups(model:torch.nn.Module, oc:OptimConfig) -> list[dict]:
     "Muon for the blocks' matrices; AdamW for embeddings and head (decayed) and gains and biases (not)."
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     hidden = [p for k, p in named if p.dim() == 2 and _BLOCK.search(k)]
     ids = {id(p) for p in hidden}
     rest = [p for k, p in named if id(p) not in ids]
-    return [dict(params=hidden, muon=True, lr_scale=tc.muon_lr/tc.lr, weight_decay=0.0),
-            dict(params=[p for p in rest if p.dim() >= 2], weight_decay=tc.weight_decay),
+    return [dict(params=hidden, muon=True, lr_scale=oc.muon_lr/oc.lr, weight_decay=0.0),
+            dict(params=[p for p in rest if p.dim() >= 2], weight_decay=oc.weight_decay),
             dict(params=[p for p in rest if p.dim() < 2], weight_decay=0.0)]
 
 class Muon(torch.optim.Optimizer):
@@ -137,20 +137,22 @@ def lr_at(step:int, # optimizer steps done so far (0-based)
         return lr - (lr - floor)*(step - decay_start + 1)/max(1, total - decay_start)
     raise ValueError(f"schedule={schedule!r}: choose cosine or wsd")
 
-def schedule_for(tc:TrainConfig, total:int):
-    "The schedule of `tc` as a function of the step."
-    return lambda step: lr_at(step, total, tc.lr, min(tc.warmup_steps, max(total - 1, 0)), tc.min_lr_ratio,
-                              tc.schedule, tc.decay_frac)
+def schedule_for(sc:ScheduleConfig, # the run's schedule
+                 lr:float, # its peak learning rate (`OptimConfig.lr`)
+                 total:int): # its optimizer steps
+    "The schedule of `sc` as a function of the step."
+    return lambda step: lr_at(step, total, lr, min(sc.warmup_steps, max(total - 1, 0)), sc.min_lr_ratio,
+                              sc.schedule, sc.decay_frac)
 
 # %% ../../nbs/05a_optim.ipynb #e1229508
-def total_steps(tc:TrainConfig, tokens_per_step:int, n_train_tokens:int|None=None) -> int:
+def total_steps(sc:ScheduleConfig, tokens_per_step:int, n_train_tokens:int|None=None) -> int:
     "Optimizer steps of the run: from `token_budget`, else `epochs`, else `max_steps`."
-    if tc.token_budget > 0: return max(1, math.ceil(tc.token_budget/tokens_per_step))
-    if tc.epochs > 0:
+    if sc.token_budget > 0: return max(1, math.ceil(sc.token_budget/tokens_per_step))
+    if sc.epochs > 0:
         if not n_train_tokens: raise ValueError("epochs>0 needs the number of train tokens: prepare the "
                                                 "data first or set max_steps")
-        return max(1, math.ceil(tc.epochs*n_train_tokens/tokens_per_step))
-    return tc.max_steps
+        return max(1, math.ceil(sc.epochs*n_train_tokens/tokens_per_step))
+    return sc.max_steps
 
 # %% ../../nbs/05a_optim.ipynb #d1573e0f
 @dataclass

@@ -7,11 +7,10 @@ Docs: https://lmbook.github.io/lmbook/runnb.html.md"""
 # %% ../../nbs/05k_runnb.ipynb #96e1a441
 from __future__ import annotations
 import html, io, json, os, socket, sys, time
-from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
-from ..config import get_config, Config, did_you_mean, parse_overrides
+from ..config import get_config, Config, did_you_mean, field_index, parse_overrides, section_of
 from ..runlock import pid_alive
 from ..runs.metrics import format_duration, read_metrics, format_row
 from .launch import TrainingExit
@@ -102,9 +101,10 @@ def train_config(p:dict) -> Config:
 
 # %% ../../nbs/05k_runnb.ipynb #3baf6ccc
 def config_table(cfg:Config) -> str:
-    "A markdown table of every field of `cfg`, grouped by section."
+    "A markdown table of every field of `cfg`, grouped by section (`model`, ..., `train.optim`, ...)."
     rows = ['| section | field | value |', '|---|---|---|']
-    for sec, d in asdict(cfg).items(): rows += [f"| {sec} | `{k}` | {v!r} |" for k, v in d.items()]
+    for k, (sec, _) in field_index().items():
+        rows.append(f"| {sec} | `{k}` | {getattr(section_of(cfg, sec), k)!r} |")
     return '\n'.join(rows)
 
 # %% ../../nbs/05k_runnb.ipynb #19296448

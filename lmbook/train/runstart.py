@@ -77,20 +77,21 @@ def hub_llama(init_from:str) -> Path|None:
     return folder if hf_kind(folder) in HF_TYPES else None
 
 def hub_init_state(cfg:Config) -> dict:
-    "The state dict of the published GPT-2 `cfg.train.init_from` names, refused unless `cfg` fits it."
-    name = hub_init(cfg.train.init_from)
-    if not name: raise ValueError(f"init_from={cfg.train.init_from!r} does not name Hub weights "
+    "The state dict of the published GPT-2 that `init_from` names, refused unless `cfg` fits it."
+    init_from = cfg.train.finetune.init_from
+    name = hub_init(init_from)
+    if not name: raise ValueError(f"init_from={init_from!r} does not name Hub weights "
                                   f"({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
     if cfg.data.sft_data:
         raise ValueError("fine-tuning data needs an lmbook run to start from: train from "
-                         f"init_from={cfg.train.init_from} first, "
+                         f"init_from={init_from} first, "
                          "then fine-tune that run (lmbook finetune --init-from EXP)")
     if cfg.data.tokenizer not in hub_names(name):
-        raise ValueError(f"init_from={cfg.train.init_from} needs that model's tokenizer: set "
+        raise ValueError(f"init_from={init_from} needs that model's tokenizer: set "
                          f"tokenizer={name} (now {cfg.data.tokenizer!r})")
     m, sd = gpt2_from_hf(name, vocab_size=cfg.model.vocab_size)
     if shape_of(m) != shape_of(cfg.model):
-        raise ValueError(f"init_from={cfg.train.init_from} is a model of shape {shape_of(m)}, but this "
+        raise ValueError(f"init_from={init_from} is a model of shape {shape_of(m)}, but this "
                          f"config has {shape_of(cfg.model)}: "
                          "set those values (GPT-2 small is gpt2_124m with bias=true)")
     return sd
@@ -146,8 +147,9 @@ def init_model(cfg:Config, # the run's config
                init:Init|None=None, # what its weights start from (None: found and checked here)
                device:str='cpu') -> torch.nn.Module:
     "The GPT of `cfg` on `device`, with the weights of its `Init` and LoRA adapters when asked."
+    ft = cfg.train.finetune
     if init is None:
-        init = find_init(cfg.train.init_from)
+        init = find_init(ft.init_from)
         check_init(cfg, init)
     if init.kind == 'llama':
         # built on the meta device, each weight placed (4-bit) as it is read
@@ -161,10 +163,10 @@ def init_model(cfg:Config, # the run's config
         with torch.random.fork_rng(devices=[]):
             src = load_model(init.path, device='cpu', tokenizer=False).model
         with torch.no_grad(): model.load_state_dict(src.state_dict())
-    if cfg.train.quant != 'none':
-        raise ValueError(f"quant={cfg.train.quant} loads a published model 4-bit as it is read: "
+    if ft.quant != 'none':
+        raise ValueError(f"quant={ft.quant} loads a published model 4-bit as it is read: "
                          "use init_from=hf:PATH_OR_ID")
-    if cfg.train.lora_rank: add_lora(model, cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lora_targets)
+    if ft.lora_rank: add_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
     return model
 
 # %% ../../nbs/05d_runstart.ipynb #6bee2f97
@@ -210,7 +212,7 @@ def prepare_run(cfg:Config, # the run's config
                ):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
     if init is None:
-        init = find_init(cfg.train.init_from, paths.root)
+        init = find_init(cfg.train.finetune.init_from, paths.root)
         check_init(cfg, init)
     # one data preparation of an experiment at a time
     with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
@@ -234,12 +236,12 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
 # %% ../../nbs/05d_runstart.ipynb #80b99559
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
-    tc, bs = cfg.train, cfg.model.block_size
+    tc, bs, n_val = cfg.train, cfg.model.block_size, cfg.train.eval.eval_steps
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
-                sft_val_batches(*prepared.val, tc.batch_size, tc.eval_steps, info.rank, info.world_size))
+                sft_val_batches(*prepared.val, tc.batch_size, n_val, info.rank, info.world_size))
     return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
-            val_batches(prepared.val_tokens, tc.batch_size, bs, tc.eval_steps, info.rank, info.world_size))
+            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size))
 
 # %% ../../nbs/05d_runstart.ipynb #078c711a
 def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[Config, Init]:
@@ -247,22 +249,25 @@ def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[
     if init is None:
         init = _found(cfg, paths, run_dir)
         check_init(cfg, init)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init.init_from)), init
+    ft = dataclasses.replace(cfg.train.finetune, init_from=init.init_from)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, finetune=ft)), init
 
 def _found(cfg:Config, paths, run_dir:Path) -> Init:
     "`find_init`, or no init for a resumed run whose init run is gone: its own checkpoint has the weights."
-    try: return find_init(cfg.train.init_from, paths.root)
+    ft = cfg.train.finetune
+    try: return find_init(ft.init_from, paths.root)
     except FileNotFoundError as e:
-        if hub_init(cfg.train.init_from): raise
+        if hub_init(ft.init_from): raise
         # the run's own checkpoint replaces the weights, unless it holds only adapters
-        if cfg.train.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
-                                                        "adapters, so its base must be there: restore it")
-        if cfg.train.auto_resume and list_checkpoints(RunDir(run_dir).checkpoints): return Init()
+        if ft.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
+                                                 "adapters, so its base must be there: restore it")
+        resuming = cfg.train.checkpoint.auto_resume and list_checkpoints(RunDir(run_dir).checkpoints)
+        if resuming: return Init()
         raise
 
 def lora_base(cfg:Config, init:Init) -> dict|None:
     "What a LoRA run's checkpoints record of its base (`sample.base_ref`)."
-    if not cfg.train.lora_rank or init.kind == 'none': return None
+    if not cfg.train.finetune.lora_rank or init.kind == 'none': return None
     folder = hf_gpt2_folder(hub_init(init.source)) if init.kind == 'gpt2' else init.path
     return base_ref(init.init_from, folder)
 
@@ -351,7 +356,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
 def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
     "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
     saved = RunDir(run_dir).config
-    if cfg.train.auto_resume and saved.exists():
+    if cfg.train.checkpoint.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
         # the resume check explains
         if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg
@@ -373,7 +378,9 @@ class RunStart:
     base: dict|None = None   # a LoRA run's base, as its checkpoints record it (rank 0)
 
     @property
-    def sched(self) -> Callable: return schedule_for(self.cfg.train, self.total)
+    def sched(self) -> Callable:
+        "Step -> learning rate over the whole run."
+        return schedule_for(self.cfg.train.sched, self.cfg.train.optim.lr, self.total)
 
 def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
     "The run's data, prepared once per node by its local rank 0; the others then find it done."
@@ -395,17 +402,17 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
     cfg, init = resolve_init(cfg, paths, run_dir, init)
     prepared = _prepared(cfg, paths, info, init, log, examples)
-    if cfg.train.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
+    if cfg.train.levers.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
     cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
     if prepared.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
                          f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
     tps = cfg.tokens_per_step*info.world_size
-    total = total_steps(cfg.train, tps, prepared.n_train_tokens)
+    total = total_steps(cfg.train.sched, tps, prepared.n_train_tokens)
     seed_everything(cfg.train.seed)
     base = lora_base(cfg, init) if info.is_main else None  # hashing the base once is enough
     t = build_trainable(cfg, info, init=init)
-    if cfg.train.doc_mask:
+    if cfg.train.levers.doc_mask:
         t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
     loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
     if log and isinstance(loader, MixtureLoader):  # what each source gives the run

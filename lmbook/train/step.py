@@ -79,25 +79,26 @@ class Trainable:
 def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
                    cfg:Config, info:DistInfo|None=None, parallel:str|None=None) -> Trainable:
     "`model` with the levers of `cfg`, compiled, wrapped for this process and with its optimizer."
-    tc = cfg.train
+    tc, lv = cfg.train, cfg.train.levers
     info = info or DistInfo(device=pick_device(tc.device))
     dev = info.device
     if dev.startswith('cuda'):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     parallel = parallel or tc.parallel
-    fp8 = apply_fp8(model, tc.fp8, dev)  # float8 linear layers go in before compile and wrapping
-    apply_act_ckpt(model, tc.act_ckpt)  # so does activation checkpointing, per block
-    if resolve_compile(tc.compile, dev):
+    fp8 = apply_fp8(model, lv.fp8, dev)  # float8 linear layers go in before compile and wrapping
+    apply_act_ckpt(model, lv.act_ckpt)  # so does activation checkpointing, per block
+    if resolve_compile(lv.compile, dev):
         keep_apart()  # the loss and 4-bit kernels stay outside the compiled graphs
         if info.distributed and parallel == 'fsdp':
             for b in model.h: b.compile()
         else: model.compile()
-    amp = resolve_dtype(tc.dtype, dev)
+    amp = resolve_dtype(lv.dtype, dev)
     wrapped = wrap_model(model, parallel, info, param_dtype=amp)
     sharded = info.distributed and parallel == 'fsdp'
-    opt = make_optimizer(wrapped, tc, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
-    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.grad_clip, info, sharded, fp8)
+    opt = make_optimizer(wrapped, tc.optim, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
+    return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.optim.grad_clip, info,
+                     sharded, fp8)
 
 # %% ../../nbs/05b_step.ipynb #f051c8ce
 @dataclass

@@ -120,14 +120,15 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
     info = _join(cfg.train)
     say = log if info.is_main else _quiet
     paths = paths_for(experiment, root=root)
-    run_dir = choose_run_dir(paths.run, cfg.train.auto_resume)
+    run_dir = choose_run_dir(paths.run, cfg.train.checkpoint.auto_resume)
     lock = lock_run(run_dir, info, say)
     try:
         if info.is_main: log.open(RunDir(run_dir).log)
-        hellaswag = hellaswag_examples(cfg.train, root)  # before the data: a missing file stops the run now
+        hellaswag = hellaswag_examples(cfg.train.eval, root)  # before the data: a missing file stops it now
         s = run_start(cfg, paths, run_dir, info, say, init, examples)
         tc, tok = s.cfg.train, s.prepared.tokenizer_dir
-        val = Validator(s.val, tc.eval_every, s.total, train_evals(tok, hellaswag, tc.hellaswag_every))
+        ev = tc.eval
+        val = Validator(s.val, ev.eval_every, s.total, train_evals(tok, hellaswag, ev.hellaswag_every))
     except BaseException:
         if lock: lock.release()
         raise
@@ -314,15 +315,16 @@ def train(cfg:Config, # the resolved config
 def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
     "Resume from the newest good checkpoint (or start at step 0), record this start, open the metrics."
     tc, info, t = r.cfg.train, r.info, r.t
-    resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if tc.auto_resume else None
-    if tc.lora_rank: check_base(r, resumed)  # before anything of this start is written
+    resume = tc.checkpoint.auto_resume
+    resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if resume else None
+    if tc.finetune.lora_rank: check_base(r, resumed)  # before anything of this start is written
     st = resumed['state'] if resumed else None
     p = Progress(st['step'], st['tokens'], st.get('skipped', 0)) if st else Progress()
     p.lineage = (st.get('lineage') if st else None) or uuid.uuid4().hex[:12]
     # best/ survives a resume (a worse val_loss never replaces it) when the run goes on from it
     ck.load_best(p.step, p.lineage)
-    metrics = MetricsLogger(r.dir, info.is_main, tc.tensorboard,
-                            wandb_args(tc, r.dir, p.lineage, config_dict(r.cfg)), r.log)
+    metrics = MetricsLogger(r.dir, info.is_main, tc.logging.tensorboard,
+                            wandb_args(tc.logging, r.dir, p.lineage, config_dict(r.cfg)), r.log)
     if info.is_main:
         record_start(r, p.step, resumed, experiment)
         metrics.start_at(p.step if resumed else -1)
@@ -343,7 +345,7 @@ def check_base(r:Run, resumed:dict|None):
     if all_reduce(1.0 if err else 0.0, 'max') > 0: raise ValueError(err or "rank 0 refused the run's base")
 
 def _base_error(r:Run, resumed:dict|None) -> str|None:
-    if r.base is None: return (f"lora_rank={r.cfg.train.lora_rank} adapts a pretrained "
+    if r.base is None: return (f"lora_rank={r.cfg.train.finetune.lora_rank} adapts a pretrained "
                                "model: set init_from (an experiment, a checkpoint "
                                "folder or hf:ID), or lora_rank=0 to train every weight")
     old = (resumed or {}).get('state', {}).get('base')
@@ -356,7 +358,7 @@ def _base_error(r:Run, resumed:dict|None) -> str|None:
 def log_step(r:Run, slog:StepLog, p:Progress, res:StepResult, lr:float) -> dict:
     "Write the row of step `p.step` (train metrics, validation, each when due); return the validation's."
     tc, step = r.cfg.train, p.step
-    due = step % tc.log_every == 0 or step == r.total or res.skipped
+    due = step % tc.logging.log_every == 0 or step == r.total or res.skipped
     row = slog.train_row(step, p.tokens, res, lr, p.skipped) if due else None
     ev = r.validator.run(r.t, step) if r.validator.due(step) else {}
     if 'val_loss' in ev: p.last_val = ev['val_loss']
@@ -391,7 +393,8 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         if consec >= max(1, tc.max_nonfinite):
             ck.wait()
             raise diverged(r, consec, p.step, lr, ck.last)
-        if tc.sample_every and p.step % tc.sample_every == 0 and p.step < r.total: _samples(r, p.step)
+        every = tc.eval.sample_every
+        if every and p.step % every == 0 and p.step < r.total: _samples(r, p.step)
         signum = agree_stop(flag.signum or take_stop_request(r.dir), r.info)  # or a STOP request
         save_if_due(r, ck, p, ev, signum)
         if signum: break
@@ -435,10 +438,9 @@ def _best_line(ck:Checkpointer) -> str:
     return f"{head}, not written (see the warning above); {held}"
 
 def _train(r:Run, experiment:str, profile:str='') -> dict:
-    tc = r.cfg.train
-    ck = Checkpointer(RunDir(r.dir).checkpoints, tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
-                      tc.ckpt_minutes)
-    mirror = (Mirror(tc.mirror, experiment, RunDir(r.dir).mirror, r.log) if tc.mirror and r.info.is_main
+    tc, cc = r.cfg.train, r.cfg.train.checkpoint
+    ck = Checkpointer.from_config(RunDir(r.dir).checkpoints, cc, r.info, r.log)
+    mirror = (Mirror(cc.mirror, experiment, RunDir(r.dir).mirror, r.log) if cc.mirror and r.info.is_main
               else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
@@ -451,7 +453,7 @@ def _train(r:Run, experiment:str, profile:str='') -> dict:
     alert_started(r, p, al)
     start, signum = p.step, 0
     try:
-        with StopFlag() as flag, watch_stall(al, tc.alert_stall_minutes, lambda: p.step, r.total):
+        with StopFlag() as flag, watch_stall(al, tc.logging.alert_stall_minutes, lambda: p.step, r.total):
             try: signum = run_steps(r, ck, slog, p, flag)
             except NonFiniteError as e:
                 al.send('diverged', str(e), step=p.step, total_steps=r.total)
@@ -463,7 +465,7 @@ def _train(r:Run, experiment:str, profile:str='') -> dict:
     finally:
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
-        if mirror: mirror.close(0 if signum else tc.mirror_wait_s, RunDir(r.dir).mirror_left,
+        if mirror: mirror.close(0 if signum else cc.mirror_wait_s, RunDir(r.dir).mirror_left,
                                 f"lmbook mirror {r.dir}")
         metrics.close()
         al.close()  # the last alerts' posts, a few seconds at most

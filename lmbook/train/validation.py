@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tokenizers.pre_tokenizers import ByteLevel
 from ..core import workspace_root
+from ..config import EvalConfig
 from ..data.tokenizer import load_tokenizer
 from ..distributed import all_reduce
 from fastcore.basics import patch
@@ -234,13 +235,13 @@ class TrainEvals:
     hellaswag: list|None = None     # HellaSwag's examples (None: off)
     every: int = 0                  # steps between HellaSwag evaluations
 
-def hellaswag_examples(tc, # the run's `TrainConfig`
+def hellaswag_examples(ev:EvalConfig, # the run's evaluations (`cfg.train.eval`)
                        root:Path|None=None, # workspace root (default: from settings)
                       ) -> list|None:
     "HellaSwag's examples when `hellaswag_every` is on (fetched or read now), else None."
-    if not tc.hellaswag_every: return None
-    return load_hellaswag(root, Path(tc.hellaswag_file).expanduser() if tc.hellaswag_file else None,
-                          tc.hellaswag_limit)
+    if not ev.hellaswag_every: return None
+    return load_hellaswag(root, Path(ev.hellaswag_file).expanduser() if ev.hellaswag_file else None,
+                          ev.hellaswag_limit)
 
 def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEvals:
     "The `TrainEvals` of a run whose tokenizer is in `tok_dir`."

@@ -3,7 +3,7 @@
 A profile hook sees every call into an `lmbook` function that takes the run's `Config` (positionally or by
 keyword). A call whose module differs from its caller's is a step into that module; a module's visits are its
 steps in. Steps into `lmbook.config` itself (the config's own home) are counted apart. A second count also takes
-calls given one of its sections (`ModelConfig`, `DataConfig`, `TrainConfig`), such as a model's own `cfg`.
+calls given one of its sections (`ModelConfig`, `DataConfig`, `TrainConfig` and its own), such as a model's own `cfg`.
     python nbs/benchmarks/cfg_walk.py [--steps 3] [--json OUT]
 The workspace is a scratch folder removed when the script ends (see scratch.py).
 """
@@ -22,7 +22,7 @@ def walk(argv:list[str]) -> dict:
     "Run `lmbook` with `argv` under the hook; the steps into modules before the first optimizer step and in all."
     from lmbook import config
     from lmbook.cli import main
-    parts = (config.ModelConfig, config.DataConfig, config.TrainConfig)
+    parts = tuple(config.config_sections().values())
     steps, wide, marks = [], [], {}
     def hook(frame, event, arg):
         if event != 'call': return

@@ -36,28 +36,28 @@ def run(name, cfg, train, val, eval_every, eval_batches, out, target=None):
     device = pick_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     t, step, _ = make_step(cfg, device)
-    lr = schedule_for(cfg.train, cfg.train.max_steps)
+    lr = schedule_for(cfg.train.sched, cfg.train.optim.lr, cfg.train.sched.max_steps)
     batches = file_batches(train, cfg.train.batch_size, cfg.model.block_size, device)
     vb = val_batches(val, cfg.train.batch_size, cfg.model.block_size, eval_batches)
     rows, train_s, compile_s, reached = [], 0.0, 0.0, None
     def record(s, loss):
         nonlocal reached
         v = eager_val_loss(t, vb)
-        r = dict(run=name, optimizer=cfg.train.optimizer, step=s, tokens=s*cfg.tokens_per_step, train_s=round(train_s, 3),
-                 loss=loss, val_loss=round(v, 4), max_steps=cfg.train.max_steps, muon_lr=cfg.train.muon_lr, lr=cfg.train.lr)
+        r = dict(run=name, optimizer=cfg.train.optim.optimizer, step=s, tokens=s*cfg.tokens_per_step, train_s=round(train_s, 3),
+                 loss=loss, val_loss=round(v, 4), max_steps=cfg.train.sched.max_steps, muon_lr=cfg.train.optim.muon_lr, lr=cfg.train.optim.lr)
         if target is not None and reached is None and v <= target: reached = r
         rows.append(r)
         with open(out, 'a') as f: f.write(json.dumps(r) + '\n')
     record(0, None)
-    for s in range(cfg.train.max_steps):
+    for s in range(cfg.train.sched.max_steps):
         t0 = time.perf_counter()
         loss = step(batches, lr(s)).item()
         _sync(device)
         dt = time.perf_counter() - t0
         if s == 0: compile_s = dt  # the first step compiles: kept apart, as for both runs
         else: train_s += dt
-        if (s + 1) % eval_every == 0 or s + 1 == cfg.train.max_steps: record(s + 1, round(loss, 4))
-    end = dict(run=name, summary=True, optimizer=cfg.train.optimizer, max_steps=cfg.train.max_steps, compile_s=round(compile_s, 2),
+        if (s + 1) % eval_every == 0 or s + 1 == cfg.train.sched.max_steps: record(s + 1, round(loss, 4))
+    end = dict(run=name, summary=True, optimizer=cfg.train.optim.optimizer, max_steps=cfg.train.sched.max_steps, compile_s=round(compile_s, 2),
                train_s=round(train_s, 3), final_val_loss=rows[-1]['val_loss'], target=target,
                reached_step=reached and reached['step'], reached_train_s=reached and reached['train_s'],
                card=torch.cuda.get_device_name() if device.startswith('cuda') else 'cpu', torch=torch.__version__)
