@@ -98,7 +98,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'train': ('lmbook.train.launch',
         'train a profile (auto-resumes; --nproc N uses torchrun)'),
     'finetune': ('lmbook.train.finetune',
-        'fine-tune a pretrained run on a .jsonl of prompt/response or chat records (loss on responses only)'),
+        'fine-tune a pretrained run on chat records (prompt/response, messages, Alpaca or ShareGPT; loss on '
+        'responses only)'),
     'sample': ('lmbook.runs.sample',
         'continue prompts with a checkpoint (a folder, or the newest good one of an experiment)'),
     'chat': ('lmbook.serve.chat',

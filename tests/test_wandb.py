@@ -79,7 +79,7 @@ def test_an_offline_run_keeps_its_w_and_b_run_and_a_resume_goes_on_with_it(ws, w
     assert (r['entity'], r['project'], r['group'], r['tags']) == ('lmbook-team', 'lmbook-tests', 'sweep-1',
                                                                   ['smoke', 'ci'])
     assert r['id'].startswith('wb-') and first.name.endswith(r['id'])
-    assert r['config']['train']['max_steps'] == 3 and r['config']['model']['n_embd'] == 64
+    assert r['config']['train']['sched']['max_steps'] == 3 and r['config']['model']['n_embd'] == 64
     assert [h['_step'] for h in r['history']] == [x['step'] for x in rows(run_dir)] == [0, 1, 2, 3]
     assert [h.get('loss') for h in r['history']] == [x.get('loss') for x in rows(run_dir)]
     assert all(('val_loss' in h) == ('val_loss' in x) for h, x in zip(r['history'], rows(run_dir)))

@@ -211,7 +211,8 @@ def _cpu_verdict(cfg:Config, device:str, ram_gb:float|None, profile:str|None, wo
         return True, (f"{who} has {n/1e9:.2f}B parameters, too many to train on the {dev}: it needs "
                       f"{card_needed(cfg, profile, table)}")
     if cfg.train.finetune.lora_rank or ram_gb is None: return None
-    c = apply_overrides(cfg, {'dtype': 'float32'}) if cfg.train.levers.dtype == 'auto' else cfg  # no autocast here
+    # no autocast on the CPU: 'auto' is float32 there
+    c = apply_overrides(cfg, {'dtype': 'float32'}) if cfg.train.levers.dtype == 'auto' else cfg
     need = world_size*estimate_memory(c, world_size=world_size)['total_gb']  # every process holds its copy
     if need <= ram_gb: return None
     fix = _smaller_batch(c, ram_gb/world_size, world_size)

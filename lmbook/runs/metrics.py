@@ -168,9 +168,8 @@ class MetricsLogger:
                  log:Callable=print):
         self.path, self.enabled, self.log, self.tb, self.wb = Path(run_dir)/METRICS, enabled, log, None, None
         self.full = False  # a write met a full disk (and said so)
-        lc = lc or LoggingConfig()
         if not enabled: return
-        if lc.tensorboard:
+        if tensorboard:
             try:
                 # slow to import: only a run that logs to TensorBoard
                 from torch.utils.tensorboard import SummaryWriter
