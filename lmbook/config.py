@@ -326,6 +326,11 @@ class TrainConfig:
                             "row (block-diagonal causal, documents start "
                             "at end-of-text); fine-tuning turns it on",
                             cuda=(True,))
+    ckpt_format: str = cfield('auto', one_of('auto', 'full', 'sharded'), 'free', "checkpoint layout: 'full' "
+                              "(weights gathered to rank 0, one file), 'sharded' (each process writes its "
+                              "part through torch.distributed.checkpoint) or 'auto' (sharded under FSDP2 "
+                              "with several processes, else full); any of them resumes and loads in one "
+                              "process", cuda=('full', 'sharded'))
 
 TRAIN_RANGES = field_ranges(TrainConfig)
 

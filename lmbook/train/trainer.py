@@ -406,7 +406,7 @@ def _best_line(ck:Checkpointer) -> str:
 def _train(r:Run, experiment:str) -> dict:
     tc = r.cfg.train
     ck = Checkpointer(RunDir(r.dir).checkpoints, tc.ckpt_every, tc.keep_ckpts, tc.ckpt_async, r.info, r.log,
-                      tc.ckpt_minutes)
+                      tc.ckpt_minutes, tc.ckpt_format)
     mirror = (Mirror(tc.mirror, experiment, RunDir(r.dir).mirror, r.log) if tc.mirror and r.info.is_main
               else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
