@@ -1,4 +1,4 @@
-"""Atomic, self-describing checkpoints: safetensors weights, optimizer, step, loader and RNG state of every rank; loaded without unpickling anything foreign; written in the background while training goes on.
+"""Atomic, self-describing checkpoints: safetensors weights, optimizer, step, loader and RNG state of every rank (under FSDP2, each rank's own shard); loaded without unpickling anything foreign; written in the background while training goes on.
 
 Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 
