@@ -12,8 +12,10 @@ from lmbook.distributed import check_parallel
 from lmbook.train.launch import launch
 from lmbook.train.trainer import train
 from lmbook.train.eval import evaluate
-from lmbook.runs.checkpoint import (MODEL_SHARDS, OPTIM_SHARDS, is_sharded, latest_checkpoint, read_shards,
-                                    verify_checkpoint)
+from lmbook.config import ModelConfig
+from lmbook.model.gpt import GPT
+from lmbook.runs.checkpoint import (MODEL_SHARDS, OPTIM_SHARDS, Checkpointer, CheckpointSpaceError, is_sharded,
+                                    latest_checkpoint, read_shards, verify_checkpoint)
 from lmbook.runs.find import find_checkpoint
 from lmbook.runs.sample import load_model, generate
 from lmbook.runs.export import export_hf
@@ -114,3 +116,16 @@ def test_lora_parts_hold_only_adapters(ws, sh):
     assert keys and all(k.endswith(('lora_A', 'lora_B')) for k in keys), keys
     lm = load_model('shlora', root=ws)  # the base read again from its own parts, the adapters merged in
     assert lm.path == path and Path(lm.state['base']['path']) == ckdir(ws, 'sh')/'step_00000008'
+
+def test_no_room_for_parts_is_one_line_and_nothing_written(tmp_path, monkeypatch):
+    model = GPT(ModelConfig(vocab_size=256, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    opt, said = torch.optim.AdamW(model.parameters()), []
+    ck = Checkpointer(tmp_path, every=1, fmt='sharded', log=said.append)
+    ck.save(1, model, opt, dict(tokens=0))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, 'disk_usage', lambda p: usage._replace(free=1000))
+    with pytest.raises(CheckpointSpaceError, match='no space for checkpoint step_00000002'):
+        ck.save(2, model, opt, dict(tokens=0))
+    ck.save(3, model, opt, dict(tokens=0), best=1.0, periodic=False)  # best/ alone: a warning
+    assert len(said) == 1 and said[0].startswith('warning: best/ not written at step 3'), said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['step_00000001']
