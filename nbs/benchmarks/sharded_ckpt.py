@@ -15,12 +15,14 @@ One JSON row per format and mode, rank 0's seconds (the others wait for it at th
 appended to --out.
 
 GPU, 4 GPUs of one host, runpod_4b (3.72B parameters: a checkpoint of about 45 GB; about 100 GB of free disk
-under --dir or $TMPDIR and 60 GB of free host memory), from the repo root, in about 8 minutes:
-    torchrun --standalone --nproc_per_node 4 nbs/benchmarks/sharded_ckpt.py --profile runpod_4b \\
-        --out nbs/benchmarks/results/sharded-ckpt-runpod_4b_DATE_h100x4.jsonl
-(`--formats full` and `--formats sharded` split it into two calls on the same machine.)
-CPU, 2 gloo processes at the smoke profile, to check that the script works (about a minute):
-    torchrun --standalone --nproc_per_node 2 nbs/benchmarks/sharded_ckpt.py --profile smoke --out /tmp/sc.jsonl
+under --dir or $TMPDIR and 60 GB of free host memory), from the repo root:
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=$PWD torchrun --standalone --nproc_per_node 4 \\
+        nbs/benchmarks/sharded_ckpt.py --profile runpod_4b --out ${OUT:-.}/sharded_ckpt.jsonl
+(not timed yet: one process writing and hashing 45 GB may take minutes a save; where a call's time is short,
+`--formats full` and `--formats sharded` split it into two calls on the same machine, `--repeats 1` halves it.)
+CPU, 2 gloo processes at the smoke profile, to check that the script works (about 15 s):
+    PYTHONPATH=$PWD torchrun --standalone --nproc_per_node 2 nbs/benchmarks/sharded_ckpt.py --profile smoke \\
+        --modes background,sync --out /tmp/sc.jsonl
 Checkpoints go to --dir (kept), else to a scratch folder removed when the script ends however it ends (see
 scratch.py); each format's checkpoints are removed as soon as they are measured.
 """
