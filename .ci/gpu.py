@@ -72,7 +72,8 @@ ROWS = [
     Row('papermill-sigterm-resume', 'papermill'),
     Row('hardware-guard', 'guard'),
     Row('ddp-kill-resume', 'dist', dict(parallel='ddp'), gpus=2),
-    Row('fsdp-kill-resume', 'dist', dict(parallel='fsdp'), gpus=2),
+    Row('fsdp-kill-resume', 'dist', dict(parallel='fsdp', ckpt_format='sharded'), gpus=2),
+    Row('fsdp-full-kill-resume', 'dist', dict(parallel='fsdp', ckpt_format='full'), gpus=2),
 ]
 
 
@@ -344,7 +345,16 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
     m = re.search(r'resumed at step (\d+)', again.stdout)
     check(m and int(m.group(1)) >= 20, f"not resumed from a checkpoint: {again.stdout[-400:]}")
     check(not orphans, f"workers left 120 s after the kill: {orphans}")
-    return dict(resumed_at=int(m.group(1)), workers_gone_s=gone_s, **trained(ws/'runs'/name))
+    # the newest checkpoint has the layout asked for, and one process evaluates it (a sharded one: its parts)
+    last = sorted((ws/'runs'/name/'checkpoints').glob('step_*'))[-1]
+    sharded = (last/'model').is_dir()
+    check(sharded == (row.overrides.get('ckpt_format') == 'sharded'), f"{last.name}: sharded={sharded}")
+    ev = lmbook(ws, 'eval', name, '--root', ws, '--device', DEVICE, '--json', '--no-hellaswag',
+                log=out/f'{name}-eval.log')
+    run_ok(ev, 'lmbook eval (one process)')
+    return dict(resumed_at=int(m.group(1)), workers_gone_s=gone_s, sharded=sharded,
+                eval_val_loss=json.loads(ev.stdout.strip().splitlines()[-1])['val_loss'],
+                **trained(ws/'runs'/name))
 
 
 def run_guard(row:Row, ws:Path, out:Path) -> dict:

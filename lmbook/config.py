@@ -266,6 +266,11 @@ class CheckpointConfig:
     mirror_wait_s: float = cfield(300.0, at_least(0), 'free',
                                   "seconds a finished run waits for the mirror's last copy (what it "
                                   "could not copy is listed in the run folder)")
+    ckpt_format: str = cfield('auto', one_of('auto', 'full', 'sharded'), 'free', "checkpoint layout: 'full' "
+                              "(weights gathered to rank 0, one file), 'sharded' (each process writes its "
+                              "part through torch.distributed.checkpoint) or 'auto' (sharded under FSDP2 "
+                              "with several processes, else full); any of them resumes and loads in one "
+                              "process", cuda=('full', 'sharded'))
 
 # %% ../nbs/01_config.ipynb #fabdc240
 _WANDB = Range(pattern=r'([A-Za-z0-9][A-Za-z0-9._-]{0,127})?',

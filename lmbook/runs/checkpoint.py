@@ -1,4 +1,4 @@
-"""Atomic, self-describing checkpoints: safetensors weights, optimizer, step, loader and RNG state of every rank; loaded without unpickling anything foreign; written in the background while training goes on.
+"""Atomic, self-describing checkpoints: safetensors weights, optimizer, step, loader and RNG state of every rank (under FSDP2, each rank's own shard); loaded without unpickling anything foreign; written in the background while training goes on.
 
 Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/checkpoint.html.md"""
 
 # %% ../../nbs/04b_checkpoint.ipynb #29a5bd7b
 from __future__ import annotations
-import errno, json, math, os, random, shutil, threading, time, warnings, weakref
+import errno, json, math, os, pickle, random, shutil, sys, threading, time, warnings, weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,13 +22,15 @@ from ..distributed import DistInfo, all_reduce, barrier
 from ..rundir import BEST
 
 # %% auto #0
-__all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'CheckpointError', 'CheckpointSpaceError',
-           'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state', 'has_frozen', 'trainable_names', 'full_state',
-           'load_full_state', 'dedupe', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref', 'checkpoint_bytes',
-           'check_space', 'write_checkpoint', 'save_checkpoint', 'list_checkpoints', 'move_damaged',
-           'prune_checkpoints', 'verify_checkpoint', 'load_weights', 'read_rank_state', 'read_checkpoint',
-           'latest_checkpoint', 'check_compatible', 'changed_keys', 'config_changes', 'check_config_change',
-           'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes', 'disk_plan', 'write_seconds']
+__all__ = ['MODEL_SHARDS', 'OPTIM_SHARDS', 'SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS',
+           'CheckpointError', 'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state',
+           'has_frozen', 'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'sharded_state', 'is_sharded',
+           'save_shards', 'read_shards', 'load_shards', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref',
+           'checkpoint_bytes', 'check_space', 'start_checkpoint', 'start_shards', 'write_checkpoint', 'save_checkpoint',
+           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
+           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
+           'config_changes', 'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes',
+           'disk_plan', 'write_seconds']
 
 # %% ../../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -74,18 +76,22 @@ def trainable_names(model:torch.nn.Module) -> set[str]:
     drop = lambda k: '.'.join(p for p in k.split('.') if p not in ('module', '_orig_mod'))
     return {drop(k) for k, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
 
-def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
-               cpu_offload:bool=True) -> tuple[dict, dict|None]:
-    "Full (unsharded) model and optimizer state dicts by name; where some weights are frozen, the others."
+def _state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, opts) -> tuple[dict, dict|None]:
+    "Model and optimizer state dicts by name, as `opts` asks; where some weights are frozen, the others."
     # slow to import (~0.8 s): checkpoints only
-    from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict, StateDictOptions
-    frozen = has_frozen(model)
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload, ignore_frozen_params=frozen)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, get_model_state_dict
     msd, osd = (get_model_state_dict(model, options=opts), None) if optimizer is None else \
         get_state_dict(model, optimizer, options=opts)
     # (a head tied to a frozen embedding is in `msd` otherwise)
-    if frozen: msd = {k: msd[k] for k in trainable_names(model) & msd.keys()}
+    if opts.ignore_frozen_params: msd = {k: msd[k] for k in trainable_names(model) & msd.keys()}
     return msd, osd
+
+def full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None,
+               cpu_offload:bool=True) -> tuple[dict, dict|None]:
+    "Full (unsharded) model and optimizer state dicts by name; where some weights are frozen, the others."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # slow to import: checkpoints only
+    return _state(model, optimizer, StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload,
+                                                     ignore_frozen_params=has_frozen(model)))
 
 def load_full_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, msd:dict, osd:dict|None):
     "Load full state dicts (every rank passes them) into a plain, DDP or FSDP2 model and its optimizer."
@@ -110,6 +116,105 @@ def dedupe(sd:dict) -> tuple[dict, dict]:
             seen[key] = k
             out[k] = v.contiguous()
     return out, aliases
+
+# %% ../../nbs/04b_checkpoint.ipynb #87e58924
+MODEL_SHARDS, OPTIM_SHARDS = 'model', 'optim'  # a sharded checkpoint's folders: every rank's part of each
+
+def sharded_state(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None) -> tuple[dict, dict|None]:
+    "This process's part of the model and optimizer state dicts (under FSDP2, DTensor shards), not copied."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # slow to import: checkpoints only
+    return _state(model, optimizer, StateDictOptions(ignore_frozen_params=has_frozen(model)))
+
+def is_sharded(path:Path) -> bool:
+    "Whether checkpoint `path` holds each rank's part of the state (`model/`) rather than one weights file."
+    return (Path(path)/MODEL_SHARDS).is_dir()
+
+def _is_dtensor(t) -> bool:
+    "Whether `t` is a DTensor (one rank's shard of a bigger tensor), without importing DTensor (~1 s)."
+    mod = sys.modules.get('torch.distributed.tensor')
+    return mod is not None and isinstance(t, mod.DTensor)
+
+def _alone() -> bool: return not (dist.is_available() and dist.is_initialized())
+
+def _quiet_dcp():
+    "Silence DCP's note that it works in one process, which is meant where it happens here."
+    warnings.filterwarnings('ignore', message='torch.distributed is disabled, unavailable or uninitialized')
+
+# %% ../../nbs/04b_checkpoint.ipynb #8d984627
+_DCP_META = 'torch.distributed.checkpoint.metadata'  # DCP's records: any class defined there
+# and besides them, all that a `.metadata` may name
+_META_OK = {('torch', 'Size'), ('torch.serialization', '_get_layout'), ('collections', 'OrderedDict'),
+            ('pathlib', 'Path'), ('pathlib', 'PosixPath'), ('pathlib', 'WindowsPath'),
+            ('torch.distributed.checkpoint.filesystem', '_StorageInfo')}
+
+class _MetaUnpickler(pickle.Unpickler):
+    "Unpickles a DCP `.metadata`: DCP's records, torch sizes and dtypes, paths; nothing that runs code."
+    def find_class(self, module:str, name:str):
+        if (module, name) in _META_OK: return super().find_class(module, name)
+        if module == 'torch' and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == _DCP_META:
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__ == module: return obj
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint's metadata")
+
+def _reader(folder:Path):
+    "A DCP reader of `folder` that unpickles its metadata only when it holds nothing that runs code."
+    from torch.distributed.checkpoint import FileSystemReader  # slow to import (~0.3 s): checkpoints only
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(folder)/'.metadata', 'rb') as f: _MetaUnpickler(f).load()
+            return super().read_metadata(*args, **kwargs)
+    return SafeReader(folder)
+
+def _planner():
+    "DCP's load planner, reading the values that are not tensors (an optimizer's numbers) `weights_only`."
+    from torch.distributed.checkpoint import DefaultLoadPlanner  # slow to import: checkpoints only
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            torch.load(value, weights_only=True)  # refuses a pickle that carries code before DCP reads it
+            value.seek(0)
+            super().load_bytes(read_item, value)
+    return SafePlanner()
+
+# %% ../../nbs/04b_checkpoint.ipynb #a17febcf
+def save_shards(sd:dict, # this process's part of a state dict (`sharded_state`), live or a CPU copy
+                folder:Path, # a DCP folder: a file of each rank's part, and `.metadata`
+                group=None): # the process group the ranks agree over (None: the default one)
+    "Write this process's part of `sd` into `folder`: every rank calls it; it returns when all are on disk."
+    import torch.distributed.checkpoint as dcp  # slow to import (~0.3 s): checkpoints only
+    _quiet_dcp()
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(folder), process_group=group, no_dist=_alone())
+
+def _load_dcp(sd:dict, folder:Path):
+    "Fill `sd` from the DCP folder `folder`, each process reading the slices it needs (no collective)."
+    import torch.distributed.checkpoint as dcp  # slow to import: checkpoints only
+    _quiet_dcp()
+    try: dcp.load(sd, storage_reader=_reader(folder), planner=_planner(), no_dist=True)
+    except Exception as e:  # DCP wraps what failed (a missing tensor, another shape, a pickle with code)
+        e = next(iter(getattr(e, 'failures', {}).values()), e)
+        first = str(e).splitlines()[0][:200] if str(e) else ''
+        raise CheckpointError(f"cannot load {folder}: {type(e).__name__}: {first}") from None
+
+def read_shards(folder:Path) -> dict[str, torch.Tensor]:
+    "Every tensor of the DCP folder `folder`, whole, in this process (no process group needed)."
+    try: meta = _reader(folder).read_metadata().state_dict_metadata
+    except Exception as e: raise CheckpointError(f"cannot load {folder}: {type(e).__name__}: {e}") from None
+    sd = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+          if hasattr(m, 'properties')}  # tensors (a model's parts hold nothing else)
+    _load_dcp(sd, folder)
+    return sd
+
+def load_shards(model:torch.nn.Module, optimizer:torch.optim.Optimizer|None, path:Path):
+    "Load sharded checkpoint `path` into a plain, DDP or FSDP2 model and its optimizer (every rank calls it)."
+    # slow to import (~0.8 s): checkpoints only
+    from torch.distributed.checkpoint.state_dict import set_state_dict, set_model_state_dict, StateDictOptions
+    msd, osd = sharded_state(model, optimizer)  # where each value goes (an optimizer's state made if none)
+    _load_dcp(msd, Path(path)/MODEL_SHARDS)
+    if osd is not None: _load_dcp(osd, Path(path)/OPTIM_SHARDS)
+    opts = StateDictOptions(strict=not has_frozen(model))  # a frozen base is not in it
+    if osd is None: set_model_state_dict(model, msd, options=opts)
+    else: set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd, options=opts)
 
 # %% ../../nbs/04b_checkpoint.ipynb #d8cb5c61
 def host_buffer(shape, dtype:torch.dtype, pin:bool=False) -> torch.Tensor:
@@ -151,11 +256,18 @@ def _gather(obj, info:DistInfo) -> list|None:
 
 # %% ../../nbs/04b_checkpoint.ipynb #dbd3bd5e
 def snapshot(model:torch.nn.Module, optimizer:torch.optim.Optimizer, rank_state:dict|None=None,
-             sharded:bool=False,
-             info:DistInfo|None=None, buffers:dict|None=None) -> dict:
-    "What a checkpoint holds, in CPU memory on rank 0 (collective: call on every rank)."
+             sharded:bool=False, # the parameters are sharded (FSDP2): the full state is gathered to rank 0
+             info:DistInfo|None=None, buffers:dict|None=None,
+             shards:bool=False, # each rank keeps its own part instead (a sharded checkpoint)
+             stage:Callable|None=None, # (state dict, part) -> a CPU copy, for a background write (None: live)
+            ) -> dict:
+    "What a checkpoint holds: in CPU memory on rank 0, or each rank's part (collective: call on every rank)."
     info = info or DistInfo()
     ranks = _gather(dict(rng=rng_state(), **(rank_state or {})), info)
+    if shards:
+        msd, osd = sharded_state(model, optimizer)
+        if stage: msd, osd = stage(msd, MODEL_SHARDS), (osd if osd is None else stage(osd, OPTIM_SHARDS))
+        return dict(model=msd, optim=osd, ranks=ranks, shards=True)
     if sharded: msd, osd = full_state(model, optimizer)  # gathered to rank 0: a fresh copy
     elif not info.is_main: msd = osd = None
     elif buffers is None: msd, osd = full_state(model, optimizer)
@@ -179,6 +291,7 @@ def _nbytes(obj, seen:set|None=None) -> int:
     "Bytes of the tensors in nested dicts and lists `obj`; tensors that share storage (tied weights) once."
     seen = set() if seen is None else seen
     if isinstance(obj, torch.Tensor):
+        if _is_dtensor(obj): return obj.numel()*obj.element_size()  # every rank's shard: the whole tensor
         key = (obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape))
         if key in seen: return 0
         seen.add(key)
@@ -191,7 +304,7 @@ def checkpoint_bytes(ckpt_dir:Path, snap:dict|None=None) -> int:
     "Bytes a checkpoint of `snap` needs (its tensors); without a snapshot, the newest complete one's size."
     if snap: return int(_nbytes(snap)*1.02) + (1 << 20)  # headers, pickles and JSON: within the margin
     for p in list_checkpoints(ckpt_dir):
-        if (p/'COMPLETE').is_file(): return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+        if (p/'COMPLETE').is_file(): return sum(f.stat().st_size for f in p.rglob('*') if f.is_file())
     return 0
 
 def _space_error(ckpt_dir:Path, name:str, need:int, free:int, keep:int) -> CheckpointSpaceError:
@@ -214,7 +327,7 @@ def _out_of_space(e:BaseException, ckpt_dir:Path, tmp:Path, need:int) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
     if not isinstance(e, Exception): return False  # an interrupt is not a full disk
     try:
-        written = sum(f.stat().st_size for f in tmp.iterdir() if f.is_file()) if tmp.is_dir() else 0
+        written = sum(f.stat().st_size for f in tmp.rglob('*') if f.is_file()) if tmp.is_dir() else 0
         return shutil.disk_usage(ckpt_dir).free < need - written
     except OSError: return False
 
@@ -225,11 +338,15 @@ def _torch_save(obj, path:Path):
 
 def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
 
+def _files(folder:Path) -> list[str]:
+    "The files in `folder` and its subfolders (a sharded checkpoint's parts), by relative name, sorted."
+    return sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob('*') if p.is_file())
+
 def _seal(tmp:Path, step:int, files:dict):
-    "Write the manifest `COMPLETE` (each file's size and sha256) last, and flush the folder."
+    "Write the manifest `COMPLETE` (each file's size and sha256) last; flush the folder and its subfolders."
     (tmp/'COMPLETE').write_text(json.dumps(dict(step=step, files=files), indent=1))
     _fsync(tmp/'COMPLETE')
-    _fsync(tmp)
+    for d in [p for p in tmp.iterdir() if p.is_dir()] + [tmp]: _fsync(d)
 
 def _publish(tmp:Path, final:Path):
     "Rename the sealed folder `tmp` to `final`, replacing an older one."
@@ -241,38 +358,82 @@ def _publish(tmp:Path, final:Path):
     _fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
+# %% ../../nbs/04b_checkpoint.ipynb #f5e29e59
+def start_checkpoint(ckpt_dir:Path, step:int, snap:dict, keep:int=2, name:str|None=None) -> Path:
+    "The empty temporary folder a checkpoint is written into, made once the disk has room for it (rank 0)."
+    ckpt_dir, name = Path(ckpt_dir), name or ckpt_name(step)
+    tmp = ckpt_dir/f'.tmp-{name}'
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    check_space(ckpt_dir, step, checkpoint_bytes(ckpt_dir, snap), keep, name)
+    if tmp.exists(): shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+def start_shards(ckpt_dir:Path, step:int, snap:dict, keep:int=2, name:str|None=None,
+                 info:DistInfo|None=None) -> CheckpointSpaceError|None:
+    "`start_checkpoint` on rank 0 for a sharded checkpoint, every rank told whether it failed (collective)."
+    info, err = info or DistInfo(), None
+    if info.is_main:
+        try: start_checkpoint(ckpt_dir, step, snap, keep, name)
+        except CheckpointSpaceError as e: err = e
+    if all_reduce(float(err is not None), 'max') == 0: return None
+    return err or CheckpointSpaceError(f"no space for checkpoint {name or ckpt_name(step)} in {ckpt_dir}")
+
+def _write_parts(tmp:Path, snap:dict, group=None):
+    "Write the weights, the optimizer state and each rank's state into `tmp` (sharded: this rank's part)."
+    if snap.get('shards'):
+        save_shards(snap['model'], tmp/MODEL_SHARDS, group)
+        if snap['optim'] is not None: save_shards(snap['optim'], tmp/OPTIM_SHARDS, group)
+    else:
+        weights, aliases = dedupe(snap['model'])
+        save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
+        _fsync(tmp/'model.safetensors')
+        if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
+    for r, rs in enumerate(snap['ranks'] or []): _torch_save(rs, tmp/f'rank{r}.pt')
+
+def _hash_parts(tmp:Path, group=None) -> dict:
+    "Size and sha256 of a sharded checkpoint's part files, each rank hashing its share (all on every rank)."
+    names = [n for n in _files(tmp) if n.startswith((f'{MODEL_SHARDS}/', f'{OPTIM_SHARDS}/'))]
+    if _alone(): return {n: _file_meta(tmp/n) for n in names}
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    try: mine = {n: _file_meta(tmp/n) for n in names[rank::world]}
+    except OSError as e: mine = f"rank {rank}: {type(e).__name__}: {e}"  # told, so that no rank waits for it
+    every = [None]*world
+    dist.all_gather_object(every, mine, group=group)
+    if bad := [m for m in every if isinstance(m, str)]: raise CheckpointError(bad[0])
+    return {k: v for m in every for k, v in m.items()}
+
 # %% ../../nbs/04b_checkpoint.ipynb #c92285e2
 def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                      step:int, # optimizer steps done
-                     snap:dict, # what `snapshot` returned on rank 0
+                     snap:dict, # what `snapshot` returned on rank 0 (a sharded one: on every rank)
                      state:dict, # JSON-able run state: tokens, epoch, config, tokenizer, ...
                      keep:int=2, # checkpoints kept (that verify)
                      good:set|None=None, # names of checkpoints known to verify (updated)
                      log:Callable|None=None, # where warnings go
                      # folder name (default: the step's, `step_00000100`); others are never pruned
                      name:str|None=None,
+                     group=None, # the process group a sharded checkpoint's ranks write over (None: default)
                     ) -> Path:
     "Write `snap` as the checkpoint of `step`: a temporary folder, a manifest, one rename; then prune."
-    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir, shards, main = Path(ckpt_dir), snap.get('shards', False), snap['ranks'] is not None
     name = name or ckpt_name(step)
     final, tmp = ckpt_dir/name, ckpt_dir/f'.tmp-{name}'
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    need = checkpoint_bytes(ckpt_dir, snap)
-    check_space(ckpt_dir, step, need, keep, name)
+    need = checkpoint_bytes(ckpt_dir, snap) if main else 0
+    if not shards: start_checkpoint(ckpt_dir, step, snap, keep, name)  # (a sharded one: `start_shards`)
     try:
-        if tmp.exists(): shutil.rmtree(tmp)
-        tmp.mkdir()
-        for r, rs in enumerate(snap['ranks']): _torch_save(rs, tmp/f'rank{r}.pt')
-        weights, aliases = dedupe(snap['model'])
-        save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
-        _fsync(tmp/'model.safetensors')
-        if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
+        _write_parts(tmp, snap, group)
+        files = _hash_parts(tmp, group) if shards else {}
+        if not main: return final  # rank 0 seals it
         (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']),
-                                                      time=time.time(), **state), indent=1))
+                                                      time=time.time(), **({'format': 'sharded'} if shards
+                                                                          else {}), **state), indent=1))
         _fsync(tmp/'state.json')
-        _seal(tmp, step, {p.name: _file_meta(p) for p in sorted(tmp.iterdir())})
+        files.update({n: _file_meta(tmp/n) for n in _files(tmp) if n not in files})
+        _seal(tmp, step, dict(sorted(files.items())))
         _publish(tmp, final)
     except BaseException as e:
+        if not main: raise
         # asked while the temporary folder still holds what was written
         full = _out_of_space(e, ckpt_dir, tmp, need)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -287,12 +448,15 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
 def save_checkpoint(ckpt_dir:Path, step:int, model:torch.nn.Module, optimizer:torch.optim.Optimizer,
                     state:dict,
                     rank_state:dict|None=None, info:DistInfo|None=None, keep:int=2,
-                        sharded:bool=False) -> Path:
+                    sharded:bool=False, # the parameters are sharded (FSDP2)
+                    shards:bool=False, # each rank writes its own part (`torch.distributed.checkpoint`)
+                   ) -> Path:
     "Snapshot and write the checkpoint of `step` now (call on every rank); return its folder."
     info = info or DistInfo()
-    snap = snapshot(model, optimizer, rank_state, sharded, info)
+    snap = snapshot(model, optimizer, rank_state, sharded, info, shards=shards)
+    if shards and (err := start_shards(ckpt_dir, step, snap, keep, info=info)): raise err
     final = write_checkpoint(ckpt_dir, step, snap, state,
-                             keep) if info.is_main else Path(ckpt_dir)/ckpt_name(step)
+                             keep) if info.is_main or shards else Path(ckpt_dir)/ckpt_name(step)
     barrier()
     return final
 
@@ -355,7 +519,8 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
     return man
 
 def load_weights(path:Path) -> dict[str, torch.Tensor]:
-    "The tensors of checkpoint `path`'s `model.safetensors`, a tied one under each of its names (`dedupe`)."
+    "The weights of checkpoint `path`: `model.safetensors` (a tied one under each name), or its parts joined."
+    if is_sharded(path): return read_shards(Path(path)/MODEL_SHARDS)
     sd = load_file(Path(path)/'model.safetensors')
     with safe_open(Path(path)/'model.safetensors', 'pt') as f:
         aliases = json.loads((f.metadata() or {}).get('aliases', '{}'))
@@ -370,10 +535,14 @@ def read_rank_state(path:Path, rank:int) -> dict|None:
 # %% ../../nbs/04b_checkpoint.ipynb #4b8d61cc
 def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
     "Model and optimizer state (unless not `weights`), run and rank state, loaded without unpickling code."
-    path = Path(path)
+    path, shards = Path(path), is_sharded(path)
     msd = osd = None
     try:
-        if weights:
+        # a sharded checkpoint's state is loaded by `load_shards`, each rank its part: here, its metadata
+        if weights and shards:
+            for part in (MODEL_SHARDS, OPTIM_SHARDS):
+                if (path/part).is_dir(): _reader(path/part).read_metadata()
+        elif weights:
             msd = load_weights(path)
             man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
             has_optim = 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file()
@@ -383,7 +552,7 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
     except Exception as e:  # safetensors, unpickler and JSON errors all mean: do not use this checkpoint
         first = str(e).splitlines()[0][:200] if str(e) else ''
         raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {first}") from None
-    return dict(path=path, model=msd, optim=osd, state=state, rank_state=rank_state)
+    return dict(path=path, model=msd, optim=osd, state=state, rank_state=rank_state, shards=shards)
 
 # %% ../../nbs/04b_checkpoint.ipynb #37e98427
 def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, check:Callable|None=None,
@@ -465,7 +634,9 @@ class Checkpointer:
                  background:bool=False, # write in a background thread
                  info:DistInfo|None=None, # this process's place
                  log:Callable=print, # where progress and warnings go (rank 0)
-                 minutes:float=0): # wall-clock minutes between checkpoints besides `every` (0: off)
+                 minutes:float=0, # wall-clock minutes between checkpoints besides `every` (0: off)
+                 # 'full' (gathered to rank 0), 'sharded' (each rank its part), 'auto' (sharded under FSDP2)
+                 fmt:str='auto'):
         self.dir, self.every, self.keep, self.background = Path(ckpt_dir), every, keep, background
         self.minutes, self.t_last = minutes, time.monotonic()  # the clock starts with the run
         self.info, self.log = info or DistInfo(), log
@@ -478,11 +649,14 @@ class Checkpointer:
         self.slow_wait, self.warned_slow = 5.0, False
         # called with each step checkpoint's folder once it is complete (`Mirror.submit`)
         self.on_written = None
+        # the layout, the gloo group a sharded write's ranks talk over, the stagers of their CPU copies
+        self.fmt, self.group, self.stagers = fmt, None, {}
 
     @classmethod
     def from_config(cls, ckpt_dir:Path, cc:CheckpointConfig, info:DistInfo|None=None, log:Callable=print):
         "The `Checkpointer` of a run's `checkpoint` section (`cfg.train.checkpoint`)."
-        return cls(ckpt_dir, cc.ckpt_every, cc.keep_ckpts, cc.ckpt_async, info, log, cc.ckpt_minutes)
+        return cls(ckpt_dir, cc.ckpt_every, cc.keep_ckpts, cc.ckpt_async, info, log, cc.ckpt_minutes,
+                   cc.ckpt_format)
 
     def due(self, step:int, total:int, stop:bool=False) -> bool:
         "Whether to save after `step`: every `every` steps or `minutes`, at the end, and when stopping."
@@ -493,6 +667,10 @@ class Checkpointer:
         if not self.minutes: return False
         late = time.monotonic() - self.t_last >= 60*self.minutes
         return all_reduce(float(late and self.info.is_main), 'max') > 0 if self.info.distributed else late
+
+    def writes_shards(self, sharded:bool) -> bool:
+        "Whether a save writes each rank's part: `fmt` 'sharded', or 'auto' with parameters sharded (FSDP2)."
+        return self.fmt == 'sharded' or (self.fmt == 'auto' and sharded and self.info.distributed)
 
 # %% ../../nbs/04b_checkpoint.ipynb #c8a02678
 @patch
@@ -507,20 +685,22 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     step = int(all_reduce(found['data']['state']['step'] if found else -1, 'max'))
     if step < 0: return None
     path = self.dir/ckpt_name(step)
-    # every rank reads the full state (shared filesystem)
+    # every rank reads the state (shared filesystem): all of a full checkpoint, its part of a sharded one
     data = found.get('data') or read_checkpoint(path, info.rank)
     check_compatible(data['state'], config['model'], tok_ref, path)
     data['changes'] = check_config_change(data['state'].get('config', {}), config,
                                           flat_config(config).get('allow_config_change', False), path)
     # loader positions are global: rank 0's state fits every rank
     if data['state'].get('world_size', 1) != info.world_size:
+        how = 'are resharded to it' if data['shards'] else 'load in full'
         self.log(f"warning: {path.name} was written by {data['state'].get('world_size', 1)} "
-                 f"process(es), this run has {info.world_size}: model and optimizer load in "
-                 "full, and the data order continues from the same global position")
+                 f"process(es), this run has {info.world_size}: model and optimizer {how}, and the data "
+                 "order continues from the same global position")
         data['rank_state'] = read_rank_state(path, 0)
     fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
     hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
-    load_full_state(model, None if fresh else optimizer, data['model'], data['optim'])
+    if data['shards']: load_shards(model, None if fresh else optimizer, path)
+    else: load_full_state(model, None if fresh else optimizer, data['model'], data['optim'])
     # the config's betas, weight decay, ..., not the checkpoint's
     for g, h in zip(optimizer.param_groups, hyper): g.update(h)
     data['fresh_optimizer'] = bool(fresh)
@@ -536,39 +716,74 @@ def save(self:Checkpointer, step:int, model:torch.nn.Module, optimizer:torch.opt
          rank_state:dict|None=None, sharded:bool=False,
          best:float|None=None, # this step's val_loss when it is a new best: also write `best/`
          periodic:bool=True): # write the step checkpoint (False: only `best/`)
-    "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0)."
+    "Checkpoint `step`: snapshot now (every rank), write now or in the background (rank 0, or every rank)."
     t0 = time.perf_counter()
     self.wait()
     t1 = time.perf_counter()
-    snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info, self.buffers
-                    if self.background else None)
+    shards = self.writes_shards(sharded)
+    snap = snapshot(model, optimizer if periodic else None, rank_state, sharded, self.info,
+                    self.buffers if self.background else None, shards,
+                    self._stage if self.background else None)
     if periodic: self.last, self.t_last = step, time.monotonic()
     if best is not None: self.best_val, self.best_step = best, step
-    if not self.info.is_main: return
+    if shards and not self._start_shards(step, snap, best, periodic): return
+    if not (self.info.is_main or shards): return
     rec = dict(step=step, wait_s=t1 - t0, snapshot_s=time.perf_counter() - t1, **({'best': True}
             if best is not None else {}))
-    self.timings.append(rec)
-    if rec['wait_s'] > self.slow_wait and not self.warned_slow:
-        self.warned_slow = True
-        self.log(f"warning: the checkpoint at step {step} waited {rec['wait_s']:.1f} s for the previous "
-                 "one to be written: checkpoints come faster than the disk writes them; raise ckpt_every")
-    def write():
-        t1 = time.perf_counter()
-        try:
-            if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log)
-            if periodic and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
-            if best is not None: self._write_best(step, snap, state, best, linked=periodic)
-        except BaseException as e: self.error = e
-        rec['write_s'] = time.perf_counter() - t1
+    if self.info.is_main: self._record(rec)
+    args = (step, snap, state, best, periodic, rec)
     if self.background:
         self.dir.mkdir(parents=True, exist_ok=True)
         # a step checkpoint that cannot be written fails now, here (`best/` only warns, from the thread)
-        if periodic: check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep)
-        self.thread = threading.Thread(target=write, name=f'checkpoint-{step}', daemon=True)
+        if periodic and not shards: check_space(self.dir, step, checkpoint_bytes(self.dir, snap), self.keep)
+        self.thread = threading.Thread(target=self._write, args=args, name=f'checkpoint-{step}', daemon=True)
         self.thread.start()
-    else: write()
+    else: self._write(*args)
     rec['stall_s'] = time.perf_counter() - t0
     if self.error: self.wait()
+
+# %% ../../nbs/04b_checkpoint.ipynb #eaa81413
+@patch
+def _record(self:Checkpointer, rec:dict):
+    "Keep a save's timings (rank 0); warn once when saves wait long for the write before them."
+    self.timings.append(rec)
+    if rec['wait_s'] > self.slow_wait and not self.warned_slow:
+        self.warned_slow = True
+        self.log(f"warning: the checkpoint at step {rec['step']} waited {rec['wait_s']:.1f} s for the "
+                 "previous one to be written: checkpoints come faster than the disk writes them; raise "
+                 "ckpt_every")
+
+@patch
+def _write(self:Checkpointer, step:int, snap:dict, state:dict, best:float|None, periodic:bool, rec:dict):
+    "The write half of `save`: the step checkpoint, then `best/`; an error is kept for `wait` to raise."
+    t1, main = time.perf_counter(), self.info.is_main
+    try:
+        if periodic: write_checkpoint(self.dir, step, snap, state, self.keep, self.good, self.log,
+                                      group=self.group)
+        if periodic and main and self.on_written: _tell(self.on_written, self.dir/ckpt_name(step), self.log)
+        # rank 0 links `best/` to the step checkpoint; without one, a sharded `best/` is every rank's write
+        if best is not None and (main or not periodic): self._write_best(step, snap, state, best, periodic)
+    except BaseException as e: self.error = e
+    rec['write_s'] = time.perf_counter() - t1
+
+@patch
+def _start_shards(self:Checkpointer, step:int, snap:dict, best:float|None, periodic:bool) -> bool:
+    "Make the folder every rank writes its part into (collective); False: `best/` alone has no room (warned)."
+    # a sharded write talks over a gloo group of its own: from a thread, apart from training's collectives
+    if self.group is None and self.info.distributed: self.group = dist.new_group(backend='gloo')
+    err = start_shards(self.dir, step, snap, self.keep, None if periodic else BEST, self.info)
+    if err is None: return True
+    if periodic: raise err
+    if self.info.is_main: self._best_failed(step, best, err)
+    return False
+
+@patch
+def _stage(self:Checkpointer, sd:dict, part:str) -> dict:
+    "A CPU copy of this rank's part `part` of the state for a background write (on CUDA: pinned, kept)."
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager  # slow to import: checkpoints only
+    if part not in self.stagers:
+        self.stagers[part] = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
+    return self.stagers[part].stage(sd)
 
 # %% ../../nbs/04b_checkpoint.ipynb #8f11eafe
 def _tell(fn:Callable, path:Path, log:Callable):
@@ -599,7 +814,8 @@ def close(self:Checkpointer):
 @patch
 def prepare(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, sharded:bool=False):
     "Make the background snapshot's CPU buffers in a thread (call once the optimizer has its state)."
-    if not self.background or sharded or not self.info.is_main or self.buffers or self.prep is not None:
+    if (not self.background or sharded or self.writes_shards(sharded) or not self.info.is_main or self.buffers
+        or self.prep is not None):
         return
     state = full_state(model, optimizer, cpu_offload=False)  # references to the live tensors: no copy
     def make():
@@ -659,9 +875,17 @@ def _discard_best(self:Checkpointer, st:dict, at:int):
              f"to {dest.relative_to(self.dir.parent)}; the next validation writes a new {BEST}/")
 
 # %% ../../nbs/04b_checkpoint.ipynb #17327c70
+def _link(src:Path, dst:Path, copy:bool=False):
+    "Hard-link `src` at `dst`; with `copy`, copy it where a link fails."
+    try: os.link(src, dst)
+    except OSError:
+        if not copy: raise
+        shutil.copy2(src, dst)
+
 def link_checkpoint(src:Path, # a complete step checkpoint
                     name:str, # the new checkpoint's folder, beside `src`
                     extra:dict, # what its state.json adds to `src`'s (`val_loss`)
+                    copy:bool=False, # copy the files that cannot be linked (else `OSError`)
                    ) -> Path:
     "Checkpoint `name` beside `src`, with its weights and rank files hard-linked; `OSError` if links fail."
     src = Path(src)
@@ -670,8 +894,11 @@ def link_checkpoint(src:Path, # a complete step checkpoint
     try:
         if tmp.exists(): shutil.rmtree(tmp)
         tmp.mkdir()
-        files = {f: m for f, m in man['files'].items() if f == 'model.safetensors' or f.startswith('rank')}
-        for f in files: os.link(src/f, tmp/f)
+        weights = lambda f: f == 'model.safetensors' or f.startswith((f'{MODEL_SHARDS}/', 'rank'))
+        files = {f: m for f, m in man['files'].items() if weights(f)}
+        for f in files:
+            (tmp/f).parent.mkdir(exist_ok=True)
+            _link(src/f, tmp/f, copy)
         st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
         (tmp/'state.json').write_text(json.dumps(st, indent=1))
         _fsync(tmp/'state.json')
@@ -688,17 +915,23 @@ def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:flo
                 linked:bool=False): # the step checkpoint of `step` was just written: link its files
     "Write `best/` from the snapshot of `step`; a failure (a full disk) is a warning, and training goes on."
     try:
-        path = None
-        if linked:
-            try: path = link_checkpoint(self.dir/ckpt_name(step), BEST, dict(val_loss=val_loss))
+        path, src, extra = None, self.dir/ckpt_name(step), dict(val_loss=val_loss)
+        # a sharded one's ranks have moved on: its parts are linked or copied, never written again
+        if linked and snap.get('shards'): path = link_checkpoint(src, BEST, extra, copy=True)
+        elif linked:
+            try: path = link_checkpoint(src, BEST, extra)
             except OSError: pass  # another filesystem, or one without hard links: written in full below
-        if path is None: write_checkpoint(self.dir, step, dict(snap, optim=None),
-                                          dict(state, val_loss=val_loss), self.keep, log=self.log, name=BEST)
+        if path is None: write_checkpoint(self.dir, step, dict(snap, optim=None), dict(state, **extra),
+                                          self.keep, log=self.log, name=BEST, group=self.group)
         self.best_saved = step
-    except Exception as e:
-        why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
-        self.log(f"warning: {BEST}/ not written at step {step} (val_loss {val_loss:.4f}): {why}; training "
-                 "goes on, and a later, lower val_loss writes it")
+    except Exception as e: self._best_failed(step, val_loss, e)
+
+@patch
+def _best_failed(self:Checkpointer, step:int, val_loss:float, e:Exception):
+    "Warn that `best/` of `step` was not written, and why (rank 0); training goes on."
+    why = str(e) if isinstance(e, CheckpointSpaceError) else f"{type(e).__name__}: {e}"
+    self.log(f"warning: {BEST}/ not written at step {step} (val_loss {val_loss:.4f}): {why}; training "
+             "goes on, and a later, lower val_loss writes it")
 
 # %% ../../nbs/04b_checkpoint.ipynb #e09541b4
 @dataclass
@@ -755,7 +988,7 @@ def _held_bytes(ckpt_dir:Path) -> int:
     "Bytes of the step checkpoints and `best/` in `ckpt_dir`, a hard-linked file once."
     files = {}
     for d in [*list_checkpoints(ckpt_dir), Path(ckpt_dir)/BEST]:
-        for f in (d.iterdir() if d.is_dir() else []):
+        for f in (d.rglob('*') if d.is_dir() else []):
             if f.is_file():
                 st = f.stat()
                 files[(st.st_dev, st.st_ino)] = st.st_size

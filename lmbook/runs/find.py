@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core import paths_for, sha256_file
 from ..config import did_you_mean
 from ..data.tokenizer import load_tokenizer
-from .checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+from .checkpoint import CheckpointError, MODEL_SHARDS, list_checkpoints, verify_checkpoint
 from ..rundir import BEST, RunDir
 
 # %% auto #0
@@ -19,13 +19,15 @@ __all__ = ['INFERENCE_FILES', 'BEST_SUFFIX', 'verify_for_inference', 'unknown_ru
            'experiment_of', 'find_tokenizer']
 
 # %% ../../nbs/04d_find.ipynb #8a799915
+# what sampling reads: the weights (a sharded checkpoint's `model/` parts) and the config
 INFERENCE_FILES = ('model.safetensors', 'state.json')
 
 def verify_for_inference(path:Path) -> dict:
-    "The manifest of checkpoint `path` if its files have their recorded sizes and hashes."
+    "The manifest of checkpoint `path` if the files inference reads have their recorded sizes and hashes."
     path = Path(path)
     man = verify_checkpoint(path, hashes=False)
-    for name in INFERENCE_FILES:
+    weights = [n for n in man['files'] if n.startswith(f'{MODEL_SHARDS}/')] or list(INFERENCE_FILES[:1])
+    for name in [*weights, *INFERENCE_FILES[1:]]:
         meta = man['files'].get(name)
         if meta is None: raise CheckpointError(f"{path} has no {name}")
         if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not "

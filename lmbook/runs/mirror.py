@@ -60,13 +60,15 @@ class _Signals:
 
 # %% ../../nbs/04c_mirror.ipynb #2548d58d
 def stage(ck:Path, dst:Path) -> Path:
-    "A copy of checkpoint folder `ck` at `dst` made of hard links (plain copies where links cannot be made)."
+    "A copy of checkpoint folder `ck` (a sharded one's parts too) at `dst` made of hard links (or copies)."
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
-    for f in Path(ck).iterdir():
+    for f in sorted(Path(ck).rglob('*')):  # a folder before what is in it
+        to = dst/f.relative_to(ck)
+        if f.is_dir(): to.mkdir()
         if not f.is_file(): continue
-        try: os.link(f, dst/f.name)
-        except OSError: shutil.copy2(f, dst/f.name)
+        try: os.link(f, to)
+        except OSError: shutil.copy2(f, to)
     return dst
 
 class Mirror:
