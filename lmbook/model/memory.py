@@ -178,7 +178,7 @@ def fit_changes(cfg:Config, # the run's config
                 headroom:float=HEADROOM, # fraction of `mem_gb` kept back
                ) -> list[str]:
     "Overrides that each bring `cfg` within `mem_gb` a GPU: micro-batch, act_ckpt, fp8, more GPUs with FSDP."
-    tc = cfg.train
+    tc = cfg.train.levers
     out = [b] if (b := _smaller_batch(cfg, mem_gb, world_size, headroom)) else []
     levers = [('act_ckpt', 'none', ('selective', 'full'))] + [('fp8', 'off', ('tensorwise',))]*fp8
     for k, off, vals in levers:
