@@ -42,7 +42,7 @@ BOOT_TRAIN = """\
 def boot_log(pod:dict) -> str:
     "The first lines a pod's boot writes, from its env: install, layout, and training unless it shards."
     env = dict(pod['env'])
-    kw = dict(env, commit=env.get('LMBOOK_COMMIT', '')[:10], gpus=pod['gpu']['count'],
+    kw = dict(env, commit=env.get('LMBOOK_COMMIT', '')[:10], gpus=(pod['gpu'] or {}).get('count', 0),
               autokill=f", autokill {env['AUTOKILL']}" if env.get('AUTOKILL') else '')
     return (BOOT_START + ('' if env.get('RUN_SHARD') == '1' else BOOT_TRAIN)).format(**kw)
 

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CAPACITY', 'GPUS', 'DATA_CENTERS', 'TITLES', 'contract', 'violations', 'Problem', 'Stream', 'PodOps', 'CreateOps',
-           'CatalogOps', 'route', 'problem', 'check_request', 'FakeRunPodV2', 'serve', 'serve_cli']
+__all__ = ['CAPACITY', 'GPUS', 'CPUS', 'DATA_CENTERS', 'TITLES', 'contract', 'violations', 'Problem', 'Stream', 'PodOps',
+           'CreateOps', 'CatalogOps', 'route', 'problem', 'check_request', 'FakeRunPodV2', 'serve', 'serve_cli']
 
 # %% ../../nbs/08d_fake_runpod.ipynb #2868228f
 @functools.cache
@@ -71,6 +71,9 @@ CAPACITY = "There are no longer any instances available with the requested speci
 # id -> (memory GB, Secure Cloud $/h, most in one pod)
 GPUS = {'NVIDIA H100 80GB HBM3': (80, 2.69, 8), 'NVIDIA GeForce RTX 4090': (24, 0.69, 8),
         'NVIDIA A100 80GB PCIe': (80, 1.64, 8), 'NVIDIA B200': (180, 5.99, 8)}
+# CPU flavor id -> (Secure Cloud $ per vCPU-hour, the vCPU counts it comes in)
+CPUS = {'cpu3c': (0.03, (2, 4, 8, 16, 32)), 'cpu3g': (0.04, (2, 4, 8, 16, 32)),
+        'cpu5c': (0.04, (2, 4, 8, 16, 32))}
 DATA_CENTERS = {'EU-RO-1': True, 'US-KS-2': True, 'US-TX-3': True, 'CA-MTL-1': False}  # id -> has volumes
 TITLES = {400: 'Bad Request', 401: 'Unauthorized', 402: 'Payment Required', 404: 'Not Found',
           405: 'Method Not Allowed', 409: 'Conflict', 422: 'Unprocessable Entity', 429: 'Too Many Requests',
@@ -89,13 +92,18 @@ class Stream(str):
 class PodOps:
     "The fake's pod operations: look up, act on, delete, and the container log (creates: `CreateOps`)."
     def _pod(self, pod_id:str, body:dict, status:str, dc:str='EU-RO-1') -> dict:
-        gid, count = body['gpu']['id'], body['gpu'].get('count', 1)
+        if 'cpu' in body:  # a CPU pod: no GPU, its price by the vCPU
+            gpu, cpu = None, dict(id=body['cpu']['id'], vcpuCount=body['cpu'].get('vcpuCount', 2))
+            cost = CPUS.get(cpu['id'], (0.05,))[0]*cpu['vcpuCount']
+        else:
+            gpu, cpu = dict(id=body['gpu']['id'], count=body['gpu'].get('count', 1)), None
+            cost = GPUS.get(gpu['id'], (0, 1.0))[1]*gpu['count']
         return dict(id=pod_id, name=body['name'], image=body.get('image', ''), args=body.get('args', ''),
                     disk=body.get('disk', 50), ports=body.get('ports', []), env=body.get('env', {}),
                     registry=None, status=status, actions=[], mounts=body.get('mounts', {}),
-                    gpu=dict(id=gid, count=count), cloud=body.get('cloud', 'SECURE'), dataCenterId=dc,
+                    gpu=gpu, cpu=cpu, cloud=body.get('cloud', 'SECURE'), dataCenterId=dc,
                     cudaVersion='12.8', ssh=dict(proxy=None, direct=None), template=None,
-                    cost=round(GPUS.get(gid, (0, 1.0))[1]*count, 2), locked=False,
+                    cost=round(cost, 2), locked=False,
                     globalNetworking=dict(enabled=False), runtime=None, createdAt='2026-11-26T12:00:00Z',
                     startedAt=None, body=body, polls=0)
 
@@ -106,7 +114,8 @@ class PodOps:
             host, port = self.ssh
             p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root',
                                                     command=f'ssh root@{host} -p {port}'))
-            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)]*p['gpu']['count'],
+            gpus = (p['gpu'] or {}).get('count', 0)  # a CPU pod has none
+            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)]*gpus,
                                 ports=[dict(private=22, public=port, type='tcp', ip=host)])
         elif p['status'] in ('EXITED', 'TERMINATED'): p['cost'] = 0.0
         return {k: v for k, v in p.items() if k not in ('body', 'polls')}
@@ -163,8 +172,7 @@ class CreateOps:
         mounts = body.get('mounts', {})
         if 'persistent' in mounts and 'network' in mounts:
             raise Problem(400, 'at most one of mounts.persistent and mounts.network')
-        gid = body['gpu']['id']
-        if gid not in GPUS: raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
+        self.machine_offered(body)
         dc = self.volumes_data_center(body, mounts.get('network', []))
         if self.capacity_failures:
             self.capacity_failures -= 1
@@ -203,6 +211,17 @@ class CreateOps:
             raise Problem(400, 'pods do not support UDP ports')
         if gpu.get('id') in GPUS and gpu.get('count', 1) > GPUS[gpu['id']][2]:
             raise Problem(400, f"at most {GPUS[gpu['id']][2]} x {gpu['id']} in one pod")
+
+    def machine_offered(self, body:dict):
+        "Refuse a GPU type, or a CPU flavor and vCPU count, that RunPod does not offer (400)."
+        if 'cpu' in body:
+            cid, n = body['cpu']['id'], body['cpu'].get('vcpuCount', 2)
+            if cid not in CPUS: raise Problem(400, f"cpu flavor '{cid}' is not a known CPU flavor")
+            if n not in (counts := CPUS[cid][1]):
+                offered = ', '.join(map(str, counts))
+                raise Problem(400, f"cpu flavor '{cid}' comes with {offered} vCPUs, not {n}")
+        elif (gid := body['gpu']['id']) not in GPUS:
+            raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
 
 class _Lost(Exception):
     "The pod was made but its answer is lost: the server answers 502 with an HTML page."

@@ -13,9 +13,9 @@ from .plan import image_cuda
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['SAFE_VALUES', 'STATUSES', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError', 'RateLimited',
-           'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'sse_lines', 'gql_view',
-           'GraphQL', 'RunPodAPI']
+__all__ = ['SAFE_VALUES', 'STATUSES', 'CPU_REST_ONLY', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError',
+           'RateLimited', 'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'sse_lines',
+           'gql_view', 'GraphQL', 'RunPodAPI']
 
 # %% ../../nbs/07b_api.ipynb #c06b0c1f
 class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
@@ -50,7 +50,7 @@ STATUSES = ('PROVISIONING', 'STARTING', 'RUNNING', 'EXITED', 'ERROR', 'TERMINATE
 
 def pod_view(p:dict) -> dict:
     "A REST v2 `Pod` as the flat dict lmbook uses (id, name, status, cost, gpu, gpu_count, env, ssh, ...)."
-    rt, gpu = p.get('runtime') or {}, p.get('gpu') or {}
+    rt, gpu, cpu = p.get('runtime') or {}, p.get('gpu') or {}, p.get('cpu') or {}
     direct = (p.get('ssh') or {}).get('direct')
     ports = [x for x in rt.get('ports') or [] if x.get('private') == 22 and x.get('ip') and x.get('public')]
     ssh = dict(host=direct['host'], port=int(direct['port'])) if direct else dict(host=ports[0]['ip'],
@@ -63,7 +63,7 @@ def pod_view(p:dict) -> dict:
                 ssh=ssh, gpus=[dict(util=g.get('util'), mem=g.get('memoryUtil')) for g in rt.get('gpus')
                                or []],
                 data_center=p.get('dataCenterId') or '', volume_id=net.get('volumeId', ''),
-                    cloud=p.get('cloud', ''))
+                    cloud=p.get('cloud', ''), cpu=cpu.get('id', ''), vcpus=int(cpu.get('vcpuCount') or 0))
 
 # %% ../../nbs/07b_api.ipynb #8dbc507c
 _CAPACITY = re.compile(r'capacity|no longer any instances|no instances|not enough|unavailable', re.I)
@@ -94,21 +94,27 @@ def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
 # %% ../../nbs/07b_api.ipynb #f00f1a0f
 def rest_body(spec, env:dict) -> dict:
     "The REST v2 `CreatePodRequest` for a pod spec (`lmbook.pods.runpod.PodSpec`) and its resolved `env`."
-    gpu = dict(id=spec.gpu_type, count=spec.gpu_count)
-    if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
+    machine = _rest_machine(spec)
     mounts = (dict(network=[dict(volumeId=spec.volume_id, path=spec.volume_mount)]) if spec.volume_id
               else dict(persistent=dict(size=spec.volume_gb, path=spec.volume_mount)))
     if getattr(spec, 'min_vcpu', 0) or getattr(spec, 'min_memory_gb', 0):
         raise ValueError("RunPod's REST API v2 takes no vCPU or memory minimum for a GPU pod "
                          "(CreatePodRequest has none): drop --min-vcpu/--min-memory, or send them through "
                          "the GraphQL backend (LMBOOK_RUNPOD_API=graphql)")
-    body = dict(name=spec.name, image=spec.image, cloud=spec.cloud_type, gpu=gpu, args=spec.start,
+    body = dict(name=spec.name, image=spec.image, cloud=spec.cloud_type, **machine, args=spec.start,
                 disk=spec.container_disk_gb, ports=spec.ports.split(','), env=dict(env), mounts=mounts,
                 startSsh=True, startJupyter=True)
     if not spec.image: del body['image']  # the template's
     if getattr(spec, 'template_id', ''): body['templateId'] = spec.template_id
     if spec.data_center: body['dataCenterIds'] = [spec.data_center]
     return body
+
+def _rest_machine(spec) -> dict:
+    "The request's machine: `gpu` {id, count, minCudaVersion}, or `cpu` {id, vcpuCount} for a CPU pod."
+    if getattr(spec, 'cpu_type', ''): return dict(cpu=dict(id=spec.cpu_type, vcpuCount=spec.vcpus))
+    gpu = dict(id=spec.gpu_type, count=spec.gpu_count)
+    if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
+    return dict(gpu=gpu)
 
 class RestV2:
     "RunPod's REST API v2 at `$RUNPOD_API_BASE_URL/v2` (default https://api.runpod.io)."
@@ -207,7 +213,10 @@ def gql_view(p:dict) -> dict:
                     uptime=int(rt.get('uptimeInSeconds') or p.get('uptimeSeconds') or 0),
                 ssh=ssh, gpus=[dict(util=g.get('gpuUtilPercent'), mem=g.get('memoryUtilPercent'))
                                for g in rt.get('gpus') or []],
-                data_center='', volume_id='', cloud='')
+                data_center='', volume_id='', cloud='', cpu='', vcpus=0)
+
+CPU_REST_ONLY = ("lmbook creates a CPU pod through RunPod's REST API v2 only: drop "
+                 "LMBOOK_RUNPOD_API=graphql (or api = graphql in settings.ini)")
 
 class GraphQL:
     "RunPod's GraphQL API through the `runpod` SDK (`POST $RUNPOD_API_BASE_URL/graphql`)."
@@ -249,6 +258,7 @@ class GraphQL:
     # the catalog's stock is a REST v2 query
     def availability(self, gpu_id:str, count:int, cloud:str) -> None: return None
     def create_pod(self, spec, env:dict) -> dict:
+        if getattr(spec, 'cpu_type', ''): raise ValueError(CPU_REST_ONLY)
         try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
                             gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
                             gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,

@@ -53,6 +53,7 @@ class BootOptions:
     autokill: str = ''            # AUTOKILL: '' , 'stop' or 'terminate' after the final checkpoint
     # ON_FAILURE: after a failed run, 'stop' the pod (the volume keeps everything) or 'keep' it up
     on_failure: str = 'stop'
+    prepare: bool = False         # RUN_PREPARE=1: prepare the data, then stop (or terminate) the pod
 
     @classmethod
     def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
@@ -69,7 +70,8 @@ class BootOptions:
                 shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()},
                     nproc=num('RUN_NPROC'),
                 tensorboard_port=num('TENSORBOARD_PORT') if get('TENSORBOARD_PORT') else 6006,
-                autokill=get('AUTOKILL', ''), on_failure=get('ON_FAILURE') or 'stop')
+                autokill=get('AUTOKILL', ''), on_failure=get('ON_FAILURE') or 'stop',
+                prepare=get('RUN_PREPARE') == '1')
         return replace(o, **kw).checked()
 
     def checked(self) -> 'BootOptions':
@@ -84,7 +86,7 @@ class BootOptions:
         for k, v in self.overrides.items():
             if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
                                                "which RUN_OVERRIDES cannot carry")
-        return replace(self, experiment=exp)
+        return replace(self, experiment=exp, shard=self.shard or self.prepare)  # preparing is sharding first
 
 # %% ../../nbs/07g_boot.ipynb #a5286fcb
 class BootLog:
@@ -360,6 +362,7 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
             return False
         action, last = 'stop', 'failed'
         why = f"the run failed (exit code {rc}); the volume keeps the run and this log"
+    elif o.prepare: action, why, last = o.autokill or 'stop', 'the data is prepared', 'data'
     elif not o.autokill: return False
     elif not (ck := finished_checkpoint(paths)):
         log("autokill: not firing, no complete final checkpoint on the volume")
@@ -371,8 +374,8 @@ def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:
         return False
     done = RunDir(paths.run).autokill
     prev = json.loads(done.read_text()) if done.is_file() else {}
-    # this pod was started again by hand after its autokill
-    if (prev.get('pod'), prev.get('after')) == (pod, last):
+    # this pod was started again by hand after its autokill (a pod that only prepares data stops every time)
+    if not o.prepare and (prev.get('pod'), prev.get('after')) == (pod, last):
         log(f"autokill: not firing again: pod {pod} was already "
             f"stopped once after {last}; stop it yourself when done")
         return False
@@ -407,7 +410,8 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
     log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node
                              else f'boot-{o.experiment}-node{node}.log'))
     log(f"boot: {o.profile} as {o.experiment} in {ws} (stages "
-        f"{', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''})")
+        f"{', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''}"
+        f"{', the data only' if o.prepare else ''})")
     paths, rc, spent, why = None, 1, '', ''
     with StopSignals() as stop:
         try:
@@ -416,7 +420,8 @@ def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
             guard = spend_guard(process_env(), ws, log)
             watch_spend(guard, stop, log)  # counts through the data stage too, from the pod's create time
             stage_data(o, paths, log)
-            rc, spent = stage_train(o, paths, ws, kernel, log, stop, guard)
+            if o.prepare: log("stage 4/4 train: skipped: this pod only prepares the data (RUN_PREPARE=1)")
+            rc, spent = (0, '') if o.prepare else stage_train(o, paths, ws, kernel, log, stop, guard)
         except Stopped as e:
             log(f"boot: {e} before training; rerunning resumes where it stopped")
             rc = 128 + e.signum

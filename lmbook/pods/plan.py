@@ -16,8 +16,9 @@ from ..model.memory import HEADROOM, fits, max_batch_size
 from ..train.optim import total_steps
 
 # %% auto #0
-__all__ = ['throughput_rows', 'scaling_efficiency', 'expected_throughput', 'plan_sources', 'fit_advice', 'pod_overrides',
-           'image_cuda', 'card_image', 'plan', 'format_plan']
+__all__ = ['GPU_POD_VCPUS', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table', 'cpu_machine',
+           'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'fit_advice', 'pod_overrides', 'image_cuda',
+           'card_image', 'plan', 'format_plan', 'format_prep']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -71,6 +72,68 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
 
+# %% ../../nbs/07a_plan.ipynb #ba3d5fdc
+GPU_POD_VCPUS = 16  # vCPUs a pod gets with each GPU when the GPU table gives none: an assumption
+
+def cpu_table(path:Path|None=None) -> dict:
+    "The CPU price table: `cpus` (flavor id -> name, vCPU counts, $ a vCPU-hour) and its `default`."
+    path = Path(path or package_dir()/'cpu_prices.yaml')
+    if not path.is_file(): raise FileNotFoundError(f"CPU price table {path} does not exist: reinstall lmbook")
+    d = yaml.safe_load(path.read_text()) or {}
+    cpus = d.get('cpus')
+    if not isinstance(cpus, dict) or not cpus: raise ValueError(f"{path} has no `cpus:` table")
+    for k, c in cpus.items():
+        if not (isinstance(c, dict) and isinstance(c.get('vcpus'), list)
+                and isinstance(c.get('secure'), (int, float))):
+            raise ValueError(f"{path}: CPU flavor {k!r} needs vcpus (a list) and secure (USD a vCPU-hour)")
+    return d
+
+def cpu_machine(cpu:str|None=None, # RunPod CPU flavor id (None: the table's default)
+                vcpus:int|None=None, # its vCPUs (None: the table's default)
+                table:dict|None=None) -> tuple[str, int]:
+    "(flavor, vCPUs) of a CPU pod, checked against the CPU price table."
+    d = table or cpu_table()
+    cpu, vcpus = cpu or d['default']['cpu'], vcpus or d['default']['vcpus']
+    if cpu not in d['cpus']: raise ValueError(f"unknown CPU flavor {cpu!r}: use one of "
+                                              f"{', '.join(d['cpus'])} (the table is lmbook/cpu_prices.yaml)")
+    if vcpus not in (counts := d['cpus'][cpu]['vcpus']):
+        raise ValueError(f"{cpu} comes with {', '.join(map(str, counts))} vCPUs, not {vcpus}: "
+                         "choose one with --vcpus")
+    return cpu, vcpus
+
+def tokenize_rate(path:Path|None=None) -> dict:
+    "The measured tokenizing speed: tokens/s a CPU core, the one-thread bound, and where it was measured."
+    return json.loads(Path(path or package_dir()/'tokenize_throughput.json').read_text())
+
+def prep_speed(vcpus:int, rate:dict|None=None) -> float:
+    "Expected tokenizing tokens/s on `vcpus` vCPUs: the per-core figure times them, up to the one-thread cap."
+    r = rate or tokenize_rate()
+    return min(vcpus*r['tok_per_s_per_core'], r['serial_tok_per_s'])
+
+# %% ../../nbs/07a_plan.ipynb #a47756c6
+def prep_plan(tokens:int|None, # tokens to prepare (None: not known before the data is)
+              gpu:str, # the training pod's RunPod GPU id
+              gpus:int, # its GPUs
+              gpu_price:float|None, # its USD per hour
+              cpu:str|None=None, # the CPU pod's flavor (None: the table's default)
+              vcpus:int|None=None, # its vCPUs (None: the table's default)
+              table:dict|None=None, # the GPU price table
+             ) -> dict:
+    "Hours and dollars of tokenizing `tokens` on the GPU pod, and on a CPU pod before it (`pod prepare`)."
+    table, ct, rate = table or gpu_table(), cpu_table(), tokenize_rate()
+    per_gpu = table[gpu].get('vcpus')
+    cpu, vcpus = cpu_machine(cpu, vcpus, ct)
+    cpu_price = ct['cpus'][cpu]['secure']*vcpus
+    def on(n:int, price:float|None) -> dict:
+        tok_s = prep_speed(n, rate)
+        hours = tokens/tok_s/3600 if tokens else None
+        return dict(vcpus=n, tok_per_s=tok_s, hours=hours, price_per_hour=price,
+                    cost=hours*price if hours is not None and price else None)
+    return dict(tokens=tokens, gpu_pod=dict(on((per_gpu or GPU_POD_VCPUS)*gpus, gpu_price), gpus=gpus,
+                                            vcpus_assumed=not per_gpu),
+                cpu_pod=dict(on(vcpus, cpu_price), cpu=cpu, price_estimated=bool(ct.get('estimate'))),
+                rate=rate)
+
 # %% ../../nbs/07a_plan.ipynb #17b9fa47
 def plan_sources(cfg:Config, # the run's config
                  tokens:int|None, # the run's tokens (None: not known before the data is)
@@ -123,6 +186,8 @@ def plan(profile:str, # profile name or config file
          cloud:str='secure', # 'secure' or 'community' price
          volume:bool=False, # the pod uses a network volume (Secure Cloud only)
          image:str|None=None, # the image the pod runs (None: the card's default)
+         cpu:str|None=None, # the CPU flavor of a pod that would prepare the data first (None: the default)
+         vcpus:int|None=None, # its vCPUs (None: the default)
         ) -> dict:
     "Memory fit, tok/s, hours and cost of training `profile` on `gpus` x `gpu`; refuses what cannot run."
     if cloud not in ('secure', 'community'): raise ValueError(f"cloud={cloud!r}: choose secure or community")
@@ -160,7 +225,9 @@ def plan(profile:str, # profile name or config file
                     cloud=cloud,
                 sources=plan_sources(cfg, steps*tps if steps else None),
                 price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price)
-                    else None)
+                    else None,
+                prep=prep_plan(steps*tps if steps else None, gpu, gpus, price*gpus if price else None, cpu,
+                               vcpus, table))
 
 def format_plan(p:dict) -> str:
     "The plan as a few readable lines."
@@ -182,4 +249,23 @@ def format_plan(p:dict) -> str:
                                       "train.log has the measured split)")
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")
-    return '\n'.join(lines)
+    return '\n'.join(lines + format_prep(p['prep']))
+
+def format_prep(d:dict) -> list[str]:
+    "The plan's lines on preparing the data: on the training pod, or on a CPU pod before it."
+    money = lambda x: f"${x:,.2f}" if x is not None else 'n/a'
+    dur = lambda h: f"~{h:.1f} h" if h >= 1 else f"~{h*60:.0f} min" if h*60 >= 1 else 'under a minute'
+    num = lambda x: f"{x/1e9:.2f}B" if x >= 0.9995e9 else f"{x/1e6:.2f}M" if x < 1e6 else f"{x/1e6:.1f}M"
+    if not d['tokens']: return ["prepare  unknown until the data is prepared (the run is set by epochs)"]
+    g, c, r = d['gpu_pod'], d['cpu_pod'], d['rate']
+    at = lambda x: f"{dur(x['hours'])} at {num(x['tok_per_s'])} tok/s"
+    per_gpu = f" ({g['vcpus']//max(1, g['gpus'])} a GPU, assumed)" if g['vcpus_assumed'] else ''
+    est = ' (an estimate)' if c['price_estimated'] else ''
+    return [f"prepare  {num(d['tokens'])} tokens to tokenize (the run's; a larger corpus takes longer)",
+            f"{'':9}on this pod  {at(g)}, {g['vcpus']} vCPUs{per_gpu}: ~{money(g['cost'])} of GPU time",
+            f"{'':9}on a CPU pod {at(c)}, {c['cpu']} x {c['vcpus']} vCPUs at {money(c['price_per_hour'])}/h"
+                f"{est}: ~{money(c['cost'])}",
+            f"{'':9}(lmbook pod prepare); tokenizing only: {num(r['tok_per_s_per_core'])} tok/s a core, at "
+                f"most {num(r['serial_tok_per_s'])} in all,",
+            f"{'':9}measured on another machine ({r['machine'].split(',')[0]}, {r['date']}) and scaled",
+            f"{'':9}by the pod's vCPUs; the download and the tokenizer's training come on top"]

@@ -11,20 +11,21 @@ from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
 from .api import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
-                           rest_body, SAFE_VALUES)
+                           rest_body, SAFE_VALUES, CPU_REST_ONLY)
 from . import sync as podsync, watch as podwatch
 from ..core import load_settings, check_name, package_dir, cli_options
 from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
-from .plan import plan, format_plan, pod_overrides, card_image
+from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table
 from ..core import env_var, process_env
 
 # %% auto #0
-__all__ = ['PORTS', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret', 'check_repo', 'PodSpec',
-           'resolve_env', 'code_source', 'start_script', 'start_command', 'pod_name', 'check_pod_args', 'run_overrides',
-           'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec', 'proxy_urls', 'serve_usage',
-           'request_text', 'create_pod_retrying', 'wait_running', 'format_status', 'check_origin', 'check_available',
-           'add_plan_cli', 'add_create_cli', 'add_guard_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+__all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret',
+           'check_repo', 'PodSpec', 'resolve_env', 'code_source', 'start_script', 'start_command', 'pod_name',
+           'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec',
+           'prepare_spec', 'proxy_urls', 'serve_usage', 'request_text', 'create_pod_retrying', 'wait_running',
+           'format_status', 'check_origin', 'check_available', 'add_plan_cli', 'add_create_cli', 'add_code_options',
+           'add_prepare_cli', 'add_guard_options', 'add_wait_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../../nbs/07f_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -69,6 +70,8 @@ def check_repo(url:str) -> str:
 
 # %% ../../nbs/07f_runpod.ipynb #493874d3
 PORTS = '8888/http,6006/http,22/tcp'  # JupyterLab, TensorBoard, SSH
+NO_PREP_VOLUME = ("a CPU pod that prepares data needs --volume VOLUME_ID, the network volume the training "
+                  "pod will use: RunPod gives a CPU pod no pod volume, so the data would vanish with the pod")
 _SECRET_REF = re.compile(r'^\{\{ RUNPOD_SECRET_[A-Za-z0-9_.-]+ \}\}$')
 
 @dataclass
@@ -96,12 +99,14 @@ class PodSpec:
     template_id: str = ''
     min_vcpu: int = 0             # vCPUs the machine must have at least (0 : RunPod's default; GraphQL only)
     min_memory_gb: int = 0        # system memory in GB the machine must have at least (0 : as min_vcpu)
+    cpu_type: str = ''            # a CPU pod's RunPod CPU flavor ('' : a GPU pod); it only prepares the data
+    vcpus: int = 0                # the CPU pod's vCPUs
 
     def validate(self) -> 'PodSpec':
         "Check every field that reaches the request, and the combinations RunPod or the run would regret."
         check_safe(self.name, 'name', 'pod name')
         check_name(self.experiment)
-        check_safe(self.gpu_type, 'gpu', 'GPU type')
+        self._check_machine()
         if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
         if self.template_id: check_safe(self.template_id, 'id', 'template id')
         if self.min_vcpu < 0 or self.min_memory_gb < 0:
@@ -114,8 +119,6 @@ class PodSpec:
         if self.volume_id and self.cloud_type != 'SECURE':
             raise ValueError("network volumes are Secure Cloud only: drop "
                              "--cloud-type COMMUNITY, or train without --volume")
-        if not 1 <= self.gpu_count <= 8:
-            raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
         if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
                                                                "lmbook's pods mount the volume at /workspace")
         if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
@@ -147,6 +150,22 @@ class PodSpec:
                                  "RUNPOD_SECRET_name }}' (never the value itself)")
         check_env_value('start', self.start, limit=8192)
         return self
+
+    def _check_machine(self):
+        "A GPU pod's GPUs; or a CPU pod's flavor and vCPUs, its network volume, and its one job: the data."
+        if not self.cpu_type:
+            check_safe(self.gpu_type, 'gpu', 'GPU type')
+            if not 1 <= self.gpu_count <= 8:
+                raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
+            return
+        check_safe(self.cpu_type, 'id', 'CPU flavor')
+        if self.gpu_type or self.gpu_count or self.vcpus < 1:
+            raise ValueError(f"a CPU pod has vCPUs and no GPU (gpu_type {self.gpu_type!r}, gpu_count "
+                             f"{self.gpu_count}, vcpus {self.vcpus}): fix the manifest, or make it again")
+        if not self.volume_id: raise ValueError(NO_PREP_VOLUME)
+        if self.env.get('RUN_PREPARE') != '1':
+            raise ValueError("lmbook's CPU pods only prepare a run's data: env RUN_PREPARE must be 1 "
+                             "(lmbook pod prepare sets it)")
 
     def to_yaml(self, path:Path|None=None) -> str:
         "The manifest (no secret values in it); written to `path` if given."
@@ -263,11 +282,13 @@ def run_overrides(ov:dict) -> str:
                                            "(k=v,k=v) cannot carry: rename the path or use a config file")
     return ','.join(f'{k}={v}' for k, v in ov.items())
 
-def spend_env(gpu_type:str, gpus:int, cloud_type:str|None, max_hours:float, max_dollars:float) -> dict:
+def spend_env(gpu_type:str, gpus:int, cloud_type:str|None, max_hours:float, max_dollars:float,
+              price:float|None=None) -> dict: # `price`: USD per hour (None: the GPUs' from the price table)
     "The spend guard's environment: `MAX_HOURS`, and `MAX_DOLLARS` with the pod's price per hour."
     env = dict(MAX_HOURS=f'{max_hours:g}') if max_hours else {}
     if max_dollars:
-        price = (gpu_table()[gpu_type].get('community' if cloud_type == 'COMMUNITY' else 'secure') or 0)*gpus
+        if price is None: price = (gpu_table()[gpu_type].get('community' if cloud_type == 'COMMUNITY'
+                                                            else 'secure') or 0)*gpus
         env |= dict(MAX_DOLLARS=f'{max_dollars:g}', PRICE_PER_HOUR=f'{price:g}')
     return env
 
@@ -363,6 +384,47 @@ def serve_spec(export:str, # the served model's path on the volume: an export, r
     spec.start = start_command()
     return spec.validate()
 
+def prepare_spec(profile:str, # profile name, or a config file path on the volume
+                 experiment:str, # the run whose data it prepares (the training pod's --experiment)
+                 volume_id:str, # the network volume the training pod will use
+                 cpu:str|None=None, # RunPod CPU flavor (None: lmbook/cpu_prices.yaml's default)
+                 vcpus:int|None=None, # its vCPUs (None: the default)
+                 image:str|None=None, # image (default: settings.ini's; the volume's venv serves both pods)
+                 overrides:dict|None=None, # config overrides: the training pod's, for the data they set
+                 terminate:bool=False, # terminate the pod once the data is ready, instead of stopping it
+                 hf_token:str='', # HF_TOKEN source: '', 'env:HF_TOKEN' or '{{ RUNPOD_SECRET_name }}'
+                 extra_env:dict|None=None, # more environment variables
+                 data_center:str='', # data center id ('' : the volume's)
+                 repo:str='', commit:str='', # the code the pod runs (see `code_source`)
+                 on_failure:str='stop', # after a failed preparation: 'stop' the pod or 'keep' it up
+                 max_hours:float=0, max_dollars:float=0, # the spend guard (0: no limit)
+                 alert_url:str='', # LMBOOK_ALERT_URL's source: '', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
+                ) -> PodSpec:
+    "A checked `PodSpec` of a CPU pod that prepares the data of `experiment` on the volume, then stops."
+    if not volume_id: raise ValueError(NO_PREP_VOLUME)
+    check_name(experiment)
+    cpu, vcpus = cpu_machine(cpu, vcpus)
+    check_pod_args(profile, overrides, 'terminate' if terminate else '', on_failure, max_hours, max_dollars)
+    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_PREPARE='1', RUN_SHARD='1',
+               RUN_OVERRIDES=run_overrides(dict(overrides or {})), LMBOOK_WORKSPACE='/workspace',
+               LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit, ON_FAILURE=on_failure,
+               PYTHONUNBUFFERED='1')
+    if terminate: env['AUTOKILL'] = 'terminate'
+    env |= spend_env('', 0, 'SECURE', max_hours, max_dollars, cpu_table()['cpus'][cpu]['secure']*vcpus)
+    env.update(extra_env or {})
+    sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')
+    if hf_token: sec['HF_TOKEN'] = hf_token
+    if alert_url: sec['LMBOOK_ALERT_URL'] = alert_url
+    s = load_settings()
+    spec = PodSpec(name=pod_name(f'{experiment}-prep', cpu, vcpus, volume_id), profile=profile,
+                   experiment=experiment, gpu_type='', gpu_count=0, image=image or s.image,
+                   cloud_type='SECURE', volume_id=volume_id, volume_gb=s.volume_gb,
+                   container_disk_gb=s.container_disk_gb,
+                   data_center=data_center, ports='8888/http,22/tcp', env=env, secrets=sec, cpu_type=cpu,
+                   vcpus=vcpus)
+    spec.start = start_command()
+    return spec.validate()
+
 def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab",
@@ -381,6 +443,7 @@ def serve_usage(pod_id:str, spec:PodSpec) -> str:
 def request_text(spec:PodSpec, env:dict, hidden:set, backend:str|None=None) -> str:
     "The create request for `spec` as the backend would send it, secrets masked."
     if (backend or load_settings().api) == 'graphql':
+        if spec.cpu_type: raise ValueError(CPU_REST_ONLY)
         # optional backend: the runpod SDK (GraphQL)
         from runpod.api.mutations.pods import generate_pod_deployment_mutation
         q = generate_pod_deployment_mutation(spec.name, spec.image, spec.gpu_type, spec.cloud_type, True,
@@ -439,14 +502,17 @@ def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10
 def format_status(p:dict) -> str:
     "A pod's state, cost per hour, GPU use, addresses; never its env values."
     up = p.get('uptime') or 0
-    lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {p.get('gpu_count')} x {p.get('gpu') or '?'}  "
+    machine = (f"{p['cpu']} x {p.get('vcpus')} vCPUs" if p.get('cpu')
+               else f"{p.get('gpu_count')} x {p.get('gpu') or '?'}")
+    lines = [f"{p['id']}  {p.get('name')}  {p.get('status')}  {machine}  "
              f"${p.get('cost') or 0:.2f}/h  up {up//3600}h{up%3600//60:02d}m"]
     for i, g in enumerate(p.get('gpus') or []): lines.append(f"  gpu {i}: {g.get('util')}% "
                                                              f"busy, {g.get('mem')}% memory")
     if p.get('volume_id'): lines.append(f"  volume       {p['volume_id']} ({p.get('data_center') or '?'})")
     if p.get('status') == 'RUNNING':
         u = proxy_urls(p['id'])
-        lines += [f"  jupyter      {u['jupyter']}", f"  tensorboard  {u['tensorboard']}"]
+        lines.append(f"  jupyter      {u['jupyter']}")
+        if not p.get('cpu'): lines.append(f"  tensorboard  {u['tensorboard']}")  # a CPU pod trains nothing
         if p.get('ssh'): lines.append(f"  ssh          ssh root@{p['ssh']['host']} -p {p['ssh']['port']}")
     return '\n'.join(lines)
 
@@ -460,7 +526,7 @@ def _plan_cmd(a) -> int:
     check_repo(a.repo) if a.repo else check_origin()  # the first pod command says what a pod cannot clone
     p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count,
              parse_assignments(a.set), a.cloud,
-             volume=bool(a.volume), image=a.image)
+             volume=bool(a.volume), image=a.image, cpu=a.cpu, vcpus=a.vcpus)
     print(json.dumps(p, indent=1) if a.json else format_plan(p))
     return 0
 
@@ -482,6 +548,20 @@ def _spec_from_args(a) -> PodSpec:
                                 a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
                                 a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
                                 alert_source(a.alert_url)))
+
+def _prepare_spec_from_args(a) -> PodSpec:
+    "The CPU pod of `pod prepare`: it prepares the run's data on the volume, then stops itself."
+    if not (a.profile and a.experiment): raise ValueError("pod prepare needs --profile and --experiment: the "
+                                                          "training pod's, whose data it prepares")
+    if not a.volume: raise ValueError(NO_PREP_VOLUME)
+    if load_settings().api == 'graphql': raise ValueError(CPU_REST_ONLY)
+    cpu_machine(a.cpu, a.vcpus)  # what can be refused here, before the repository is asked
+    check_pod_args(a.profile, parse_assignments(a.set), '', a.on_failure, a.max_hours, a.max_dollars)
+    repo, commit, warn = code_source(a.repo, a.commit)
+    if warn: print(warn, file=sys.stderr)
+    return prepare_spec(a.profile, a.experiment, a.volume, a.cpu, a.vcpus, a.image, parse_assignments(a.set),
+                        a.terminate, a.hf_token or '', parse_assignments(a.env), a.data_center or '', repo,
+                        commit, a.on_failure, a.max_hours, a.max_dollars, alert_source(a.alert_url))
 
 def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
     "The endpoint pod of `pod create --serve EXPORT`."
@@ -507,6 +587,7 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
             raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not "
                              f"{spec.data_center}: drop --data-center (the pod goes to the volume's)")
         spec.data_center = v['data_center'] or spec.data_center
+    if spec.cpu_type: return spec.validate()  # the catalog the API describes is of GPUs
     g = api.gpu(spec.gpu_type)
     if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in "
                                     "lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
@@ -542,16 +623,18 @@ def _read_only_checks(spec:PodSpec, hidden:set) -> str:
     if not env_var('RUNPOD_API_KEY'):
         return "no RUNPOD_API_KEY, so not checked: a create adds the volume's data center"
     _checked_with_api(RunPodAPI(hidden=hidden), spec)
-    return 'the volume, GPU type and stock checked by the API as a create would'
+    return f"the volume{'' if spec.cpu_type else ', GPU type and stock'} checked by the API as a create would"
 
 def _create_cmd(a) -> int:
-    spec = PodSpec.from_yaml(a.manifest) if a.manifest else _spec_from_args(a)
+    if a.manifest: spec = PodSpec.from_yaml(a.manifest)
+    else: spec = _prepare_spec_from_args(a) if a.pod_cmd == 'prepare' else _spec_from_args(a)
+    if spec.cpu_type and load_settings().api == 'graphql': raise ValueError(CPU_REST_ONLY)
     if a.save:
         spec.to_yaml(a.save)
         print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
-    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE'):
+    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE') and not spec.cpu_type:
         print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
               "stops it", file=sys.stderr)
     if a.dry_run:
@@ -568,18 +651,31 @@ def _create_cmd(a) -> int:
               + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR')
                  else ''))
         return 0
-    mine = spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:')
-    print(f"pod {pod['id']} ({spec.name}) created: {spec.gpu_count} x {spec.gpu_type}; JupyterLab password: "
-          + ('your $JUPYTER_PASSWORD' if mine else 'generated, in the pod settings on runpod.io'))
-    for k, u in proxy_urls(pod['id']).items(): print(f"  {k:<12} {u}")
-    if spec.env.get('RUN_SERVE'): print(serve_usage(pod['id'], spec))
-    print(f"  logs         lmbook pod logs {pod['id']}")
+    _say_created(pod['id'], spec)
     if a.wait or a.watch: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
     if a.watch:
         cap = lambda k: float(spec.env.get(k) or 0)
         w = podwatch.Watcher(cap('MAX_DOLLARS'), cap('MAX_HOURS'), a.stall_minutes)
         return podwatch.watch_pod(api, pod['id'], w, a.watch_poll)
     return 0
+
+def _say_created(pod_id:str, spec:PodSpec):
+    "What a create made, and where to reach it."
+    mine = spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:')
+    machine = (f"{spec.cpu_type} x {spec.vcpus} vCPUs" if spec.cpu_type
+               else f"{spec.gpu_count} x {spec.gpu_type}")
+    print(f"pod {pod_id} ({spec.name}) created: {machine}; JupyterLab password: "
+          + ('your $JUPYTER_PASSWORD' if mine else 'generated, in the pod settings on runpod.io'))
+    urls = proxy_urls(pod_id)
+    if spec.cpu_type: urls = dict(jupyter=urls['jupyter'])  # a CPU pod trains nothing: no TensorBoard
+    for k, u in urls.items(): print(f"  {k:<12} {u}")
+    if spec.env.get('RUN_SERVE'): print(serve_usage(pod_id, spec))
+    print(f"  logs         lmbook pod logs {pod_id}")
+    if spec.cpu_type:
+        gone = 'terminates itself (gone from' if spec.env.get('AUTOKILL') else 'stops itself (EXITED in'
+        print(f"it prepares the data of {spec.experiment} on {spec.volume_id}, then {gone} `lmbook pod "
+              f"list`); a training pod on {spec.volume_id} with --experiment {spec.experiment} then starts "
+              "training at once")
 
 def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
     p = api.pod(pod_id)
@@ -648,6 +744,9 @@ def add_plan_cli(pod):
     p.add_argument('--volume', help='the network volume the pod would use')
     p.add_argument('--image', help='the image the pod would run')
     p.add_argument('--repo', help="git URL the pod would clone (default: this checkout's origin)")
+    p.add_argument('--cpu', metavar='FLAVOR', help="the CPU flavor of a `pod prepare` pod, priced beside "
+                   "(default: lmbook/cpu_prices.yaml's)")
+    p.add_argument('--vcpus', type=int, metavar='N', help="its vCPUs (default: the same table's)")
     p.add_argument('--json', action='store_true')
     p.set_defaults(func=_plan_cmd)
 
@@ -675,10 +774,17 @@ def add_create_cli(pod):
     p.add_argument('--serve-key', metavar='SOURCE', help="with --serve: the clients' key, "
                    "'{{ RUNPOD_SECRET_name }}' or env:NAME (default: env:LMBOOK_API_KEY if set, else "
                    f"the RunPod secret {SERVE_SECRET})")
-    p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
-                   help='more pod environment variables (no secrets)')
     p.add_argument('--shard', action='store_true',
                    help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
+    add_code_options(p)
+    p.add_argument('--manifest', help='create from this YAML manifest (a training, endpoint or CPU pod)')
+    add_guard_options(p)
+    p.set_defaults(func=_create_cmd)
+
+def add_code_options(p):
+    "The options of `pod create` and `pod prepare` on what the pod runs, its secrets, and the manifest."
+    p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
+                   help='more pod environment variables (no secrets)')
     p.add_argument('--hf-token', metavar='SOURCE',
                    help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
     p.add_argument('--alert-url', metavar='SOURCE', help="LMBOOK_ALERT_URL on the pod, the webhook its run's "
@@ -687,12 +793,26 @@ def add_create_cli(pod):
     p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
     p.add_argument('--commit',
                    help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
-    p.add_argument('--manifest', help='create from this YAML manifest')
     p.add_argument('--save', help='write the manifest here')
     p.add_argument('--dry-run', action='store_true',
                    help='print the spec and the exact request, send nothing')
-    add_guard_options(p)
-    p.set_defaults(func=_create_cmd)
+
+def add_prepare_cli(pod):
+    "Register `lmbook pod prepare`: a CPU pod on the network volume prepares a run's data, then stops itself."
+    p = pod.add_parser('prepare', help="prepare a run's data (shards, tokenizer, tokens) on a CPU pod over "
+                       "the network volume, which then stops itself: the training pod then starts at once")
+    cli_options(p, 'profile', 'experiment', 'set')
+    p.add_argument('--volume', help='network volume id: the one the training pod will use (required)')
+    p.add_argument('--cpu', metavar='FLAVOR', help="RunPod CPU flavor (default: lmbook/cpu_prices.yaml's)")
+    p.add_argument('--vcpus', type=int, metavar='N', help='its vCPUs (default: the same table\'s)')
+    p.add_argument('--image', help="image (default: settings.ini's; give the training pod's if you give it "
+                   "one: the volume's virtualenv serves both)")
+    p.add_argument('--data-center', help="data center id (default: the volume's)")
+    add_code_options(p)
+    p.add_argument('--terminate', action='store_true', help='terminate the pod once the data is ready, '
+                   'instead of stopping it (the volume keeps the data)')
+    add_wait_options(p)
+    p.set_defaults(func=_create_cmd, manifest=None, watch=False)
 
 def add_guard_options(p):
     "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
@@ -700,6 +820,13 @@ def add_guard_options(p):
                    choices=('', 'auto', 'stop', 'terminate'),
                    help='stop (or terminate) the pod once the final checkpoint is on the volume; '
                         'bare: terminate with --volume, else stop')
+    add_wait_options(p)
+    p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
+                   'does: stop it at its spend cap, or when it stalls')
+    podwatch.watch_options(p)
+
+def add_wait_options(p):
+    "The options of `pod create` and `pod prepare` on a failure, the spend limits, the retries and the wait."
     p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop',
                    help='after a failed run: stop the pod (default; '
                        'the volume keeps everything) or keep it up')
@@ -713,9 +840,6 @@ def add_guard_options(p):
     p.add_argument('--wait', action='store_true', help='wait until RUNNING')
     p.add_argument('--timeout', type=float, default=900)
     p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
-    p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
-                   'does: stop it at its spend cap, or when it stalls')
-    podwatch.watch_options(p)
 
 POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
                 'resume': 'start a stopped pod again', 'restart': 'restart the container '
@@ -747,7 +871,7 @@ def add_volumes_cli(pod):
     podsync.add_volume_cli(v, _volume_cmd)
 
 def add_cli(sub):
-    "Register `lmbook pod ...`: plan, create, list, status, wait, logs, push, fetch, stop, resume...."
+    "Register `lmbook pod ...`: plan, create, prepare, list, status, wait, logs, push, fetch, stop, ...."
     pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods',
                          description='Plan, create, watch and stop RunPod pods. The '
                              'commands that call RunPod read its API key from '
@@ -755,6 +879,7 @@ def add_cli(sub):
     pod = pod.add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
     add_plan_cli(pod)
     add_create_cli(pod)
+    add_prepare_cli(pod)
     add_pod_commands(pod)
     podwatch.add_stop_cli(pod)
     podwatch.add_watch_cli(pod)
