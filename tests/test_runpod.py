@@ -466,3 +466,15 @@ def test_create_watch_stops_the_pod_from_here_at_its_cap(fake, capsys):
     (pid,) = fake.pods
     assert rc == 0 and fake.pods[pid]['status'] == 'EXITED', err
     assert 'over --max-hours 1e-07' in err and 'stop sent' in out
+
+
+def test_a_plan_at_an_unmeasured_micro_batch_is_an_estimate(capsys):
+    """runpod_4b on 4 H100s under FSDP2 was measured at micro-batch 8 and 16; its own micro-batch, 2, ran at
+    two-thirds of that MFU on H200s, so the plan must not call the figure measured."""
+    rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_4b', '--gpu', 'H100', '--gpus', '4', '--set',
+                       'parallel=fsdp', '--json')
+    p = json.loads(out)
+    assert rc == 0 and not p['measured'] and "micro-batch 2 is not measured" in p['source'], err
+    rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_4b', '--gpu', 'H100', '--gpus', '4', '--set',
+                       'parallel=fsdp', '--set', 'batch_size=8', '--json')
+    assert json.loads(out)['measured'], out

@@ -69,7 +69,10 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
         how += f" with {row['world_size']} GPUs ({tc.parallel})"
         if row['world_size'] != gpus: how += f"; the same per GPU assumed on {gpus}"
     elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
-    exact = row['card'] == gpu and bool(same) and (gpus == 1 or (bool(multi) and row['world_size'] == gpus))
+    if row['batch_size'] != tc.batch_size:  # a smaller micro-batch does less work per weight read
+        how += f"; this run's micro-batch {tc.batch_size} is not measured: its MFU may differ"
+    exact = (row['card'] == gpu and bool(same) and row['batch_size'] == tc.batch_size
+             and (gpus == 1 or (bool(multi) and row['world_size'] == gpus)))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
 
 # %% ../../nbs/07a_plan.ipynb #ba3d5fdc
