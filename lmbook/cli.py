@@ -8,7 +8,7 @@ Docs: https://lmbook.github.io/lmbook/cli.html.md"""
 from __future__ import annotations
 import argparse, importlib, json, sys
 from pathlib import Path
-from .core import cli_options, EXIT_INTERRUPTED, EXIT_USER_ERROR
+from .core import cli_options, one_line_warnings, EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .config import PROFILES, count_params, flops_per_token
 
 # %% auto #0
@@ -186,6 +186,7 @@ def build_parser(command:str|None=None, # register only this command's module; t
 def main(argv:list[str]|None=None) -> int:
     "Run the `lmbook` command; a user's mistake prints one `error:` line and exits 2, Ctrl-C exits 130."
     argv = sys.argv[1:] if argv is None else list(argv)
+    one_line_warnings()
     ap = build_parser(next((a for a in argv if not a.startswith('-')), None), light=True)
     args = ap.parse_args(argv)
     if not getattr(args, 'func', None):

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e7c86c04
 from __future__ import annotations
-import configparser, hashlib, importlib, importlib.util, os, random, re, subprocess, tempfile, warnings
+import configparser, hashlib, importlib, importlib.util, os, random, re, subprocess, sys, tempfile, warnings
 from dataclasses import dataclass, fields
 from typing import Callable
 from pathlib import Path
@@ -18,9 +18,9 @@ from . import __version__
 __all__ = ['SETTINGS_ENV', 'ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERROR', 'EXIT_DIVERGED', 'EXIT_INTERRUPTED',
            'EXIT_CODES', 'PEAK_BF16_TFLOPS', 'Settings', 'env_var', 'process_env', 'package_dir', 'find_settings_file',
            'load_settings', 'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment',
-           'resolve_experiment', 'cli_options', 'Paths', 'paths_for', 'check_writable', 'seed_everything',
-           'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops', 'gpu_table', 'find_gpu',
-           'moved_names']
+           'resolve_experiment', 'cli_options', 'one_line_warnings', 'Paths', 'paths_for', 'check_writable',
+           'seed_everything', 'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops', 'gpu_table',
+           'find_gpu', 'moved_names']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -268,6 +268,16 @@ EXIT_CODES = {EXIT_FINISHED: 'finished, or already finished',
               EXIT_INTERRUPTED: 'stopped by SIGINT after writing its checkpoint',
               129: 'stopped by SIGHUP (a closed terminal) after writing its checkpoint',
               143: 'stopped by SIGTERM after writing its checkpoint'}
+
+# %% ../nbs/00_core.ipynb #b5de59bd
+def one_line_warnings():
+    "Show lmbook's own warnings as one `warning:` line, without the file and source line Python adds."
+    shown, home = warnings.showwarning, str(package_dir())
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not str(filename).startswith(home): return shown(message, category, filename, lineno, file, line)
+        try: print(f"warning: {message}", file=file or sys.stderr)
+        except OSError: pass  # nobody is reading
+    warnings.showwarning = show
 
 # %% ../nbs/00_core.ipynb #63167bdd
 @dataclass(frozen=True)

@@ -113,3 +113,13 @@ def test_help_loads_no_torch_and_the_table_matches_the_modules():
     light = next(a for a in build_parser('train', light=True)._actions
                  if isinstance(a, argparse._SubParsersAction))
     assert '--nproc' in light.choices['train'].format_help() and not light.choices['bench']._actions
+
+
+def test_a_lever_the_machine_lacks_is_one_warning_line(tmp_path):
+    "fp8 on the CPU: one `warning:` line that says the run goes on, not Python's file, line and source."
+    r = lmbook_cmd('train', '-p', 'smoke', '-e', 'fp8-cpu', '--root', tmp_path, '--set', 'max_steps=1',
+                   'fp8=tensorwise', 'eval_every=1', 'ckpt_every=1', 'take=300', timeout=300)
+    out = r.stdout + r.stderr
+    said = [l for l in out.splitlines() if 'fp8=tensorwise ignored' in l]
+    assert r.returncode == 0 and len(said) == 1 and said[0].startswith('warning: '), out
+    assert 'UserWarning' not in out and 'apply_fp8(' not in out, out

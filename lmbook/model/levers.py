@@ -52,7 +52,7 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
     if recipe == 'off': return 'off'
     why = fp8_support(device)
     if why:
-        warnings.warn(f"fp8={recipe} ignored: {why}; training in bf16", stacklevel=2)
+        warnings.warn(f"fp8={recipe} ignored: {why}; training goes on without float8", stacklevel=2)
         return 'off'
     convert_fp8(model, recipe)
     return recipe

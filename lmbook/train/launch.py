@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
-from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR
+from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR, one_line_warnings
 from ..config import get_config, parse_assignments, field_option, field_values, PROFILES
 from ..config import config_sections, field_index
 from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
@@ -89,6 +89,7 @@ def _say_error(e:Exception):
 
 def main(argv:list[str]|None=None) -> int:
     "Entry point of one training process, plain or a torchrun worker; rank 0 also records its exit code."
+    one_line_warnings()
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
