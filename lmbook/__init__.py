@@ -48,6 +48,7 @@ MOVED = {
     'databench': 'lmbook.dev.databench',
 }  # old module -> where it lives now
 
+# %% ../nbs/09a_moved.ipynb #48dd26c5
 class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     "Finds `lmbook.<old name>` as the module it became, with a deprecation warning."
     def find_spec(self, name, path=None, target=None):

@@ -138,6 +138,7 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         'shards and tokenizer, training) from a local file'),
 }
 
+# %% ../nbs/09_cli.ipynb #6969cf04
 def add_cli(sub):
     "Register the commands about the project as a whole: `plot` and `profiles`."
     p = cli_options(sub.add_parser('plot', help=COMMANDS['plot'][1]), 'root')
@@ -183,6 +184,7 @@ def build_parser(command:str|None=None, # register only this command's module; t
         else: sub.add_parser(name, help=help, add_help=False)
     return ap
 
+# %% ../nbs/09_cli.ipynb #16a18791
 def main(argv:list[str]|None=None) -> int:
     "Run the `lmbook` command; a user's mistake prints one `error:` line and exits 2, Ctrl-C exits 130."
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -67,6 +67,8 @@ def between(lo:float, hi:float, hi_open:bool=False, lo_open:bool=False) -> Range
         lo_open, hi_open)
 def one_of(*choices) -> Range: return Range(choices=choices)
 FLAG = one_of(True, False)
+
+# %% ../nbs/01_config.ipynb #3cb44cc5
 MAX_SEED = 2**63 - 1
 
 # %% ../nbs/01_config.ipynb #272051a0
@@ -104,6 +106,7 @@ _NUM = r'[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?'
 _ROPE_SCALING = Range(pattern=f'|linear:{_NUM}|llama3:{_NUM}:{_NUM}:{_NUM}:[0-9]+',
                       hint="'', 'linear:F' or 'llama3:F:LOW:HIGH:CONTEXT'")
 
+# %% ../nbs/01_config.ipynb #ccbfd581
 @dataclass
 class ModelConfig:
     "The network's shape and architecture."
@@ -153,6 +156,7 @@ class ModelConfig:
         if self.mlp_hidden: return self.mlp_hidden
         return 4*self.n_embd if self.arch == 'gpt2' else math.ceil(8*self.n_embd/3/256)*256
 
+# %% ../nbs/01_config.ipynb #96e13952
 MODEL_RANGES = field_ranges(ModelConfig)
 
 # %% ../nbs/01_config.ipynb #5dda4e23
@@ -173,6 +177,7 @@ _SFT_COLUMNS = Range(pattern=f'({_SFT_COLUMN}(,{_SFT_COLUMN})*)?',
 
 _DATA_MOVED = "the loader's position is in the old data"  # why a data field cannot change on resume
 
+# %% ../nbs/01_config.ipynb #beafbbf7
 @dataclass
 class DataConfig:
     "Where the tokens come from."
@@ -295,6 +300,7 @@ class EvalConfig:
     hellaswag_file: str = cfield('', _HELLASWAG_FILE, 'free', "a HellaSwag JSONL file ('': the official "
                                  "validation file, cached in the workspace)")
 
+# %% ../nbs/01_config.ipynb #90ef1bc0
 @dataclass
 class LoggingConfig:
     "How often metric rows are written, and where besides `metrics.jsonl`."
@@ -348,6 +354,7 @@ class LeversConfig:
                             "at end-of-text); fine-tuning turns it on",
                             cuda=(True,))
 
+# %% ../nbs/01_config.ipynb #b88df87a
 @dataclass
 class FinetuneConfig:
     "What the weights start from and which of them train: `init_from`, LoRA, QLoRA."
@@ -614,6 +621,7 @@ def field_option(p, # an argparse parser
     kw.setdefault('default', None)
     p.add_argument(*(flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
 
+# %% ../nbs/01_config.ipynb #7bc51e74
 def fields_table(section:str) -> str:
     "A Markdown table of the fields of `section` ('model', 'train', 'train.optim', ...) with their facts."
     rows = ['| field | default | values | on resume | what it is |', '|---|---|---|---|---|']

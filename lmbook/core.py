@@ -125,6 +125,7 @@ ENV = {  # every environment variable lmbook reads -> what it means
     'PATH': "where `runpodctl` is looked for on a pod",
 }
 
+# %% ../nbs/00_core.ipynb #a4b6404b
 def env_var(name:str, # a variable `ENV` lists
             default:str|None=None, # the value when it is not set
             env:dict|None=None, # the environment (default: this process's)

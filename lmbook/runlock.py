@@ -119,6 +119,7 @@ def _take(self:RunLock):
     else: raise RunLocked(f"could not lock {self.path}: other {self.user}s keep taking it")
     if not self.owned(): raise _refusal(self, lock_state(self.path)[0] or {})
 
+# %% ../nbs/01a_runlock.ipynb #9df1c5b9
 def _acquire(self:RunLock,
              wait:bool=False, # wait while another holds it (saying so once) instead of raising `RunLocked`
              poll_s:float=1.0) -> RunLock:
@@ -150,6 +151,7 @@ def _beat(self:RunLock):
                          f"({type(e).__name__}: {e}); it keeps trying")
             self.failed = e
 
+# %% ../nbs/01a_runlock.ipynb #571622cd
 def _release(self:RunLock):
     "Stop the heartbeat and remove the lock file if it is still this lock's."
     self.stop.set()

@@ -283,3 +283,29 @@ def test_tests_and_ci_fit_the_width():
     wide = [f"{p.relative_to(ROOT)}:{i}" for p in checks_and_tests()
             for i, l in enumerate(p.read_text().splitlines(), 1) if len(l) > MAX_LINE]
     assert not wide, f"lines over {MAX_LINE} characters: " + ', '.join(wide)
+
+
+MAX_CELL = 40
+
+
+def long_cells(nbs:Path) -> list[str]:
+    """Exported code cells over MAX_CELL lines that hold more than one top-level statement, so could be split
+    where a reader can see each part (one class, one function or one table may run longer)."""
+    import json
+    bad = []
+    for nb in sorted(nbs.glob('*.ipynb')):
+        for i, c in enumerate(json.loads(nb.read_text())['cells']):
+            s = ''.join(c['source'])
+            if c['cell_type'] != 'code' or not s.startswith('#| export') or len(s.splitlines()) <= MAX_CELL:
+                continue
+            if len(ast.parse(s).body) > 1: bad.append(f"{nb.name} cell {i} ({len(s.splitlines())} lines)")
+    return bad
+
+
+def test_long_cells_hold_one_definition(tmp_path):
+    import json
+    assert not long_cells(ROOT/'nbs'), long_cells(ROOT/'nbs')
+    two = '#| export\n' + '\n'.join(f'x{i} = {i}' for i in range(MAX_CELL + 1))
+    cell = dict(cell_type='code', source=[two], metadata={}, outputs=[], execution_count=None)
+    (tmp_path/'a.ipynb').write_text(json.dumps(dict(cells=[cell], metadata={}, nbformat=4, nbformat_minor=5)))
+    assert long_cells(tmp_path) == [f'a.ipynb cell 0 ({MAX_CELL + 2} lines)']

@@ -190,6 +190,7 @@ def file_records(path:Path, # a .jsonl file, or a .json file of one array
         raise ValueError(f"{path} is not UTF-8 text: give a .jsonl or .json file of chat records (hf:FOLDER "
                          "reads a folder of Parquet or CSV files)") from None
 
+# %% ../../nbs/02da_chatdata.ipynb #5f91369b
 def _text_records(path:Path) -> Iterator[tuple[str, object]]:
     with open(path, encoding='utf-8-sig') as f:
         head = f.read(4096).lstrip()

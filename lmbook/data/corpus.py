@@ -139,6 +139,7 @@ def _cut(b:bytes, limit:int) -> int:
     while i > limit - 4 and 0x80 <= b[i] < 0xC0: i -= 1  # never inside a multi-byte character
     return i if i > limit - 4 else limit
 
+# %% ../../nbs/02a_corpus.ipynb #9e6ad725
 def _txt_docs(p:Path, stats:SourceStats, limit:int=MAX_DOC_BYTES) -> Iterator[str]:
     "Blank-line separated documents of a text file, streamed, each at most `limit` bytes."
     dec, buf, start, offset, line_start = _Utf8(p, stats), bytearray(), 0, 0, True
@@ -171,6 +172,7 @@ def _split_text(s:str, limit:int=MAX_DOC_BYTES) -> list[str]:
         s = s[i:]
     return out + [s]
 
+# %% ../../nbs/02a_corpus.ipynb #9a160c2d
 def _jsonl_docs(p:Path, stats:SourceStats, text_field:str) -> Iterator[str]:
     dec, offset = _Utf8(p, stats), 0
     with _open_bin(p) as f:
@@ -205,6 +207,7 @@ def _parquet_docs(p:Path, text_field:str, stats:SourceStats) -> Iterator[str]:
             stats.split += len(parts) - 1
             yield from parts
 
+# %% ../../nbs/02a_corpus.ipynb #1756094e
 def _gzip_error(p:Path, e:Exception) -> ValueError:
     "The one-line error of a `.gz` input that is not whole gzip data."
     if isinstance(e, EOFError): return ValueError(f"{p} ends before its gzip stream does (truncated: {e}): "

@@ -172,6 +172,7 @@ def bin_dir(dataset:str) -> Path|None:
     p = Path(dataset).expanduser()
     return p if p.is_dir() and all((p/f).is_file() for f in BIN_FILES) else None
 
+# %% ../../nbs/02d_loader.ipynb #15b6c8fa
 def import_bin(src:Path, out_dir:Path, vocab_size:int, eot_id:int|None=None, chunk:int=1 << 24) -> dict:
     "Copy a nanoGPT `.bin` (raw uint16 ids) into token folder `out_dir`, checking ids against `vocab_size`."
     src, out_dir = Path(src), Path(out_dir)
@@ -245,6 +246,7 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
     # one preparation at a time
     with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
 
+# %% ../../nbs/02d_loader.ipynb #8d4ee3e6
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
     d = cfg.data
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)

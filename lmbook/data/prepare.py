@@ -40,6 +40,7 @@ def hf_env(hf_cache:Path|None, env:dict|None=None) -> str|None:
         env.setdefault('HF_DATASETS_CACHE', str(Path(hf_cache)/'datasets'))
     return env_var('HF_TOKEN', env=env) or env_var('HUGGINGFACEHUB_API_TOKEN', env=env) or None
 
+# %% ../../nbs/02b_prepare.ipynb #c08208fd
 class HFDocs:
     "Documents of a Hugging Face dataset (an id or a local folder), streamed; resumable through `state()`."
     def __init__(self, name:str, config:str='', split:str='train', text_field:str='text',
@@ -78,6 +79,7 @@ class HFDocs:
         "Where the stream is, right after the last document handed out (JSON-able)."
         return self.ds.state_dict() if self.ds is not None and hasattr(self.ds, 'state_dict') else None
 
+# %% ../../nbs/02b_prepare.ipynb #f533173f
 def hf_docs(name:str, config:str='', split:str='train', text_field:str='text',
             hf_cache:Path|None=None) -> Iterator[str]:
     "Documents of a Hugging Face dataset, streamed."
@@ -192,6 +194,7 @@ class _ShardWriter:
             self.tmp.unlink(missing_ok=True)
             self.f = None
 
+# %% ../../nbs/02b_prepare.ipynb #2825a246
 def _totals(shards): return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
                                  bytes=sum(s['bytes'] for s in shards))
 
@@ -228,6 +231,7 @@ def _keep_whole(folder:Path, m:dict) -> dict:
     write_manifest(folder, m)
     return m
 
+# %% ../../nbs/02b_prepare.ipynb #a1c6c0cc
 def _fingerprint(dataset:str, kind:str) -> str|None:
     "Names, sizes and modification times of a local source's files: a changed file changes it."
     if kind != 'local': return None
@@ -280,6 +284,7 @@ def _resume_point(dirs:dict, ms:dict) -> tuple[int, dict|None]:
     for k, m in ms.items(): _truncate(dirs[k], m, pos)
     return pos, state
 
+# %% ../../nbs/02b_prepare.ipynb #ca914475
 def _source_docs(dataset:str, src:dict, ms:dict, pos:int, state:dict|None, take:int, hf_cache:Path|None,
                  progress:bool, docs:Iterable[str]|None) -> tuple[Iterator[str], SourceStats, HFDocs|None]:
     "The documents after source position `pos`: (documents, their skip counts, the HF stream or None)."
@@ -310,6 +315,7 @@ def _close_shards(ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, i:int, fi
     st = hf.state() if hf else None
     for w in ws.values(): w.close(i, final=final, state=st)
 
+# %% ../../nbs/02b_prepare.ipynb #ee16dff2
 def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, pos:int,
                 args:dict) -> int:
     "Write `docs` to their splits' shards, all splits closing together; the source position reached."
@@ -416,6 +422,7 @@ def _shard_cmd(args) -> int:
               f"{sk.get('split', 0):,} documents longer than {MAX_DOC_BYTES:,} bytes")
     return 0
 
+# %% ../../nbs/02b_prepare.ipynb #1f592b50
 def add_cli(sub):
     "Add the `shard` command to an argparse subparsers object."
     a = cli_options(sub.add_parser('shard', help='stream a corpus into text shards with a manifest'),

@@ -148,6 +148,7 @@ class SFTLoader:
                              f"rows of {self.T}): resume with the same sft_data and block_size")
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
+# %% ../../nbs/02e_sft.ipynb #df76058a
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
                     world_size:int=1) -> list:
     "The same `n_batches` validation batches every call; ranks get disjoint rows, cycling when few."

@@ -125,6 +125,7 @@ def hub_offline() -> bool:
     "Whether the Hugging Face libraries are told to stay offline (HF_HUB_OFFLINE)."
     return env_var('HF_HUB_OFFLINE', '').strip().lower() in ('1', 'true', 'yes', 'on')
 
+# %% ../../nbs/02c_tokenizer.ipynb #8f437835
 def hub_file(repo_id:str, # a Hub model id, e.g. 'gpt2'
              filename:str, # a file of that repository, e.g. 'tokenizer.json'
              # the workspace's Hugging Face cache, searched too (and downloaded into unless HF_HOME is set)
@@ -172,6 +173,7 @@ def adopt_tokenizer(tokenizer_json:Path, out_dir:Path, **meta) -> Tokenizer:
     save_bundle(tk, out_dir, adopted_from=str(p), added_tokens=missing, **meta)
     return load_tokenizer(out_dir)
 
+# %% ../../nbs/02c_tokenizer.ipynb #bdcb7635
 def ensure_tokenizer(out_dir:Path, train_dir:Path|None=None, vocab_size:int=8192,
                      tokenizer_json:Path|None=None,
                      max_bytes:int=1_000_000_000,
@@ -246,6 +248,7 @@ def write_tokens(path:Path, tokens:np.ndarray, n_docs:int):
     "Write a token file atomically (header, then ids)."
     stream_tokens(path, [(n_docs, tokens)], tokens.dtype)
 
+# %% ../../nbs/02c_tokenizer.ipynb #6a02bfb1
 def read_header(path:Path) -> dict:
     "The header of a token file, checked against the file's size."
     path = Path(path)
@@ -304,6 +307,7 @@ def _batches(docs:Iterable[str], n:int=TOKENIZE_DOCS, size:int=TOKENIZE_BYTES) -
             batch, chars = [], 0
     if batch: yield batch
 
+# %% ../../nbs/02c_tokenizer.ipynb #b9414f51
 def _pack(encs, eot:int, dtype) -> np.ndarray:
     "The ids of encodings `encs`, each after `eot`, as one array of `dtype` (a flat list: the fastest way)."
     flat = []
@@ -372,6 +376,7 @@ def _token_progress(total:int, on:bool) -> tuple:
             bar.set_postfix(tok_per_s=f"{ntok/max(time.time()-t0, 1e-9):,.0f}")
     return bar, tick
 
+# %% ../../nbs/02c_tokenizer.ipynb #89a748b4
 def _tokenize_shard(shard_dir:Path, s:dict, tk:Tokenizer, dt, dest:Path, on_chunk=None) -> dict:
     "Tokenize the shard of manifest entry `s` into the token file `dest`; the token manifest's entry for it."
     docs = shard_lines(shard_dir/s['name'], s['sha256'])  # streamed: memory stays bounded by a batch
@@ -443,6 +448,7 @@ def _tokenize_cmd(args) -> int:
                   f"in {len(m['files'])} files -> {token_dir(p, split)}")
     return 0
 
+# %% ../../nbs/02c_tokenizer.ipynb #9bb37d25
 def add_cli(sub):
     "Add the `tokenizer` and `tokenize` commands to an argparse subparsers object."
     a = cli_options(sub.add_parser('tokenizer',

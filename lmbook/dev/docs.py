@@ -101,6 +101,7 @@ def sidebar(sources:list[str], # the page files in nbs/
 # %% ../../nbs/08a_docs.ipynb #832325ac
 _QUARTO_ONLY = ('format-links',)  # options smalldocs does not read; the Markdown copies replace them
 
+# %% ../../nbs/08a_docs.ipynb #5c356b04
 def stage_site(proc:Path, # nbdev's processed notebooks (`_proc`)
                dest:Path, # the scratch folder to fill (emptied first)
                out:Path, # where the site is written

@@ -39,6 +39,7 @@ def _scalar_violations(schema:dict, v, path:str) -> list[str]:
         if v > schema.get('maximum', v): out.append(f"{path}: must be <= {schema['maximum']}")
     return out
 
+# %% ../../nbs/08d_fake_runpod.ipynb #a0b31524
 def violations(schema:dict, # a schema of the contract, or {'$ref': its name}
                v, # the value sent
                path:str='$', # where `v` sits in the request
@@ -223,6 +224,7 @@ class CreateOps:
         elif (gid := body['gpu']['id']) not in GPUS:
             raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
 
+# %% ../../nbs/08d_fake_runpod.ipynb #fb769444
 class _Lost(Exception):
     "The pod was made but its answer is lost: the server answers 502 with an HTML page."
 

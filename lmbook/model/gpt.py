@@ -94,6 +94,7 @@ def apply_rope(x:torch.Tensor, cos:torch.Tensor, sin:torch.Tensor) -> torch.Tens
 # %% ../../nbs/03a_gpt.ipynb #0d892c31
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 5)
 
+# %% ../../nbs/03a_gpt.ipynb #cbba5eee
 class CausalSelfAttention(nn.Module):
     "Multi-head causal self-attention with optional grouped key/value heads and RoPE."
     def __init__(self, cfg:ModelConfig):
@@ -234,6 +235,7 @@ class ChunkedLinearCE(torch.autograd.Function):
         gx, gw = ctx.saved_tensors
         return gx*grad, (gw*grad).to(ctx.wdtype), None, None
 
+# %% ../../nbs/03a_gpt.ipynb #b40a92de
 def chunked_cross_entropy(x:torch.Tensor, # final hidden states (N, C)
                           weight:torch.Tensor, # output head (V, C)
                           targets:torch.Tensor, # (N,) token ids, -1 ignored

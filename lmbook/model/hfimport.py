@@ -63,6 +63,7 @@ def hf_gpt2_folder(name:str='gpt2',
         f"model.safetensors ({w.parent}) are in different snapshots: download both again")
     return w.parent
 
+# %% ../../nbs/03e_hfimport.ipynb #73fba0db
 # a transformers GPT-2 folder (config.json, model.safetensors), or a cached Hub id such as 'gpt2'
 def gpt2_from_hf(folder:Path|str,
                  # lmbook's vocabulary (default: the model's); e.g. 50304 leaves room for added tokens

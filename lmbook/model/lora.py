@@ -140,6 +140,7 @@ class LoRALinear(nn.Module):
         "`weight + scale * lora_B @ lora_A` in the frozen weight's dtype (float32 arithmetic)."
         return (self.base_weight(torch.float32) + self.delta()).to(self.frozen_dtype)
 
+# %% ../../nbs/03b_lora.ipynb #d6300619
 @apart  # the 4-bit kernels and their custom backward stay outside a compiled graph
 def _matmul_4bit(x, lin:LoRALinear):
     "`x @ W.T` for the 4-bit frozen weight of `lin`: bitsandbytes' `matmul_4bit` on CUDA, else `NF4Matmul`."

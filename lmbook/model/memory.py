@@ -53,6 +53,7 @@ def block_matrix_params(m:ModelConfig) -> int:
 def _liger_ok() -> bool:
     return liger_flce() is not None
 
+# %% ../../nbs/03c_memory.ipynb #078a009d
 def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
     "Bytes the loss holds for `tokens` tokens, for the kind of loss the run uses."
     V, C = m.padded_vocab, m.n_embd

@@ -116,6 +116,7 @@ def _rest_machine(spec) -> dict:
     if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
     return dict(gpu=gpu)
 
+# %% ../../nbs/07b_api.ipynb #b4b67f81
 class RestV2:
     "RunPod's REST API v2 at `$RUNPOD_API_BASE_URL/v2` (default https://api.runpod.io)."
     name = 'rest'
@@ -181,6 +182,7 @@ class RestV2:
                                  f"({type(e).__name__}): check the network and retry") from None
         return lines
 
+# %% ../../nbs/07b_api.ipynb #8757b517
 def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
                                       data_center=v.get('dataCenter', ''))
 
@@ -218,6 +220,7 @@ def gql_view(p:dict) -> dict:
 CPU_REST_ONLY = ("lmbook creates a CPU pod through RunPod's REST API v2 only: drop "
                  "LMBOOK_RUNPOD_API=graphql (or api = graphql in settings.ini)")
 
+# %% ../../nbs/07b_api.ipynb #8dbb932b
 class GraphQL:
     "RunPod's GraphQL API through the `runpod` SDK (`POST $RUNPOD_API_BASE_URL/graphql`)."
     name = 'graphql'
@@ -300,6 +303,7 @@ class GraphQL:
 # %% ../../nbs/07b_api.ipynb #fc9b26df
 BACKENDS = dict(rest=RestV2, graphql=GraphQL)
 
+# %% ../../nbs/07b_api.ipynb #c68f66a0
 class RunPodAPI:
     "Every RunPod call lmbook makes, through the REST v2 backend (default) or the GraphQL SDK."
     def __init__(self, api_key:str|None=None, # the key (default: $RUNPOD_API_KEY)

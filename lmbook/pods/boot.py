@@ -195,6 +195,7 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
         time.sleep(poll_s)
     log("stage 3/4 data: ready")
 
+# %% ../../nbs/07g_boot.ipynb #70d7d260
 def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
     # nodes share the volume: node 0 prepares everything once, the others wait for it
@@ -308,6 +309,7 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw)
     finally:
         if stop: stop.training = False
 
+# %% ../../nbs/07g_boot.ipynb #773b1a8f
 def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None,
                 guard=None) -> tuple[int, str]:
     "Train or resume the run; (exit code, spend guard's reason or ''): 0 when finished and saved."
@@ -474,6 +476,7 @@ def _sbatch_lines(experiment:str, nodes:int, gpus_per_node:int, cpus_per_task:in
              '#SBATCH --signal=TERM@120', '#SBATCH --requeue', f'#SBATCH --output=lmbook-{experiment}-%j.out']
             + opt('partition', partition) + opt('account', account) + opt('mem', mem))
 
+# %% ../../nbs/07g_boot.ipynb #b4cbfe33
 def slurm_script(profile:str, # profile name or config file
                  experiment:str, # run name
                  nodes:int=2, # nodes
@@ -552,6 +555,7 @@ def add_cli(sub):
     p.add_argument('--out', help='write here instead of printing')
     p.set_defaults(func=_slurm_cmd)
 
+# %% ../../nbs/07g_boot.ipynb #7fad1ec4
 def _slurm_cmd(a) -> int:
     txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
                        a.venv, a.account, a.mem, a.cpus_per_task, a.modules)

@@ -38,6 +38,7 @@ def _stop_once(pod_id:str, action:str, log, env:dict) -> bool|None:
         return False
     return True
 
+# %% ../../nbs/07d_guard.ipynb #7bc3634b
 def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
              action:str, # 'stop' (the volume and disk stay) or 'terminate'
              log, # a `BootLog` (its file takes runpodctl's output)

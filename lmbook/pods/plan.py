@@ -40,6 +40,7 @@ def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
                                   f"{r['world_size']} x {r['card']}"))
     return min(effs) if effs else (0.9, 'assumed, never measured')
 
+# %% ../../nbs/07a_plan.ipynb #b935a2b2
 def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
                         rows:list[dict]|None=None) -> dict:
     "Expected training tok/s of `cfg` on `gpus` cards of type `gpu`, with where the figure comes from."
@@ -182,6 +183,7 @@ def card_image(gpu:str, image:str, table:dict|None=None) -> str:
     cuda = image_cuda(image)
     return g.get('image') or image if cuda and _cuda(cuda) < _cuda(str(g.get('min_cuda') or '0')) else image
 
+# %% ../../nbs/07a_plan.ipynb #886d61be
 def plan(profile:str, # profile name or config file
          gpu:str, # RunPod GPU id or alias
          gpus:int=1, # GPUs in the pod
@@ -232,6 +234,7 @@ def plan(profile:str, # profile name or config file
                 prep=prep_plan(steps*tps if steps else None, gpu, gpus, price*gpus if price else None, cpu,
                                vcpus, table))
 
+# %% ../../nbs/07a_plan.ipynb #8d1182d4
 def format_plan(p:dict) -> str:
     "The plan as a few readable lines."
     money = lambda x: f"${x:,.2f}" if x is not None else 'n/a'
@@ -254,6 +257,7 @@ def format_plan(p:dict) -> str:
                  "the run, plus volume storage")
     return '\n'.join(lines + format_prep(p['prep']))
 
+# %% ../../nbs/07a_plan.ipynb #a0b8e5bc
 def format_prep(d:dict) -> list[str]:
     "The plan's lines on preparing the data: on the training pod, or on a CPU pod before it."
     money = lambda x: f"${x:,.2f}" if x is not None else 'n/a'

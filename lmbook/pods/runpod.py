@@ -74,6 +74,7 @@ NO_PREP_VOLUME = ("a CPU pod that prepares data needs --volume VOLUME_ID, the ne
                   "pod will use: RunPod gives a CPU pod no pod volume, so the data would vanish with the pod")
 _SECRET_REF = re.compile(r'^\{\{ RUNPOD_SECRET_[A-Za-z0-9_.-]+ \}\}$')
 
+# %% ../../nbs/07f_runpod.ipynb #a1eaa06d
 @dataclass
 class PodSpec:
     "Everything a training pod needs; secrets only by reference."
@@ -292,6 +293,7 @@ def spend_env(gpu_type:str, gpus:int, cloud_type:str|None, max_hours:float, max_
         env |= dict(MAX_DOLLARS=f'{max_dollars:g}', PRICE_PER_HOUR=f'{price:g}')
     return env
 
+# %% ../../nbs/07f_runpod.ipynb #e27ac76c
 def pod_spec(profile:str, # profile name, or a config file path on the volume
              experiment:str, # run name
              gpu:str, # RunPod GPU id or alias
@@ -336,6 +338,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
     spec.start = start_command()
     return spec.validate()
 
+# %% ../../nbs/07f_runpod.ipynb #5dd9d54c
 SERVE_PORT = 8000  # the port `lmbook serve` listens on in an endpoint pod
 SERVE_SECRET = 'lmbook_api_key'  # the RunPod secret an endpoint pod's key comes from by default
 
@@ -350,6 +353,7 @@ def serve_key(given:str='', environ:dict|None=None) -> str:
     if env_var('LMBOOK_API_KEY', env=environ): return 'env:LMBOOK_API_KEY'
     return f'{{{{ RUNPOD_SECRET_{SERVE_SECRET} }}}}'
 
+# %% ../../nbs/07f_runpod.ipynb #3d21a7bd
 def serve_spec(export:str, # the served model's path on the volume: an export, run or checkpoint folder
                gpu:str, # RunPod GPU id or alias
                gpus:int=1, # GPUs in the pod
@@ -384,6 +388,7 @@ def serve_spec(export:str, # the served model's path on the volume: an export, r
     spec.start = start_command()
     return spec.validate()
 
+# %% ../../nbs/07f_runpod.ipynb #a2fc88d7
 def prepare_spec(profile:str, # profile name, or a config file path on the volume
                  experiment:str, # the run whose data it prepares (the training pod's --experiment)
                  volume_id:str, # the network volume the training pod will use
@@ -425,6 +430,7 @@ def prepare_spec(profile:str, # profile name, or a config file path on the volum
     spec.start = start_command()
     return spec.validate()
 
+# %% ../../nbs/07f_runpod.ipynb #519796b6
 def proxy_urls(pod_id:str) -> dict:
     "JupyterLab and TensorBoard through RunPod's HTTPS proxy."
     return dict(jupyter=f"https://{pod_id}-8888.proxy.runpod.net/lab",
@@ -478,6 +484,7 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
             log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
             sleep(pause)
 
+# %% ../../nbs/07f_runpod.ipynb #fe2745fd
 def wait_running(api:RunPodAPI, pod_id:str, timeout_s:float=900, poll_s:float=10, log=print,
                  sleep=time.sleep, clock=time.monotonic) -> dict:
     "Poll until the pod is RUNNING with its container up; after `timeout_s`, an error saying that it bills."
@@ -549,6 +556,7 @@ def _spec_from_args(a) -> PodSpec:
                                 a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
                                 alert_source(a.alert_url)))
 
+# %% ../../nbs/07f_runpod.ipynb #a4b513b9
 def _prepare_spec_from_args(a) -> PodSpec:
     "The CPU pod of `pod prepare`: it prepares the run's data on the volume, then stops itself."
     if not (a.profile and a.experiment): raise ValueError("pod prepare needs --profile and --experiment: the "
@@ -577,6 +585,7 @@ def _machine(a, spec:PodSpec) -> PodSpec:
     if spec.template_id and not a.image: spec.image = ''
     return spec.validate()
 
+# %% ../../nbs/07f_runpod.ipynb #c644377a
 def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     "Check the volume and GPU type against the API; the pod goes to the volume's data center."
     if spec.volume_id:
@@ -598,6 +607,7 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec, dcs=dcs)
     spec.validate()
 
+# %% ../../nbs/07f_runpod.ipynb #b42d7b0f
 def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
                     spec:PodSpec, # the pod about to be created
                     log=print, # where a note on few free GPUs goes
@@ -625,6 +635,7 @@ def _read_only_checks(spec:PodSpec, hidden:set) -> str:
     _checked_with_api(RunPodAPI(hidden=hidden), spec)
     return f"the volume{'' if spec.cpu_type else ', GPU type and stock'} checked by the API as a create would"
 
+# %% ../../nbs/07f_runpod.ipynb #807df347
 def _create_cmd(a) -> int:
     if a.manifest: spec = PodSpec.from_yaml(a.manifest)
     else: spec = _prepare_spec_from_args(a) if a.pod_cmd == 'prepare' else _spec_from_args(a)
@@ -659,6 +670,7 @@ def _create_cmd(a) -> int:
         return podwatch.watch_pod(api, pod['id'], w, a.watch_poll)
     return 0
 
+# %% ../../nbs/07f_runpod.ipynb #d4dd962a
 def _say_created(pod_id:str, spec:PodSpec):
     "What a create made, and where to reach it."
     mine = spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:')
@@ -695,6 +707,7 @@ def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
                                          if p['volume_id'] else ''))
     return 0
 
+# %% ../../nbs/07f_runpod.ipynb #315f7680
 def _pods_cmd(a) -> int:
     api = RunPodAPI()
     if a.pod_cmd == 'list':
@@ -750,6 +763,7 @@ def add_plan_cli(pod):
     p.add_argument('--json', action='store_true')
     p.set_defaults(func=_plan_cmd)
 
+# %% ../../nbs/07f_runpod.ipynb #b25267ce
 def add_create_cli(pod):
     "Register `lmbook pod create`: what the pod is, then how it guards its spend and how long to wait for it."
     p = pod.add_parser('create', help='create a training pod, or an endpoint pod with --serve (prints the '
@@ -781,6 +795,7 @@ def add_create_cli(pod):
     add_guard_options(p)
     p.set_defaults(func=_create_cmd)
 
+# %% ../../nbs/07f_runpod.ipynb #0f44a498
 def add_code_options(p):
     "The options of `pod create` and `pod prepare` on what the pod runs, its secrets, and the manifest."
     p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
@@ -814,6 +829,7 @@ def add_prepare_cli(pod):
     add_wait_options(p)
     p.set_defaults(func=_create_cmd, manifest=None, watch=False)
 
+# %% ../../nbs/07f_runpod.ipynb #2034fda1
 def add_guard_options(p):
     "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
     p.add_argument('--autokill', nargs='?', const='auto', default='',
@@ -847,6 +863,7 @@ POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
                 'terminate': 'delete the pod (asks first; a network volume stays)',
                     'wait': 'wait until RUNNING'}
 
+# %% ../../nbs/07f_runpod.ipynb #39a55992
 def add_pod_commands(pod):
     "Register `lmbook pod list` and the commands on one pod (`POD_COMMANDS`)."
     pod.add_parser('list', help='your pods').set_defaults(func=_pods_cmd)

@@ -115,6 +115,8 @@ def _push_cmd(a) -> int:
 def _fetch_cmd(a) -> int:
     print(f"pod {a.pod_id} -> {fetch(a.pod_id, a.experiment or '', a.dest or '', a.checkpoints)}")
     return 0
+
+# %% ../../nbs/07c_sync.ipynb #54a51b13
 def _logs_cmd(a) -> int:
     "The boot log: RunPod's logs endpoint (the start script copies it to the container's stdout), else SSH."
     api = RunPodAPI()
@@ -164,6 +166,7 @@ def upload(path:str, # local file or folder
         log(f"  {f} -> s3://{volume_id}/{key}")
     return keys
 
+# %% ../../nbs/07c_sync.ipynb #8d5c9bb7
 def upload_cmd(a) -> int:
     "`lmbook pod volume upload`: the volume's data center from the API unless given."
     dc = a.data_center

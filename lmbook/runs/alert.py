@@ -144,6 +144,7 @@ def send(self:Alerts, event:str, # one of ALERT_EVENTS
     if wait: t.join(self.timeout_s + 1)
     return True
 
+# %% ../../nbs/04h_alert.ipynb #1c953546
 @patch
 def close(self:Alerts, timeout_s:float|None=None):
     "Wait up to `timeout_s` (default: the post timeout) for the posts still going."

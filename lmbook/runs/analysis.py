@@ -113,6 +113,7 @@ def _figure(plt, runs:dict, names:tuple, x:str, scale:float, smooth:float, refs:
     if ax.lines: ax.legend(fontsize=8)
     return fig, ax
 
+# %% ../../nbs/04g_analysis.ipynb #40fb2cdc
 def read_eval(run:Path) -> dict:
     "The harness results in the run's eval.json as {task: {metric: value}}; {} without one."
     try: d = json.loads(RunDir(run).eval.read_text())
@@ -148,6 +149,7 @@ def _plot_plan(runs:dict) -> list[tuple]:
         plan.append((f"loss_{k}", PLOTS['loss'], x, scale, label))
     return plan
 
+# %% ../../nbs/04g_analysis.ipynb #d68c2e57
 def plot_runs(experiments:list[str]|str, # one experiment or several, drawn on the same axes
               root:Path|None=None, # workspace root (default: from settings)
               show:bool=False, # also show the figures (in a notebook)

@@ -391,6 +391,7 @@ def _write_parts(tmp:Path, snap:dict, group=None):
         if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
     for r, rs in enumerate(snap['ranks'] or []): _torch_save(rs, tmp/f'rank{r}.pt')
 
+# %% ../../nbs/04b_checkpoint.ipynb #18bfbff2
 def _hash_parts(tmp:Path, group=None) -> dict:
     "Size and sha256 of a sharded checkpoint's part files, each rank hashing its share (all on every rank)."
     names = [n for n in _files(tmp) if n.startswith((f'{MODEL_SHARDS}/', f'{OPTIM_SHARDS}/'))]
@@ -777,6 +778,7 @@ def _start_shards(self:Checkpointer, step:int, snap:dict, best:float|None, perio
     if self.info.is_main: self._best_failed(step, best, err)
     return False
 
+# %% ../../nbs/04b_checkpoint.ipynb #f74d0d35
 @patch
 def _stage(self:Checkpointer, sd:dict, part:str) -> dict:
     "A CPU copy of this rank's part `part` of the state for a background write (on CUDA: pinned, kept)."
@@ -910,6 +912,7 @@ def link_checkpoint(src:Path, # a complete step checkpoint
         raise
     return final
 
+# %% ../../nbs/04b_checkpoint.ipynb #d0888c1d
 @patch
 def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:float,
                 linked:bool=False): # the step checkpoint of `step` was just written: link its files

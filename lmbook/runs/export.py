@@ -233,6 +233,7 @@ def export_hf(source:str|Path,
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
 
+# %% ../../nbs/04f_export.ipynb #bdbb1a2b
 def write_hf_folder(folder:Path, sd:dict, lm, dtype:str):
     "The weights `sd` of `lm`'s run with its config, tokenizer and chat format: a transformers folder."
     m, folder = lm.config.model, Path(folder)

@@ -65,6 +65,7 @@ def _ckpt_dir(source:str, root:Path|None) -> tuple[Path, str]:
     if not ck.parent.is_dir(): raise FileNotFoundError(unknown_run(source, ck.parent.parent))
     return ck, f"experiment {source!r}"
 
+# %% ../../nbs/04d_find.ipynb #d01de3e8
 # checkpoint folder, run folder (holding checkpoints/) or experiment name; `NAME:best` for its best one
 def find_checkpoint(source:str|Path,
                     root:Path|None=None, # workspace root for an experiment name (default: from settings)

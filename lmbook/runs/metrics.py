@@ -230,6 +230,7 @@ def _detach_stdout():
     except OSError: pass
     finally: os.close(null)
 
+# %% ../../nbs/04a_metrics.ipynb #e5d3c927
 class RunLog:
     "A log function: every line to `train.log` once `open`ed, and to `out` while that works."
     def __init__(self, out:Callable|None=console): self.out, self.file, self.pending = out, None, []

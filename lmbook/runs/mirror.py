@@ -71,6 +71,7 @@ def stage(ck:Path, dst:Path) -> Path:
         except OSError: shutil.copy2(f, to)
     return dst
 
+# %% ../../nbs/04c_mirror.ipynb #64e0e271
 class Mirror:
     "Uploads checkpoints to `spec` in a background thread, the newest waiting one first."
     def __init__(self, spec:str, run:str, staging:Path, log:Callable=print, upload:Callable|None=None):

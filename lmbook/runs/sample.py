@@ -95,6 +95,7 @@ def read_weights(ck:Path) -> dict[str, torch.Tensor]:
     except Exception as e:
         raise ValueError(f"cannot read the weights in {ck}: {str(e).splitlines()[0][:200]}") from None
 
+# %% ../../nbs/04e_sample.ipynb #2457cd22
 def plain_model(cfg, sd:dict, ck:Path) -> GPT:
     "The GPT of `cfg` with the weights `sd` (adapters in them folded in); refused when they do not fit."
     ft = cfg.train.finetune
@@ -285,6 +286,7 @@ class TextStream:
         text, self.ids = (self.tk.decode(self.ids) if self.ids else ''), []
         return text
 
+# %% ../../nbs/04e_sample.ipynb #e975c62c
 def streamer(out:Callable, # called with each piece of text
              tokenizer, prompt:str, stops:list[int], chat:bool=False) -> Callable:
     "`emit(token_id)` for the first sample as `sample_texts` returns it; `emit(None)` returns the rest."

@@ -271,6 +271,7 @@ def _prefill(self):
             try: self._feed([(s, n)])
             except Exception as e: self._end(s, f'error: {type(e).__name__}: {e}')
 
+# %% ../../nbs/06a_engine.ipynb #ab990d1f
 Engine._feed, Engine._prefill = _feed, _prefill
 
 # %% ../../nbs/06a_engine.ipynb #5cc2571c

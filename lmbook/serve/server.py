@@ -226,6 +226,7 @@ async def complete(request):
     if job.finish.startswith('error'): raise ApiError(500, job.finish, type='server_error')
     return JSONResponse(answer(st.engine.s, rid, chat, text, job))
 
+# %% ../../nbs/06c_server.ipynb #f9be4827
 async def events(s:Served, job:Job, rid:str, chat:bool, watch,
                  usage:bool=False, # a last chunk with the token counts (`stream_options.include_usage`)
                 ):

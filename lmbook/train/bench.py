@@ -111,6 +111,7 @@ def bench_row(cfg:Config, device:str, world:int, data:Path|None, compile_mode:st
                 dtype=tc.levers.dtype, data=str(data) if data else 'synthetic', card=_card(device),
                 torch=torch.__version__, cuda=torch.version.cuda)
 
+# %% ../../nbs/05j_bench.ipynb #137c18e5
 def time_steps(step, batches, lr, warmup:int, steps:int, device:str) -> tuple[list, float, list]:
     "`warmup` untimed steps, then `steps` timed ones from a fresh peak-memory count; (losses, warmup_s, dts)."
     t0 = time.perf_counter()
@@ -141,6 +142,7 @@ def timed_figures(cfg:Config, losses:list, dts:list, world:int, device:str, card
                 loss_last20=round(statistics.mean(losses[-20:]), 4), losses=[round(x, 4) for x in losses],
                 oom=False)
 
+# %% ../../nbs/05j_bench.ipynb #83b2ee47
 def measure(cfg:Config, # the config to train (batch_size, grad_accum, model shape, compile, ...)
             steps:int=10, # timed optimizer steps
             warmup:int=2, # untimed steps first (compilation happens here)
@@ -257,6 +259,7 @@ def _fit(args) -> int:
     if info.is_main: print(f"--set batch_size={f.train.batch_size} grad_accum={f.train.grad_accum}")
     return 0
 
+# %% ../../nbs/05j_bench.ipynb #a81875d1
 def add_cli(sub):
     "Add the `bench` command to the `lmbook` CLI."
     p = sub.add_parser('bench', help='measure training tokens/s, MFU and peak memory of a profile')

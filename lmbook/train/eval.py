@@ -32,6 +32,7 @@ def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
         if note: note(f"HellaSwag skipped: {e} (--no-hellaswag skips it without this note)")
         return None
 
+# %% ../../nbs/05i_eval.ipynb #50c68374
 # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
 def evaluate(source:str|Path,
              root:Path|None=None, # workspace root (default: from settings)
@@ -118,6 +119,7 @@ def eval_torchrun(args) -> int:
         print(out, file=sys.stderr)
     return EXIT_USER_ERROR if r.returncode and any(m.startswith('error:') for m in msgs) else r.returncode
 
+# %% ../../nbs/05i_eval.ipynb #d2954457
 def eval_cmd(args) -> int:
     "`lmbook eval`: a checkpoint's validation numbers and HellaSwag, or the harness's tasks; on N processes."
     if min(args.batches, args.batch_size, args.limit) < 0 or args.nproc < 1:
@@ -142,6 +144,7 @@ def eval_cmd(args) -> int:
     if args.json and int(env_var('RANK', '0')) == 0: print(json.dumps(r))
     return 0
 
+# %% ../../nbs/05i_eval.ipynb #b8c56fd0
 def add_cli(sub):
     "Register `lmbook eval`."
     p = (sub.add_parser('eval',

@@ -87,6 +87,7 @@ def _say_error(e:Exception):
     try: print(f"error: {e}", file=sys.stderr, flush=True)
     except OSError: pass  # nobody is reading
 
+# %% ../../nbs/05f_launch.ipynb #bd7566ef
 def main(argv:list[str]|None=None) -> int:
     "Entry point of one training process, plain or a torchrun worker; rank 0 also records its exit code."
     one_line_warnings()
@@ -104,7 +105,6 @@ def main(argv:list[str]|None=None) -> int:
     return rc
 
 WORKER = 'import sys; from lmbook.train.launch import main; sys.exit(main())'
-
 
 # %% ../../nbs/05f_launch.ipynb #db9965dd
 CRASHED = 1  # what Python exits with when an exception nobody caught ends it
@@ -237,6 +237,7 @@ def launch(profile:str, # profile name or config file
         if node_rank(torchrun_args) == 0: alert_failure(x.code, experiment, root, last, profile)
         raise
 
+# %% ../../nbs/05f_launch.ipynb #b47bb00c
 class TrainingExit(RuntimeError):
     "A training process that ended with a non-zero exit code (`code`), and why when the launcher knows."
     def __init__(self, code:int, why:str=''):
@@ -265,6 +266,7 @@ def killed_rank(held:list[str]) -> tuple[int, int]|None:
     m = _ROOT_CAUSE.search(''.join(held))
     return (int(m[1]), -int(m[2])) if m and int(m[2]) < 0 else None
 
+# %% ../../nbs/05f_launch.ipynb #f71b02a6
 def _killed(held:list[str], report:Path|None) -> TrainingExit:
     "One line for a worker killed by a signal; torchrun's report and the tracebacks go to `report`."
     rank, sig = killed_rank(held)
@@ -277,6 +279,7 @@ def _killed(held:list[str], report:Path|None) -> TrainingExit:
     return TrainingExit(128 + sig, f"rank {rank} was killed by {name} ({hint}) and the other ranks stopped "
                                    f"with it: the same command resumes from the newest checkpoint{where}")
 
+# %% ../../nbs/05f_launch.ipynb #cc2ad12e
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
             report:Path|None=None) -> Iterator[str]:
     fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
@@ -311,6 +314,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
     code = _exit_code(rc, exit_file)
     if code != 0: raise TrainingExit(code)
 
+# %% ../../nbs/05f_launch.ipynb #695a31ef
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
                  root:Path|None=None,
                  torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False,
@@ -363,6 +367,7 @@ def detach_option(p):
     p.add_argument('--detach', action='store_true', help='run in the background, in a session of its own: '
                    'closing the terminal does not stop it')
 
+# %% ../../nbs/05f_launch.ipynb #7486f0f7
 def start_run(cfg, # the resolved `Config`
               profile:str, # what the worker reads it from again: a profile name or a config file
               experiment:str, overrides:dict, root:Path|None=None, detached:bool=False, torchrun_args:str='',

@@ -124,6 +124,7 @@ def _metrics(res:dict) -> dict:
         out[name] = v
     return out
 
+# %% ../../nbs/05h_lmeval.ipynb #e78177d9
 # checkpoint folder, run folder or experiment name; `NAME:best` for its best checkpoint
 def run_tasks(source:str|Path,
               tasks:list[str], # harness task names (or names of tasks in `include_path`)
@@ -161,6 +162,7 @@ def run_tasks(source:str|Path,
     if save and lm.run is not None: save_results(lm.run, res, lm.step, str(lm.path))
     return res
 
+# %% ../../nbs/05h_lmeval.ipynb #e5e6e8a3
 def save_results(run:Path, results:dict, step:int, checkpoint:str) -> Path:
     "Merge `results` into the run's eval.json: each task's newest metrics, with their step and checkpoint."
     path = RunDir(run).eval

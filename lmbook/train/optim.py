@@ -60,6 +60,7 @@ def muon_groups(model:torch.nn.Module, oc:OptimConfig) -> list[dict]:
             dict(params=[p for p in rest if p.dim() >= 2], weight_decay=oc.weight_decay),
             dict(params=[p for p in rest if p.dim() < 2], weight_decay=0.0)]
 
+# %% ../../nbs/05a_optim.ipynb #f0f6b27a
 class Muon(torch.optim.Optimizer):
     "Muon for groups with `muon=True`, AdamW for the others: one optimizer, one state dict."
     def __init__(self, params, lr:float=6e-4, betas=(0.9, 0.95), eps:float=1e-8, weight_decay:float=0.0,

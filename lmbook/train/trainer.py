@@ -437,6 +437,7 @@ def _best_line(ck:Checkpointer) -> str:
     held = f"{folder} holds step {ck.best_saved}" if ck.best_saved > 0 else f"there is no {folder}"
     return f"{head}, not written (see the warning above); {held}"
 
+# %% ../../nbs/05e_trainer.ipynb #fbb52517
 def _train(r:Run, experiment:str, profile:str='') -> dict:
     tc, cc = r.cfg.train, r.cfg.train.checkpoint
     ck = Checkpointer.from_config(RunDir(r.dir).checkpoints, cc, r.info, r.log)

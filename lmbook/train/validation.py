@@ -48,6 +48,7 @@ def _sum_ranks(vals:list[float], device:str) -> list[float]:
     dist.all_reduce(t)
     return t.tolist()
 
+# %% ../../nbs/05c_validation.ipynb #95845621
 @torch.no_grad()
 def bits_per_byte(model:torch.nn.Module, # returns logits for (B, T) token ids
                   batches:list, # this rank's (x, y) validation batches
