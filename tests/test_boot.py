@@ -125,10 +125,11 @@ def test_a_failed_run_stops_the_pod_unless_asked_to_keep_it(pod, tmp_path):
     assert c.splitlines()[0] == 'stop pod pod1234abc' 
 
 
-def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
-    from lmbook.pods.boot import BootOptions, autokill
+def autokill_bench(tmp_path, experiment:str):
+    """(run paths, the lines logged, a boot Log class, an env whose `runpodctl` records its calls in
+    tmp_path/calls) for calling `boot.autokill` directly."""
     from lmbook.core import paths_for
-    paths = paths_for('ak', root=tmp_path)
+    paths = paths_for(experiment, root=tmp_path)
     paths.run.mkdir(parents=True)
     lines = []
     class Log:
@@ -138,7 +139,12 @@ def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
     bin_ = tmp_path/'bin'; bin_.mkdir()
     (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n')
     (bin_/'runpodctl').chmod(0o755)
-    env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
+    return paths, lines, Log, dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
+
+
+def test_autokill_only_fires_on_success_or_when_asked(tmp_path, monkeypatch):
+    from lmbook.pods.boot import BootOptions, autokill
+    paths, lines, Log, env = autokill_bench(tmp_path, 'ak')
     o = BootOptions(experiment='ak', autokill='stop', on_failure='keep')
     # diverged, and asked to keep the pod: it stays
     assert not autokill(o, paths, 3, Log(), env)

@@ -155,15 +155,20 @@ def test_background_checkpoints_do_not_stall(ws, monkeypatch):
     res = train(cfg(max_steps=12, ckpt_async=False), 'sync', root=ws, log=quiet([]))
     assert res['checkpoints'][0]['stall_s'] >= 1.0
 
-def test_torchrun_stop_exit_code(ws):
-    """`lmbook train --nproc 2` passes SIGTERM on to torchrun, waits for the checkpoint, and exits 143 like
-    one process."""
+def torchrun_at_step_3(ws, exp:str) -> subprocess.Popen:
+    "`lmbook train --nproc 2` of a long smoke run, its output read up to step 3."
     exe = Path(sys.executable).parent/'lmbook'
-    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'tr-stop', '--nproc', '2', '--root',
+    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', exp, '--nproc', '2', '--root',
                           str(ws), *sets(max_steps=500, ckpt_every=100)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in p.stdout:
         if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    return p
+
+def test_torchrun_stop_exit_code(ws):
+    """`lmbook train --nproc 2` passes SIGTERM on to torchrun, waits for the checkpoint, and exits 143 like
+    one process."""
+    p = torchrun_at_step_3(ws, 'tr-stop')
     p.send_signal(signal.SIGTERM)
     rest = p.stdout.read()
     assert p.wait(timeout=120) == 143, rest
@@ -190,12 +195,7 @@ def _rank_pid(parent:int, rank:int) -> int:
 def test_a_killed_worker_is_one_line(ws):
     """kill -9 of one torchrun worker: one line naming the rank and the signal, exit 137, no traceback on the
     console; torchrun's report is kept in train.log."""
-    exe = Path(sys.executable).parent/'lmbook'
-    p = subprocess.Popen([str(exe), 'train', '-p', 'smoke', '-e', 'tr-kill', '--nproc', '2', '--root',
-                          str(ws), *sets(max_steps=500, ckpt_every=100)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in p.stdout:
-        if line.startswith('step') and int(line.split()[1].split('/')[0]) >= 3: break
+    p = torchrun_at_step_3(ws, 'tr-kill')
     os.kill(_rank_pid(p.pid, 1), signal.SIGKILL)
     rest = p.stdout.read()
     assert p.wait(timeout=120) == 137, rest

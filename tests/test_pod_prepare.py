@@ -6,6 +6,7 @@ from lmbook.dev.fake_runpod import violations
 from lmbook.pods.plan import tokenize_rate
 from test_runpod import fake, run, one_line_error, posts, PLAN
 from test_pod_start import api, container, pid1, volume_venv, wait_for, stops, ROOT
+from test_boot import autokill_bench
 
 
 def prepare(fake, *extra):
@@ -75,18 +76,7 @@ def test_a_prepare_pod_stops_every_time_it_has_prepared(tmp_path):
     stopped one started again prepares what is missing and stops again: terminated with AUTOKILL=terminate,
     kept up after a failure with ON_FAILURE=keep."""
     from lmbook.pods.boot import BootOptions, autokill
-    from lmbook.core import paths_for
-    paths = paths_for('pp', root=tmp_path)
-    paths.run.mkdir(parents=True)
-    lines = []
-    class Log:
-        f = open(tmp_path/'log', 'a')
-        def __call__(self, m): lines.append(m)
-        def sync(self): pass
-    bin_ = tmp_path/'bin'; bin_.mkdir()
-    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n')
-    (bin_/'runpodctl').chmod(0o755)
-    env = dict(PATH=f"{bin_}:{os.environ['PATH']}", RUNPOD_POD_ID='pod1234abc')
+    paths, lines, Log, env = autokill_bench(tmp_path, 'pp')
     o = BootOptions.from_env(dict(RUN_EXPERIMENT='pp', RUN_PREPARE='1'))
     assert o.prepare and o.shard and not o.autokill
     assert autokill(o, paths, 0, Log(), env) and autokill(o, paths, 0, Log(), env)
