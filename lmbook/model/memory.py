@@ -179,11 +179,11 @@ def fit_changes(cfg:Config, # the run's config
                 headroom:float=HEADROOM, # fraction of `mem_gb` kept back
                ) -> list[str]:
     "Overrides that each bring `cfg` within `mem_gb` a GPU: micro-batch, act_ckpt, fp8, more GPUs with FSDP."
-    tc = cfg.train.levers
+    lv = cfg.train.levers
     out = [b] if (b := _smaller_batch(cfg, mem_gb, world_size, headroom)) else []
     levers = [('act_ckpt', 'none', ('selective', 'full'))] + [('fp8', 'off', ('tensorwise',))]*fp8
     for k, off, vals in levers:
-        ok = [v for v in vals if getattr(tc, k) == off and fits(apply_overrides(cfg, {k: v}), mem_gb,
+        ok = [v for v in vals if getattr(lv, k) == off and fits(apply_overrides(cfg, {k: v}), mem_gb,
                                                                 world_size, headroom=headroom)[0]]
         if ok: out.append(f"{k}={ok[0]}")
     n = next((n for n in (2, 4, 8) if n > world_size and fits(cfg, mem_gb, n, 'fsdp', headroom)[0]), None)

@@ -151,8 +151,8 @@ class Watcher:
             return f"it has run {h:.2f} h, over --max-hours {self.max_hours:g}"
         if self.max_dollars and h*pod['cost'] >= self.max_dollars:
             return f"it has cost ~${h*pod['cost']:.2f} ({h:.2f} h), over --max-dollars {self.max_dollars:g}"
-        if lines is not None and (self.since is None or progress_mark(lines) != self.mark):
-            self.mark, self.since = progress_mark(lines), now
+        mark = None if lines is None else progress_mark(lines)
+        if mark is not None and (self.since is None or mark != self.mark): self.mark, self.since = mark, now
         if self.stall_min and self.since is not None and now - self.since >= self.stall_min*60:
             return f"no progress for {(now - self.since)/60:.0f} min (last: {self.mark or 'an empty log'})"
         return None
