@@ -18,6 +18,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
     'serve_load': ['serve_load.py', '--tiny', '--clients', '2', '--requests', '2', '--max-tokens', '4',
                    '--device', 'cpu', '--out', '{out}'],
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
+    'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', '0.1', '--out', '{out}'],
 }
 
 
@@ -28,8 +29,12 @@ def test_script_leaves_tmpdir_empty(name, tmp_path):
     cmd = [sys.executable, str(BENCH/script), *[a.format(out=out) for a in args]]
     p = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert json.loads(out.read_text())
+    res = json.loads(out.read_text())
+    assert res
     assert not list((tmp_path/'tmp').iterdir())
+    if name == 'graceful_stop':  # the stop request loses no step; the hard kill at most the interval
+        assert res['stop_steps_lost'] == 0 and res['stop_exit_code'] == 143, res
+        assert res['kill_seconds_lost'] <= 0.1*60 + 5, res
 
 
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):
