@@ -68,7 +68,7 @@ def main():
     p = subprocess.run([*cli, 'prepare', '-p', a.profile, '-e', 'gs', '-q', '--set', *ov], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     if p.returncode: raise SystemExit(f"prepare failed: {p.stderr[-800:]}")
-    run, res = ws/'runs'/'gs', dict(profile=a.profile, ckpt_minutes=a.minutes, overrides=ov)
+    run, res = ws/'runs'/'gs', dict(profile=a.profile, ckpt_minutes=a.minutes, overrides=','.join(ov))
     log = open(ws/'train.out', 'a')
     train = lambda: subprocess.Popen([*cli, 'train', '-p', a.profile, '-e', 'gs', '--set', *ov], cwd=ROOT,
                                      env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

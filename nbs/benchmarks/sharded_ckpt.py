@@ -104,7 +104,8 @@ def main():
     for fmt in a.formats.split(','):
         for mode in a.modes.split(','):
             folder = root/f'{fmt}-{mode}'
-            row = dict(benchmark='sharded_ckpt', profile=a.profile, overrides=a.set, world_size=info.world_size,
+            row = dict(benchmark='sharded_ckpt', profile=a.profile, overrides=a.set, parallel='fsdp',
+                       world_size=info.world_size,
                        params=count_params(cfg.model), **measure(cfg, t, info, folder, fmt, mode, a.repeats))
             barrier()
             if not info.is_main: continue
