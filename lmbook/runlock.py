@@ -8,6 +8,7 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 from __future__ import annotations
 import contextlib, json, math, os, signal, socket, threading, time, uuid
 from pathlib import Path
+from fastcore.basics import patch
 from .rundir import RUN_FILES
 from .core import env_var
 
@@ -98,6 +99,7 @@ def _refusal(lock:RunLock, d:dict) -> RunLocked:
                      f"in {max(0, stale_after() - ago):.0f} s if that {lock.user} is gone"
                      + (f": {lock.fix}" if lock.fix else ''))
 
+@patch
 def _take(self:RunLock):
     "One attempt to take the lock, taking over a stale one; `RunLocked` when another holds it."
     if self.path.is_dir(): raise RunLocked(f"{self.path} is a folder, not a lock file: "
@@ -120,9 +122,10 @@ def _take(self:RunLock):
     if not self.owned(): raise _refusal(self, lock_state(self.path)[0] or {})
 
 # %% ../nbs/01a_runlock.ipynb #9df1c5b9
-def _acquire(self:RunLock,
-             wait:bool=False, # wait while another holds it (saying so once) instead of raising `RunLocked`
-             poll_s:float=1.0) -> RunLock:
+@patch
+def acquire(self:RunLock,
+            wait:bool=False, # wait while another holds it (saying so once) instead of raising `RunLocked`
+            poll_s:float=1.0) -> RunLock:
     "Take the lock, taking over a stale one; raise `RunLocked` when another holds it (or wait for it)."
     said = False
     while True:
@@ -140,6 +143,7 @@ def _acquire(self:RunLock,
     self.thread.start()
     return self
 
+@patch
 def _beat(self:RunLock):
     while not self.stop.wait(self.heartbeat_s):
         try:
@@ -152,7 +156,8 @@ def _beat(self:RunLock):
             self.failed = e
 
 # %% ../nbs/01a_runlock.ipynb #571622cd
-def _release(self:RunLock):
+@patch
+def release(self:RunLock):
     "Stop the heartbeat and remove the lock file if it is still this lock's."
     self.stop.set()
     if self.thread:
@@ -163,8 +168,11 @@ def _release(self:RunLock):
     except OSError: pass
     _TOKENS.discard(self.token)
 
-RunLock._take, RunLock.acquire, RunLock._beat, RunLock.release = _take, _acquire, _beat, _release
-RunLock.__enter__, RunLock.__exit__ = _acquire, lambda self, *exc: self.release()
+@patch
+def __enter__(self:RunLock) -> RunLock: return self.acquire()
+
+@patch
+def __exit__(self:RunLock, *exc): self.release()
 
 # %% ../nbs/01a_runlock.ipynb #7d733188
 DATA_LOCK = '.prepare.lock'

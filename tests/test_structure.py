@@ -289,16 +289,22 @@ MAX_CELL = 40
 
 
 def long_cells(nbs:Path) -> list[str]:
-    """Exported code cells over MAX_CELL lines that hold more than one top-level statement, so could be split
-    where a reader can see each part (one class, one function or one table may run longer)."""
+    """Exported code cells over MAX_CELL lines that hold more than one top-level statement (so could be split
+    where a reader can see each part), or whose notebook does not say, in the markdown just before, why the
+    cell is long (one class, one function or one table may run longer)."""
     import json
     bad = []
     for nb in sorted(nbs.glob('*.ipynb')):
-        for i, c in enumerate(json.loads(nb.read_text())['cells']):
+        cells = json.loads(nb.read_text())['cells']
+        for i, c in enumerate(cells):
             s = ''.join(c['source'])
             if c['cell_type'] != 'code' or not s.startswith('#| export') or len(s.splitlines()) <= MAX_CELL:
                 continue
+            before = cells[i - 1] if i else {}
+            said = before.get('cell_type') == 'markdown' and 'long because' in ''.join(before['source'])
             if len(ast.parse(s).body) > 1: bad.append(f"{nb.name} cell {i} ({len(s.splitlines())} lines)")
+            elif not said:
+                bad.append(f"{nb.name} cell {i} ({len(s.splitlines())} lines, no reason before it)")
     return bad
 
 
@@ -309,3 +315,11 @@ def test_long_cells_hold_one_definition(tmp_path):
     cell = dict(cell_type='code', source=[two], metadata={}, outputs=[], execution_count=None)
     (tmp_path/'a.ipynb').write_text(json.dumps(dict(cells=[cell], metadata={}, nbformat=4, nbformat_minor=5)))
     assert long_cells(tmp_path) == [f'a.ipynb cell 0 ({MAX_CELL + 2} lines)']
+    one = '#| export\nTABLE = {\n' + ''.join(f'    {i}: {i},\n' for i in range(MAX_CELL)) + '}'
+    why = dict(cell_type='markdown', source=['The cell below is long because it is one table.'], metadata={})
+    cell = dict(cell, source=[one])
+    (tmp_path/'a.ipynb').write_text(json.dumps(dict(cells=[cell], metadata={}, nbformat=4, nbformat_minor=5)))
+    assert long_cells(tmp_path) == [f'a.ipynb cell 0 ({MAX_CELL + 3} lines, no reason before it)']
+    nb = dict(cells=[why, cell], metadata={}, nbformat=4, nbformat_minor=5)
+    (tmp_path/'a.ipynb').write_text(json.dumps(nb))
+    assert long_cells(tmp_path) == []

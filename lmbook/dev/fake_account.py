@@ -12,6 +12,7 @@ from pathlib import Path
 from unittest import mock
 from ..core import ENV, process_env
 from .fake_runpod import FakeRunPodV2, serve
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DEMO_KEY', 'DEMO_REPO', 'DEMO_T0', 'BOOT_START', 'BOOT_TRAIN', 'boot_log', 'FakeAccount']
@@ -61,57 +62,66 @@ class FakeAccount:
         self.commit = self._checkout(self.checkout, self.tmp/'remote.git')
         self._github(self.tmp/'bin'/'git', self.tmp/'remote.git')
 
-    def _checkout(self, at:Path, remote:Path) -> str:
-        "A checkout with one commit whose origin, `DEMO_REPO`, is the bare repository `remote`; its commit."
-        def git(*args, cwd=at) -> str:
-            return subprocess.run(['git', *args], cwd=cwd, check=True, capture_output=True, text=True,
-                                  stdin=subprocess.DEVNULL).stdout.strip()
-        with mock.patch.dict(process_env(), _GIT_WHO):
-            git('init', '-q', str(at), cwd=self.tmp)
-            (at/'README.md').write_text('# lmbook\n')
-            git('add', 'README.md')
-            git('commit', '-q', '-m', 'lmbook')
-            git('clone', '-q', '--bare', str(at), str(remote), cwd=self.tmp)
-            git('remote', 'add', 'origin', DEMO_REPO)
-            return git('rev-parse', 'HEAD')
+# %% ../../nbs/08e_fake_account.ipynb #a3b55e00
+@patch
+def _checkout(self:FakeAccount, at:Path, remote:Path) -> str:
+    "A checkout with one commit whose origin, `DEMO_REPO`, is the bare repository `remote`; its commit."
+    def git(*args, cwd=at) -> str:
+        return subprocess.run(['git', *args], cwd=cwd, check=True, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL).stdout.strip()
+    with mock.patch.dict(process_env(), _GIT_WHO):
+        git('init', '-q', str(at), cwd=self.tmp)
+        (at/'README.md').write_text('# lmbook\n')
+        git('add', 'README.md')
+        git('commit', '-q', '-m', 'lmbook')
+        git('clone', '-q', '--bare', str(at), str(remote), cwd=self.tmp)
+        git('remote', 'add', 'origin', DEMO_REPO)
+        return git('rev-parse', 'HEAD')
 
-    def _github(self, at:Path, remote:Path):
-        "A `git` at `at` that answers `ls-remote DEMO_REPO` from `remote`, as GitHub would, else is git."
-        real, q = shutil.which('git'), shlex.quote
-        at.parent.mkdir()
-        at.write_text(f'#!/bin/sh\nif [ "$1" = ls-remote ] && [ "$2" = {q(DEMO_REPO)} ]; then\n  shift 2\n'
-                      f'  exec {q(real)} ls-remote {q(str(remote))} "$@"\nfi\nexec {q(real)} "$@"\n')
-        at.chmod(0o755)
+@patch
+def _github(self:FakeAccount, at:Path, remote:Path):
+    "A `git` at `at` that answers `ls-remote DEMO_REPO` from `remote`, as GitHub would, else is git."
+    real, q = shutil.which('git'), shlex.quote
+    at.parent.mkdir()
+    at.write_text(f'#!/bin/sh\nif [ "$1" = ls-remote ] && [ "$2" = {q(DEMO_REPO)} ]; then\n  shift 2\n'
+                  f'  exec {q(real)} ls-remote {q(str(remote))} "$@"\nfi\nexec {q(real)} "$@"\n')
+    at.chmod(0o755)
 
-    def env(self) -> dict:
-        "The account's environment variables: the fake's address, its key, the checkout, a workspace."
-        return dict(RUNPOD_API_BASE_URL=self.url, RUNPOD_API_KEY=DEMO_KEY, LMBOOK_WORKSPACE=str(self.home),
-                    GIT_DIR=str(self.checkout/'.git'), GIT_WORK_TREE=str(self.checkout),
-                    GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM='1')
+# %% ../../nbs/08e_fake_account.ipynb #5c6a4cb5
+@patch
+def env(self:FakeAccount) -> dict:
+    "The account's environment variables: the fake's address, its key, the checkout, a workspace."
+    return dict(RUNPOD_API_BASE_URL=self.url, RUNPOD_API_KEY=DEMO_KEY, LMBOOK_WORKSPACE=str(self.home),
+                GIT_DIR=str(self.checkout/'.git'), GIT_WORK_TREE=str(self.checkout),
+                GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM='1')
 
-    def run(self, line:str) -> str:
-        "What `lmbook LINE` prints, stdout and stderr in the order written; its exit code goes to `rc`."
-        for pod_id, p in self.fake.pods.items():
-            if pod_id not in self.fake.logs:
-                self.fake.logs[pod_id] = self.tmp/f'{pod_id}.log'
-                self.fake.logs[pod_id].write_text(boot_log(p))
-        out, cwd = io.StringIO(), os.getcwd()
-        with mock.patch.dict(process_env()) as environ:
-            for k in [k for k in environ if k in ENV or k.startswith('GIT_')]: del environ[k]  # yours
-            environ.update(self.env(), PATH=f"{self.tmp/'bin'}{os.pathsep}{environ.get('PATH', os.defpath)}")
-            with (mock.patch('time.time', lambda: float(DEMO_T0)),
-                  redirect_stdout(out), redirect_stderr(out)):
-                os.chdir(self.home)
-                try: self.rc = self.cli(shlex.split(line))
-                finally: os.chdir(cwd)
-        return out.getvalue()
+@patch
+def run(self:FakeAccount, line:str) -> str:
+    "What `lmbook LINE` prints, stdout and stderr in the order written; its exit code goes to `rc`."
+    for pod_id, p in self.fake.pods.items():
+        if pod_id not in self.fake.logs:
+            self.fake.logs[pod_id] = self.tmp/f'{pod_id}.log'
+            self.fake.logs[pod_id].write_text(boot_log(p))
+    out, cwd = io.StringIO(), os.getcwd()
+    with mock.patch.dict(process_env()) as environ:
+        for k in [k for k in environ if k in ENV or k.startswith('GIT_')]: del environ[k]  # yours
+        environ.update(self.env(), PATH=f"{self.tmp/'bin'}{os.pathsep}{environ.get('PATH', os.defpath)}")
+        with (mock.patch('time.time', lambda: float(DEMO_T0)),
+              redirect_stdout(out), redirect_stderr(out)):
+            os.chdir(self.home)
+            try: self.rc = self.cli(shlex.split(line))
+            finally: os.chdir(cwd)
+    return out.getvalue()
 
-    def show(self, line:str, long:int=1000, keep:int=100):
-        "Print what `lmbook LINE` prints; of a line over `long` characters (the start command), `keep`."
-        for l in self.run(line).splitlines():
-            print(l if len(l) <= long else f"{l[:keep]}… ({len(l) - keep:,} more characters)")
+# %% ../../nbs/08e_fake_account.ipynb #35dcfd34
+@patch
+def show(self:FakeAccount, line:str, long:int=1000, keep:int=100):
+    "Print what `lmbook LINE` prints; of a line over `long` characters (the start command), `keep`."
+    for l in self.run(line).splitlines():
+        print(l if len(l) <= long else f"{l[:keep]}… ({len(l) - keep:,} more characters)")
 
-    def close(self):
-        "Stop the fake's server and remove the account's folders."
-        self.server.shutdown()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+@patch
+def close(self:FakeAccount):
+    "Stop the fake's server and remove the account's folders."
+    self.server.shutdown()
+    shutil.rmtree(self.tmp, ignore_errors=True)

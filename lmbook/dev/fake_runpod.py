@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse, functools, importlib.util, json, re, signal, sys, threading, time, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['CAPACITY', 'GPUS', 'CPUS', 'DATA_CENTERS', 'TITLES', 'contract', 'violations', 'Problem', 'Stream', 'PodOps',
@@ -92,137 +93,159 @@ class Stream(str):
 # %% ../../nbs/08d_fake_runpod.ipynb #e77df102
 class PodOps:
     "The fake's pod operations: look up, act on, delete, and the container log (creates: `CreateOps`)."
-    def _pod(self, pod_id:str, body:dict, status:str, dc:str='EU-RO-1') -> dict:
-        if 'cpu' in body:  # a CPU pod: no GPU, its price by the vCPU
-            gpu, cpu = None, dict(id=body['cpu']['id'], vcpuCount=body['cpu'].get('vcpuCount', 2))
-            cost = CPUS.get(cpu['id'], (0.05,))[0]*cpu['vcpuCount']
-        else:
-            gpu, cpu = dict(id=body['gpu']['id'], count=body['gpu'].get('count', 1)), None
-            cost = GPUS.get(gpu['id'], (0, 1.0))[1]*gpu['count']
-        return dict(id=pod_id, name=body['name'], image=body.get('image', ''), args=body.get('args', ''),
-                    disk=body.get('disk', 50), ports=body.get('ports', []), env=body.get('env', {}),
-                    registry=None, status=status, actions=[], mounts=body.get('mounts', {}),
-                    gpu=gpu, cpu=cpu, cloud=body.get('cloud', 'SECURE'), dataCenterId=dc,
-                    cudaVersion='12.8', ssh=dict(proxy=None, direct=None), template=None,
-                    cost=round(cost, 2), locked=False,
-                    globalNetworking=dict(enabled=False), runtime=None, createdAt='2026-11-26T12:00:00Z',
-                    startedAt=None, body=body, polls=0)
 
-    def view(self, p:dict) -> dict:
-        "Pod `p` as the API shows it: its actions; a running one's SSH address, uptime and GPU use."
-        p = dict(p, actions=contract()['actions_by_status'].get(p['status'], []))
-        if p['status'] == 'RUNNING':
-            host, port = self.ssh
-            p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root',
-                                                    command=f'ssh root@{host} -p {port}'))
-            gpus = (p['gpu'] or {}).get('count', 0)  # a CPU pod has none
-            p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)]*gpus,
-                                ports=[dict(private=22, public=port, type='tcp', ip=host)])
-        elif p['status'] in ('EXITED', 'TERMINATED'): p['cost'] = 0.0
-        return {k: v for k, v in p.items() if k not in ('body', 'polls')}
+# %% ../../nbs/08d_fake_runpod.ipynb #babe31e8
+@patch
+def _pod(self:PodOps, pod_id:str, body:dict, status:str, dc:str='EU-RO-1') -> dict:
+    if 'cpu' in body:  # a CPU pod: no GPU, its price by the vCPU
+        gpu, cpu = None, dict(id=body['cpu']['id'], vcpuCount=body['cpu'].get('vcpuCount', 2))
+        cost = CPUS.get(cpu['id'], (0.05,))[0]*cpu['vcpuCount']
+    else:
+        gpu, cpu = dict(id=body['gpu']['id'], count=body['gpu'].get('count', 1)), None
+        cost = GPUS.get(gpu['id'], (0, 1.0))[1]*gpu['count']
+    return dict(id=pod_id, name=body['name'], image=body.get('image', ''), args=body.get('args', ''),
+                disk=body.get('disk', 50), ports=body.get('ports', []), env=body.get('env', {}),
+                registry=None, status=status, actions=[], mounts=body.get('mounts', {}),
+                gpu=gpu, cpu=cpu, cloud=body.get('cloud', 'SECURE'), dataCenterId=dc,
+                cudaVersion='12.8', ssh=dict(proxy=None, direct=None), template=None,
+                cost=round(cost, 2), locked=False,
+                globalNetworking=dict(enabled=False), runtime=None, createdAt='2026-11-26T12:00:00Z',
+                startedAt=None, body=body, polls=0)
 
-    def get_pods(self, body=None): return 200, dict(pods=[self.view(p) for p in self.pods.values()])
+# %% ../../nbs/08d_fake_runpod.ipynb #d44461a3
+@patch
+def view(self:PodOps, p:dict) -> dict:
+    "Pod `p` as the API shows it: its actions; a running one's SSH address, uptime and GPU use."
+    p = dict(p, actions=contract()['actions_by_status'].get(p['status'], []))
+    if p['status'] == 'RUNNING':
+        host, port = self.ssh
+        p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root',
+                                                command=f'ssh root@{host} -p {port}'))
+        gpus = (p['gpu'] or {}).get('count', 0)  # a CPU pod has none
+        p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)]*gpus,
+                            ports=[dict(private=22, public=port, type='tcp', ip=host)])
+    elif p['status'] in ('EXITED', 'TERMINATED'): p['cost'] = 0.0
+    return {k: v for k, v in p.items() if k not in ('body', 'polls')}
 
-    def get_pods_id(self, pod_id:str, body=None):
-        p = self.pods.get(pod_id)
-        if p is None: raise Problem(404, 'pod not found')
-        if p['status'] in ('PROVISIONING', 'STARTING'):
-            p['polls'] += 1
-            p['status'] = 'RUNNING' if p['polls'] > self.polls_until_running else 'STARTING'
-        return 200, self.view(p)
+@patch
+def get_pods(self:PodOps, body=None): return 200, dict(pods=[self.view(p) for p in self.pods.values()])
 
-    def delete_pods_id(self, pod_id:str, body=None):
-        if self.pods.pop(pod_id, None) is None: raise Problem(404, 'pod not found')
+# %% ../../nbs/08d_fake_runpod.ipynb #5860b468
+@patch
+def get_pods_id(self:PodOps, pod_id:str, body=None):
+    p = self.pods.get(pod_id)
+    if p is None: raise Problem(404, 'pod not found')
+    if p['status'] in ('PROVISIONING', 'STARTING'):
+        p['polls'] += 1
+        p['status'] = 'RUNNING' if p['polls'] > self.polls_until_running else 'STARTING'
+    return 200, self.view(p)
+
+@patch
+def delete_pods_id(self:PodOps, pod_id:str, body=None):
+    if self.pods.pop(pod_id, None) is None: raise Problem(404, 'pod not found')
+    return 204, None
+
+# %% ../../nbs/08d_fake_runpod.ipynb #7009b65d
+@patch
+def post_pods_id_action(self:PodOps, pod_id:str, body:dict):
+    p = self.pods.get(pod_id)
+    if p is None: raise Problem(404, 'pod not found')
+    a = body['action']
+    if a not in contract()['actions_by_status'].get(p['status'], []):
+        raise Problem(409, f"cannot {a} a pod that is {p['status']}")
+    if a == 'terminate':
+        del self.pods[pod_id]
         return 204, None
+    if a == 'start' and self.no_free_gpus:
+        raise Problem(400, 'There are not enough free GPUs on the host machine to start this pod.')
+    p['status'], p['polls'] = dict(stop='EXITED', start='STARTING', restart='STARTING')[a], 0
+    return 200, self.view(p)
 
-    def post_pods_id_action(self, pod_id:str, body:dict):
-        p = self.pods.get(pod_id)
-        if p is None: raise Problem(404, 'pod not found')
-        a = body['action']
-        if a not in contract()['actions_by_status'].get(p['status'], []):
-            raise Problem(409, f"cannot {a} a pod that is {p['status']}")
-        if a == 'terminate':
-            del self.pods[pod_id]
-            return 204, None
-        if a == 'start' and self.no_free_gpus:
-            raise Problem(400, 'There are not enough free GPUs on the host machine to start this pod.')
-        p['status'], p['polls'] = dict(stop='EXITED', start='STARTING', restart='STARTING')[a], 0
-        return 200, self.view(p)
-
-    def get_pods_id_logs(self, pod_id:str, body=None):
-        "The pod's container log as Server-Sent Events, the last `tail` lines (default 100)."
-        if pod_id not in self.pods: raise Problem(404, 'pod not found')
-        f = self.logs.get(pod_id)
-        lines = Path(f).read_text().splitlines() if f and Path(f).is_file() else []
-        tail = int(self.query.get('tail', 100))
-        ev = [json.dumps(dict(ts=f'2026-11-26T12:00:{i % 60:02d}Z', source='container', line=l))
-              for i, l in enumerate(lines)]
-        shown = ev[len(ev) - tail if tail else len(ev):]
-        return 200, Stream(''.join(f'id: {i}\ndata: {e}\n\n' for i, e in enumerate(shown)))
+# %% ../../nbs/08d_fake_runpod.ipynb #9194785e
+@patch
+def get_pods_id_logs(self:PodOps, pod_id:str, body=None):
+    "The pod's container log as Server-Sent Events, the last `tail` lines (default 100)."
+    if pod_id not in self.pods: raise Problem(404, 'pod not found')
+    f = self.logs.get(pod_id)
+    lines = Path(f).read_text().splitlines() if f and Path(f).is_file() else []
+    tail = int(self.query.get('tail', 100))
+    ev = [json.dumps(dict(ts=f'2026-11-26T12:00:{i % 60:02d}Z', source='container', line=l))
+          for i, l in enumerate(lines)]
+    shown = ev[len(ev) - tail if tail else len(ev):]
+    return 200, Stream(''.join(f'id: {i}\ndata: {e}\n\n' for i, e in enumerate(shown)))
 
 # %% ../../nbs/08d_fake_runpod.ipynb #f36e6f05
 class CreateOps:
     "The fake's create of a pod, with every check RunPod makes first."
-    def post_pods(self, body:dict):
-        if self.echo_errors: raise Problem(400, f'cannot place pod: {json.dumps(body)}')
-        if ('gpu' in body) == ('cpu' in body): raise Problem(400, 'exactly one of gpu or cpu must be set')
-        self.contract_rules(body)
-        if self.balance <= 0: raise Problem(402, 'insufficient balance: add funds to deploy')
-        if 'image' not in body and 'templateId' not in body:
-            raise Problem(422, 'Request validation failed.', ["$: missing property 'image'"])
-        mounts = body.get('mounts', {})
-        if 'persistent' in mounts and 'network' in mounts:
-            raise Problem(400, 'at most one of mounts.persistent and mounts.network')
-        self.machine_offered(body)
-        dc = self.volumes_data_center(body, mounts.get('network', []))
-        if self.capacity_failures:
-            self.capacity_failures -= 1
-            raise Problem(400, CAPACITY)
-        self.n += 1
-        pod_id = f'pod{self.n:04d}xyz'
-        pod = self.pods[pod_id] = self._pod(pod_id, body, 'PROVISIONING', dc)
-        if self.lose_next_answer:
-            self.lose_next_answer = False
-            raise _Lost()
-        return 201, self.view(pod)
 
-    def volumes_data_center(self, body:dict, network:list) -> str:
-        "The data center a create places its pod in: its network volume's, else the first it asks for."
-        dc = (body.get('dataCenterIds') or ['EU-RO-1'])[0]
-        for nm in network:
-            vol = self.volumes.get(nm['volumeId'])
-            if vol is None: raise Problem(400, f"network volume {nm['volumeId']} not found")
-            if body.get('cloud', 'SECURE') != 'SECURE':
-                raise Problem(400, 'network volumes are available on Secure Cloud only')
-            if body.get('dataCenterIds') and vol['dataCenter'] not in body['dataCenterIds']:
-                raise Problem(400, f"network volume {vol['id']} is in {vol['dataCenter']}, not "
-                                   f"in {', '.join(body['dataCenterIds'])}")
-            dc = vol['dataCenter']
-        return dc
+# %% ../../nbs/08d_fake_runpod.ipynb #ad1474bb
+@patch
+def post_pods(self:CreateOps, body:dict):
+    if self.echo_errors: raise Problem(400, f'cannot place pod: {json.dumps(body)}')
+    if ('gpu' in body) == ('cpu' in body): raise Problem(400, 'exactly one of gpu or cpu must be set')
+    self.contract_rules(body)
+    if self.balance <= 0: raise Problem(402, 'insufficient balance: add funds to deploy')
+    if 'image' not in body and 'templateId' not in body:
+        raise Problem(422, 'Request validation failed.', ["$: missing property 'image'"])
+    mounts = body.get('mounts', {})
+    if 'persistent' in mounts and 'network' in mounts:
+        raise Problem(400, 'at most one of mounts.persistent and mounts.network')
+    self.machine_offered(body)
+    dc = self.volumes_data_center(body, mounts.get('network', []))
+    if self.capacity_failures:
+        self.capacity_failures -= 1
+        raise Problem(400, CAPACITY)
+    self.n += 1
+    pod_id = f'pod{self.n:04d}xyz'
+    pod = self.pods[pod_id] = self._pod(pod_id, body, 'PROVISIONING', dc)
+    if self.lose_next_answer:
+        self.lose_next_answer = False
+        raise _Lost()
+    return 201, self.view(pod)
 
-    def contract_rules(self, body:dict):
-        "The cross-field rules of a create that the schema alone does not carry (400)."
-        gpu, mounts = body.get('gpu') or {}, body.get('mounts') or {}
-        if gpu.get('allowedCudaVersions') and gpu.get('minCudaVersion'):
-            raise Problem(400, 'gpu.allowedCudaVersions and gpu.minCudaVersion are mutually exclusive')
-        if 'cpu' in body and 'persistent' in mounts:
-            raise Problem(400, 'mounts.persistent is invalid for a CPU pod')
-        if len(body.get('env') or {}) > 50: raise Problem(400, 'a pod takes at most 50 environment variables')
-        if any(p.endswith('/udp') for p in body.get('ports') or []):
-            raise Problem(400, 'pods do not support UDP ports')
-        if gpu.get('id') in GPUS and gpu.get('count', 1) > GPUS[gpu['id']][2]:
-            raise Problem(400, f"at most {GPUS[gpu['id']][2]} x {gpu['id']} in one pod")
+# %% ../../nbs/08d_fake_runpod.ipynb #264801ee
+@patch
+def volumes_data_center(self:CreateOps, body:dict, network:list) -> str:
+    "The data center a create places its pod in: its network volume's, else the first it asks for."
+    dc = (body.get('dataCenterIds') or ['EU-RO-1'])[0]
+    for nm in network:
+        vol = self.volumes.get(nm['volumeId'])
+        if vol is None: raise Problem(400, f"network volume {nm['volumeId']} not found")
+        if body.get('cloud', 'SECURE') != 'SECURE':
+            raise Problem(400, 'network volumes are available on Secure Cloud only')
+        if body.get('dataCenterIds') and vol['dataCenter'] not in body['dataCenterIds']:
+            raise Problem(400, f"network volume {vol['id']} is in {vol['dataCenter']}, not "
+                               f"in {', '.join(body['dataCenterIds'])}")
+        dc = vol['dataCenter']
+    return dc
 
-    def machine_offered(self, body:dict):
-        "Refuse a GPU type, or a CPU flavor and vCPU count, that RunPod does not offer (400)."
-        if 'cpu' in body:
-            cid, n = body['cpu']['id'], body['cpu'].get('vcpuCount', 2)
-            if cid not in CPUS: raise Problem(400, f"cpu flavor '{cid}' is not a known CPU flavor")
-            if n not in (counts := CPUS[cid][1]):
-                offered = ', '.join(map(str, counts))
-                raise Problem(400, f"cpu flavor '{cid}' comes with {offered} vCPUs, not {n}")
-        elif (gid := body['gpu']['id']) not in GPUS:
-            raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
+# %% ../../nbs/08d_fake_runpod.ipynb #26566dc4
+@patch
+def contract_rules(self:CreateOps, body:dict):
+    "The cross-field rules of a create that the schema alone does not carry (400)."
+    gpu, mounts = body.get('gpu') or {}, body.get('mounts') or {}
+    if gpu.get('allowedCudaVersions') and gpu.get('minCudaVersion'):
+        raise Problem(400, 'gpu.allowedCudaVersions and gpu.minCudaVersion are mutually exclusive')
+    if 'cpu' in body and 'persistent' in mounts:
+        raise Problem(400, 'mounts.persistent is invalid for a CPU pod')
+    if len(body.get('env') or {}) > 50: raise Problem(400, 'a pod takes at most 50 environment variables')
+    if any(p.endswith('/udp') for p in body.get('ports') or []):
+        raise Problem(400, 'pods do not support UDP ports')
+    if gpu.get('id') in GPUS and gpu.get('count', 1) > GPUS[gpu['id']][2]:
+        raise Problem(400, f"at most {GPUS[gpu['id']][2]} x {gpu['id']} in one pod")
+
+# %% ../../nbs/08d_fake_runpod.ipynb #99fa8bdb
+@patch
+def machine_offered(self:CreateOps, body:dict):
+    "Refuse a GPU type, or a CPU flavor and vCPU count, that RunPod does not offer (400)."
+    if 'cpu' in body:
+        cid, n = body['cpu']['id'], body['cpu'].get('vcpuCount', 2)
+        if cid not in CPUS: raise Problem(400, f"cpu flavor '{cid}' is not a known CPU flavor")
+        if n not in (counts := CPUS[cid][1]):
+            offered = ', '.join(map(str, counts))
+            raise Problem(400, f"cpu flavor '{cid}' comes with {offered} vCPUs, not {n}")
+    elif (gid := body['gpu']['id']) not in GPUS:
+        raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
 
 # %% ../../nbs/08d_fake_runpod.ipynb #fb769444
 class _Lost(Exception):
@@ -231,53 +254,67 @@ class _Lost(Exception):
 # %% ../../nbs/08d_fake_runpod.ipynb #61d30e78
 class CatalogOps:
     "The fake's catalog (GPU types, their availability, data centers), network volumes and SSH keys."
-    def gpu(self, gid:str) -> dict:
-        mem, price, most = GPUS[gid]
-        return dict(id=gid, name=gid.split()[-1], pool=None, manufacturer='NVIDIA', memory=mem, secure=True,
-                    community=True, price=dict(secure=price, community=round(price*0.7, 2)),
-                    maxCount=dict(secure=most, community=most))
 
-    def get_catalog_gpus(self, body=None): return 200, dict(gpus=[self.gpu(k) for k in GPUS])
+# %% ../../nbs/08d_fake_runpod.ipynb #f13d62d0
+@patch
+def gpu(self:CatalogOps, gid:str) -> dict:
+    mem, price, most = GPUS[gid]
+    return dict(id=gid, name=gid.split()[-1], pool=None, manufacturer='NVIDIA', memory=mem, secure=True,
+                community=True, price=dict(secure=price, community=round(price*0.7, 2)),
+                maxCount=dict(secure=most, community=most))
 
-    def get_catalog_gpus_id(self, gid:str, body=None):
-        if gid not in GPUS: raise Problem(404, 'gpu type not found')
-        q, enums = self.query, contract()['enums']
-        if 'include' not in q:
-            if set(q) & {'product', 'count', 'cloud', 'countryCodes', 'cudaVersions', 'minCudaVersion'}:
-                raise Problem(400, 'product, count, cloud and the other availability filters are valid only '
-                                   'with include=AVAILABILITY')
-            return 200, self.gpu(gid)
-        if q['include'] not in enums['CatalogInclude'] or q.get('product') not in enums['Product']:
-            raise Problem(400, 'include=AVAILABILITY requires product (POD, CLUSTER or SERVERLESS)')
-        if (q.get('cloud', 'SECURE') not in enums['GpuCloudFilter'] or not q.get('count', '1').isdigit()
-                or int(q.get('count', '1')) < 1):
-            raise Problem(400, 'cloud must be SECURE or COMMUNITY and count an integer >= 1')
-        levels = enums['AvailabilityLevel']
-        dcs = [dict(id=dc, name=dc, availability=self.stock.get((gid, dc), 'HIGH')) for dc in DATA_CENTERS]
-        dcs = [d for d in dcs if d['availability'] != 'NONE']
-        best = max((levels.index(d['availability']) for d in dcs), default=0)
-        return 200, dict(self.gpu(gid), availability=levels[best], **(dict(dataCenters=dcs) if dcs else {}))
+@patch
+def get_catalog_gpus(self:CatalogOps, body=None): return 200, dict(gpus=[self.gpu(k) for k in GPUS])
 
-    def get_catalog_datacenters(self, body=None):
-        return 200, dict(dataCenters=[dict(id=k, name=k, region='EUROPE', globalNetwork=False, compliance=[],
-                                           networkVolumeTypes=['STANDARD'] if v else [])
-                                      for k, v in DATA_CENTERS.items()])
+# %% ../../nbs/08d_fake_runpod.ipynb #5e9850bc
+@patch
+def get_catalog_gpus_id(self:CatalogOps, gid:str, body=None):
+    if gid not in GPUS: raise Problem(404, 'gpu type not found')
+    q, enums = self.query, contract()['enums']
+    if 'include' not in q:
+        if set(q) & {'product', 'count', 'cloud', 'countryCodes', 'cudaVersions', 'minCudaVersion'}:
+            raise Problem(400, 'product, count, cloud and the other availability filters are valid only '
+                               'with include=AVAILABILITY')
+        return 200, self.gpu(gid)
+    if q['include'] not in enums['CatalogInclude'] or q.get('product') not in enums['Product']:
+        raise Problem(400, 'include=AVAILABILITY requires product (POD, CLUSTER or SERVERLESS)')
+    if (q.get('cloud', 'SECURE') not in enums['GpuCloudFilter'] or not q.get('count', '1').isdigit()
+            or int(q.get('count', '1')) < 1):
+        raise Problem(400, 'cloud must be SECURE or COMMUNITY and count an integer >= 1')
+    levels = enums['AvailabilityLevel']
+    dcs = [dict(id=dc, name=dc, availability=self.stock.get((gid, dc), 'HIGH')) for dc in DATA_CENTERS]
+    dcs = [d for d in dcs if d['availability'] != 'NONE']
+    best = max((levels.index(d['availability']) for d in dcs), default=0)
+    return 200, dict(self.gpu(gid), availability=levels[best], **(dict(dataCenters=dcs) if dcs else {}))
 
-    def get_network_volumes(self, body=None): return 200, dict(networkVolumes=list(self.volumes.values()))
+# %% ../../nbs/08d_fake_runpod.ipynb #3818fce9
+@patch
+def get_catalog_datacenters(self:CatalogOps, body=None):
+    return 200, dict(dataCenters=[dict(id=k, name=k, region='EUROPE', globalNetwork=False, compliance=[],
+                                       networkVolumeTypes=['STANDARD'] if v else [])
+                                  for k, v in DATA_CENTERS.items()])
 
-    def get_network_volumes_id(self, vol_id:str, body=None):
-        if vol_id not in self.volumes: raise Problem(404, 'network volume not found')
-        return 200, self.volumes[vol_id]
+@patch
+def get_network_volumes(self:CatalogOps, body=None):
+    return 200, dict(networkVolumes=list(self.volumes.values()))
 
-    def post_network_volumes(self, body:dict):
-        if not DATA_CENTERS.get(body['dataCenter']):
-            raise Problem(400, f"data center {body['dataCenter']} does not offer network volumes")
-        v = dict(id=f'vol{len(self.volumes):03d}new', name=body['name'], size=body['size'],
-                 dataCenter=body['dataCenter'], type=body.get('type', 'STANDARD'))
-        self.volumes[v['id']] = v
-        return 201, v
+@patch
+def get_network_volumes_id(self:CatalogOps, vol_id:str, body=None):
+    if vol_id not in self.volumes: raise Problem(404, 'network volume not found')
+    return 200, self.volumes[vol_id]
 
-    def get_account_ssh_keys(self, body=None): return 200, dict(keys=list(self.ssh_keys))
+@patch
+def post_network_volumes(self:CatalogOps, body:dict):
+    if not DATA_CENTERS.get(body['dataCenter']):
+        raise Problem(400, f"data center {body['dataCenter']} does not offer network volumes")
+    v = dict(id=f'vol{len(self.volumes):03d}new', name=body['name'], size=body['size'],
+             dataCenter=body['dataCenter'], type=body.get('type', 'STANDARD'))
+    self.volumes[v['id']] = v
+    return 201, v
+
+# %% ../../nbs/08d_fake_runpod.ipynb #779053aa
+@patch
+def get_account_ssh_keys(self:CatalogOps, body=None): return 200, dict(keys=list(self.ssh_keys))
 
 # %% ../../nbs/08d_fake_runpod.ipynb #27217459
 def _path_rx(tmpl:str) -> str: return '^' + re.sub(r'\\\{id\\\}', '([^/]+)', re.escape(tmpl)) + '$'
@@ -336,57 +373,65 @@ class FakeRunPodV2(PodOps, CreateOps, CatalogOps):
         self.logs = {}                  # pod id -> a file whose lines are the container's stdout
         self.ssh_keys = ['ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFAKEKEYFORTESTS me@laptop']
 
-    def down(self, seconds:float, from_next_call:bool=False):
-        "Be unreachable for `seconds` on the fake's clock, from now or from the next call on."
-        if from_next_call: self.down_next = seconds
-        else: self.down_until = self.clock() + seconds
+# %% ../../nbs/08d_fake_runpod.ipynb #8b8c7c7d
+@patch
+def down(self:FakeRunPodV2, seconds:float, from_next_call:bool=False):
+    "Be unreachable for `seconds` on the fake's clock, from now or from the next call on."
+    if from_next_call: self.down_next = seconds
+    else: self.down_until = self.clock() + seconds
 
-    def calls(self, method:str|None=None, path:str|None=None) -> list:
-        "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
-        return [(m, p, b) for m, p, h, b in self.requests if (method is None or m == method)
-                and (path is None or re.fullmatch(path, p))]
+@patch
+def calls(self:FakeRunPodV2, method:str|None=None, path:str|None=None) -> list:
+    "Recorded (method, path, body) of the calls matching `method` and a `path` regex."
+    return [(m, p, b) for m, p, h, b in self.requests if (method is None or m == method)
+            and (path is None or re.fullmatch(path, p))]
 
-    def add_pod(self, pod_id:str, name:str='pod', status:str='RUNNING', **kw) -> dict:
-        "Put a pod on the account as if it had been created; `kw` are fields of its create body."
-        body = dict(name=name, image='runpod/pytorch:x', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1),
-                    cloud='SECURE', env={}, mounts={}) | kw
-        self.pods[pod_id] = self._pod(pod_id, body, status)
-        return self.pods[pod_id]
+@patch
+def add_pod(self:FakeRunPodV2, pod_id:str, name:str='pod', status:str='RUNNING', **kw) -> dict:
+    "Put a pod on the account as if it had been created; `kw` are fields of its create body."
+    body = dict(name=name, image='runpod/pytorch:x', gpu=dict(id='NVIDIA H100 80GB HBM3', count=1),
+                cloud='SECURE', env={}, mounts={}) | kw
+    self.pods[pod_id] = self._pod(pod_id, body, status)
+    return self.pods[pod_id]
 
-    def _gate(self, method:str, path:str, query:str, headers, body):
-        "The operation's method and arguments, once the key, the knobs and the contract let the request in."
-        if headers.get('Authorization') != f'Bearer {self.key}':
-            raise Problem(401, 'missing or invalid bearer token')
-        if self.busy:
-            self.busy -= 1
-            raise Problem(429, 'rate limit exceeded', headers={'Retry-After': '0'})
-        if self.broken:
-            self.broken -= 1
-            raise Problem(503, 'upstream unavailable')
-        op, args = route(method, path)
-        self.query = check_request(op, query, body)
-        method, tmpl = op.split()
-        return getattr(self, method.lower() + '_' + re.sub(r'\W+', '_', tmpl[4:]).strip('_')), args
+# %% ../../nbs/08d_fake_runpod.ipynb #d66013da
+@patch
+def _gate(self:FakeRunPodV2, method:str, path:str, query:str, headers, body):
+    "The operation's method and arguments, once the key, the knobs and the contract let the request in."
+    if headers.get('Authorization') != f'Bearer {self.key}':
+        raise Problem(401, 'missing or invalid bearer token')
+    if self.busy:
+        self.busy -= 1
+        raise Problem(429, 'rate limit exceeded', headers={'Retry-After': '0'})
+    if self.broken:
+        self.broken -= 1
+        raise Problem(503, 'upstream unavailable')
+    op, args = route(method, path)
+    self.query = check_request(op, query, body)
+    method, tmpl = op.split()
+    return getattr(self, method.lower() + '_' + re.sub(r'\W+', '_', tmpl[4:]).strip('_')), args
 
-    def handle(self, method:str, raw_path:str, headers, raw:bytes) -> tuple[int, object, dict]:
-        "(status, answer, headers) of one request; status 0: no server answered (the fake is down)."
-        path, _, query = raw_path.partition('?')
-        try: body = json.loads(raw) if raw else None
-        except ValueError: return problem(Problem(400, 'request body is not JSON'))
-        with self.lock:
-            if self.down_next: self.down_until, self.down_next = self.clock() + self.down_next, 0
-            if self.clock() < self.down_until:
-                self.unanswered += 1
-                return 0, None, {}
-            self.requests.append((method, path, dict(headers), body))
-            try:
-                fn, args = self._gate(method, path, query, headers, body)
-                status, out = fn(*args, body=body)
-            except Problem as p: return problem(p)
-            except _Lost: return 502, None, {}
-            if isinstance(out, dict) and 'status' in out:
-                assert out['status'] in contract()['enums']['PodStatus'], out['status']
-            return status, out, {}
+# %% ../../nbs/08d_fake_runpod.ipynb #9622f542
+@patch
+def handle(self:FakeRunPodV2, method:str, raw_path:str, headers, raw:bytes) -> tuple[int, object, dict]:
+    "(status, answer, headers) of one request; status 0: no server answered (the fake is down)."
+    path, _, query = raw_path.partition('?')
+    try: body = json.loads(raw) if raw else None
+    except ValueError: return problem(Problem(400, 'request body is not JSON'))
+    with self.lock:
+        if self.down_next: self.down_until, self.down_next = self.clock() + self.down_next, 0
+        if self.clock() < self.down_until:
+            self.unanswered += 1
+            return 0, None, {}
+        self.requests.append((method, path, dict(headers), body))
+        try:
+            fn, args = self._gate(method, path, query, headers, body)
+            status, out = fn(*args, body=body)
+        except Problem as p: return problem(p)
+        except _Lost: return 502, None, {}
+        if isinstance(out, dict) and 'status' in out:
+            assert out['status'] in contract()['enums']['PodStatus'], out['status']
+        return status, out, {}
 
 # %% ../../nbs/08d_fake_runpod.ipynb #a55ed3f8
 def serve(fake:FakeRunPodV2, port:int=0):

@@ -11,6 +11,7 @@ import requests
 from ..core import load_settings
 from .plan import image_cuda
 from ..core import env_var
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SAFE_VALUES', 'STATUSES', 'CPU_REST_ONLY', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError',
@@ -124,63 +125,93 @@ class RestV2:
         self.key, self.hidden, self.timeout = key, hidden, timeout
         self.base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io').rstrip('/') + '/v2'
 
-    def call(self, method:str, path:str, body:dict|None=None) -> dict|None:
-        data = json.dumps(body).encode() if body is not None else None
-        hdr = {'Authorization': f'Bearer {self.key}',
-               'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
-        req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdr)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r: txt = r.read()
-            return json.loads(txt) if txt.strip() else None
-        except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(),
-                                                                e.headers.get('Retry-After'),
-                                                                    self.hidden) from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
-                                 f"({type(e).__name__}): check the network and retry") from None
+# %% ../../nbs/07b_api.ipynb #7e1c17a9
+@patch
+def call(self:RestV2, method:str, path:str, body:dict|None=None) -> dict|None:
+    data = json.dumps(body).encode() if body is not None else None
+    hdr = {'Authorization': f'Bearer {self.key}',
+           'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
+    req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdr)
+    try:
+        with urllib.request.urlopen(req, timeout=self.timeout) as r: txt = r.read()
+        return json.loads(txt) if txt.strip() else None
+    except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(),
+                                                            e.headers.get('Retry-After'),
+                                                                self.hidden) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                             f"({type(e).__name__}): check the network and retry") from None
 
-    def _get(self, path:str) -> dict|None:
-        try: return self.call('GET', path)
-        except NotFound: return None
-    def pods(self) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
-    def pod(self, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
-    def gpu(self, gpu_id:str) -> dict|None:
-        return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
-    def availability(self, gpu_id:str, count:int, cloud:str) -> dict|None:
-        q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud))
-        g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
-        return g and dict(overall=g.get('availability'),
-                          data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
-    def create_pod(self, spec, env:dict) -> dict:
-        return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
-    def action(self, pod_id:str, action:str) -> dict|None:
-        p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
-        return p and pod_view(p)
-    def volumes(self) -> list[dict]: return [_vol(v) for v in self.call('GET',
-                                                                        '/network-volumes')['networkVolumes']]
-    def volume(self,
-               vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
-    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb),
-                                                               dataCenter=data_center)))
-    def data_centers(self) -> list[dict]:
-        return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
-                '/catalog/datacenters')['dataCenters']]
-    def ssh_keys(self) -> list[str]: return self.call('GET', '/account/ssh-keys')['keys']
-    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
-        q = urllib.parse.urlencode(dict(tail=int(tail)))
-        req = urllib.request.Request(f"{self.base}/pods/{pod_id}/logs?{q}", method='GET', headers={
-            'Authorization': f'Bearer {self.key}', 'Accept': 'text/event-stream'})
-        lines = []
-        try:
-            with urllib.request.urlopen(req, timeout=None if follow else 10) as r: sse_lines(r, lines, out)
-        except TimeoutError: pass  # the backfill is over: the stream only waits for new lines now
-        except urllib.error.HTTPError as e:
-            raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
-                                 f"({type(e).__name__}): check the network and retry") from None
-        return lines
+@patch
+def _get(self:RestV2, path:str) -> dict|None:
+    try: return self.call('GET', path)
+    except NotFound: return None
+
+@patch
+def pods(self:RestV2) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
+
+# %% ../../nbs/07b_api.ipynb #4732fc31
+@patch
+def pod(self:RestV2, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
+
+@patch
+def gpu(self:RestV2, gpu_id:str) -> dict|None:
+    return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
+
+@patch
+def availability(self:RestV2, gpu_id:str, count:int, cloud:str) -> dict|None:
+    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud))
+    g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
+    return g and dict(overall=g.get('availability'),
+                      data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
+
+@patch
+def create_pod(self:RestV2, spec, env:dict) -> dict:
+    return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
+
+@patch
+def action(self:RestV2, pod_id:str, action:str) -> dict|None:
+    p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
+    return p and pod_view(p)
+
+# %% ../../nbs/07b_api.ipynb #94d936d3
+@patch
+def volumes(self:RestV2) -> list[dict]: return [_vol(v) for v in self.call('GET',
+                                                                    '/network-volumes')['networkVolumes']]
+
+@patch
+def volume(self:RestV2,
+           vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
+
+@patch
+def create_volume(self:RestV2, name:str, size_gb:int, data_center:str) -> dict:
+    return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb),
+                                                           dataCenter=data_center)))
+
+@patch
+def data_centers(self:RestV2) -> list[dict]:
+    return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
+            '/catalog/datacenters')['dataCenters']]
+
+@patch
+def ssh_keys(self:RestV2) -> list[str]: return self.call('GET', '/account/ssh-keys')['keys']
+
+# %% ../../nbs/07b_api.ipynb #31c370ec
+@patch
+def logs(self:RestV2, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+    q = urllib.parse.urlencode(dict(tail=int(tail)))
+    req = urllib.request.Request(f"{self.base}/pods/{pod_id}/logs?{q}", method='GET', headers={
+        'Authorization': f'Bearer {self.key}', 'Accept': 'text/event-stream'})
+    lines = []
+    try:
+        with urllib.request.urlopen(req, timeout=None if follow else 10) as r: sse_lines(r, lines, out)
+    except TimeoutError: pass  # the backfill is over: the stream only waits for new lines now
+    except urllib.error.HTTPError as e:
+        raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                             f"({type(e).__name__}): check the network and retry") from None
+    return lines
 
 # %% ../../nbs/07b_api.ipynb #8757b517
 def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
@@ -228,77 +259,109 @@ class GraphQL:
         import runpod  # lazy: the SDK pulls in many packages, and only this backend needs it
         runpod.api_key, self.rp, self.hidden = key, runpod, hidden
 
-    def _call(self, fn, *args, **kw):
-        from runpod import error  # optional backend: the runpod SDK (GraphQL)
-        try: return fn(*args, **kw)
-        except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check "
-                                                            "RUNPOD_API_KEY (or `runpod config`)") from None
-        except error.QueryError as e:
-            msg = masked(str(e.message or e).splitlines()[0], self.hidden)
-            if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
-            raise RunPodError(f"RunPod API error: {msg}") from None
-        except (requests.RequestException, json.JSONDecodeError) as e:
-            base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
-            raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
-                                 "check the network and retry") from None
-        except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
-                                                             f"(missing {e})") from None
+# %% ../../nbs/07b_api.ipynb #2a236b0b
+@patch
+def _call(self:GraphQL, fn, *args, **kw):
+    from runpod import error  # optional backend: the runpod SDK (GraphQL)
+    try: return fn(*args, **kw)
+    except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check "
+                                                        "RUNPOD_API_KEY (or `runpod config`)") from None
+    except error.QueryError as e:
+        msg = masked(str(e.message or e).splitlines()[0], self.hidden)
+        if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
+        raise RunPodError(f"RunPod API error: {msg}") from None
+    except (requests.RequestException, json.JSONDecodeError) as e:
+        base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
+        raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
+                             "check the network and retry") from None
+    except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
+                                                         f"(missing {e})") from None
 
-    def _gql(self, query:str) -> dict:
-        from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
-        r = self._call(run_graphql_query, query)
-        if not isinstance(r, dict) or not isinstance(r.get('data'), dict):
-            raise TransientError("RunPod's GraphQL API answered without `data`: a passing failure on its "
-                                 "side, or RUNPOD_API_BASE_URL is not its address")
-        return r['data']
-    def pods(self) -> list[dict]:
-        q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
-        return [gql_view(p) for p in self._gql(q)['myself']['pods']]
-    def pod(self, pod_id:str) -> dict|None:
-        p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
-        return p and gql_view(p)
-    def gpu(self, gpu_id:str) -> dict|None: return dict(id=gpu_id)  # the SDK's create checks the type itself
-    # the catalog's stock is a REST v2 query
-    def availability(self, gpu_id:str, count:int, cloud:str) -> None: return None
-    def create_pod(self, spec, env:dict) -> dict:
-        if getattr(spec, 'cpu_type', ''): raise ValueError(CPU_REST_ONLY)
-        try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
-                            gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
-                            gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
-                            container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
-                            ports=spec.ports, volume_mount_path=spec.volume_mount, env=env,
-                            network_volume_id=spec.volume_id or None,
-                            data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True,
-                            min_vcpu_count=spec.min_vcpu or 1, min_memory_in_gb=spec.min_memory_gb or 1,
-                            template_id=spec.template_id or None)
-        except RunPodError: raise
-        except ValueError as e:  # the SDK's own check of the GPU type
-            if 'GPU' not in str(e): raise
-            raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
-        return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
-    def action(self, pod_id:str, action:str):
-        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
-                                                  "use `lmbook pod stop` then `lmbook pod "
-                                                  "resume`, or the REST API (api = rest)")
-        if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
-                or {}).get('gpu_count') or 1))
-        return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
-    def volumes(self) -> list[dict]:
-        return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
-                for v in self._call(self.rp.get_user)['networkVolumes']]
-    def volume(self, vol_id:str) -> dict|None: return next((v for v in self.volumes() if v['id'] == vol_id),
-                                                           None)
-    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        q = (f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, '
-             f'dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}')
-        v = self._gql(q)['createNetworkVolume']
-        return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
-    # not asked over GraphQL: the volume's own data center is checked instead
-    def data_centers(self) -> list[dict]|None: return None
-    def ssh_keys(self) -> None: return None  # not known over GraphQL
-    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
-        raise RunPodError("RunPod's GraphQL API has no pod logs: use the REST API (api = rest), or "
-                          "the log on the volume over SSH")
+# %% ../../nbs/07b_api.ipynb #4919a206
+@patch
+def _gql(self:GraphQL, query:str) -> dict:
+    from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
+    r = self._call(run_graphql_query, query)
+    if not isinstance(r, dict) or not isinstance(r.get('data'), dict):
+        raise TransientError("RunPod's GraphQL API answered without `data`: a passing failure on its "
+                             "side, or RUNPOD_API_BASE_URL is not its address")
+    return r['data']
+
+@patch
+def pods(self:GraphQL) -> list[dict]:
+    q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
+    return [gql_view(p) for p in self._gql(q)['myself']['pods']]
+
+@patch
+def pod(self:GraphQL, pod_id:str) -> dict|None:
+    p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
+    return p and gql_view(p)
+
+@patch
+def gpu(self:GraphQL, gpu_id:str) -> dict|None:
+    return dict(id=gpu_id)  # the SDK's create checks the type itself
+
+# %% ../../nbs/07b_api.ipynb #596dc4ae
+@patch
+# the catalog's stock is a REST v2 query
+def availability(self:GraphQL, gpu_id:str, count:int, cloud:str) -> None: return None
+
+@patch
+def create_pod(self:GraphQL, spec, env:dict) -> dict:
+    if getattr(spec, 'cpu_type', ''): raise ValueError(CPU_REST_ONLY)
+    try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
+                        gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
+                        gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
+                        container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
+                        ports=spec.ports, volume_mount_path=spec.volume_mount, env=env,
+                        network_volume_id=spec.volume_id or None,
+                        data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True,
+                        min_vcpu_count=spec.min_vcpu or 1, min_memory_in_gb=spec.min_memory_gb or 1,
+                        template_id=spec.template_id or None)
+    except RunPodError: raise
+    except ValueError as e:  # the SDK's own check of the GPU type
+        if 'GPU' not in str(e): raise
+        raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
+    return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
+
+# %% ../../nbs/07b_api.ipynb #908ca1ee
+@patch
+def action(self:GraphQL, pod_id:str, action:str):
+    if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
+                                              "use `lmbook pod stop` then `lmbook pod "
+                                              "resume`, or the REST API (api = rest)")
+    if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
+            or {}).get('gpu_count') or 1))
+    return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
+
+@patch
+def volumes(self:GraphQL) -> list[dict]:
+    return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
+            for v in self._call(self.rp.get_user)['networkVolumes']]
+
+@patch
+def volume(self:GraphQL, vol_id:str) -> dict|None:
+    return next((v for v in self.volumes() if v['id'] == vol_id), None)
+
+@patch
+def create_volume(self:GraphQL, name:str, size_gb:int, data_center:str) -> dict:
+    q = (f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, '
+         f'dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}')
+    v = self._gql(q)['createNetworkVolume']
+    return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
+
+# %% ../../nbs/07b_api.ipynb #cfa23c4f
+@patch
+# not asked over GraphQL: the volume's own data center is checked instead
+def data_centers(self:GraphQL) -> list[dict]|None: return None
+
+@patch
+def ssh_keys(self:GraphQL) -> None: return None  # not known over GraphQL
+
+@patch
+def logs(self:GraphQL, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+    raise RunPodError("RunPod's GraphQL API has no pod logs: use the REST API (api = rest), or "
+                      "the log on the volume over SSH")
 
 # %% ../../nbs/07b_api.ipynb #fc9b26df
 BACKENDS = dict(rest=RestV2, graphql=GraphQL)
@@ -325,52 +388,88 @@ class RunPodAPI:
         self.b = BACKENDS[name](key, self.hidden)
         self.backend = name
 
-    def retry(self, fn, *args, only=TransientError):
-        "`fn(*args)`, retried on `only` errors with backoff (RunPod's Retry-After when it gives one)."
-        for i in range(self.tries):
-            try: return fn(*args)
-            except only as e:
-                if i == self.tries - 1: raise
-                self.sleep(e.retry_after if e.retry_after is not None else min(60, 2**i))
+# %% ../../nbs/07b_api.ipynb #48820328
+@patch
+def retry(self:RunPodAPI, fn, *args, only=TransientError):
+    "`fn(*args)`, retried on `only` errors with backoff (RunPod's Retry-After when it gives one)."
+    for i in range(self.tries):
+        try: return fn(*args)
+        except only as e:
+            if i == self.tries - 1: raise
+            self.sleep(e.retry_after if e.retry_after is not None else min(60, 2**i))
 
-    def pods(self) -> list[dict]: return [p for p in self.retry(self.b.pods) if p['status'] != 'TERMINATED']
-    def pod(self, pod_id:str) -> dict|None: return self.retry(self.b.pod, check_safe(pod_id, 'id', 'pod id'))
-    def find_pod(self, name:str) -> dict|None:
-        "The pod called `name`, if one exists (pod names lmbook makes are unique)."
-        return next((p for p in self.pods() if p['name'] == name), None)
-    def gpu(self, gpu_id:str) -> dict|None:
-        return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
-    def availability(self, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
-        "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
-        return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
-    def create_pod(self, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,
-                                                                    only=RateLimited)
-    def action(self, pod_id:str, action:str):
-        "Send `start`, `stop`, `restart` or `terminate` to a pod."
-        if action not in ('start', 'stop', 'restart',
-                          'terminate'): raise ValueError(f"pod action {action!r}: choose "
-                                                         "start, stop, restart or terminate")
-        return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
-    def stop(self, pod_id:str): return self.action(pod_id, 'stop')
-    def terminate(self, pod_id:str): return self.action(pod_id, 'terminate')
-    def volumes(self) -> list[dict]: return self.retry(self.b.volumes)
-    def volume(self, vol_id:str) -> dict|None:
-        return self.retry(self.b.volume, check_safe(vol_id, 'id', 'volume id'))
-    def data_centers(self) -> list[dict]|None: return self.retry(self.b.data_centers)
-    def ssh_keys(self) -> list[str]|None:
-        "The SSH public keys registered with the account (None: not known)."
-        return self.retry(self.b.ssh_keys)
-    def logs(self, pod_id:str, tail:int=100, follow:bool=False, out=None) -> list[str]:
-        "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
-        return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
-    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
-        check_safe(name, 'name', 'volume name')
-        check_safe(data_center, 'data_center', 'data center id')
-        if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: "
-                                                            "RunPod takes 10 to 4096")
-        dcs = self.data_centers()
-        if dcs is not None:
-            ok = [d['id'] for d in dcs if d['volumes']]
-            if data_center not in ok: raise ValueError(f"data center {data_center!r} has no network "
-                                                       f"volumes: choose one of {', '.join(ok)}")
-        return self.retry(self.b.create_volume, name, int(size_gb), data_center)
+@patch
+def pods(self:RunPodAPI) -> list[dict]:
+    return [p for p in self.retry(self.b.pods) if p['status'] != 'TERMINATED']
+
+@patch
+def pod(self:RunPodAPI, pod_id:str) -> dict|None:
+    return self.retry(self.b.pod, check_safe(pod_id, 'id', 'pod id'))
+
+@patch
+def find_pod(self:RunPodAPI, name:str) -> dict|None:
+    "The pod called `name`, if one exists (pod names lmbook makes are unique)."
+    return next((p for p in self.pods() if p['name'] == name), None)
+
+@patch
+def gpu(self:RunPodAPI, gpu_id:str) -> dict|None:
+    return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
+
+# %% ../../nbs/07b_api.ipynb #9fa08952
+@patch
+def availability(self:RunPodAPI, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
+    "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
+    return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
+
+@patch
+def create_pod(self:RunPodAPI, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,
+                                                                only=RateLimited)
+
+@patch
+def action(self:RunPodAPI, pod_id:str, action:str):
+    "Send `start`, `stop`, `restart` or `terminate` to a pod."
+    if action not in ('start', 'stop', 'restart',
+                      'terminate'): raise ValueError(f"pod action {action!r}: choose "
+                                                     "start, stop, restart or terminate")
+    return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
+
+@patch
+def stop(self:RunPodAPI, pod_id:str): return self.action(pod_id, 'stop')
+
+@patch
+def terminate(self:RunPodAPI, pod_id:str): return self.action(pod_id, 'terminate')
+
+# %% ../../nbs/07b_api.ipynb #1dba8df0
+@patch
+def volumes(self:RunPodAPI) -> list[dict]: return self.retry(self.b.volumes)
+
+@patch
+def volume(self:RunPodAPI, vol_id:str) -> dict|None:
+    return self.retry(self.b.volume, check_safe(vol_id, 'id', 'volume id'))
+
+@patch
+def data_centers(self:RunPodAPI) -> list[dict]|None: return self.retry(self.b.data_centers)
+
+@patch
+def ssh_keys(self:RunPodAPI) -> list[str]|None:
+    "The SSH public keys registered with the account (None: not known)."
+    return self.retry(self.b.ssh_keys)
+
+@patch
+def logs(self:RunPodAPI, pod_id:str, tail:int=100, follow:bool=False, out=None) -> list[str]:
+    "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
+    return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
+
+# %% ../../nbs/07b_api.ipynb #ddee6ef3
+@patch
+def create_volume(self:RunPodAPI, name:str, size_gb:int, data_center:str) -> dict:
+    check_safe(name, 'name', 'volume name')
+    check_safe(data_center, 'data_center', 'data center id')
+    if not 10 <= int(size_gb) <= 4096: raise ValueError(f"volume size {size_gb} GB: "
+                                                        "RunPod takes 10 to 4096")
+    dcs = self.data_centers()
+    if dcs is not None:
+        ok = [d['id'] for d in dcs if d['volumes']]
+        if data_center not in ok: raise ValueError(f"data center {data_center!r} has no network "
+                                                   f"volumes: choose one of {', '.join(ok)}")
+    return self.retry(self.b.create_volume, name, int(size_gb), data_center)

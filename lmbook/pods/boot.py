@@ -25,6 +25,7 @@ from .guard import stop_pod, exit_container, stop_run, wait_run, StopSignals, St
 from .guard import watch_spend
 from ..rundir import RunDir
 from ..core import env_var, process_env
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
@@ -74,19 +75,21 @@ class BootOptions:
                 prepare=get('RUN_PREPARE') == '1')
         return replace(o, **kw).checked()
 
-    def checked(self) -> 'BootOptions':
-        "Fill the experiment name and refuse bad values in one line."
-        exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
-        check_name(exp)
-        if self.autokill not in ('', 'stop', 'terminate'):
-            raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
-        if self.on_failure not in ('stop', 'keep'):
-            raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
-        if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
-        for k, v in self.overrides.items():
-            if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
-                                               "which RUN_OVERRIDES cannot carry")
-        return replace(self, experiment=exp, shard=self.shard or self.prepare)  # preparing is sharding first
+# %% ../../nbs/07g_boot.ipynb #aeb72128
+@patch
+def checked(self:BootOptions) -> 'BootOptions':
+    "Fill the experiment name and refuse bad values in one line."
+    exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
+    check_name(exp)
+    if self.autokill not in ('', 'stop', 'terminate'):
+        raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
+    if self.on_failure not in ('stop', 'keep'):
+        raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
+    if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
+    for k, v in self.overrides.items():
+        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
+                                           "which RUN_OVERRIDES cannot carry")
+    return replace(self, experiment=exp, shard=self.shard or self.prepare)  # preparing is sharding first
 
 # %% ../../nbs/07g_boot.ipynb #a5286fcb
 class BootLog:

@@ -18,6 +18,7 @@ from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
 from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table
 from ..core import env_var, process_env
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret',
@@ -103,77 +104,6 @@ class PodSpec:
     cpu_type: str = ''            # a CPU pod's RunPod CPU flavor ('' : a GPU pod); it only prepares the data
     vcpus: int = 0                # the CPU pod's vCPUs
 
-    def validate(self) -> 'PodSpec':
-        "Check every field that reaches the request, and the combinations RunPod or the run would regret."
-        check_safe(self.name, 'name', 'pod name')
-        check_name(self.experiment)
-        self._check_machine()
-        if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
-        if self.template_id: check_safe(self.template_id, 'id', 'template id')
-        if self.min_vcpu < 0 or self.min_memory_gb < 0:
-            raise ValueError("--min-vcpu and --min-memory must be >= 0 (0: RunPod's default)")
-        if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
-        if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
-        if self.cloud_type not in ('SECURE',
-                                   'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: "
-                                                                  "choose SECURE or COMMUNITY")
-        if self.volume_id and self.cloud_type != 'SECURE':
-            raise ValueError("network volumes are Secure Cloud only: drop "
-                             "--cloud-type COMMUNITY, or train without --volume")
-        if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
-                                                               "lmbook's pods mount the volume at /workspace")
-        if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
-            raise ValueError("autokill terminate without a network volume would delete the pod volume, and "
-                             "the final checkpoint with it, "
-                             "seconds after it is written: use --autokill stop, or give --volume")
-        for k, v in self.env.items():
-            check_env_value(k, str(v))
-            check_not_secret(k, str(v))
-        if len(self.env) + len(self.secrets) > 49:  # LMBOOK_T0 is added when sent
-            raise ValueError(f"{len(self.env) + len(self.secrets)} environment variables: RunPod takes at "
-                             "most 50 a pod, and lmbook adds one; drop some --env")
-        if any(p.strip().endswith('/udp') for p in self.ports.split(',')):
-            raise ValueError(f"ports {self.ports!r}: RunPod pods take no UDP ports, only http and tcp")
-        if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
-        if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
-            raise ValueError("env LMBOOK_COMMIT must be the full 40-character "
-                             "commit the pod checks out (pod create sets it)")
-        for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
-            if k in self.env and str(self.env[k]) != want:
-                raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them "
-                                 "the same (the pod trains what env says)")
-        for k, v in self.secrets.items():
-            check_safe(k, 'env_key', 'secret variable name')
-            if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(SAFE_VALUES['env_key'], v[4:]))
-                    or _SECRET_REF.match(v)):
-                raise ValueError(f"secret {k} is not a source lmbook knows (its value "
-                                 "is not shown): use 'generate', 'env:NAME' or '{{ "
-                                 "RUNPOD_SECRET_name }}' (never the value itself)")
-        check_env_value('start', self.start, limit=8192)
-        return self
-
-    def _check_machine(self):
-        "A GPU pod's GPUs; or a CPU pod's flavor and vCPUs, its network volume, and its one job: the data."
-        if not self.cpu_type:
-            check_safe(self.gpu_type, 'gpu', 'GPU type')
-            if not 1 <= self.gpu_count <= 8:
-                raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
-            return
-        check_safe(self.cpu_type, 'id', 'CPU flavor')
-        if self.gpu_type or self.gpu_count or self.vcpus < 1:
-            raise ValueError(f"a CPU pod has vCPUs and no GPU (gpu_type {self.gpu_type!r}, gpu_count "
-                             f"{self.gpu_count}, vcpus {self.vcpus}): fix the manifest, or make it again")
-        if not self.volume_id: raise ValueError(NO_PREP_VOLUME)
-        if self.env.get('RUN_PREPARE') != '1':
-            raise ValueError("lmbook's CPU pods only prepare a run's data: env RUN_PREPARE must be 1 "
-                             "(lmbook pod prepare sets it)")
-
-    def to_yaml(self, path:Path|None=None) -> str:
-        "The manifest (no secret values in it); written to `path` if given."
-        txt = yaml.safe_dump(dict(kind='lmbook-pod', **asdict(self)), sort_keys=False, width=200)
-        if path: Path(path).write_text(txt)
-        return txt
-
     @classmethod
     def from_yaml(cls, path:Path) -> 'PodSpec':
         "A checked spec from a manifest file."
@@ -185,6 +115,82 @@ class PodSpec:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown: raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))} in {path}")
         return cls(**d).validate()
+
+# %% ../../nbs/07f_runpod.ipynb #162c93f4
+@patch
+def validate(self:PodSpec) -> 'PodSpec':
+    "Check every field that reaches the request, and the combinations RunPod or the run would regret."
+    check_safe(self.name, 'name', 'pod name')
+    check_name(self.experiment)
+    self._check_machine()
+    if self.image or not self.template_id: check_safe(self.image, 'image', 'image')
+    if self.template_id: check_safe(self.template_id, 'id', 'template id')
+    if self.min_vcpu < 0 or self.min_memory_gb < 0:
+        raise ValueError("--min-vcpu and --min-memory must be >= 0 (0: RunPod's default)")
+    if self.volume_id: check_safe(self.volume_id, 'id', 'volume id')
+    if self.data_center: check_safe(self.data_center, 'data_center', 'data center id')
+    if self.cloud_type not in ('SECURE',
+                               'COMMUNITY'): raise ValueError(f"cloud_type={self.cloud_type!r}: "
+                                                              "choose SECURE or COMMUNITY")
+    if self.volume_id and self.cloud_type != 'SECURE':
+        raise ValueError("network volumes are Secure Cloud only: drop "
+                         "--cloud-type COMMUNITY, or train without --volume")
+    if self.volume_mount != '/workspace': raise ValueError(f"volume_mount={self.volume_mount!r}: "
+                                                           "lmbook's pods mount the volume at /workspace")
+    if self.env.get('AUTOKILL') == 'terminate' and not self.volume_id:
+        raise ValueError("autokill terminate without a network volume would delete the pod volume, and "
+                         "the final checkpoint with it, "
+                         "seconds after it is written: use --autokill stop, or give --volume")
+    for k, v in self.env.items():
+        check_env_value(k, str(v))
+        check_not_secret(k, str(v))
+    if len(self.env) + len(self.secrets) > 49:  # LMBOOK_T0 is added when sent
+        raise ValueError(f"{len(self.env) + len(self.secrets)} environment variables: RunPod takes at "
+                         "most 50 a pod, and lmbook adds one; drop some --env")
+    if any(p.strip().endswith('/udp') for p in self.ports.split(',')):
+        raise ValueError(f"ports {self.ports!r}: RunPod pods take no UDP ports, only http and tcp")
+    if 'LMBOOK_REPO' in self.env: check_repo(self.env['LMBOOK_REPO'])
+    if not re.fullmatch(r'[0-9a-f]{40}', str(self.env.get('LMBOOK_COMMIT', ''))):
+        raise ValueError("env LMBOOK_COMMIT must be the full 40-character "
+                         "commit the pod checks out (pod create sets it)")
+    for k, want in (('RUN_EXPERIMENT', self.experiment), ('RUN_CONFIG', self.profile)):
+        if k in self.env and str(self.env[k]) != want:
+            raise ValueError(f"env {k}={self.env[k]!r} disagrees with {want!r} in the spec: make them "
+                             "the same (the pod trains what env says)")
+    for k, v in self.secrets.items():
+        check_safe(k, 'env_key', 'secret variable name')
+        if not (v == 'generate' or (v.startswith('env:') and re.fullmatch(SAFE_VALUES['env_key'], v[4:]))
+                or _SECRET_REF.match(v)):
+            raise ValueError(f"secret {k} is not a source lmbook knows (its value "
+                             "is not shown): use 'generate', 'env:NAME' or '{{ "
+                             "RUNPOD_SECRET_name }}' (never the value itself)")
+    check_env_value('start', self.start, limit=8192)
+    return self
+
+# %% ../../nbs/07f_runpod.ipynb #ccbbc60c
+@patch
+def _check_machine(self:PodSpec):
+    "A GPU pod's GPUs; or a CPU pod's flavor and vCPUs, its network volume, and its one job: the data."
+    if not self.cpu_type:
+        check_safe(self.gpu_type, 'gpu', 'GPU type')
+        if not 1 <= self.gpu_count <= 8:
+            raise ValueError(f"gpu_count={self.gpu_count}: a pod has 1 to 8 GPUs")
+        return
+    check_safe(self.cpu_type, 'id', 'CPU flavor')
+    if self.gpu_type or self.gpu_count or self.vcpus < 1:
+        raise ValueError(f"a CPU pod has vCPUs and no GPU (gpu_type {self.gpu_type!r}, gpu_count "
+                         f"{self.gpu_count}, vcpus {self.vcpus}): fix the manifest, or make it again")
+    if not self.volume_id: raise ValueError(NO_PREP_VOLUME)
+    if self.env.get('RUN_PREPARE') != '1':
+        raise ValueError("lmbook's CPU pods only prepare a run's data: env RUN_PREPARE must be 1 "
+                         "(lmbook pod prepare sets it)")
+
+@patch
+def to_yaml(self:PodSpec, path:Path|None=None) -> str:
+    "The manifest (no secret values in it); written to `path` if given."
+    txt = yaml.safe_dump(dict(kind='lmbook-pod', **asdict(self)), sort_keys=False, width=200)
+    if path: Path(path).write_text(txt)
+    return txt
 
 # %% ../../nbs/07f_runpod.ipynb #9221ec18
 def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:

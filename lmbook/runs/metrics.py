@@ -12,6 +12,7 @@ from typing import Callable
 from ..rundir import RUN_FILES, RunDir
 from ..core import env_var
 from ..config import LoggingConfig
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['METRICS', 'clean_row', 'parse_row', 'format_row', 'format_duration', 'read_metrics', 'repair_metrics', 'set_aside',
@@ -179,41 +180,47 @@ class MetricsLogger:
         if wandb: self.wb = wandb_start(wandb, log)
         if self.tb: self.hook, threading.excepthook = threading.excepthook, _writer_hook(threading.excepthook)
 
-    def start_at(self, step:int):
-        "Make the file ready to go on after `step` (-1: a fresh start): repair it, set later records aside."
-        if not self.enabled: return
-        repair_metrics(self.path, self.log)
-        set_aside(self.path, step, self.log)
+# %% ../../nbs/04a_metrics.ipynb #1c61142c
+@patch
+def start_at(self:MetricsLogger, step:int):
+    "Make the file ready to go on after `step` (-1: a fresh start): repair it, set later records aside."
+    if not self.enabled: return
+    repair_metrics(self.path, self.log)
+    set_aside(self.path, step, self.log)
 
-    def write(self, row:dict):
-        "Append one metrics row."
-        if not self.enabled: return
-        row = clean_row(row)
-        nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                and k != 'step'}
-        try:
-            with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
-        except OSError as e: self._full(e, self.path.name)
-        try:
-            for k, v in nums.items() if self.tb else (): self.tb.add_scalar(k, v, row['step'])
-        except OSError as e: self._full(e, 'TensorBoard')  # its writer thread's error, raised here
-        if self.wb: self.wb.log(nums, step=row['step'])
+@patch
+def write(self:MetricsLogger, row:dict):
+    "Append one metrics row."
+    if not self.enabled: return
+    row = clean_row(row)
+    nums = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k != 'step'}
+    try:
+        with open(self.path, 'a') as f: f.write(json.dumps(row) + '\n')
+    except OSError as e: self._full(e, self.path.name)
+    try:
+        for k, v in nums.items() if self.tb else (): self.tb.add_scalar(k, v, row['step'])
+    except OSError as e: self._full(e, 'TensorBoard')  # its writer thread's error, raised here
+    if self.wb: self.wb.log(nums, step=row['step'])
 
-    def close(self):
-        "Flush and close the writers; a full disk is one `NoSpaceError`, unless `write` already raised it."
-        try:
-            if self.tb: self.tb.close()
-        except OSError as e:
-            if not (self.full and disk_full(e)): self._full(e, 'TensorBoard')
-        finally:
-            if self.tb: threading.excepthook = self.hook
-        if self.wb: wandb_finish(self.wb, self.log)
+# %% ../../nbs/04a_metrics.ipynb #a7944e2c
+@patch
+def close(self:MetricsLogger):
+    "Flush and close the writers; a full disk is one `NoSpaceError`, unless `write` already raised it."
+    try:
+        if self.tb: self.tb.close()
+    except OSError as e:
+        if not (self.full and disk_full(e)): self._full(e, 'TensorBoard')
+    finally:
+        if self.tb: threading.excepthook = self.hook
+    if self.wb: wandb_finish(self.wb, self.log)
 
-    def _full(self, e:OSError, what:str):
-        "Raise the one-line `NoSpaceError` of a full disk that `what` met (any other error as it is)."
-        if not disk_full(e): raise e
-        self.full = True
-        raise no_space(what, self.path.parent, e) from None
+@patch
+def _full(self:MetricsLogger, e:OSError, what:str):
+    "Raise the one-line `NoSpaceError` of a full disk that `what` met (any other error as it is)."
+    if not disk_full(e): raise e
+    self.full = True
+    raise no_space(what, self.path.parent, e) from None
 
 # %% ../../nbs/04a_metrics.ipynb #ae132a7a
 def console(line:str):

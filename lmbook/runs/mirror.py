@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 from ..core import env_var, cli_options, paths_for
 from ..rundir import RunDir
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['mirror_target', 'upload_hf', 'upload_s3', 'stage', 'Mirror', 'retry_left', 'add_cli']
@@ -85,71 +86,81 @@ class Mirror:
         self.thread = threading.Thread(target=self._loop, name='checkpoint-mirror', daemon=True)
         self.thread.start()
 
-    def submit(self, ck:Path):
-        "Queue checkpoint folder `ck` for upload; returns at once."
-        dst = stage(ck, self.staging/f"{Path(ck).name}-{time.monotonic_ns()}")
+# %% ../../nbs/04c_mirror.ipynb #e23f87a2
+@patch
+def submit(self:Mirror, ck:Path):
+    "Queue checkpoint folder `ck` for upload; returns at once."
+    dst = stage(ck, self.staging/f"{Path(ck).name}-{time.monotonic_ns()}")
+    with self.cv:
+        old, self.pending = self.pending, (Path(ck).name, dst)
+        self.submitted.append(Path(ck).name)
+        self.cv.notify_all()
+    if old: shutil.rmtree(old[1], ignore_errors=True)  # a newer checkpoint came before it went up
+
+@patch
+def _loop(self:Mirror):
+    while True:
         with self.cv:
-            old, self.pending = self.pending, (Path(ck).name, dst)
-            self.submitted.append(Path(ck).name)
-            self.cv.notify_all()
-        if old: shutil.rmtree(old[1], ignore_errors=True)  # a newer checkpoint came before it went up
-
-    def _loop(self):
-        while True:
-            with self.cv:
-                while self.pending is None and not self.closed: self.cv.wait()
-                if self.pending is None: return
-                (name, dst), self.pending, self.busy = self.pending, None, True
-            self._send(name, dst)
-            with self.cv:
-                self.busy = False
-                self.cv.notify_all()
-
-    def _send(self, name:str, dst:Path):
-        t0, to = time.perf_counter(), f"{self.kind}://{self.where}/{self.run}/{name}"
-        try:
-            self.upload(dst, self.where, f"{self.run}/{name}")
-            self.done.append(name)
-            self.log(f"mirror: {name} copied to {to} in {time.perf_counter() - t0:.1f} s")
-        # the network, a refusal, a missing package: training goes on, the next checkpoint retries
-        except Exception as e:
-            self.failed += 1
-            self.log(f"warning: mirror: {name} was not copied to {to} ({type(e).__name__}: "
-                     f"{str(e).splitlines()[0][:200] if str(e) else ''})")
-        finally: shutil.rmtree(dst, ignore_errors=True)
-
-    def not_copied(self) -> list[str]:
-        "The checkpoints submitted after the newest one copied: what the copy elsewhere still lacks."
-        newest = max(self.done, default='')
-        return [n for n in dict.fromkeys(self.submitted) if n > newest]
-
-    def close(self, wait_s:float=math.inf, left:Path|None=None, retry:str='') -> list[str]:
-        "Wait at most `wait_s` s for the uploads (a signal ends it); list what was not copied in `left`."
+            while self.pending is None and not self.closed: self.cv.wait()
+            if self.pending is None: return
+            (name, dst), self.pending, self.busy = self.pending, None, True
+        self._send(name, dst)
         with self.cv:
-            self.closed = True
+            self.busy = False
             self.cv.notify_all()
-        with _Signals() as sig:  # before the message, so a signal that follows it is caught
-            if wait_s > 0 and (todo := self.not_copied()):
-                limit = f'up to {wait_s:g} s ' if wait_s < math.inf else ''
-                self.log(f"mirror: waiting {limit}for {', '.join(todo)} to reach {self.kind}://{self.where}/"
-                         f"{self.run} (Ctrl-C stops waiting)")
-            end = time.monotonic() + wait_s
-            while self.thread.is_alive() and not sig.signum and time.monotonic() < end: self.thread.join(0.1)
-        self.signum = sig.signum  # a signal that ended the wait: the process is asked to leave
-        missed = self.not_copied()
-        if left is not None: self._leave(Path(left), missed, retry)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        return missed
 
-    def _leave(self, left:Path, missed:list[str], retry:str):
-        "Write `left`: the checkpoints not copied and the command that retries them (removed when none are)."
-        if not missed:
-            left.unlink(missing_ok=True)
-            return
-        what = dict(mirror=self.spec, key=self.run, checkpoints=missed, retry=retry)
-        left.write_text(json.dumps(what, indent=1))
-        self.log(f"warning: mirror: {', '.join(missed)} not copied to {self.kind}://{self.where}/{self.run}; "
-                 f"listed in {left}: `{retry}` copies it")
+# %% ../../nbs/04c_mirror.ipynb #65b2f363
+@patch
+def _send(self:Mirror, name:str, dst:Path):
+    t0, to = time.perf_counter(), f"{self.kind}://{self.where}/{self.run}/{name}"
+    try:
+        self.upload(dst, self.where, f"{self.run}/{name}")
+        self.done.append(name)
+        self.log(f"mirror: {name} copied to {to} in {time.perf_counter() - t0:.1f} s")
+    # the network, a refusal, a missing package: training goes on, the next checkpoint retries
+    except Exception as e:
+        self.failed += 1
+        self.log(f"warning: mirror: {name} was not copied to {to} ({type(e).__name__}: "
+                 f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+    finally: shutil.rmtree(dst, ignore_errors=True)
+
+@patch
+def not_copied(self:Mirror) -> list[str]:
+    "The checkpoints submitted after the newest one copied: what the copy elsewhere still lacks."
+    newest = max(self.done, default='')
+    return [n for n in dict.fromkeys(self.submitted) if n > newest]
+
+# %% ../../nbs/04c_mirror.ipynb #24909bca
+@patch
+def close(self:Mirror, wait_s:float=math.inf, left:Path|None=None, retry:str='') -> list[str]:
+    "Wait at most `wait_s` s for the uploads (a signal ends it); list what was not copied in `left`."
+    with self.cv:
+        self.closed = True
+        self.cv.notify_all()
+    with _Signals() as sig:  # before the message, so a signal that follows it is caught
+        if wait_s > 0 and (todo := self.not_copied()):
+            limit = f'up to {wait_s:g} s ' if wait_s < math.inf else ''
+            self.log(f"mirror: waiting {limit}for {', '.join(todo)} to reach {self.kind}://{self.where}/"
+                     f"{self.run} (Ctrl-C stops waiting)")
+        end = time.monotonic() + wait_s
+        while self.thread.is_alive() and not sig.signum and time.monotonic() < end: self.thread.join(0.1)
+    self.signum = sig.signum  # a signal that ended the wait: the process is asked to leave
+    missed = self.not_copied()
+    if left is not None: self._leave(Path(left), missed, retry)
+    shutil.rmtree(self.staging, ignore_errors=True)
+    return missed
+
+# %% ../../nbs/04c_mirror.ipynb #cd9ab9e9
+@patch
+def _leave(self:Mirror, left:Path, missed:list[str], retry:str):
+    "Write `left`: the checkpoints not copied and the command that retries them (removed when none are)."
+    if not missed:
+        left.unlink(missing_ok=True)
+        return
+    what = dict(mirror=self.spec, key=self.run, checkpoints=missed, retry=retry)
+    left.write_text(json.dumps(what, indent=1))
+    self.log(f"warning: mirror: {', '.join(missed)} not copied to {self.kind}://{self.where}/{self.run}; "
+             f"listed in {left}: `{retry}` copies it")
 
 # %% ../../nbs/04c_mirror.ipynb #253ef2dc
 def retry_left(run_dir:Path, log:Callable=print) -> list[str]:

@@ -15,9 +15,10 @@ from ..model.gpt import KVCache
 from ..runs.sample import inference_device, is_chat, load_model
 from ..model.hfimport import hf_init_model, hf_model_config, hf_tokenizer
 from ..config import Config
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'Engine', 'tick']
+__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'Engine']
 
 # %% ../../nbs/06a_engine.ipynb #01dfd31c
 @dataclass
@@ -207,7 +208,8 @@ class Engine:
             self.cv.notify_all()
 
 # %% ../../nbs/06a_engine.ipynb #432cd7a1
-def _seat(self, s:int, j:Job):
+@patch
+def _seat(self:Engine, s:int, j:Job):
     "Give row `s` to job `j`."
     seed = (j.seed if j.seed is not None else secrets.randbits(64)) % 2**64
     self.temp[s], self.top_p[s] = j.temperature, j.top_p
@@ -215,13 +217,15 @@ def _seat(self, s:int, j:Job):
     j.seq, j.fed, self.slots[s] = list(j.ids), 0, j
     if j.max_tokens == 0: self._end(s, 'length')
 
-def _end(self, s:int, why:str):
+@patch
+def _end(self:Engine, s:int, why:str):
     "Job of row `s` is done (`why` is its finish reason): free the row, close its stream."
     j, self.slots[s] = self.slots[s], None
     j.finish = why
     j.out.put(None)
 
-def _admit(self) -> bool:
+@patch
+def _admit(self:Engine) -> bool:
     "Seat waiting jobs in free rows, the lowest first; wait while there is nothing to do. False once stopped."
     with self.cv:
         while not self.stopped and not self.waiting and not any(self.slots): self.cv.wait()
@@ -229,10 +233,9 @@ def _admit(self) -> bool:
             if j is None and self.waiting: self._seat(s, self.waiting.popleft())
         return not self.stopped
 
-Engine._seat, Engine._end, Engine._admit = _seat, _end, _admit
-
 # %% ../../nbs/06a_engine.ipynb #01e90c91
-def _feed(self, take:list[tuple[int, int]]):
+@patch
+def _feed(self:Engine, take:list[tuple[int, int]]):
     "One forward over the prompt chunks `take` ((row, tokens) pairs), each into its row at its position."
     jobs, dev = [self.slots[s] for s, _ in take], self.kv.k.device
     T = max(n for _, n in take)  # shorter chunks padded: keys past a row's end, written over later
@@ -247,7 +250,9 @@ def _feed(self, take:list[tuple[int, int]]):
         self.kv.k[:, idx, :, :keys], self.kv.v[:, idx, :, :keys] = sub.k, sub.v
     for j, (_, n) in zip(jobs, take): j.fed += n
 
-def _prefill(self):
+# %% ../../nbs/06a_engine.ipynb #8451a543
+@patch
+def _prefill(self:Engine):
     "Feed up to `prefill` prompt tokens of joining jobs, the shortest remaining first, in one forward."
     todo = sorted((len(j.ids) - 1 - j.fed, s) for s, j in enumerate(self.slots)
                   if j is not None and j.fed < len(j.ids) - 1)
@@ -271,11 +276,9 @@ def _prefill(self):
             try: self._feed([(s, n)])
             except Exception as e: self._end(s, f'error: {type(e).__name__}: {e}')
 
-# %% ../../nbs/06a_engine.ipynb #ab990d1f
-Engine._feed, Engine._prefill = _feed, _prefill
-
 # %% ../../nbs/06a_engine.ipynb #5cc2571c
-def _decode(self):
+@patch
+def _decode(self:Engine):
     "One token for every job whose prompt is in: one forward, one batched sample, one host sync."
     ready = [s for s, j in enumerate(self.slots) if j is not None and j.fed == len(j.seq) - 1]
     if not ready: return
@@ -289,7 +292,8 @@ def _decode(self):
     nxt = sample_rows(logits, self.temp[:B], self.top_p[:B], self.seeds[:B], at, nucleus).tolist()
     for s in ready: self._advance(s, nxt[s])
 
-def _advance(self, s:int, t:int):
+@patch
+def _advance(self:Engine, s:int, t:int):
     "Row `s` made token `t`: hand it out, or end the job at a stop, its `max_tokens` or the context."
     j = self.slots[s]
     j.fed, j.n = j.fed + 1, j.n + 1
@@ -298,11 +302,10 @@ def _advance(self, s:int, t:int):
     j.out.put(t)
     if j.n >= j.max_tokens or len(j.seq) >= self.ctx: self._end(s, 'length')
 
-Engine._decode, Engine._advance = _decode, _advance
-
 # %% ../../nbs/06a_engine.ipynb #6cdb034e
+@patch
 @torch.no_grad()
-def tick(self) -> bool:
+def tick(self:Engine) -> bool:
     "One step: seat waiting jobs, drop cancelled ones, feed prompts, decode. False once stopped."
     if not self._admit(): return False
     for s, j in enumerate(self.slots):
@@ -315,12 +318,11 @@ def tick(self) -> bool:
     self.steps += 1
     return True
 
-def _loop(self):
+@patch
+def _loop(self:Engine):
     "The engine thread: tick until stopped, then end whatever is left."
     while self.tick(): pass
     with self.cv:
         for s, j in enumerate(self.slots):
             if j is not None: self._end(s, 'error: the server stopped')
         while self.waiting: self.waiting.popleft().out.put(None)
-
-Engine.tick, Engine._loop = tick, _loop
