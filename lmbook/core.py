@@ -49,7 +49,7 @@ class Settings:
     gpu_type: str = 'NVIDIA H100 80GB HBM3'           # RunPod GPU type id
     gpu_count: int = 1                                # GPUs per pod
     cloud_type: str = 'SECURE'                        # SECURE or COMMUNITY
-    image: str = 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'  # pod image
+    image: str = 'runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04'  # pod image
     volume_gb: int = 200                              # network volume size
     container_disk_gb: int = 50                       # container disk size
     volume_mount: str = '/workspace'                  # where the volume is mounted on a pod

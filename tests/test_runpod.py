@@ -82,7 +82,7 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     (pod,) = fake.pods.values()
     body = pod['body']
     assert violations({'$ref': 'CreatePodRequest'}, body) == []
-    assert (body['gpu'] == dict(id='NVIDIA H100 80GB HBM3', count=2, minCudaVersion='12.4')
+    assert (body['gpu'] == dict(id='NVIDIA H100 80GB HBM3', count=2, minCudaVersion='12.8')
             and body['cloud'] == 'SECURE')
     assert (body['mounts'] == dict(network=[dict(volumeId='vol123abc', path='/workspace')])
             and body['dataCenterIds'] == ['EU-RO-1'])

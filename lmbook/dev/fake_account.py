@@ -28,7 +28,7 @@ _GIT_WHO = dict(GIT_AUTHOR_NAME='you', GIT_AUTHOR_EMAIL='you@lmbook.invalid', GI
 BOOT_START = """\
 [boot 12:01:15] stage 1/4 install: lmbook {LMBOOK_COMMIT} from {LMBOOK_REPO} into /workspace/venvs/lmbook
 [boot 12:02:03] boot: {RUN_CONFIG} as {RUN_EXPERIMENT} in /workspace (stages 1, 2, 3, 4{autokill})
-[boot 12:02:09] stage 1/4 install: lmbook {commit} in /workspace/venvs/lmbook; torch 2.4.0+cu124 from the \
+[boot 12:02:09] stage 1/4 install: lmbook {commit} in /workspace/venvs/lmbook; torch 2.8.0+cu128 from the \
 image; kernel 'lmbook'
 [boot 12:02:09] stage 2/4 layout: workspace /workspace, run folder /workspace/runs/{RUN_EXPERIMENT}, \
 settings /workspace/settings.ini

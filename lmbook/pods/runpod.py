@@ -85,7 +85,7 @@ class PodSpec:
     gpu_type: str                 # RunPod GPU type id
     gpu_count: int = 1            # GPUs in the pod (training uses every one)
     # image with torch, /start.sh, JupyterLab, sshd
-    image: str = 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'
+    image: str = 'runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04'
     cloud_type: str = 'SECURE'    # SECURE or COMMUNITY (network volumes are Secure Cloud only)
     volume_id: str = ''           # network volume id ('' : a pod volume of volume_gb, lost on terminate)
     volume_gb: int = 200          # pod volume size when there is no network volume
