@@ -24,20 +24,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def steps(run:Path) -> list[int]:
-    "The steps the run has logged so far."
-    f, out = run/'metrics.jsonl', []
-    if not f.is_file(): return out
-    for l in f.read_text().splitlines():
-        try: r = json.loads(l)
-        except ValueError: continue
-        if r.get('loss') is not None and 'step' in r: out.append(r['step'])
-    return out
+    "The training steps the run has logged so far."
+    from lmbook.runs.metrics import read_metrics
+    try: return [r['step'] for r in read_metrics(run) if r.get('loss') is not None]
+    except FileNotFoundError: return []
 
 
 def complete(run:Path) -> dict[int, float]:
     "Step -> time its checkpoint became COMPLETE, for every complete checkpoint of the run."
-    return {int(c.parent.name.split('_')[1]): c.stat().st_mtime
-            for c in (run/'checkpoints').glob('step_*/COMPLETE')}
+    from lmbook.runs.checkpoint import ckpt_step, list_checkpoints
+    return {ckpt_step(c): (c/'COMPLETE').stat().st_mtime for c in list_checkpoints(run/'checkpoints')
+            if (c/'COMPLETE').is_file()}
 
 
 def wait(cond, timeout:float, what:str, p:subprocess.Popen):
