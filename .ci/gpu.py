@@ -85,12 +85,30 @@ def check(ok, msg):
     if not ok: raise Failed(msg)
 
 
+GPU = threading.local()  # `ids`: the GPUs (CUDA_VISIBLE_DEVICES) this thread's child processes get
+
+
+def child_env(ws:Path, shared=True) -> dict:
+    "The environment of a row's processes: workspace `ws`, the shared data (unless not `shared`), the GPUs."
+    ids = getattr(GPU, 'ids', None)
+    return {**os.environ,
+            **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
+            'LMBOOK_WORKSPACE': str(ws), **({'CUDA_VISIBLE_DEVICES': ids} if ids else {})}
+
+
+def pinned(ids:list[str], fn):
+    "`fn`, run so that the processes it starts see only the GPUs `ids`."
+    def run(*args):
+        GPU.ids = ','.join(ids)
+        try: return fn(*args)
+        finally: GPU.ids = None
+    return run
+
+
 def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
     """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to
     `log`."""
-    env = {**os.environ,
-           **(SHARED if shared else {k: v for k, v in SHARED.items() if not k.startswith('LMBOOK')}),
-           'LMBOOK_WORKSPACE': str(ws)}
+    env = child_env(ws, shared)
     p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     if log: log.write_text(p.stdout + p.stderr)
@@ -246,7 +264,7 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
     """`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM
     exits 0."""
     port = free_port()
-    env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    env = child_env(ws)
     log = open(out/f'{row.name}.log', 'w')
     srv = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'serve', 'finetune-lora', '--port', str(port),
                             '--device', DEVICE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -280,7 +298,7 @@ def run_serve(row:Row, ws:Path, out:Path) -> dict:
 def run_papermill(row:Row, ws:Path, out:Path) -> dict:
     """papermill nbs/train.ipynb, SIGTERM to its process group mid-run, then the same command resumes from the
     stop."""
-    name, env, run = row.name, {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}, ws/'runs'/row.name
+    name, env, run = row.name, child_env(ws), ws/'runs'/row.name
     cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(out/f'{name}.ipynb'), '-p', 'profile',
            'smoke', '-p', 'experiment', name, '-p', 'device', DEVICE, '-p', 'max_steps', '3000',
            '-p', 'overrides', 'compile=false,ckpt_every=5000,eval_every=1000,log_every=1,tensorboard=false']
@@ -322,7 +340,7 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
     args = [sys.executable, '-m', 'lmbook.cli', 'train', '-p', 'smoke', '-e', name, '--nproc', '2',
             *sets({**TINY, 'max_steps': 60, 'ckpt_every': 20, 'eval_every': 20, 'log_every': 1,
                    **row.overrides})]
-    env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws)}
+    env = child_env(ws)
     p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     seen = []
@@ -362,7 +380,7 @@ def run_guard(row:Row, ws:Path, out:Path) -> dict:
     fits = subprocess.run([sys.executable, '-c', 'from lmbook.config import get_config; '
                            'from lmbook.train.launch import check_hardware; '
                            "print(check_hardware(get_config('runpod_2b'), 'runpod_2b'))"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=child_env(ws), capture_output=True, text=True, timeout=300)
     run_ok(fits, 'check_hardware(runpod_2b)')
     check(fits.stdout.strip().splitlines()[-1] == 'None', f"runpod_2b did not fit: {fits.stdout[-400:]}")
     p = lmbook(ws, 'train', '-p', 'runpod_4b', '-e', row.name, '--set=batch_size=64', '--set=act_ckpt=none',
@@ -387,6 +405,23 @@ def run_row(row:Row, ws:Path, out:Path, env:dict) -> dict:
                set=row.overrides, **res, **({'error': err} if err else {}))
     print(('PASS ' if ok else 'FAIL ') + json.dumps(rec), flush=True)
     return rec
+
+
+def one_gpu_rows(rows:list[Row], ids:list[str], jobs:int, ws:Path, out:Path, env:dict) -> list[dict]:
+    "The one-GPU rows, `jobs` at a time, over the GPUs `ids` in turn; rows reading others' runs go last."
+    recs = []
+    for part in ([r for r in rows if not r.after], [r for r in rows if r.after]):
+        with ThreadPoolExecutor(jobs) as ex:
+            futs = [ex.submit(pinned([ids[i % len(ids)]], run_row), r, ws, out, env)
+                    for i, r in enumerate(part)]
+            recs += [f.result() for f in futs]
+    return recs
+
+
+def visible_gpus(n:int) -> list[str]:
+    "The ids of the `n` GPUs this process sees, as CUDA_VISIBLE_DEVICES names them."
+    given = [g for g in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if g.strip()]
+    return (given or [str(i) for i in range(n)])[:n]
 
 
 def environment() -> dict:
@@ -420,13 +455,14 @@ def main():
     try:
         p = lmbook(ws, 'prepare', '-p', 'smoke', '-e', 'gpu', log=logs/'prepare.log')
         if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")
-        first = [r for r in rows if not r.after and r.gpus == 1]
-        later = [r for r in rows if r.after and r.gpus == 1]
-        with ThreadPoolExecutor(a.jobs) as ex:
-            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), first))
-        with ThreadPoolExecutor(a.jobs) as ex:
-            recs += list(ex.map(lambda r: run_row(r, ws, logs, env), later))
-        recs += [run_row(r, ws, logs, env) for r in rows if r.gpus > 1]
+        ids = visible_gpus(env['gpus'])
+        one, many = [r for r in rows if r.gpus == 1], [r for r in rows if r.gpus > 1]
+        beside = many and len(ids) >= 4  # with 4 GPUs the 2-GPU rows run on the last two, beside the others
+        with ThreadPoolExecutor(1) as side:
+            two = pinned(ids[-2:], lambda: [run_row(r, ws, logs, env) for r in many])
+            dist = side.submit(two) if beside else None
+            recs += one_gpu_rows(one, ids[:-2] if beside else ids, a.jobs, ws, logs, env)
+            recs += dist.result() if beside else [run_row(r, ws, logs, env) for r in many]
     finally:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(''.join(json.dumps(r) + '\n' for r in recs))
