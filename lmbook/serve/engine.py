@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/engine.html.md"""
 
 # %% ../../nbs/06a_engine.ipynb #2a772e9a
 from __future__ import annotations
-import collections, json, queue, secrets, threading
+import collections, contextlib, json, queue, secrets, threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +18,8 @@ from ..config import Config
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'Engine']
+__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'Engine',
+           'prefill_kernels']
 
 # %% ../../nbs/06a_engine.ipynb #01dfd31c
 @dataclass
@@ -180,6 +181,7 @@ class Engine:
         self.step = Decoder(m, self.kv, cuda if graphs is None else graphs and cuda)
         self.step.warm()  # every CUDA graph before the first request: a capture stalls running streams
         self.waiting, self.cv, self.steps, self.stopped = collections.deque(), threading.Condition(), 0, False
+        self._warm()  # and the first prefill and sampling calls
         self.thread = threading.Thread(target=self._loop, daemon=True, name='lmbook-engine')
         if start: self.thread.start()
 
@@ -233,6 +235,13 @@ def _admit(self:Engine) -> bool:
             if j is None and self.waiting: self._seat(s, self.waiting.popleft())
         return not self.stopped
 
+# %% ../../nbs/06a_engine.ipynb #693e4951
+def prefill_kernels(dev:torch.device):
+    "The attention kernels a prefill forward may use on `dev`: on CUDA, none that builds a plan per shape."
+    if dev.type != 'cuda': return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel, SDPBackend  # pulls in torch._dynamo: CUDA only
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
 # %% ../../nbs/06a_engine.ipynb #01e90c91
 @patch
 def _feed(self:Engine, take:list[tuple[int, int]]):
@@ -241,13 +250,14 @@ def _feed(self:Engine, take:list[tuple[int, int]]):
     T = max(n for _, n in take)  # shorter chunks padded: keys past a row's end, written over later
     x = torch.tensor([j.ids[j.fed:j.fed + n] + [0]*(T - n) for j, (_, n) in zip(jobs, take)], device=dev)
     pos = torch.tensor([j.fed for j in jobs], device=dev)
-    if len(take) == 1: self.s.model(x, cache=self.kv.rows(take[0][0], take[0][0] + 1, pos))
-    else:  # the rows' first positions gathered, filled, and put back
-        idx, keys = torch.tensor([s for s, _ in take], device=dev), max(j.fed for j in jobs) + T
-        sub = self.kv.rows(0, len(take), pos)
-        sub.k, sub.v = self.kv.k[:, idx, :, :keys].clone(), self.kv.v[:, idx, :, :keys].clone()
-        self.s.model(x, cache=sub)
-        self.kv.k[:, idx, :, :keys], self.kv.v[:, idx, :, :keys] = sub.k, sub.v
+    with prefill_kernels(dev):
+        if len(take) == 1: self.s.model(x, cache=self.kv.rows(take[0][0], take[0][0] + 1, pos))
+        else:  # the rows' first positions gathered, filled, and put back
+            idx, keys = torch.tensor([s for s, _ in take], device=dev), max(j.fed for j in jobs) + T
+            sub = self.kv.rows(0, len(take), pos)
+            sub.k, sub.v = self.kv.k[:, idx, :, :keys].clone(), self.kv.v[:, idx, :, :keys].clone()
+            self.s.model(x, cache=sub)
+            self.kv.k[:, idx, :, :keys], self.kv.v[:, idx, :, :keys] = sub.k, sub.v
     for j, (_, n) in zip(jobs, take): j.fed += n
 
 # %% ../../nbs/06a_engine.ipynb #8451a543
@@ -326,3 +336,13 @@ def _loop(self:Engine):
         for s, j in enumerate(self.slots):
             if j is not None: self._end(s, 'error: the server stopped')
         while self.waiting: self.waiting.popleft().out.put(None)
+
+@patch
+@torch.no_grad()
+def _warm(self:Engine):
+    "On CUDA, one short job through prefill, decode and sampling, so that no request pays their first calls."
+    if self.kv.k.device.type != 'cuda': return
+    self._seat(0, Job([0]*9, max_tokens=2, temperature=1.0, seed=0))
+    while self.slots[0] is not None:
+        self._prefill()
+        self._decode()
