@@ -1,6 +1,7 @@
 """The GPU check: every CUDA path of lmbook at tiny shapes, one JSON row per path (card, torch, date, pass or
 fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more
-it also kills and resumes DDP and FSDP2 runs. It exits non-zero when a row fails.
+it also kills and resumes DDP and FSDP2 runs. The one-GPU rows take the GPUs in turn, and with four GPUs the
+2-GPU rows run on the last two beside them. It exits non-zero when a row fails.
 
 usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
 

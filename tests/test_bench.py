@@ -116,3 +116,21 @@ def test_time_to_loss_script_and_plot_on_cpu(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-2000:]
     assert png.stat().st_size > 5000
+
+
+def test_fp8_verdict_gives_the_time_to_bf16s_final_loss(tmp_path):
+    "When fp8's validation first reaches bf16's final loss, as a share of bf16's time (and with compiling)."
+    sys.path.insert(0, str(ROOT/'nbs'/'benchmarks'))
+    from fp8_parity import verdict
+    rows = [dict(run='bf16', step=s, train_s=s/10, loss=4.0, val_loss=v) for s, v in [(100, 3.5), (200, 3.0)]]
+    rows += [dict(run='fp8', step=s, train_s=s/20, loss=4.0, val_loss=v) for s, v in [(100, 3.2), (200, 2.9)]]
+    rows += [dict(run=a, summary=True, max_steps=200, train_s=t, compile_s=c, final_val_loss=v, card='cpu')
+             for a, t, c, v in [('bf16', 20.0, 5.0, 3.0), ('fp8', 10.0, 15.0, 2.9)]]
+    out = tmp_path/'rows.jsonl'
+    out.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    text = verdict(out)
+    assert "at step 200, 10.0s of training: 0.50x bf16's 20.0s (1.00x with compilation)" in text
+    assert '(below the 0.5% bound)' in text
+    rows = [r for r in rows if r['run'] == 'bf16' or r.get('val_loss') != 2.9]  # fp8 stops at 3.2
+    out.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    assert "fp8 never reached bf16's final val_loss 3.0" in verdict(out)

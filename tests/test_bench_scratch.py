@@ -18,6 +18,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
     'serve_load': ['serve_load.py', '--tiny', '--clients', '2', '--requests', '2', '--max-tokens', '4',
                    '--device', 'cpu', '--out', '{out}'],
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
+    'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', '0.1', '--out', '{out}'],
 }
 

@@ -43,3 +43,25 @@ def test_rows_are_valid_and_named_once():
         row_config(row)  # a misspelled field or value fails here, not on the GPU
         assert row.kind in gpu.RUNNERS and all(a in names for a in row.after), row
     assert {r.kind for r in gpu.ROWS} == set(gpu.RUNNERS)  # every kind of path has a row
+
+
+@pytest.mark.parametrize('gpus', [1, 2, 4])
+def test_rows_spread_over_the_gpus(gpus, tmp_path, monkeypatch):
+    "One-GPU rows take the GPUs in turn; with four, the 2-GPU rows run on the last two beside them."
+    seen = {}
+    def fake(row, ws, out):
+        seen[row.name] = gpu.child_env(ws).get('CUDA_VISIBLE_DEVICES')
+        return {}
+    monkeypatch.setattr(gpu, 'RUNNERS', {k: fake for k in gpu.RUNNERS})
+    monkeypatch.setattr(gpu, 'environment', lambda: dict(card='NVIDIA H100 80GB HBM3', gpus=gpus, torch='x',
+                                                          date='d'))
+    monkeypatch.setattr(gpu, 'lmbook', lambda *a, **k: type('Done', (), dict(returncode=0, stderr=''))())
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    argv = ['gpu', '--out', str(tmp_path/'rows.jsonl'), '--keep', str(tmp_path/'ws')]
+    monkeypatch.setattr(sys, 'argv', argv)
+    with pytest.raises(SystemExit) as e: gpu.main()
+    assert e.value.code == 0
+    one = {seen[r.name] for r in gpu.ROWS if r.gpus == 1}
+    two = {seen[r.name] for r in gpu.ROWS if r.gpus == 2 and r.name in seen}
+    assert one == ({'0', '1'} if gpus == 4 else {str(i) for i in range(gpus)})
+    assert two == ({'2,3'} if gpus == 4 else {None} if gpus == 2 else set())

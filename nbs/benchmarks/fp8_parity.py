@@ -8,8 +8,10 @@ the same order, same validation batches. Every EVAL_EVERY steps a row gives the 
 (see time_to_loss.py for the row format); the last row per arm gives its final validation loss.
 
 Verdict: `python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --verdict` prints the final validation losses,
-their relative difference (bound: 0.5%) and the largest training loss of each arm after warmup
-(a divergence shows there first).
+their relative difference (bound: 0.5%), the largest training loss of each arm after warmup (a divergence shows
+there first), and when the fp8 arm first reached bf16's final validation loss, as a share of bf16's training time.
+Equal steps are one question; equal time is the other: fp8 at the micro-batch it frees (16) for the steps that
+take about bf16's time at 8 (see fp8_time_to_loss.sh).
 
 Usage (repo root): python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --arm bf16|fp8 [--steps 1500] [--batch-size 8]
                    [--profile runpod_2b] [--tiny]
@@ -35,8 +37,18 @@ def verdict(out:Path) -> str:
     if {'bf16', 'fp8'} <= set(ends):
         b, f = ends['bf16']['final_val_loss'], ends['fp8']['final_val_loss']
         d = 100*(f - b)/b
-        lines.append(f"fp8 vs bf16 final val_loss: {d:+.2f}% ({'within' if abs(d) <= 0.5 else 'OUTSIDE'} the 0.5% bound)")
+        lines.append(f"fp8 vs bf16 final val_loss: {d:+.2f}% ({'within' if abs(d) <= 0.5 else 'below' if d < 0 else 'OUTSIDE'} the 0.5% bound)")
+        lines.append(time_to_bf16(rows, ends))
     return '\n'.join(lines)
+
+def time_to_bf16(rows:list[dict], ends:dict) -> str:
+    "When the fp8 arm's validation loss first reaches the bf16 arm's final one, against bf16's whole time."
+    b, target = ends['bf16'], ends['bf16']['final_val_loss']
+    hit = next((r for r in rows if r.get('run') == 'fp8' and not r.get('summary') and r['val_loss'] <= target), None)
+    if hit is None: return f"fp8 never reached bf16's final val_loss {target}"
+    with_compile = (hit['train_s'] + ends['fp8']['compile_s'])/(b['train_s'] + b['compile_s'])
+    return (f"fp8 reached bf16's final val_loss {target} at step {hit['step']}, {hit['train_s']:.1f}s of training: "
+            f"{hit['train_s']/b['train_s']:.2f}x bf16's {b['train_s']:.1f}s ({with_compile:.2f}x with compilation)")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,6 +59,7 @@ def main():
     ap.add_argument('--profile', default='runpod_2b', help='the profile whose model is trained')
     ap.add_argument('--steps', type=int, default=1500, help='optimizer steps of each arm')
     ap.add_argument('--batch-size', type=int, default=8, help='micro-batch (accumulation 1)')
+    ap.add_argument('--seed', type=int, default=1337, help="the model's initial weights (the batches keep their order)")
     ap.add_argument('--eval-every', type=int, default=100, help='steps between validation rows')
     ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
     ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
@@ -68,7 +81,8 @@ def main():
     from time_to_loss import run
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}
     cfg = get_config(a.profile, dict(batch_size=a.batch_size, grad_accum=1, max_steps=a.steps, warmup_steps=max(1, a.steps//10),
-                                     schedule='cosine', min_lr_ratio=0.1, **ARMS[a.arm], **tiny))
+                                     schedule='cosine', min_lr_ratio=0.1, seed=a.seed,
+                                     **ARMS[a.arm], **tiny))
     _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)
     print(f"{a.arm}: {a.steps} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']}", flush=True)
 
