@@ -134,3 +134,20 @@ def test_fp8_verdict_gives_the_time_to_bf16s_final_loss(tmp_path):
     rows = [r for r in rows if r['run'] == 'bf16' or r.get('val_loss') != 2.9]  # fp8 stops at 3.2
     out.write_text(''.join(json.dumps(r) + '\n' for r in rows))
     assert "fp8 never reached bf16's final val_loss 3.0" in verdict(out)
+
+
+def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
+    "Two arms on one prepared workspace, then the verdict: the best AdamW sets the target, each arm is timed."
+    script, out, ws = ROOT/'nbs/benchmarks/muon_scale.py', tmp_path/'rows.jsonl', tmp_path/'ws'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'HF_HUB_OFFLINE': '1'}
+    run = lambda *a: subprocess.run([sys.executable, str(script), str(out), *a], env=env, capture_output=True,
+                                    text=True, timeout=300)
+    assert run('--prepare', '--workspace', str(ws), '--tiny').returncode == 0
+    for arm in ('adamw@6e-3', 'muon@0.5@3e-3'):
+        p = run('--arm', arm, '--tiny', '--steps', '8', '--eval-every', '2', '--eval-batches', '2',
+                '--workspace', str(ws))
+        assert p.returncode == 0, p.stderr[-1500:]
+    text = run('--verdict').stdout
+    assert 'the final val_loss of adamw@6e-3 (8 steps' in text and 'muon@0.5@3e-3: 4 steps' in text, text
+    bad = run('--arm', 'adam@1', '--tiny')
+    assert bad.returncode != 0 and 'write adamw@LR' in bad.stderr

@@ -1,0 +1,94 @@
+"""Muon against a tuned AdamW at a profile's own shape: time to the better AdamW's validation loss, one arm a GPU.
+
+Arms, each a SPEC (one process each, `--arm SPEC`; muon_scale.sh runs them side by side, one a GPU):
+  adamw@LR            AdamW at peak lr LR for STEPS steps;
+  muon@F@LR           optimizer=muon for F x STEPS steps (its schedule ends there): Muon for the blocks' matrices
+                      at --muon-lr, AdamW at LR for embeddings, head and gains;
+  muon@F@LR@fp8       the same with fp8=tensorwise.
+Every arm trains the profile's model (`runpod_1b` by default) at micro-batch B x its block, accumulation 1, warmup
+over a tenth of its steps then a cosine decay to 10%, on the same real tokens in the same order (tokens.py), with
+the same seed and the same validation batches. Rows as in time_to_loss.py: one every EVAL_EVERY steps (run,
+step, tokens, train_s without compilation and evaluation, val_loss), and a last one per arm.
+
+Verdict (`--verdict`): the target is the lowest final validation loss of the AdamW arms (the tuned AdamW); for
+every arm, the training time at which it first reached the target, against the whole training time of the AdamW
+arm that set it. The goal for Muon: at most 0.6x.
+
+Usage (repo root): python3 nbs/benchmarks/muon_scale.py OUT.jsonl --prepare --workspace WS
+                   python3 nbs/benchmarks/muon_scale.py OUT.jsonl --arm SPEC --workspace WS [--steps 1600]
+                   python3 nbs/benchmarks/muon_scale.py OUT.jsonl --verdict
+"""
+import argparse, json, sys, time
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scratch import scratch
+
+
+def arm_settings(spec:str, steps:int) -> tuple[int, dict]:
+    "The steps and config values of the arm `spec` (see the module's docstring)."
+    kind, *rest = spec.split('@')
+    if kind == 'adamw' and len(rest) == 1: return steps, dict(optimizer='adamw', lr=float(rest[0]))
+    if kind == 'muon' and len(rest) in (2, 3) and rest[2:] in ([], ['fp8']):
+        return (max(1, round(float(rest[0])*steps)),
+                dict(optimizer='muon', lr=float(rest[1]), fp8='tensorwise' if rest[2:] else 'off'))
+    raise SystemExit(f"arm {spec!r}: write adamw@LR, muon@FRACTION@LR or muon@FRACTION@LR@fp8")
+
+
+def verdict(out:Path) -> str:
+    "Each arm's time to the tuned AdamW's final validation loss, against that AdamW's whole time."
+    rows = [json.loads(l) for l in open(out) if l.strip()]
+    ends = {r['run']: r for r in rows if r.get('summary')}
+    adamw = {n: e for n, e in ends.items() if n.startswith('adamw')}
+    if not adamw: return 'no AdamW arm has finished: no target'
+    best = min(adamw, key=lambda n: adamw[n]['final_val_loss'])
+    target, base = adamw[best]['final_val_loss'], adamw[best]['train_s']
+    lines = [f"target: {target}, the final val_loss of {best} ({adamw[best]['max_steps']} steps, {base:.1f}s)"]
+    for n, e in ends.items():
+        hit = next((r for r in rows if r.get('run') == n and not r.get('summary') and r['val_loss'] <= target), None)
+        when = (f"reached it at step {hit['step']}, {hit['train_s']:.1f}s: {hit['train_s']/base:.2f}x"
+                if hit else 'did not reach it')
+        lines.append(f"{n}: {e['max_steps']} steps, {e['train_s']:.1f}s, final val_loss {e['final_val_loss']}; "
+                     f"{when}; {e['card']}")
+    return '\n'.join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
+    ap.add_argument('--arm', help='the arm this process trains (a SPEC)')
+    ap.add_argument('--prepare', action='store_true', help='prepare the tokens and stop (once, before the arms)')
+    ap.add_argument('--verdict', action='store_true', help='print the comparison of the arms in OUT and stop')
+    ap.add_argument('--profile', default='runpod_1b', help='the profile whose model is trained')
+    ap.add_argument('--steps', type=int, default=1600, help="the AdamW arms' optimizer steps")
+    ap.add_argument('--batch-size', type=int, default=16, help='micro-batch (accumulation 1)')
+    ap.add_argument('--muon-lr', type=float, default=0.02, help="Muon's peak learning rate (matrices)")
+    ap.add_argument('--eval-every', type=int, default=100, help='steps between validation rows')
+    ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
+    ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
+    ap.add_argument('--mb', type=float, default=120, help='megabytes of source text to tokenize')
+    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder)')
+    ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
+    a = ap.parse_args()
+    if a.verdict: return print(verdict(a.out))
+    if a.prepare and not a.workspace: ap.error('--prepare keeps the tokens for the arms: give them a --workspace')
+    if not a.prepare and not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
+    steps, sets = arm_settings(a.arm, a.steps) if a.arm else (0, {})
+    import tokens
+    t0 = time.time()
+    train, val = tokens.prepare(a.workspace or scratch('muon-scale-'), 'muon', a.dataset, 1 if a.tiny else a.mb)
+    print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
+    if a.prepare: return
+    from lmbook.train.step import cuda_allocator_defaults
+    cuda_allocator_defaults()
+    from lmbook.config import get_config
+    from time_to_loss import run
+    tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false',
+                **({'fp8': 'off'} if sets.get('fp8') else {})) if a.tiny else {}
+    cfg = get_config(a.profile, {**sets, 'batch_size': a.batch_size, 'grad_accum': 1, 'max_steps': steps,
+                                 'warmup_steps': max(1, steps//10), 'schedule': 'cosine', 'min_lr_ratio': 0.1,
+                                 'muon_lr': a.muon_lr, **tiny})
+    _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)
+    print(f"{a.arm}: {steps} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']}", flush=True)
+
+
+if __name__ == '__main__': main()
