@@ -19,8 +19,8 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
                    '--device', 'cpu', '--out', '{out}'],
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
     'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
-    'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '10', '--eval-every',
-                   '5', '--out', '{out}'],
+    'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '10',
+                   '--eval-every', '5', '--out', '{out}'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', '0.1', '--out', '{out}'],
 }
 
