@@ -28,6 +28,7 @@ def throughput_rows(path:Path|None=None) -> list[dict]:
 
 def _shape(r) -> tuple: return (r['arch'], r['n_layer'], r['n_embd'], r['n_head'])
 def _fp8(r) -> str: return str((r.get('overrides') or {}).get('fp8', 'off'))
+def _act(r) -> str: return str(r.get('act_ckpt') or (r.get('overrides') or {}).get('act_ckpt', 'none'))
 
 def scaling_efficiency(rows:list[dict], parallel:str) -> tuple[float, str]:
     "(multi-GPU over one-GPU tok/s per GPU as measured, where), else (0.9, 'assumed')."
@@ -55,6 +56,7 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     same = [r for r in ones if _shape(r) == shape]
     pool = same or sorted(ones, key=lambda r: abs(math.log(r['params']/n)))[:1]
     pool = [r for r in pool if _fp8(r) == tc.levers.fp8] or pool
+    pool = [r for r in pool if _act(r) == tc.levers.act_ckpt] or pool
     on_card = [r for r in pool if r['card'] == gpu]
     cands = on_card or [r for r in pool if r['card'] == 'NVIDIA H100 80GB HBM3'] or pool
     row = min(cands, key=lambda r: (abs(r['batch_size'] - tc.batch_size), -r['mfu']))
@@ -72,7 +74,9 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     elif gpus > 1: how += f"; x{gpus} GPUs at {eff:.1%} scaling ({tc.parallel}: {where})"
     if row['batch_size'] != tc.batch_size:  # a smaller micro-batch does less work per weight read
         how += f"; this run's micro-batch {tc.batch_size} is not measured: its MFU may differ"
+    if _act(row) != tc.levers.act_ckpt: how += f"; act_ckpt={tc.levers.act_ckpt} not measured here"
     exact = (row['card'] == gpu and bool(same) and row['batch_size'] == tc.batch_size
+             and _fp8(row) == tc.levers.fp8 and _act(row) == tc.levers.act_ckpt
              and (gpus == 1 or (bool(multi) and row['world_size'] == gpus)))
     return dict(tok_per_s=tok_s, mfu=row['mfu'], measured=exact, source=how)
 
