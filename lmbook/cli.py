@@ -121,7 +121,7 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         'list the profiles with parameter counts and memory estimates'),
     'bench': ('lmbook.train.bench',
         'measure training tokens/s, MFU and peak memory of a profile'),
-    'pod': ('lmbook.pods.runpod',
+    'pod': ('lmbook.pods.podcli',
         'plan, create, watch and stop RunPod pods'),
     'boot': ('lmbook.pods.boot',
         "a pod's unattended pipeline: install, layout, data, train, autokill (reads RUN_* variables)"),

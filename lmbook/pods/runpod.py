@@ -1,4 +1,4 @@
-"""Renting a RunPod pod for a run: a checked pod spec with no secret in it, the code the pod runs pinned to a commit, a start command that stops the pod when it cannot boot, and `lmbook pod` (plan, create, watch, stop).
+"""Renting a RunPod pod for a run: a checked pod spec with no secret in it, the code the pod runs pinned to a commit, a start command that stops the pod when it cannot boot. `lmbook pod` (`lmbook.pods.podcli`) drives them.
 
 Docs: https://lmbook.github.io/lmbook/runpod.html.md"""
 
@@ -21,12 +21,11 @@ from ..core import env_var, process_env
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'POD_COMMANDS', 'check_env_value', 'check_not_secret',
-           'check_repo', 'PodSpec', 'resolve_env', 'code_source', 'start_script', 'start_command', 'pod_name',
+__all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'check_env_value', 'check_not_secret', 'check_repo',
+           'PodSpec', 'resolve_env', 'run_git', 'code_source', 'start_script', 'start_command', 'pod_name',
            'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec',
            'prepare_spec', 'proxy_urls', 'serve_usage', 'request_text', 'create_pod_retrying', 'wait_running',
-           'format_status', 'check_origin', 'check_available', 'add_plan_cli', 'add_create_cli', 'add_code_options',
-           'add_prepare_cli', 'add_guard_options', 'add_wait_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+           'format_status']
 
 # %% ../../nbs/07f_runpod.ipynb #b4f3d991
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
@@ -211,7 +210,7 @@ def resolve_env(spec:PodSpec, environ:dict|None=None) -> tuple[dict, set]:
     return env, hidden
 
 # %% ../../nbs/07f_runpod.ipynb #8c97510b
-def _git(*args, cwd:Path|None=None, timeout:float=60) -> subprocess.CompletedProcess:
+def run_git(*args, cwd:Path|None=None, timeout:float=60) -> subprocess.CompletedProcess:
     return subprocess.run(['git', *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL,
                           env=dict(os.environ, GIT_TERMINAL_PROMPT='0'))
@@ -222,29 +221,29 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
                ) -> tuple[str, str, str]:
     "(repository URL, full commit, a warning or '') the pod runs; refuses a commit the remote lacks."
     checkout = Path(checkout or package_dir().parent)
-    if _git('rev-parse', '--git-dir', cwd=checkout).returncode:
+    if run_git('rev-parse', '--git-dir', cwd=checkout).returncode:
         raise ValueError(f"{checkout} is not a git checkout: give --repo URL and --commit SHA")
     if not repo:
-        r = _git('remote', 'get-url', 'origin', cwd=checkout)
+        r = run_git('remote', 'get-url', 'origin', cwd=checkout)
         if r.returncode: raise ValueError(f"the checkout {checkout} has no remote 'origin': push it where "
                                           "the pod can clone it and give --repo URL")
         repo = r.stdout.strip()
     check_repo(repo)
-    r = _git('rev-parse', '--verify', '--quiet', f"{commit or 'HEAD'}^{{commit}}", cwd=checkout)
+    r = run_git('rev-parse', '--verify', '--quiet', f"{commit or 'HEAD'}^{{commit}}", cwd=checkout)
     sha = r.stdout.strip() if not r.returncode else (commit if commit and re.fullmatch(r'[0-9a-f]{40}',
                                                                                        commit) else '')
     if not sha: raise ValueError(f"commit {commit!r} is not known in {checkout}: give a commit, branch or "
                                  "tag of it (git log shows them)")
-    r = _git('ls-remote', repo, timeout=120)
+    r = run_git('ls-remote', repo, timeout=120)
     if r.returncode: raise ValueError(f"cannot read {repo} "
         f"({(r.stderr.strip().splitlines() or ['git ls-remote failed'])[-1]}): the pod must clone it, so "
             "fix the URL or its access")
     tips = {l.split()[0] for l in r.stdout.splitlines() if l.strip()}
-    has = lambda t: t == sha or not _git('merge-base', '--is-ancestor', sha, t, cwd=checkout).returncode
+    has = lambda t: t == sha or not run_git('merge-base', '--is-ancestor', sha, t, cwd=checkout).returncode
     if not any(has(t) for t in tips):
         raise ValueError(f"commit {sha[:12]} is not on {repo} (no branch or tag there contains "
                          "it): push it first (git push), or give --commit with one that is")
-    dirty = _git('status', '--porcelain', '--untracked-files=no', cwd=checkout).stdout.strip()
+    dirty = run_git('status', '--porcelain', '--untracked-files=no', cwd=checkout).stdout.strip()
     return repo, sha, (f"warning: {checkout} has uncommitted changes; the pod runs commit {sha[:12]} "
                        "without them" if dirty else '')
 
@@ -528,383 +527,3 @@ def format_status(p:dict) -> str:
         if not p.get('cpu'): lines.append(f"  tensorboard  {u['tensorboard']}")  # a CPU pod trains nothing
         if p.get('ssh'): lines.append(f"  ssh          ssh root@{p['ssh']['host']} -p {p['ssh']['port']}")
     return '\n'.join(lines)
-
-# %% ../../nbs/07f_runpod.ipynb #30b1d909
-def check_origin(checkout:Path|None=None):
-    "Refuse, in one line, a checkout whose `origin` a pod cannot clone (a path or `file://`)."
-    r = _git('remote', 'get-url', 'origin', cwd=Path(checkout or package_dir().parent))
-    if not r.returncode: check_repo(r.stdout.strip())
-
-def _plan_cmd(a) -> int:
-    check_repo(a.repo) if a.repo else check_origin()  # the first pod command says what a pod cannot clone
-    p = plan(a.profile, a.gpu or load_settings().gpu_type, a.gpus or load_settings().gpu_count,
-             parse_assignments(a.set), a.cloud,
-             volume=bool(a.volume), image=a.image, cpu=a.cpu, vcpus=a.vcpus)
-    print(json.dumps(p, indent=1) if a.json else format_plan(p))
-    return 0
-
-def _spec_from_args(a) -> PodSpec:
-    s = load_settings()
-    gpu, gpus = a.gpu or s.gpu_type, a.gpus or s.gpu_count
-    if a.serve: return _machine(a, _serve_spec_from_args(a, gpu, gpus))
-    if not (a.profile and a.experiment): raise ValueError("pod create needs --profile and --experiment (or "
-                                                          "--manifest FILE, or --serve EXPORT)")
-    ov = parse_assignments(a.set)
-    cloud = a.cloud_type or s.cloud_type
-    # refuses what does not fit, or a card the image cannot drive, before anything is rented
-    if not Path(a.profile).suffix:
-        plan(a.profile, gpu, gpus, ov, cloud.lower(), volume=bool(a.volume), image=a.image)
-    autokill = a.autokill if a.autokill != 'auto' else ('terminate' if a.volume else 'stop')
-    repo, commit, warn = code_source(a.repo, a.commit)
-    if warn: print(warn, file=sys.stderr)
-    return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
-                                a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
-                                a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
-                                alert_source(a.alert_url)))
-
-# %% ../../nbs/07f_runpod.ipynb #a4b513b9
-def _prepare_spec_from_args(a) -> PodSpec:
-    "The CPU pod of `pod prepare`: it prepares the run's data on the volume, then stops itself."
-    if not (a.profile and a.experiment): raise ValueError("pod prepare needs --profile and --experiment: the "
-                                                          "training pod's, whose data it prepares")
-    if not a.volume: raise ValueError(NO_PREP_VOLUME)
-    if load_settings().api == 'graphql': raise ValueError(CPU_REST_ONLY)
-    cpu_machine(a.cpu, a.vcpus)  # what can be refused here, before the repository is asked
-    check_pod_args(a.profile, parse_assignments(a.set), '', a.on_failure, a.max_hours, a.max_dollars)
-    repo, commit, warn = code_source(a.repo, a.commit)
-    if warn: print(warn, file=sys.stderr)
-    return prepare_spec(a.profile, a.experiment, a.volume, a.cpu, a.vcpus, a.image, parse_assignments(a.set),
-                        a.terminate, a.hf_token or '', parse_assignments(a.env), a.data_center or '', repo,
-                        commit, a.on_failure, a.max_hours, a.max_dollars, alert_source(a.alert_url))
-
-def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
-    "The endpoint pod of `pod create --serve EXPORT`."
-    repo, commit, warn = code_source(a.repo, a.commit)
-    if warn: print(warn, file=sys.stderr)
-    return serve_spec(a.serve, gpu, gpus, a.volume or '', a.image, a.cloud_type or load_settings().cloud_type,
-                      a.data_center or '', repo, commit, parse_assignments(a.env), a.engine,
-                      a.serve_key or '')
-
-def _machine(a, spec:PodSpec) -> PodSpec:
-    "`spec` with the command line's template and machine minimums (a template brings its image too)."
-    spec.template_id, spec.min_vcpu, spec.min_memory_gb = a.template or '', a.min_vcpu, a.min_memory
-    if spec.template_id and not a.image: spec.image = ''
-    return spec.validate()
-
-# %% ../../nbs/07f_runpod.ipynb #c644377a
-def _checked_with_api(api:RunPodAPI, spec:PodSpec):
-    "Check the volume and GPU type against the API; the pod goes to the volume's data center."
-    if spec.volume_id:
-        v = api.volume(spec.volume_id)
-        if v is None: raise RunPodError(f"network volume {spec.volume_id} does not exist: `lmbook pod "
-                                        "volume list` shows yours")
-        if spec.data_center and v['data_center'] and spec.data_center != v['data_center']:
-            raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not "
-                             f"{spec.data_center}: drop --data-center (the pod goes to the volume's)")
-        spec.data_center = v['data_center'] or spec.data_center
-    if spec.cpu_type: return spec.validate()  # the catalog the API describes is of GPUs
-    g = api.gpu(spec.gpu_type)
-    if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in "
-                                    "lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
-    most = (g.get('maxCount') or {}).get(spec.cloud_type.lower())
-    if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
-        f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
-    dcs = api.data_centers() if spec.volume_id else None  # a volume moves only to one that has volumes
-    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec, dcs=dcs)
-    spec.validate()
-
-# %% ../../nbs/07f_runpod.ipynb #b42d7b0f
-def check_available(a:dict|None, # `RunPodAPI.availability`: {'overall': level, 'data_centers': {id: level}}
-                    spec:PodSpec, # the pod about to be created
-                    log=print, # where a note on few free GPUs goes
-                    dcs:list[dict]|None=None, # `RunPodAPI.data_centers`: suggest only those with volumes
-                   ):
-    "Refuse a create that RunPod's catalog says cannot be placed now: none of these GPUs free where it goes."
-    if a is None: return  # not known (the GraphQL backend does not ask)
-    n, where = f"{spec.gpu_count} x {spec.gpu_type}", spec.data_center
-    level = a['data_centers'].get(where, 'NONE') if where else a['overall'] or 'NONE'
-    vols = None if dcs is None else {d['id'] for d in dcs if d['volumes']}
-    others = ', '.join(f"{k} ({v})" for k, v in sorted(a['data_centers'].items())
-                       if v != 'NONE' and k != where and (vols is None or k in vols)) or 'none'
-    if level == 'NONE':
-        raise CapacityError(f"RunPod's catalog has no {n} free in {where or 'any data center'} now: try "
-                            "later, fewer GPUs or another card"
-                            + (f", or a volume in a data center that has them: {others}" if where else ''))
-    if level == 'LOW':
-        log(f"note: RunPod's catalog says few {n} are free "
-            f"in {where or 'its data centers'} (LOW): the create may wait")
-
-def _read_only_checks(spec:PodSpec, hidden:set) -> str:
-    "For `--dry-run`: the checks a create makes, by the API's read-only calls (the volume's data center)."
-    if not env_var('RUNPOD_API_KEY'):
-        return "no RUNPOD_API_KEY, so not checked: a create adds the volume's data center"
-    _checked_with_api(RunPodAPI(hidden=hidden), spec)
-    return f"the volume{'' if spec.cpu_type else ', GPU type and stock'} checked by the API as a create would"
-
-# %% ../../nbs/07f_runpod.ipynb #807df347
-def _create_cmd(a) -> int:
-    if a.manifest: spec = PodSpec.from_yaml(a.manifest)
-    else: spec = _prepare_spec_from_args(a) if a.pod_cmd == 'prepare' else _spec_from_args(a)
-    if spec.cpu_type and load_settings().api == 'graphql': raise ValueError(CPU_REST_ONLY)
-    if a.save:
-        spec.to_yaml(a.save)
-        print(f"manifest written to {a.save}")
-    env, hidden = resolve_env(spec)
-    env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
-    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE') and not spec.cpu_type:
-        print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
-              "stops it", file=sys.stderr)
-    if a.dry_run:
-        checked = _read_only_checks(spec, hidden)
-        print(spec.to_yaml())
-        print(f'# the request (secrets masked), not sent; {checked}:')
-        print(request_text(spec, env, hidden))
-        return 0
-    api = RunPodAPI(hidden=hidden)
-    _checked_with_api(api, spec)
-    pod, created = create_pod_retrying(api, spec, env, tries=a.tries, wait_s=a.retry_wait)
-    if not created:
-        print(f"pod {pod['id']} ({spec.name}) already exists, status {pod['status']}: nothing created"
-              + (f"; `lmbook pod resume {pod['id']}` starts it" if pod['status'] in ('EXITED', 'ERROR')
-                 else ''))
-        return 0
-    _say_created(pod['id'], spec)
-    if a.wait or a.watch: print(format_status(wait_running(api, pod['id'], a.timeout, a.poll)))
-    if a.watch:
-        cap = lambda k: float(spec.env.get(k) or 0)
-        w = podwatch.Watcher(cap('MAX_DOLLARS'), cap('MAX_HOURS'), a.stall_minutes)
-        return podwatch.watch_pod(api, pod['id'], w, a.watch_poll)
-    return 0
-
-# %% ../../nbs/07f_runpod.ipynb #d4dd962a
-def _say_created(pod_id:str, spec:PodSpec):
-    "What a create made, and where to reach it."
-    mine = spec.secrets.get('JUPYTER_PASSWORD', '').startswith('env:')
-    machine = (f"{spec.cpu_type} x {spec.vcpus} vCPUs" if spec.cpu_type
-               else f"{spec.gpu_count} x {spec.gpu_type}")
-    print(f"pod {pod_id} ({spec.name}) created: {machine}; JupyterLab password: "
-          + ('your $JUPYTER_PASSWORD' if mine else 'generated, in the pod settings on runpod.io'))
-    urls = proxy_urls(pod_id)
-    if spec.cpu_type: urls = dict(jupyter=urls['jupyter'])  # a CPU pod trains nothing: no TensorBoard
-    for k, u in urls.items(): print(f"  {k:<12} {u}")
-    if spec.env.get('RUN_SERVE'): print(serve_usage(pod_id, spec))
-    print(f"  logs         lmbook pod logs {pod_id}")
-    if spec.cpu_type:
-        gone = 'terminates itself (gone from' if spec.env.get('AUTOKILL') else 'stops itself (EXITED in'
-        print(f"it prepares the data of {spec.experiment} on {spec.volume_id}, then {gone} `lmbook pod "
-              f"list`); a training pod on {spec.volume_id} with --experiment {spec.experiment} then starts "
-              "training at once")
-
-def _terminate(api:RunPodAPI, pod_id:str, yes:bool) -> int:
-    p = api.pod(pod_id)
-    if p is None: raise RunPodError(f"pod {pod_id} does not exist: `lmbook pod list` shows your pods")
-    keeps = (f"its network volume {p['volume_id']} keeps the run" if p['volume_id'] else
-             "it has no network volume: its pod volume (/workspace, "
-                 "the run and its checkpoints) is deleted with it")
-    if not yes:
-        if not sys.stdin.isatty(): raise ValueError(f"terminating pod {pod_id} deletes "
-                                                    f"it ({keeps}): add --yes to confirm")
-        answer = input(f"terminate pod {pod_id} ({p['name']}, {p['status']})? {keeps}. [y/N] ")
-        if answer.strip().lower() not in ('y', 'yes'):
-            print('not terminated')
-            return 1
-    api.terminate(pod_id)
-    print(f"pod {pod_id}: terminated" + (f"; the network volume {p['volume_id']} keeps the run"
-                                         if p['volume_id'] else ''))
-    return 0
-
-# %% ../../nbs/07f_runpod.ipynb #315f7680
-def _pods_cmd(a) -> int:
-    api = RunPodAPI()
-    if a.pod_cmd == 'list':
-        for p in api.pods(): print(format_status(p).splitlines()[0])
-        return 0
-    if a.pod_cmd == 'terminate': return _terminate(api, a.pod_id, a.yes)
-    if a.pod_cmd == 'wait':
-        print(format_status(wait_running(api, a.pod_id, a.timeout, a.poll)))
-        return 0
-    p = api.pod(a.pod_id)
-    if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
-    if a.pod_cmd == 'status':
-        print(format_status(p))
-        return 0
-    try: api.action(a.pod_id, dict(resume='start').get(a.pod_cmd, a.pod_cmd))
-    except CapacityError as e:
-        if a.pod_cmd != 'resume' or not p['volume_id']: raise
-        raise RunPodError(f"{e}: its machine has no free GPU now; a new pod on the same volume resumes the "
-                          f"run: lmbook pod create ... --volume {p['volume_id']} --experiment "
-                          f"{p['env'].get('RUN_EXPERIMENT', 'EXP')}") from None
-    after = dict(resume='; the boot pipeline resumes the run',
-                 restart='; the container restarts and boots again',
-                 stop='; the GPU is released, the disks stay (and bill)')
-    print(f"pod {a.pod_id}: {a.pod_cmd} sent" + after.get(a.pod_cmd, ''))
-    return 0
-
-def _volume_cmd(a) -> int:
-    if a.volume_cmd == 'upload': return podsync.upload_cmd(a)
-    api = RunPodAPI()
-    if a.volume_cmd == 'create':
-        v = api.create_volume(a.name, a.size, a.data_center)
-        print(f"volume {v['id']} ({v['name']}, {v['size']} GB) "
-              f"in {v['data_center']}: lmbook pod create ... --volume {v['id']}")
-    else:
-        for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['data_center']}")
-    return 0
-
-# %% ../../nbs/07f_runpod.ipynb #db838dbe
-def add_plan_cli(pod):
-    "Register `lmbook pod plan`."
-    p = pod.add_parser('plan', help='memory fit, expected speed, hours and cost of a profile on a GPU')
-    p.add_argument('--profile', '-p', required=True)
-    p.add_argument('--gpu', '-g', help='RunPod GPU id or alias, e.g. H100 (default: settings gpu_type)')
-    p.add_argument('--gpus', type=int, help='GPUs in the pod (default: settings gpu_count)')
-    cli_options(p, 'set')
-    p.add_argument('--cloud', choices=('secure', 'community'), default='secure')
-    p.add_argument('--volume', help='the network volume the pod would use')
-    p.add_argument('--image', help='the image the pod would run')
-    p.add_argument('--repo', help="git URL the pod would clone (default: this checkout's origin)")
-    p.add_argument('--cpu', metavar='FLAVOR', help="the CPU flavor of a `pod prepare` pod, priced beside "
-                   "(default: lmbook/cpu_prices.yaml's)")
-    p.add_argument('--vcpus', type=int, metavar='N', help="its vCPUs (default: the same table's)")
-    p.add_argument('--json', action='store_true')
-    p.set_defaults(func=_plan_cmd)
-
-# %% ../../nbs/07f_runpod.ipynb #b25267ce
-def add_create_cli(pod):
-    "Register `lmbook pod create`: what the pod is, then how it guards its spend and how long to wait for it."
-    p = pod.add_parser('create', help='create a training pod, or an endpoint pod with --serve (prints the '
-                       'request instead with --dry-run)')
-    cli_options(p, 'profile', 'experiment', 'set')
-    p.add_argument('--gpu', '-g', help='default: settings gpu_type')
-    p.add_argument('--gpus', type=int, help='default: settings gpu_count')
-    p.add_argument('--volume', help='network volume id, mounted at /workspace')
-    p.add_argument('--image', help="image (default: settings.ini, or the card's own)")
-    p.add_argument('--cloud-type', choices=('SECURE', 'COMMUNITY'))
-    p.add_argument('--data-center', help="data center id (default: the volume's)")
-    p.add_argument('--template', metavar='ID',
-                   help="start from this RunPod template (its image too, unless --image is given)")
-    p.add_argument('--min-vcpu', type=int, default=0, metavar='N',
-                   help="vCPUs the machine must have (GraphQL backend: api = graphql)")
-    p.add_argument('--min-memory', type=int, default=0, metavar='GB',
-                   help="system memory the machine must have (GraphQL backend)")
-    p.add_argument('--serve', metavar='EXPORT',
-                   help='an endpoint pod: `lmbook serve EXPORT` (its path on the volume) on port 8000')
-    p.add_argument('--engine', choices=('lmbook', 'vllm'), default='lmbook',
-                   help="with --serve: lmbook's server, or vLLM's OpenAI server (a transformers export)")
-    p.add_argument('--serve-key', metavar='SOURCE', help="with --serve: the clients' key, "
-                   "'{{ RUNPOD_SECRET_name }}' or env:NAME (default: env:LMBOOK_API_KEY if set, else "
-                   f"the RunPod secret {SERVE_SECRET})")
-    p.add_argument('--shard', action='store_true',
-                   help='stream shards and build the tokenizer before training (RUN_SHARD=1)')
-    add_code_options(p)
-    p.add_argument('--manifest', help='create from this YAML manifest (a training, endpoint or CPU pod)')
-    add_guard_options(p)
-    p.set_defaults(func=_create_cmd)
-
-# %% ../../nbs/07f_runpod.ipynb #0f44a498
-def add_code_options(p):
-    "The options of `pod create` and `pod prepare` on what the pod runs, its secrets, and the manifest."
-    p.add_argument('--env', action='extend', nargs='+', default=[], metavar='KEY=VALUE',
-                   help='more pod environment variables (no secrets)')
-    p.add_argument('--hf-token', metavar='SOURCE',
-                   help="HF_TOKEN on the pod: '{{ RUNPOD_SECRET_name }}' or env:HF_TOKEN")
-    p.add_argument('--alert-url', metavar='SOURCE', help="LMBOOK_ALERT_URL on the pod, the webhook its run's "
-                   "events go to: '{{ RUNPOD_SECRET_name }}' or env:NAME "
-                   "(default: env:LMBOOK_ALERT_URL if set)")
-    p.add_argument('--repo', help="git URL the pod clones (default: this checkout's origin)")
-    p.add_argument('--commit',
-                   help='commit, branch or tag the pod runs (default: HEAD; it must be on --repo)')
-    p.add_argument('--save', help='write the manifest here')
-    p.add_argument('--dry-run', action='store_true',
-                   help='print the spec and the exact request, send nothing')
-
-def add_prepare_cli(pod):
-    "Register `lmbook pod prepare`: a CPU pod on the network volume prepares a run's data, then stops itself."
-    p = pod.add_parser('prepare', help="prepare a run's data (shards, tokenizer, tokens) on a CPU pod over "
-                       "the network volume, which then stops itself: the training pod then starts at once")
-    cli_options(p, 'profile', 'experiment', 'set')
-    p.add_argument('--volume', help='network volume id: the one the training pod will use (required)')
-    p.add_argument('--cpu', metavar='FLAVOR', help="RunPod CPU flavor (default: lmbook/cpu_prices.yaml's)")
-    p.add_argument('--vcpus', type=int, metavar='N', help='its vCPUs (default: the same table\'s)')
-    p.add_argument('--image', help="image (default: settings.ini's; give the training pod's if you give it "
-                   "one: the volume's virtualenv serves both)")
-    p.add_argument('--data-center', help="data center id (default: the volume's)")
-    add_code_options(p)
-    p.add_argument('--terminate', action='store_true', help='terminate the pod once the data is ready, '
-                   'instead of stopping it (the volume keeps the data)')
-    add_wait_options(p)
-    p.set_defaults(func=_create_cmd, manifest=None, watch=False)
-
-# %% ../../nbs/07f_runpod.ipynb #2034fda1
-def add_guard_options(p):
-    "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
-    p.add_argument('--autokill', nargs='?', const='auto', default='',
-                   choices=('', 'auto', 'stop', 'terminate'),
-                   help='stop (or terminate) the pod once the final checkpoint is on the volume; '
-                        'bare: terminate with --volume, else stop')
-    add_wait_options(p)
-    p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
-                   'does: stop it at its spend cap, or when it stalls')
-    podwatch.watch_options(p)
-
-def add_wait_options(p):
-    "The options of `pod create` and `pod prepare` on a failure, the spend limits, the retries and the wait."
-    p.add_argument('--on-failure', choices=('stop', 'keep'), default='stop',
-                   help='after a failed run: stop the pod (default; '
-                       'the volume keeps everything) or keep it up')
-    p.add_argument('--max-hours', type=float, default=0, metavar='H',
-                   help='stop the pod after a checkpoint once it has run H hours')
-    p.add_argument('--max-dollars', type=float, default=0, metavar='D',
-                   help='stop the pod after a checkpoint once it has cost about D dollars')
-    p.add_argument('--tries', type=int, default=6)
-    p.add_argument('--retry-wait', type=float, default=20,
-                   help='first pause (s) after "no instances available"')
-    p.add_argument('--wait', action='store_true', help='wait until RUNNING')
-    p.add_argument('--timeout', type=float, default=900)
-    p.add_argument('--poll', type=float, default=10, help='seconds between status checks')
-
-POD_COMMANDS = {'status': 'state, cost per hour, GPU use, URLs',
-                'resume': 'start a stopped pod again', 'restart': 'restart the container '
-                    '(reruns the boot pipeline)',
-                'terminate': 'delete the pod (asks first; a network volume stays)',
-                    'wait': 'wait until RUNNING'}
-
-# %% ../../nbs/07f_runpod.ipynb #39a55992
-def add_pod_commands(pod):
-    "Register `lmbook pod list` and the commands on one pod (`POD_COMMANDS`)."
-    pod.add_parser('list', help='your pods').set_defaults(func=_pods_cmd)
-    for c, h in POD_COMMANDS.items():
-        p = pod.add_parser(c, help=h)
-        p.add_argument('pod_id')
-        if c == 'wait':
-            p.add_argument('--timeout', type=float, default=900)
-            p.add_argument('--poll', type=float, default=10)
-        if c == 'terminate': p.add_argument('--yes', '-y', action='store_true', help='do not ask')
-        p.set_defaults(func=_pods_cmd)
-
-def add_volumes_cli(pod):
-    "Register `lmbook pod volume list/create/upload`."
-    v = pod.add_parser('volume', help='network volumes').add_subparsers(dest='volume_cmd', required=True)
-    v.add_parser('list').set_defaults(func=_volume_cmd)
-    p = v.add_parser('create')
-    p.add_argument('--name', required=True)
-    p.add_argument('--size', type=int, required=True, help='GB (10 to 4096)')
-    p.add_argument('--data-center', required=True, help='e.g. EU-RO-1')
-    p.set_defaults(func=_volume_cmd)
-    podsync.add_volume_cli(v, _volume_cmd)
-
-def add_cli(sub):
-    "Register `lmbook pod ...`: plan, create, prepare, list, status, wait, logs, push, fetch, stop, ...."
-    pod = sub.add_parser('pod', help='plan, create, watch and stop RunPod pods',
-                         description='Plan, create, watch and stop RunPod pods. The '
-                             'commands that call RunPod read its API key from '
-                             'RUNPOD_API_KEY (runpod.io > Settings > API Keys).')
-    pod = pod.add_subparsers(dest='pod_cmd', metavar='POD_COMMAND', required=True)
-    add_plan_cli(pod)
-    add_create_cli(pod)
-    add_prepare_cli(pod)
-    add_pod_commands(pod)
-    podwatch.add_stop_cli(pod)
-    podwatch.add_watch_cli(pod)
-    podsync.add_pod_cli(pod)
-    add_volumes_cli(pod)
