@@ -16,7 +16,7 @@ of the off arm's. The goal for the levers: at most 0.5x. With two GPUs or more t
 GPU; with one they run one after the other. One JSON object, printed and written to --out. Everything else (the
 corpus, the tokens, both runs) goes in a scratch folder, removed when the script ends (see scratch.py).
 
-GPU, from the repo root (about 9 minutes on two H100s at the defaults):
+GPU, from the repo root (at most about 9 minutes on two H100s at the defaults: 100 steps of 131k tokens):
     PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --out ${OUT:-.}/end_to_end.json
 CPU, to check the script itself (about 1 minute):
     PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --profile smoke --dataset builtin --steps 20 \\
@@ -77,12 +77,12 @@ def main():
     ap.add_argument('--profile', default='runpod_1b')
     ap.add_argument('--on', default='optimizer=muon,fp8=tensorwise', help='the on arm\'s values, k=v,k=v')
     ap.add_argument('--off', default=OFF, help='the off arm\'s values, k=v,k=v')
-    ap.add_argument('--steps', type=int, default=150, help="both arms' optimizer steps (their schedule)")
+    ap.add_argument('--steps', type=int, default=100, help="both arms' optimizer steps (their schedule)")
     ap.add_argument('--eval-every', type=int, default=10)
     ap.add_argument('--target', type=float, help="the validation loss (default: the off arm's final one)")
     ap.add_argument('--dataset', default='sources', help="'sources' (tokens.py) or anything dataset= takes")
-    ap.add_argument('--mb', type=float, default=120, help='megabytes of source text for the sources corpus')
-    ap.add_argument('--minutes', type=float, default=9, help='each arm is stopped after this long')
+    ap.add_argument('--mb', type=float, default=60, help='megabytes of source text for the sources corpus')
+    ap.add_argument('--minutes', type=float, default=8, help='each arm is stopped after this long')
     ap.add_argument('--out', type=Path)
     a = ap.parse_args()
     ws = scratch('lmbook-end-to-end-')
