@@ -18,10 +18,9 @@ Usage (repo root): python3 nbs/benchmarks/fp8_parity.py OUT.jsonl --arm bf16|fp8
 The real tokens are prepared in --workspace, kept (`--prepare` fills it once for both arms: fp8_parity.sh makes one
 and removes it at its end), else in a scratch folder removed when the script ends, however it ends (see scratch.py).
 """
-import argparse, json, sys, time
+import argparse, json, sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scratch import scratch
 
 ARMS = {'bf16': dict(fp8='off'), 'fp8': dict(fp8='tensorwise')}
 
@@ -52,27 +51,13 @@ def time_to_bf16(rows:list[dict], ends:dict) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
+    import tokens
+    tokens.add_arm_options(ap, 'runpod_2b', 1500, 8, 80)
     ap.add_argument('--arm', choices=list(ARMS), help='which arm this process trains')
-    ap.add_argument('--verdict', action='store_true', help='print the comparison of the arms in OUT and stop')
-    ap.add_argument('--prepare', action='store_true', help='prepare the tokens and stop (run once before the arms)')
-    ap.add_argument('--profile', default='runpod_2b', help='the profile whose model is trained')
-    ap.add_argument('--steps', type=int, default=1500, help='optimizer steps of each arm')
-    ap.add_argument('--batch-size', type=int, default=8, help='micro-batch (accumulation 1)')
     ap.add_argument('--seed', type=int, default=1337, help="the model's initial weights (the batches keep their order)")
-    ap.add_argument('--eval-every', type=int, default=100, help='steps between validation rows')
-    ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
-    ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
-    ap.add_argument('--mb', type=float, default=80, help='megabytes of source text to tokenize')
-    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder, removed)')
-    ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
-    if a.prepare and not a.workspace: ap.error('--prepare keeps the tokens for the arms: give them a --workspace')
-    import tokens
-    t0 = time.time()
-    train, val = tokens.prepare(a.workspace or scratch('fp8-parity-'), 'fp8p', a.dataset, 1 if a.tiny else a.mb)
-    print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
+    train, val = tokens.arm_tokens(ap, a, 'fp8p')
     if a.prepare: return
     if not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
     from lmbook.train.step import cuda_allocator_defaults

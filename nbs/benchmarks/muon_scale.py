@@ -18,10 +18,9 @@ Usage (repo root): python3 nbs/benchmarks/muon_scale.py OUT.jsonl --prepare --wo
                    python3 nbs/benchmarks/muon_scale.py OUT.jsonl --arm SPEC --workspace WS [--steps 1600]
                    python3 nbs/benchmarks/muon_scale.py OUT.jsonl --verdict
 """
-import argparse, json, sys, time
+import argparse, json, sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scratch import scratch
 
 
 def arm_settings(spec:str, steps:int) -> tuple[int, dict]:
@@ -54,29 +53,15 @@ def verdict(out:Path) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
+    import tokens
+    tokens.add_arm_options(ap, 'runpod_1b', 1600, 16, 120)
     ap.add_argument('--arm', help='the arm this process trains (a SPEC)')
-    ap.add_argument('--prepare', action='store_true', help='prepare the tokens and stop (once, before the arms)')
-    ap.add_argument('--verdict', action='store_true', help='print the comparison of the arms in OUT and stop')
-    ap.add_argument('--profile', default='runpod_1b', help='the profile whose model is trained')
-    ap.add_argument('--steps', type=int, default=1600, help="the AdamW arms' optimizer steps")
-    ap.add_argument('--batch-size', type=int, default=16, help='micro-batch (accumulation 1)')
     ap.add_argument('--muon-lr', type=float, default=0.02, help="Muon's peak learning rate (matrices)")
-    ap.add_argument('--eval-every', type=int, default=100, help='steps between validation rows')
-    ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
-    ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
-    ap.add_argument('--mb', type=float, default=120, help='megabytes of source text to tokenize')
-    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder)')
-    ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
-    if a.prepare and not a.workspace: ap.error('--prepare keeps the tokens for the arms: give them a --workspace')
     if not a.prepare and not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
     steps, sets = arm_settings(a.arm, a.steps) if a.arm else (0, {})
-    import tokens
-    t0 = time.time()
-    train, val = tokens.prepare(a.workspace or scratch('muon-scale-'), 'muon', a.dataset, 1 if a.tiny else a.mb)
-    print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
+    train, val = tokens.arm_tokens(ap, a, 'muon')
     if a.prepare: return
     from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()

@@ -42,6 +42,31 @@ def prepare(ws:Path, exp:str, dataset:str='sources', max_mb:float=40) -> tuple[P
     pd = prepare_data(cfg, paths_for(exp, root=ws))
     return pd.train_tokens, pd.val_tokens
 
+def add_arm_options(ap, profile:str, steps:int, batch_size:int, mb:float, eval_every:int=100):
+    "The options of a script that trains one arm a process on these tokens: rows, arm, prepare, verdict, shape."
+    ap.add_argument('out', type=Path, help='JSON-lines file rows are appended to')
+    ap.add_argument('--prepare', action='store_true', help='prepare the tokens and stop (once, before the arms)')
+    ap.add_argument('--verdict', action='store_true', help='print the comparison of the arms in OUT and stop')
+    ap.add_argument('--profile', default=profile, help='the profile whose model is trained')
+    ap.add_argument('--steps', type=int, default=steps, help='optimizer steps of an arm')
+    ap.add_argument('--batch-size', type=int, default=batch_size, help='micro-batch (accumulation 1)')
+    ap.add_argument('--eval-every', type=int, default=eval_every, help='steps between validation rows')
+    ap.add_argument('--eval-batches', type=int, default=20, help='validation batches')
+    ap.add_argument('--dataset', default='sources', help='real tokens (see tokens.py)')
+    ap.add_argument('--mb', type=float, default=mb, help='megabytes of source text to tokenize')
+    ap.add_argument('--workspace', type=Path, help='where tokens are prepared, kept (default: a scratch folder)')
+    ap.add_argument('--tiny', action='store_true', help='toy shapes for a CPU check of the script')
+
+def arm_tokens(ap, a, exp:str) -> tuple[Path, Path]:
+    "The train and validation tokens of an arm script's options `a` (experiment `exp`), prepared if need be."
+    import time
+    from scratch import scratch
+    if a.prepare and not a.workspace: ap.error('--prepare keeps the tokens for the arms: give them a --workspace')
+    t0 = time.time()
+    train, val = prepare(a.workspace or scratch(f'{exp}-'), exp, a.dataset, 1 if a.tiny else a.mb)
+    print(f"tokens ready in {time.time() - t0:.0f}s: {train}", flush=True)
+    return train, val
+
 if __name__ == '__main__':
     a = sys.argv[1:]
     tr, va = prepare(Path(a[0]), a[1], a[2] if len(a) > 2 else 'sources', float(a[3]) if len(a) > 3 else 40)
