@@ -19,8 +19,8 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
                    '--device', 'cpu', '--out', '{out}'],
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
     'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
-    'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '10',
-                   '--eval-every', '5', '--out', '{out}'],
+    'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '4',
+                   '--eval-every', '2', '--out', '{out}'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', '0.1', '--out', '{out}'],
 }
 
@@ -38,7 +38,7 @@ def test_script_leaves_tmpdir_empty(name, tmp_path):
     if name == 'end_to_end':  # both arms ran; the off arm's final loss is the target, which it reached last
         assert res['on_exit'] == res['off_exit'] == 0, res['logs']
         assert res['target'] == res['validations']['off'][-1][1] and res['off_seconds_to_target'] > 0
-        assert [v[0] for v in res['validations']['on']] == [0, 5, 10]
+        assert [v[0] for v in res['validations']['on']] == [0, 2, 4]
     if name == 'graceful_stop':  # the stop request loses no step; the hard kill at most the interval
         assert res['stop_steps_lost'] == 0 and res['stop_exit_code'] == 143, res
         assert res['kill_seconds_lost'] <= 0.1*60 + 5, res
