@@ -3,14 +3,7 @@
 # (one arm a GPU), in about 9 minutes for 1,500 steps of runpod_2b at micro-batch 8:
 #   bash nbs/benchmarks/fp8_parity.sh [STEPS [BATCH_SIZE [PROFILE]]]     (rows go to $OUT/fp8_parity.jsonl)
 # torchao comes as a wheel in .whl/ (see levers.sh for the download command).
-set -e
-tmp=$(mktemp -d)                           # scratch: the wheels' install folder and the tokens both arms train on
-trap 'kill $(jobs -p) 2>/dev/null || true; wait; rm -rf "$tmp"' EXIT  # removed however it ends, arms stopped first
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
 out=${OUT:-.}/fp8_parity.jsonl
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"

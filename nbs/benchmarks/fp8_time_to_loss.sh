@@ -6,14 +6,7 @@
 # real tokens with the same first validation sequences (160 of them); the verdict says when fp8 first reaches
 # bf16's final validation loss. Two GPUs of one host run both arms at once (about 8 minutes); one GPU runs them
 # one after the other. torchao comes as a wheel in .whl/ where no package index is reachable.
-set -e
-tmp=$(mktemp -d)                           # scratch: the wheels' install folder and the tokens both arms train on
-trap 'kill $(jobs -p) 2>/dev/null || true; wait; rm -rf "$tmp"' EXIT  # removed however it ends, arms stopped first
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
 seed=${1:-1337}; out=${OUT:-.}/fp8-time-to-loss-seed$seed.jsonl; P=nbs/benchmarks/fp8_parity.py
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"

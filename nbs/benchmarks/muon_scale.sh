@@ -4,19 +4,12 @@
 # ARMS (comma-separated, see muon_scale.py): by default AdamW at the profile's lr and at twice it, Muon over 55% of
 # the steps with its AdamW part at 3x the profile's lr, and the same with fp8. About 9 minutes for 1,600 steps on
 # four H100s; with fewer GPUs than arms, each GPU runs its arms one after another.
-set -e
-tmp=$(mktemp -d)                           # scratch: the wheels' install folder and the tokens all arms train on
-trap 'kill $(jobs -p) 2>/dev/null || true; wait; rm -rf "$tmp"' EXIT  # removed however it ends, arms stopped first
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
 steps=${1:-1600}; arms=${2:-adamw@3e-4,adamw@6e-4,muon@0.55@9e-4,muon@0.55@9e-4@fp8}
 out=${OUT:-.}/muon-scale.jsonl; P=nbs/benchmarks/muon_scale.py
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 $P "$out" --prepare --workspace "$tmp/ws"
-n=$(nvidia-smi -L | wc -l); i=0
+n=$(nvidia-smi -L | wc -l)
 IFS=, read -ra list <<< "$arms"
 for g in $(seq 0 $((n - 1))); do     # GPU g runs arms g, g+n, g+2n, ... one after another
   (for ((k = g; k < ${#list[@]}; k += n)); do
