@@ -432,11 +432,20 @@ def environment() -> dict:
                 date=time.strftime('%Y-%m-%d'))
 
 
+def selected(only:str) -> list:
+    "The rows named in `only` (comma-separated; all when empty) and the rows whose runs they read."
+    names = set(filter(None, only.split(',')))
+    unknown = names - {r.name for r in ROWS}
+    if unknown: sys.exit(f"no such row: {', '.join(sorted(unknown))} (rows: {', '.join(r.name for r in ROWS)})")
+    while more := {a for r in ROWS if r.name in names for a in r.after} - names: names |= more
+    return [r for r in ROWS if not names or r.name in names]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--out', type=Path,
                     help='the JSON lines file (default: nbs/benchmarks/results/gpu-check_DATE_CARD.jsonl)')
-    ap.add_argument('--only', default='', help='these rows only (comma-separated names)')
+    ap.add_argument('--only', default='', help='these rows only, and those whose runs they read (comma-separated)')
     ap.add_argument('--jobs', type=int, default=4, help='single-GPU rows run this many at a time')
     ap.add_argument('--keep', type=Path,
                     help='keep the workspace here (default: a temporary folder, removed)')
@@ -449,7 +458,7 @@ def main():
     out = a.out or ROOT/'nbs'/'benchmarks'/'results'/f"gpu-check_{env['date']}_{card}{many}.jsonl"
     ws = a.keep or Path(tempfile.mkdtemp(prefix='lmbook-gpu-'))
     logs = ws/'logs'; logs.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in ROWS if not a.only or r.name in a.only.split(',')]
+    rows = selected(a.only)
     skipped = [r.name for r in rows if r.gpus > env['gpus']]
     rows = [r for r in rows if r.gpus <= env['gpus']]
     t0, recs = time.time(), []

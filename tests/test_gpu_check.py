@@ -45,6 +45,14 @@ def test_rows_are_valid_and_named_once():
     assert {r.kind for r in gpu.ROWS} == set(gpu.RUNNERS)  # every kind of path has a row
 
 
+def test_only_brings_the_rows_it_reads():
+    names = lambda only: [r.name for r in gpu.selected(only)]
+    assert names('serve-8-clients') == ['finetune-lora', 'serve-8-clients']
+    assert names('sample-kv-cache,eval') == ['train-bf16-compile', 'finetune-qlora-nf4', 'sample-kv-cache', 'eval']
+    assert len(names('')) == len(gpu.ROWS)
+    with pytest.raises(SystemExit, match='no such row: serve'): gpu.selected('serve')
+
+
 @pytest.mark.parametrize('gpus', [1, 2, 4])
 def test_rows_spread_over_the_gpus(gpus, tmp_path, monkeypatch):
     "One-GPU rows take the GPUs in turn; with four, the 2-GPU rows run on the last two beside them."
