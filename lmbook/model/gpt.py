@@ -106,10 +106,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, rope=None, kv=None, mask=None):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split([self.nh*self.hd, self.nkv*self.hd, self.nkv*self.hd], dim=-1)
-        q, k, v = (q.view(B, T, self.nh, self.hd), k.view(B, T, self.nkv, self.hd), v.view(B, T, self.nkv,
-                                                                                           self.hd))
-        if rope is not None: q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        qk, v = self.c_attn(x).split([(self.nh + self.nkv)*self.hd, self.nkv*self.hd], dim=-1)
+        qk, v = qk.view(B, T, self.nh + self.nkv, self.hd), v.view(B, T, self.nkv, self.hd)
+        if rope is not None: qk = apply_rope(qk, *rope)  # queries and keys in one go: half the kernels
+        q, k = qk.split([self.nh, self.nkv], dim=2)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hd)
         if kv is not None and isinstance(kv[2], torch.Tensor): k, v, mask = write_rows(*kv, k, v)
         elif kv is not None:  # generation: store this step's keys/values after the cached ones, attend to all
@@ -178,9 +178,9 @@ class KVCache:
         shape = (cfg.n_layer, batch_size, cfg.kv_heads, size or cfg.block_size, cfg.head_dim)
         self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
                                                                                      dtype=dtype)
-        self.pos, self.span = 0, None  # `rows` makes `pos` a tensor of one position per row
+        self.pos, self.span, self.placed = 0, None, None  # `rows` makes `pos` a tensor of one position per row
 
-    def layer(self, i:int) -> tuple: return self.k[i], self.v[i], self.pos, self.span
+    def layer(self, i:int) -> tuple: return self.k[i], self.v[i], *(self.placed or (self.pos, self.span))
     def reset(self): self.pos = 0
 
     def rows(self, start:int, stop:int, pos:torch.Tensor, # (stop-start,) where each row's next token goes
@@ -188,24 +188,28 @@ class KVCache:
             ) -> KVCache:
         "A cache over rows `start:stop` of these buffers, each row at its own position `pos`."
         c = KVCache.__new__(KVCache)
-        c.k, c.v, c.pos, c.span = self.k[:, start:stop], self.v[:, start:stop], pos, span
+        c.k, c.v, c.pos, c.span, c.placed = self.k[:, start:stop], self.v[:, start:stop], pos, span, None
         return c
+
+    def place(self, at:torch.Tensor, # (B, T) the positions of a forward's new tokens, one row each
+             ):
+        "A rows cache, once a forward for all layers: where the new keys go and which keys each token sees."
+        n = self.span or self.k.shape[3]
+        self.placed = at, (torch.arange(n, device=at.device) <= at[:, :, None])[:, None]  # (B, 1, T, n)
 
 # %% ../../nbs/03a_gpt.ipynb #5ab3c388
 def write_rows(kbuf:torch.Tensor, vbuf:torch.Tensor, # (B, nkv, S, hd) a layer's cache rows
-               pos:torch.Tensor, # (B,) where each row's first new key goes
-               span:int|None, # keys to attend (None: all S)
+               at:torch.Tensor, # (B, T) where each row's new keys go
+               seen:torch.Tensor, # (B, 1, T, n) the keys each new token attends: its own row's past only
                k:torch.Tensor, v:torch.Tensor, # (B, nkv, T, hd) the new keys and values
               ) -> tuple:
-    "Write each row's new keys/values at its own position; return the keys, values and mask to attend."
+    "Write each row's new keys/values at its own positions; return the keys, values and mask to attend."
     B, nkv, T, hd = k.shape
-    at = pos[:, None] + torch.arange(T, device=pos.device)  # (B, T) the new positions
     idx = at[:, None, :, None].expand(B, nkv, T, hd)
     kbuf.scatter_(2, idx, k)
     vbuf.scatter_(2, idx, v)
-    n = span or kbuf.shape[2]
-    seen = torch.arange(n, device=pos.device) <= at[:, :, None]  # (B, T, n): a row sees its own past only
-    return kbuf[:, :, :n], vbuf[:, :, :n], seen[:, None]
+    n = seen.shape[-1]
+    return kbuf[:, :, :n], vbuf[:, :, :n], seen
 
 # %% ../../nbs/03a_gpt.ipynb #5e1d35a4
 class ChunkedLinearCE(torch.autograd.Function):
@@ -319,7 +323,9 @@ class GPT(nn.Module):
                ):
         B, T = idx.shape
         pos = cache.pos if cache is not None else 0  # position of idx's first token (one a row: a tensor)
-        if isinstance(pos, torch.Tensor): at = pos[:, None] + torch.arange(T, device=idx.device)
+        if isinstance(pos, torch.Tensor):
+            at = pos[:, None] + torch.arange(T, device=idx.device)
+            cache.place(at)  # where the keys go and what each token sees: once, not in each layer
         elif pos + T > self.cfg.block_size:
             raise ValueError(f"sequence of {pos + T} tokens is longer than block_size={self.cfg.block_size}")
         else: at = slice(pos, pos + T)  # training and `generate`: one position for all rows

@@ -18,8 +18,8 @@ from ..config import Config
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'Engine',
-           'prefill_kernels']
+__all__ = ['MASK32', 'Served', 'load_served', 'mix32', 'uniforms', 'sample_rows', 'Job', 'Busy', 'Decoder', 'prefill_kernels',
+           'Prefiller', 'Engine']
 
 # %% ../../nbs/06a_engine.ipynb #01dfd31c
 @dataclass
@@ -160,6 +160,65 @@ class Decoder:
         self.captured[(B, L)] = g = SimpleNamespace(graph=graph, tok=tok, pos=pos, logits=logits)
         return g
 
+# %% ../../nbs/06a_engine.ipynb #693e4951
+def prefill_kernels(dev:torch.device):
+    "The attention kernels a prefill forward may use on `dev`: on CUDA, none that builds a plan per shape."
+    if dev.type != 'cuda': return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel, SDPBackend  # pulls in torch._dynamo: CUDA only
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
+# %% ../../nbs/06a_engine.ipynb #83abc4ea
+class Prefiller:
+    "A new prompt's first chunk into row 0 of a cache, padded to a power of two; on CUDA a graph per length."
+    def __init__(self, model, kv:KVCache,
+                 graphs:bool, # capture CUDA graphs (on CUDA only)
+                 most:int=256, # the longest chunk it takes
+                ):
+        self.m, self.kv, self.graphs, self.captured = model, kv, graphs, {}
+        self.most, self.dev = min(most, kv.k.shape[3]), kv.k.device
+
+    def length(self, n:int) -> int: return max(16, 1 << (n - 1).bit_length())
+
+    def fits(self, row:int, fed:int, n:int) -> bool:
+        "Whether it takes a chunk of `n` tokens for `row`, whose first `fed` positions are in already."
+        return row == 0 and fed == 0 and 0 < n and self.length(n) <= self.most
+
+    @torch.no_grad()
+    def __call__(self, ids:list[int]):
+        "Write the keys and values of `ids` at positions 0.. of row 0."
+        T = self.length(len(ids))
+        x = torch.tensor([ids + [0]*(T - len(ids))], dtype=torch.long)
+        if not self.graphs:
+            view = self.kv.rows(0, 1, torch.zeros(1, dtype=torch.long, device=self.dev), T)
+            with prefill_kernels(self.dev): self.m(x.to(self.dev), cache=view)
+            return
+        g = self.captured.get(T) or self.capture(T)
+        g.tok.copy_(x.pin_memory(), non_blocking=True)
+        g.graph.replay()
+
+    @torch.no_grad()
+    def warm(self):
+        "Capture every length it takes, so that no request waits for a capture later."
+        T = 16
+        while self.graphs and T <= self.most:
+            if T not in self.captured: self.capture(T)
+            T *= 2
+
+    def capture(self, T:int):
+        "Record the forward of `T` tokens into row 0 as a CUDA graph, after one run on a side stream."
+        tok = torch.zeros(1, T, dtype=torch.long, device=self.dev)
+        view = self.kv.rows(0, 1, torch.zeros(1, dtype=torch.long, device=self.dev), T)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with prefill_kernels(self.dev):
+            with torch.cuda.stream(side): self.m(tok, cache=view)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph): self.m(tok, cache=view)
+        self.captured[T] = g = SimpleNamespace(graph=graph, tok=tok)
+        return g
+
+
 # %% ../../nbs/06a_engine.ipynb #3ed81d78
 class Engine:
     "Continuous batching: each tick decodes one token of every running job; jobs join and leave at any tick."
@@ -168,7 +227,7 @@ class Engine:
                  max_queue:int=256, # requests waiting for a row at most; beyond, `submit` raises `Busy`
                  context:int|None=None, # positions a row holds (default: the model's block_size)
                  prefill:int=256, # prompt tokens fed per tick at most
-                 graphs:bool|None=None, # CUDA graphs for the decode step (default: on CUDA)
+                 graphs:bool|None=None, # CUDA graphs for decode steps and lone prefills (default: on CUDA)
                  start:bool=True, # run `tick` in a thread (False: call it yourself)
                 ):
         m, self.s, self.max_queue, self.prefill = served.model, served, max_queue, prefill
@@ -180,6 +239,8 @@ class Engine:
         cuda = str(dev).startswith('cuda')
         self.step = Decoder(m, self.kv, cuda if graphs is None else graphs and cuda)
         self.step.warm()  # every CUDA graph before the first request: a capture stalls running streams
+        self.first = Prefiller(m, self.kv, True, prefill) if self.step.graphs else None  # lone prompts
+        if self.first: self.first.warm()
         self.waiting, self.cv, self.steps, self.stopped = collections.deque(), threading.Condition(), 0, False
         self._warm()  # and the first prefill and sampling calls
         self.thread = threading.Thread(target=self._loop, daemon=True, name='lmbook-engine')
@@ -235,18 +296,15 @@ def _admit(self:Engine) -> bool:
             if j is None and self.waiting: self._seat(s, self.waiting.popleft())
         return not self.stopped
 
-# %% ../../nbs/06a_engine.ipynb #693e4951
-def prefill_kernels(dev:torch.device):
-    "The attention kernels a prefill forward may use on `dev`: on CUDA, none that builds a plan per shape."
-    if dev.type != 'cuda': return contextlib.nullcontext()
-    from torch.nn.attention import sdpa_kernel, SDPBackend  # pulls in torch._dynamo: CUDA only
-    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
-
 # %% ../../nbs/06a_engine.ipynb #01e90c91
 @patch
 def _feed(self:Engine, take:list[tuple[int, int]]):
     "One forward over the prompt chunks `take` ((row, tokens) pairs), each into its row at its position."
     jobs, dev = [self.slots[s] for s, _ in take], self.kv.k.device
+    if len(take) == 1 and self.first and self.first.fits(take[0][0], jobs[0].fed, take[0][1]):
+        self.first(jobs[0].ids[:take[0][1]])  # a captured graph
+        jobs[0].fed += take[0][1]
+        return
     T = max(n for _, n in take)  # shorter chunks padded: keys past a row's end, written over later
     x = torch.tensor([j.ids[j.fed:j.fed + n] + [0]*(T - n) for j, (_, n) in zip(jobs, take)], device=dev)
     pos = torch.tensor([j.fed for j in jobs], device=dev)
