@@ -23,9 +23,9 @@ __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'T
            'TrainConfig', 'Config', 'config_sections', 'field_index', 'section_of', 'did_you_mean', 'apply_overrides',
            'validate', 'source_parts', 'parse_sources', 'mixture_of', 'check_sources', 'sources_text', 'config_fields',
            'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
-           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'smoke', 'm3_medium',
-           'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict', 'flat_config', 'config_from_dict',
-           'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'gpu_levers',
+           'with_fp8', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
+           'flat_config', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -338,9 +338,10 @@ class LeversConfig:
     compile: str = cfield('auto', one_of('auto', 'true', 'false'), 'free',
                           "torch.compile: 'auto' (on CUDA), 'true' or 'false'",
                           cuda=('auto', 'true', 'false'))
-    fp8: str = cfield('off', one_of('off', 'tensorwise', 'rowwise'), 'ask', "float8 matmuls through torchao "
-                      "on Hopper and newer: 'off', 'tensorwise' or 'rowwise' (lm_head stays bf16)",
-                      cuda=('tensorwise', 'rowwise'))
+    fp8: str = cfield('off', one_of('off', 'auto', 'tensorwise', 'rowwise'), 'ask', "float8 matmuls through "
+                      "torchao on Hopper and newer: 'off', 'auto' ('tensorwise' where the card and torchao "
+                      "run float8, else 'off', said in one line at the start), 'tensorwise' or 'rowwise' "
+                      "(lm_head stays bf16)", cuda=('auto', 'tensorwise', 'rowwise'))
     act_ckpt: str = cfield('none', one_of('none', 'selective', 'full'), 'free', "activation checkpointing "
                            "per block: 'none', 'selective' (matmul and attention outputs kept, the rest "
                            "recomputed) or 'full' (only each block's input kept)",
@@ -684,6 +685,17 @@ def profile(fn:Callable[[], Config]) -> Callable[[], Config]:
     PROFILES[fn.__name__] = fn
     return fn
 
+# %% ../nbs/01_config.ipynb #78c6d6f8
+def gpu_levers() -> LeversConfig:
+    "The levers of the profiles of 1B parameters and more: float8 where it runs, the largest micro-batch."
+    return LeversConfig(fp8='auto', batch_fit=True)
+
+def with_fp8(cfg:Config, runs_fp8:bool, # whether the card (and torchao) run float8 matmuls
+            ) -> Config:
+    "`cfg` with `fp8='auto'` made what it means: 'tensorwise' where float8 runs, else 'off'."
+    if cfg.train.levers.fp8 != 'auto': return cfg
+    return apply_overrides(cfg, {'fp8': 'tensorwise' if runs_fp8 else 'off'})
+
 # %% ../nbs/01_config.ipynb #8e44b3d5
 @profile
 def smoke() -> Config:
@@ -723,7 +735,7 @@ def runpod_1b() -> Config:
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
                   TrainConfig(batch_size=16, grad_accum=8, optim=OptimConfig(lr=3e-4),
                               sched=ScheduleConfig(max_steps=20000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500)))
+                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
 
 # %% ../nbs/01_config.ipynb #d147044e
 @profile
@@ -733,7 +745,7 @@ def runpod_2b() -> Config:
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
                   TrainConfig(batch_size=8, grad_accum=16, optim=OptimConfig(lr=2e-4),
                               sched=ScheduleConfig(max_steps=30000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500)))
+                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
 
 @profile
 def runpod_4b() -> Config:
@@ -742,7 +754,7 @@ def runpod_4b() -> Config:
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
                   TrainConfig(batch_size=2, grad_accum=64, optim=OptimConfig(lr=1.5e-4),
                               sched=ScheduleConfig(max_steps=40000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500)))
+                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
 
 # %% ../nbs/01_config.ipynb #39b44042
 def config_dict(cfg:Config) -> dict:

@@ -15,7 +15,7 @@ from ..config import Config
 from .gpt import liger_flce, flex
 
 # %% auto #0
-__all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'apply_fp8', 'keep_matmuls', 'checkpointed',
+__all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'fp8_recipe', 'apply_fp8', 'keep_matmuls', 'checkpointed',
            'apply_act_ckpt', 'loss_kernel', 'attention_kernel', 'lever_report']
 
 # %% ../../nbs/03d_levers.ipynb #fe6c9e32
@@ -44,11 +44,18 @@ def convert_fp8(model:nn.Module, recipe:str) -> int:
                                config=Float8LinearConfig.from_recipe_name(recipe))
     return n
 
+def fp8_recipe(fp8:str, # the config's `fp8`
+               device:str, # where it trains
+              ) -> str:
+    "The recipe `fp8` means on `device`: 'auto' is 'tensorwise' where float8 runs, else 'off'."
+    return fp8 if fp8 != 'auto' else ('off' if fp8_support(device) else 'tensorwise')
+
 def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wrapping
-              recipe:str, # the config's `fp8`: 'off', 'tensorwise' or 'rowwise'
+              recipe:str, # the config's `fp8`: 'off', 'auto', 'tensorwise' or 'rowwise'
               device:str, # where it trains
              ) -> str:
     "Float8 matmuls for `model` where `device` supports them: the recipe applied, or 'off'."
+    recipe = fp8_recipe(recipe, device)  # 'auto' off quietly: the run's start said so already
     if recipe == 'off': return 'off'
     why = fp8_support(device)
     if why:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 from ..core import gpu_table
-from ..config import Config, ModelConfig, apply_overrides, count_params
+from ..config import Config, ModelConfig, apply_overrides, count_params, with_fp8
 from .gpt import liger_flce
 
 # %% auto #0
 __all__ = ['HEADROOM', 'CPU_MAX_PARAMS', 'state_bytes', 'act_bytes_per_token_layer', 'act_bytes_per_token', 'block_matrix_params',
-           'logits_bytes', 'estimate_memory', 'max_batch_size', 'batch_choices', 'search_batch', 'fits', 'card_for',
-           'fit_changes', 'card_needed', 'fit_verdict']
+           'logits_bytes', 'estimate_memory', 'max_batch_size', 'batch_choices', 'search_batch', 'estimated_fit',
+           'fits', 'card_for', 'fit_changes', 'card_needed', 'fit_verdict']
 
 # %% ../../nbs/03c_memory.ipynb #ecc6715a
 def state_bytes(n_params:int, # parameters
@@ -85,7 +85,7 @@ def estimate_memory(cfg:Config, # the run's config
     shard = world_size if par == 'fsdp' else 1
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
-    fp8 = lv.fp8 != 'off'
+    fp8 = lv.fp8 not in ('off', 'auto')  # 'auto' before the card is known: counted as bf16, the larger
     act = tokens*act_bytes_per_token(m, fp8, lv.act_ckpt)
     logits = logits_bytes(m, tokens)
     fp32 = lv.dtype == 'float32'
@@ -143,6 +143,15 @@ def search_batch(choices:list[tuple[int, int]], # `batch_choices`, smallest micr
         if fits(choices[i][0]): return i
     return -1
 
+def estimated_fit(cfg:Config, # the run's config, `fp8` resolved (`with_fp8`)
+                  mem_gb:float, # memory per GPU, in GB
+                  world_size:int=1, # GPUs in the job
+                 ) -> Config:
+    "`cfg` at the micro-batch `batch_fit` starts its trials from: the largest choice the estimate fits."
+    est = max_batch_size(cfg, mem_gb, world_size=world_size)
+    ok = [c for c in batch_choices(cfg) if c[0] <= est]
+    return apply_overrides(cfg, dict(batch_size=ok[-1][0], grad_accum=ok[-1][1])) if ok else cfg
+
 # %% ../../nbs/03c_memory.ipynb #e9feb053
 def fits(cfg:Config, # the run's config
          mem_gb:float, # memory per GPU, in GB
@@ -158,9 +167,9 @@ def card_for(cfg:Config, # the run's config
              table:dict, # the GPU table (`core.gpu_table`)
             ) -> tuple[str, int]|None:
     "(GPU, count): the card of `table` with the least memory that trains `cfg`, alone or on fewest with FSDP."
-    for n in (1, 2, 4, 8):
+    for n in (1, 2, 4, 8):  # fp8='auto' as each card would run it
         ok = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items()
-                    if fits(cfg, g['mem_gb'], n, 'fsdp')[0])
+                    if fits(with_fp8(cfg, bool(g.get('fp8'))), g['mem_gb'], n, 'fsdp')[0])
         if ok: return ok[0][2], n
     return None
 

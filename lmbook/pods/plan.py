@@ -10,9 +10,9 @@ import json, math, os, re
 from pathlib import Path
 import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
-from ..config import get_config, flops_per_token, count_params, Config
+from ..config import get_config, flops_per_token, count_params, Config, with_fp8
 from ..config import mixture_of
-from ..model.memory import HEADROOM, fits, max_batch_size
+from ..model.memory import HEADROOM, estimated_fit, fits, max_batch_size
 from ..train.optim import total_steps
 
 # %% auto #0
@@ -46,6 +46,7 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
                         rows:list[dict]|None=None) -> dict:
     "Expected training tok/s of `cfg` on `gpus` cards of type `gpu`, with where the figure comes from."
     table, rows = table or gpu_table(), rows or throughput_rows()
+    cfg = with_fp8(cfg, bool(table[gpu].get('fp8')))  # 'auto' as it will run on `gpu`
     m, tc = cfg.model, cfg.train
     shape, n = (m.arch, m.n_layer, m.n_embd, m.n_head), count_params(m)
     multi = [r for r in rows if gpus > 1 and r['world_size'] > 1 and r['parallel'] == tc.parallel
@@ -75,6 +76,7 @@ def expected_throughput(cfg:Config, gpu:str, gpus:int=1, table:dict|None=None,
     if row['batch_size'] != tc.batch_size:  # a smaller micro-batch does less work per weight read
         how += f"; this run's micro-batch {tc.batch_size} is not measured: its MFU may differ"
     if _act(row) != tc.levers.act_ckpt: how += f"; act_ckpt={tc.levers.act_ckpt} not measured here"
+    if _fp8(row) != tc.levers.fp8: how += f"; fp8={tc.levers.fp8} not measured here"
     exact = (row['card'] == gpu and bool(same) and row['batch_size'] == tc.batch_size
              and _fp8(row) == tc.levers.fp8 and _act(row) == tc.levers.act_ckpt
              and (gpus == 1 or (bool(multi) and row['world_size'] == gpus)))
@@ -153,13 +155,13 @@ def plan_sources(cfg:Config, # the run's config
 # %% ../../nbs/07a_plan.ipynb #88e04459
 def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
     "What would fit instead: the smallest single card, the fewest `gpu` cards with FSDP, a smaller batch."
-    tips = []
-    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if fits(cfg,
+    tips, on = [], lambda k: with_fp8(cfg, bool(table[k].get('fp8')))  # fp8='auto' as card `k` runs it
+    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if fits(on(k),
             g['mem_gb'], 1)[0])
     if single: tips.append(f"smallest single card that fits: --gpu '{single[0][2]}'")
-    n = next((n for n in (2, 4, 8) if fits(cfg, table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
+    n = next((n for n in (2, 4, 8) if fits(on(gpu), table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
     if n: tips.append(f"or --gpus {n} --set parallel=fsdp")
-    b = max_batch_size(cfg, table[gpu]['mem_gb'], HEADROOM)
+    b = max_batch_size(on(gpu), table[gpu]['mem_gb'], HEADROOM)
     if b: tips.append(f"or --set batch_size={b} "
                       f"grad_accum={max(1, cfg.train.batch_size*cfg.train.grad_accum//b)}")
     return '; '.join(tips) or 'no card in the price table fits it'
@@ -212,13 +214,15 @@ def plan(profile:str, # profile name or config file
                          f"picks {table[gpu].get('image')}) or give a CUDA {need_cuda} image")
     if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
                                                        "(lmbook/gpu_prices.yaml): choose the other cloud")
-    cfg = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
+    asked = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
+    cfg = with_fp8(asked, bool(table[gpu].get('fp8')))
+    if cfg.train.levers.batch_fit: cfg = estimated_fit(cfg, table[gpu]['mem_gb'], gpus)  # the run's trials decide
     ok, need = fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
         raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
                          f"micro-batch {cfg.train.batch_size} ({gpus} "
                          f"x {gpu}, {cfg.train.parallel if gpus > 1 else 'one GPU'}) but the "
-                         f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(cfg, table, gpu)}")
+                         f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(asked, table, gpu)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
     tps = cfg.tokens_per_step*gpus
     sc = cfg.train.sched
@@ -226,7 +230,7 @@ def plan(profile:str, # profile name or config file
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
     return dict(profile=profile, gpu=gpu, gpus=gpus, params=count_params(cfg.model),
-                batch_size=cfg.train.batch_size,
+                batch_size=cfg.train.batch_size, batch_fit=cfg.train.levers.batch_fit,
                 image=image or card_image(gpu, load_settings().image, table),
                 mem_need_gb=need, mem_card_gb=table[gpu]['mem_gb'], tok_per_s=tp['tok_per_s'],
                     measured=tp['measured'],
@@ -245,7 +249,8 @@ def format_plan(p:dict) -> str:
     num = lambda x: f"{x/1e9:.2f}B" if x >= 0.9995e9 else f"{x/1e6:.1f}M"
     lines = [f"{p['profile']} ({num(p['params'])} params) on {p['gpus']} x {p['gpu']}",
              f"memory   ~{p['mem_need_gb']:.1f} GB of {p['mem_card_gb']:.1f} GB per GPU at micro-batch "
-                 f"{p['batch_size']}: fits",
+                 f"{p['batch_size']}: fits" + (" (batch_fit's estimate: the run's trials decide)"
+                                               if p.get('batch_fit') else ''),
              f"speed    ~{p['tok_per_s']:,.0f} tok/s ({'measured' if p['measured'] else 'estimated'}: "
                  f"{p['source']})"]
     dur = lambda h: f"{h:.1f} h" if h >= 1 else f"{h*60:.0f} min"

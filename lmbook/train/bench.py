@@ -19,7 +19,7 @@ from .optim import schedule_for
 from ..model.levers import lever_report
 from ..distributed import DistInfo, all_reduce, dist_env, init_distributed
 from .step import cuda_allocator_defaults, resolve_compile, train_step
-from .runstart import build_trainable, fit_batch
+from .runstart import build_trainable, fit_batch, resolve_fp8
 from ..core import env_var
 
 # %% auto #0
@@ -211,7 +211,7 @@ def bench(profile:str, # profile name or config file
     info = init_distributed(pick_device(base.train.device))
     rows = []
     for bs in batch_sizes or [base.train.batch_size]:
-        cfg = get_config(profile, {**(overrides or {}), 'batch_size': bs})
+        cfg = resolve_fp8(get_config(profile, {**(overrides or {}), 'batch_size': bs}), info.device, None)
         r = dict(profile=profile, label=label, overrides=overrides or {},
                  **measure(cfg, steps, warmup, data, info.device, compile_mode, info, inductor, schedule,
                            val_data, eval_batches))
@@ -255,7 +255,8 @@ def _run(args) -> int:
 def _fit(args) -> int:
     cfg = get_config(args.profile, parse_assignments(args.set))
     info = init_distributed(pick_device(cfg.train.device))
-    f = fit_batch(cfg, info, print if info.is_main else (lambda *a: None))
+    say = print if info.is_main else (lambda *a: None)
+    f = fit_batch(resolve_fp8(cfg, info.device, say), info, say)
     if info.is_main: print(f"--set batch_size={f.train.batch_size} grad_accum={f.train.grad_accum}")
     return 0
 

@@ -13,10 +13,11 @@ import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR, one_line_warnings
 from ..config import get_config, parse_assignments, field_option, field_values, PROFILES
-from ..config import config_sections, field_index
+from ..config import config_sections, field_index, with_fp8
 from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
 from ..runs.metrics import RunLog
 from ..model.memory import fit_verdict
+from ..model.levers import fp8_support
 from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
 from .runstart import prepare_run
@@ -196,6 +197,7 @@ def check_hardware(cfg, # the resolved `Config`
     "Refuse, in one line, a run its machine cannot hold; else the note worth showing (None: it fits)."
     device = pick_device(cfg.train.device)
     name, mem, fp8 = device_memory(device)
+    if cfg.train.levers.fp8 == 'auto': cfg = with_fp8(cfg, fp8 and not fp8_support(device))
     v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*_nodes(torchrun_args), fp8)
     if v is None: return None
     refused, line = v

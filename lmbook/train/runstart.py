@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import pick_device, seed_everything
-from ..config import Config, apply_overrides, load_config_file
+from ..config import Config, apply_overrides, load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, val_batches
 from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
 from ..model.memory import batch_choices, max_batch_size, search_batch
+from ..model.levers import fp8_support
 from ..distributed import DistInfo, all_reduce, barrier
 from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
@@ -28,7 +29,6 @@ from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
 from .optim import schedule_for, total_steps
 from .step import Trainable, is_oom, make_trainable, train_step
-from .step import Trainable, is_oom, make_trainable, train_step
 from ..rundir import RunDir
 from ..data.loader import open_loader
 from ..data.mixture import MixtureLoader, mixture_report
@@ -37,7 +37,7 @@ from ..data.mixture import MixtureLoader, mixture_report
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
            'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
            'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
-           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'RunStart', 'run_start']
+           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'resolve_fp8', 'RunStart', 'run_start']
 
 # %% ../../nbs/05d_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -363,6 +363,18 @@ def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:In
         return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
     return fit_batch(cfg, info, log, init=init)
 
+# %% ../../nbs/05d_runstart.ipynb #f44edf11
+def resolve_fp8(cfg:Config, # the run's config
+                device:str, # where it trains
+                log:Callable|None=print, # where the one line goes (None: nowhere)
+               ) -> Config:
+    "`cfg` with `fp8='auto'` made 'tensorwise' where float8 runs on `device`, else 'off'."
+    if cfg.train.levers.fp8 != 'auto': return cfg
+    why = fp8_support(device)
+    if log: log(f"fp8=auto: off, training in bf16 ({why})" if why else
+                "fp8=auto: tensorwise (float8 matmuls on this card)")
+    return with_fp8(cfg, not why)
+
 # %% ../../nbs/05d_runstart.ipynb #499c8f30
 @dataclass
 class RunStart:
@@ -402,6 +414,7 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
     cfg, init = resolve_init(cfg, paths, run_dir, init)
     prepared = _prepared(cfg, paths, info, init, log, examples)
+    cfg = resolve_fp8(cfg, info.device, log if info.is_main else None)  # before the fit: fp8 frees memory
     if cfg.train.levers.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
     cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
     if prepared.vocab_size > cfg.model.vocab_size:
