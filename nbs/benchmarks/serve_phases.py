@@ -3,8 +3,9 @@
 The engine is driven by hand, one request at a time, with a device sync after each phase: tokenizing the chat
 prompt, queueing it, seating it in a row, the prefill forward, the first decode step, and the rest of its decode
 steps (a mean per token). Eight short chat prompts (6 to 12 tokens) of four distinct lengths, each length twice,
-show what a new prompt length costs against one seen before. `--profile` adds one more prefill under
-`torch.profiler`: CPU time against GPU time and the kernels it launches.
+show what a new prompt length costs against one seen before. Then the captured decode step alone: the mean GPU
+time of one replay at a few sizes (`replay_ms`, rows x keys; empty where the step is eager). `--profile` adds one
+more prefill under `torch.profiler`: CPU time against GPU time and the kernels it launches.
 
 GPU (a random model of Llama-2-7B's shape in bf16, made on the spot, about 30 s), from the repo root:
     python3 nbs/benchmarks/serve_phases.py --out X.json [--profile]
@@ -40,6 +41,22 @@ def timed_request(engine, tokenizer, text:str, ctx:int, seed:int, sync) -> dict:
                 first_decode_ms=ms(t3, t4), rest_ms_per_tok=round((t5 - t4)*1e3/max(n - 1, 1), 2), tokens=n)
 
 
+def replay_ms(engine, sizes=((1, 128), (1, 256), (8, 256), (32, 256), (64, 256)), n:int=50) -> dict:
+    "Mean GPU milliseconds of one replay of the captured decode step, by 'rows x keys' ({} where eager)."
+    import torch
+    out = {}
+    for key in sizes:
+        g = engine.step.captured.get(key) if engine.step.graphs else None
+        if g is None: continue
+        for _ in range(5): g.graph.replay()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(); a.record()
+        for _ in range(n): g.graph.replay()
+        b.record(); b.synchronize()
+        out[f'{key[0]}x{key[1]}'] = round(a.elapsed_time(b)/n, 3)
+    return out
+
+
 def profiled_prefill(engine, tokenizer, sync) -> str:
     "One prefill under torch.profiler: its table, heaviest CPU time first."
     from torch.profiler import profile, ProfilerActivity
@@ -71,6 +88,7 @@ def main(argv=None) -> dict:
     t = time.time(); engine = Engine(served, max_batch=64, context=ctx, start=False)
     res['engine_ready_s'] = round(time.time() - t, 1)
     res['requests'] = [timed_request(engine, served.tokenizer, text, ctx, k, sync) for k, text in enumerate(PROMPTS*2)]
+    res['replay_ms'] = replay_ms(engine)  # the decode step alone, on the GPU
     res.update(device=torch.cuda.get_device_name() if dev == 'cuda' else 'cpu', torch=torch.__version__,
                date=time.strftime('%Y-%m-%d'))
     print(json.dumps(res, indent=1), flush=True)
