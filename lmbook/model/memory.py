@@ -30,7 +30,8 @@ def act_bytes_per_token_layer(m:ModelConfig, fp8:bool=False) -> int:
     "Bytes one transformer block saves for the backward, per token (bf16 autocast, compiled)."
     d, h = m.n_embd, m.hidden
     qkv = 2*(m.n_head + 2*m.kv_heads)*m.head_dim
-    if fp8: return 4*d + 4*d + qkv + d + (2*h if m.arch == 'gpt2' else 4*h)
+    rotated = 0 if m.arch == 'gpt2' else 2*(m.n_head + m.kv_heads)*m.head_dim  # RoPE's q and k (bf16)
+    if fp8: return 4*d + 4*d + qkv + rotated + d + (2*h if m.arch == 'gpt2' else 4*h)
     attn = 4*d + 4*d + 2*d + 2*d + qkv + 2*d
     mlp = 4*h if m.arch == 'gpt2' else 8*h
     return attn + mlp
