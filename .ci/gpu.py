@@ -437,7 +437,8 @@ def selected(only:str) -> list:
     "The rows named in `only` (comma-separated; all when empty) and the rows whose runs they read."
     names = set(filter(None, only.split(',')))
     unknown = names - {r.name for r in ROWS}
-    if unknown: sys.exit(f"no such row: {', '.join(sorted(unknown))} (rows: {', '.join(r.name for r in ROWS)})")
+    if unknown:
+        sys.exit(f"no such row: {', '.join(sorted(unknown))} (rows: {', '.join(r.name for r in ROWS)})")
     while more := {a for r in ROWS if r.name in names for a in r.after} - names: names |= more
     return [r for r in ROWS if not names or r.name in names]
 
@@ -446,7 +447,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--out', type=Path,
                     help='the JSON lines file (default: nbs/benchmarks/results/gpu-check_DATE_CARD.jsonl)')
-    ap.add_argument('--only', default='', help='these rows only, and those whose runs they read (comma-separated)')
+    ap.add_argument('--only', default='',
+                    help='these rows only, and those whose runs they read (comma-separated)')
     ap.add_argument('--jobs', type=int, default=4, help='single-GPU rows run this many at a time')
     ap.add_argument('--keep', type=Path,
                     help='keep the workspace here (default: a temporary folder, removed)')

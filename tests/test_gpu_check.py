@@ -48,7 +48,8 @@ def test_rows_are_valid_and_named_once():
 def test_only_brings_the_rows_it_reads():
     names = lambda only: [r.name for r in gpu.selected(only)]
     assert names('serve-8-clients') == ['finetune-lora', 'serve-8-clients']
-    assert names('sample-kv-cache,eval') == ['train-bf16-compile', 'finetune-qlora-nf4', 'sample-kv-cache', 'eval']
+    assert names('sample-kv-cache,eval') == ['train-bf16-compile', 'finetune-qlora-nf4', 'sample-kv-cache',
+                                             'eval']
     assert len(names('')) == len(gpu.ROWS)
     with pytest.raises(SystemExit, match='no such row: serve'): gpu.selected('serve')
 

@@ -178,7 +178,8 @@ class KVCache:
         shape = (cfg.n_layer, batch_size, cfg.kv_heads, size or cfg.block_size, cfg.head_dim)
         self.k, self.v = torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device,
                                                                                      dtype=dtype)
-        self.pos, self.span, self.placed = 0, None, None  # `rows` makes `pos` a tensor of one position per row
+        # `rows` makes `pos` a tensor of one position per row, and `place` fills `placed` once a forward
+        self.pos, self.span, self.placed = 0, None, None
 
     def layer(self, i:int) -> tuple: return self.k[i], self.v[i], *(self.placed or (self.pos, self.span))
     def reset(self): self.pos = 0

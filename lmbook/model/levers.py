@@ -44,6 +44,7 @@ def convert_fp8(model:nn.Module, recipe:str) -> int:
                                config=Float8LinearConfig.from_recipe_name(recipe))
     return n
 
+# %% ../../nbs/03d_levers.ipynb #32cf8b96
 def fp8_recipe(fp8:str, # the config's `fp8`
                device:str, # where it trains
               ) -> str:

@@ -18,7 +18,7 @@ from ..train.optim import total_steps
 # %% auto #0
 __all__ = ['GPU_POD_VCPUS', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table', 'cpu_machine',
            'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'fit_advice', 'pod_overrides', 'image_cuda',
-           'card_image', 'plan', 'format_plan', 'format_prep']
+           'card_image', 'as_run_on', 'plan', 'format_plan', 'format_prep']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -189,6 +189,13 @@ def card_image(gpu:str, image:str, table:dict|None=None) -> str:
     cuda = image_cuda(image)
     return g.get('image') or image if cuda and _cuda(cuda) < _cuda(str(g.get('min_cuda') or '0')) else image
 
+# %% ../../nbs/07a_plan.ipynb #7f2bd189
+def as_run_on(cfg:Config, gpu:str, gpus:int, table:dict) -> Config:
+    "`cfg` as a run on `gpus` x `gpu` takes it: fp8='auto' resolved, the micro-batch `batch_fit` starts from."
+    cfg = with_fp8(cfg, bool(table[gpu].get('fp8')))
+    # the estimate's pick is where the fit's trials start; the trials on the card decide
+    return estimated_fit(cfg, table[gpu]['mem_gb'], gpus) if cfg.train.levers.batch_fit else cfg
+
 # %% ../../nbs/07a_plan.ipynb #886d61be
 def plan(profile:str, # profile name or config file
          gpu:str, # RunPod GPU id or alias
@@ -215,8 +222,7 @@ def plan(profile:str, # profile name or config file
     if table[gpu].get(cloud) is None: raise ValueError(f"RunPod has no {gpu} in {cloud.title()} Cloud "
                                                        "(lmbook/gpu_prices.yaml): choose the other cloud")
     asked = get_config(profile, dict(pod_overrides(profile, gpus, overrides), nproc=gpus))
-    cfg = with_fp8(asked, bool(table[gpu].get('fp8')))
-    if cfg.train.levers.batch_fit: cfg = estimated_fit(cfg, table[gpu]['mem_gb'], gpus)  # the run's trials decide
+    cfg = as_run_on(asked, gpu, gpus, table)
     ok, need = fits(cfg, table[gpu]['mem_gb'], gpus)
     if not ok:
         raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
