@@ -110,8 +110,20 @@ install() {  # stage 1: the checkout and its virtualenv on the volume, at the co
     { python3 -m pip install -q virtualenv && python3 -m virtualenv -q --system-site-packages "$V"; } || { stop_pod "no virtualenv in $V"; return 1; }
   if [ ! -x "$V/bin/lmbook" ]; then
     "$V/bin/pip" install -q -e "$S" && git -C "$S" rev-parse HEAD > "$V/lmbook-commit" || { stop_pod "pip install -e $S failed"; return 1; }
+    nvidia-smi -L > /dev/null 2>&1 && float8
   fi
   "$V/bin/lmbook" boot --help > /dev/null || { stop_pod "lmbook does not start from $V"; return 1; }
+}
+
+float8() {  # torchao for fp8='auto', the release built for the image's torch; without it runs train in bf16
+  "$V/bin/python" -c 'import torchao' 2> /dev/null && return 0
+  local t ao; t=$("$V/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
+  case $t in
+    2.8.*) ao=0.13.0 ;; 2.9.0) ao=0.14.1 ;; 2.9.*) ao=0.15.0 ;; 2.10.*) ao=0.16.0 ;; 2.11.*) ao=0.18.0 ;;
+    *) say "install: no torchao release known for torch $t: fp8='auto' runs train in bf16"; return 0 ;;
+  esac
+  "$V/bin/pip" install -q "torchao==$ao" && say "install: torchao $ao for torch $t (float8)" ||
+    say "install: pip install torchao==$ao failed: fp8='auto' runs train in bf16"
 }
 
 vllm_serve() {  # vLLM's OpenAI server on the exported model; the key goes as VLLM_API_KEY, never on a command line

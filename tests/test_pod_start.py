@@ -185,3 +185,29 @@ def test_an_endpoint_pod_with_vllm(api, tmp_path):
     finally: os.killpg(p.pid, signal.SIGKILL); p.wait()
     assert got == dict(argv=['--model', '/workspace/exports/chat-7b', '--served-model-name', 'chat-7b',
                              '--host', '0.0.0.0', '--port', '8000'], key='sk-pod-key')
+
+
+@pytest.mark.parametrize('torch_version, want', [('2.8.0', '0.13.0'), ('2.9.0', '0.14.1'),
+                                                 ('2.9.1', '0.15.0'), ('2.10.0', '0.16.0'),
+                                                 ('2.11.0', '0.18.0'), ('2.4.1', None)])
+def test_a_gpu_pod_gets_the_torchao_built_for_its_torch(tmp_path, torch_version, want):
+    """The install stage's `float8`: the torchao release built for the image's torch (fp8='auto' needs it), or
+    one line saying the runs train in bf16."""
+    v = tmp_path/'venv'/'bin'; v.mkdir(parents=True)
+    (v/'python').write_text('#!/bin/bash\ncase "$*" in *"import torchao"*) exit 1;; esac\n'
+                            f'echo {torch_version}\n')
+    (v/'pip').write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/pip-args\n')
+    for f in v.iterdir(): f.chmod(0o755)
+    script = (ROOT/'lmbook'/'pod_start.sh').read_text()
+    start = script.index('float8() {')
+    fn = script[start:script.index('\n}\n', start) + 3]
+    said = tmp_path/'log'
+    shell = f'V={tmp_path}/venv; say() {{ echo "$*" >> {said}; }}\n{fn}\nfloat8'
+    r = subprocess.run(['bash', '-c', shell], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    if want:
+        assert (tmp_path/'pip-args').read_text().split() == ['install', '-q', f'torchao=={want}']
+        assert f'torchao {want} for torch {torch_version}' in said.read_text()
+    else:
+        assert not (tmp_path/'pip-args').exists()
+        assert "fp8='auto' runs train in bf16" in said.read_text()
