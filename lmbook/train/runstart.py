@@ -18,7 +18,7 @@ from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, val_batches
 from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
-from ..model.memory import batch_choices, max_batch_size, search_batch
+from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
 from ..model.levers import fp8_support
 from ..distributed import DistInfo, all_reduce, barrier
 from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
@@ -330,6 +330,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
               log:Callable=print, # where the one line about the choice goes
               fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
               init:Init|None=None, # the run's `Init` (for the trials)
+              mem_gb:float|None=None, # a GPU's memory (default: this GPU's); None with `fits`: no estimate
              ) -> Config:
     "`cfg` with the largest micro-batch that fits the card, accumulation lowered to keep its tokens per step."
     tc, est = cfg.train, cfg.train.batch_size
@@ -337,14 +338,18 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
         if not info.device.startswith('cuda'):
             log(f"batch_fit: trials need a CUDA GPU; keeping batch_size {tc.batch_size}")
             return cfg
-        fits = lambda c: fits_card(c, info, init=init)
-        est = max_batch_size(cfg, torch.cuda.mem_get_info(info.device)[1]/1e9, world_size=info.world_size)
+        fits, mem_gb = (lambda c: fits_card(c, info, init=init)), torch.cuda.mem_get_info(info.device)[1]/1e9
+    if mem_gb: est = max_batch_size(cfg, mem_gb, world_size=info.world_size)
     choices, tried = batch_choices(cfg), {}
     def trial(b):
-        tried[b] = fits(apply_overrides(cfg, dict(batch_size=b, grad_accum=tc.batch_size*tc.grad_accum//b)))
-        return tried[b]
+        c = apply_overrides(cfg, dict(batch_size=b, grad_accum=tc.batch_size*tc.grad_accum//b))
+        need = estimate_memory(c, world_size=info.world_size)['total_gb'] if mem_gb else 0
+        # past the whole card by the estimate (within 3% of measured): a trial would only find the OOM
+        tried[b] = f"needs ~{need:.1f} GB, not tried" if mem_gb and need > mem_gb else fits(c)
+        return tried[b] is True
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
-    seen = ', '.join(f"{b} {'fits' if ok else 'does not'}" for b, ok in sorted(tried.items()))
+    said = lambda ok: ok if isinstance(ok, str) else 'fits' if ok else 'does not'
+    seen = ', '.join(f"{b} {said(ok)}" for b, ok in sorted(tried.items()))
     if i < 0:
         log(f"batch_fit: no micro-batch from {tc.batch_size} up fits "
             f"the card ({seen}); keeping batch_size {tc.batch_size}")
@@ -353,6 +358,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
     log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
     return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc))
 
+# %% ../../nbs/05d_runstart.ipynb #70f5e1c3
 def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
     "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
     saved = RunDir(run_dir).config
