@@ -7,7 +7,8 @@
 #   runpod_1b: bf16 at micro-batch 16, fp8 at 32 for 915 steps (1.22x, 2026-11-27).
 # Both on the same real tokens with the same first validation sequences (as many for each); the verdict says when fp8
 # first reaches bf16's final validation loss. Two GPUs of one host run both arms at once (about 8 minutes); one GPU
-# runs them one after the other. torchao comes as a wheel in .whl/ where no package index is reachable.
+# runs them one after the other; CUDA_VISIBLE_DEVICES picks the GPUs. torchao comes as a wheel in .whl/ where no
+# package index is reachable.
 seed=${1:-1337}; profile=${2:-runpod_2b}
 case $profile in
   runpod_2b) bmb=8; fmb=16; fsteps=960 ;;
@@ -22,9 +23,11 @@ python3 $P "$out" --prepare --profile $profile --workspace "$tmp/ws"
 bf16="--arm bf16 --batch-size $bmb --steps 1500 --eval-every 100 --eval-batches 20"
 fp8="--arm fp8 --batch-size $fmb --steps $fsteps --eval-every 40 --eval-batches 10"
 common="--seed $seed --profile $profile --workspace $tmp/ws"
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-  CUDA_VISIBLE_DEVICES=0 python3 $P "$out" $bf16 $common > "${OUT:-.}/bf16-seed$seed.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 python3 $P "$out" $fp8 $common > "${OUT:-.}/fp8-seed$seed.log" 2>&1 &
+gpus=(${CUDA_VISIBLE_DEVICES//,/ })  # the GPUs given (two seeds at once on four GPUs: 0,1 and 2,3), else all
+[ ${#gpus[@]} -gt 0 ] || gpus=($(seq 0 $(($(nvidia-smi -L | wc -l) - 1))))
+if [ ${#gpus[@]} -ge 2 ]; then
+  CUDA_VISIBLE_DEVICES=${gpus[0]} python3 $P "$out" $bf16 $common > "${OUT:-.}/bf16-seed$seed.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=${gpus[1]} python3 $P "$out" $fp8 $common > "${OUT:-.}/fp8-seed$seed.log" 2>&1 &
   wait
 else
   python3 $P "$out" $bf16 $common
