@@ -67,6 +67,12 @@ def follow(procs:dict, runs:dict, limit_s:float) -> dict:
     return {arm: sorted(v.values()) for arm, v in seen.items()}
 
 
+def log_ends(log:Path, head:int=2500, tail:int=1200) -> str:
+    "The start of an arm's log (its start-up: the fit's trials, compilation) and its end."
+    text = log.read_text()
+    return text if len(text) <= head + tail else f"{text[:head]}\n[...]\n{text[-tail:]}"
+
+
 def seconds_to(vals:list[tuple], target:float) -> float|None:
     "Seconds from the command to the first validation at or below `target` (None: never)."
     return next((s for _, v, s in vals if v <= target), None)
@@ -110,7 +116,7 @@ def main():
         res |= {f'{arm}_exit': p.returncode for arm, (p, _) in procs.items()}
     target = a.target if a.target is not None else (vals['off'][-1][1] if vals['off'] else None)
     res |= dict(target=target, together=together, validations=vals,
-                logs={arm: (ws/f'{arm}.log').read_text()[-1200:] for arm in arms})
+                logs={arm: log_ends(ws/f'{arm}.log') for arm in arms})
     for arm in arms: res[f'{arm}_seconds_to_target'] = seconds_to(vals[arm], target) if target else None
     on, off = res['on_seconds_to_target'], res['off_seconds_to_target']
     res['on_over_off'] = round(on/off, 3) if on and off else None
