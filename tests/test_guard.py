@@ -110,7 +110,7 @@ def measured() -> list[tuple]:
                 else [json.loads(text)])
         for r in recs:
             card = r.get('card') or (r.get('env') or {}).get('device_name')
-            if 'profile' not in r or not card or r.get('oom'): continue
+            if 'overrides' not in r or not card or r.get('oom'): continue  # a run's config, not a summary
             ov = r['overrides'] if isinstance(r['overrides'], dict) else parse_overrides(r['overrides'])
             ov = {**ov, **{k: r[k] for k in KEYS if r.get(k) is not None}}
             if r.get('loss_kernel') == 'liger': ov['fused_ce'] = True
