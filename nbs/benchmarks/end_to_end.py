@@ -1,8 +1,8 @@
 """End to end as a user meets it: `lmbook train` from the command to a validation loss, levers on against off.
 
 Two arms, the same `lmbook train -p PROFILE` command but for their `--set` values:
-  on    the profile as shipped (on CUDA: compile, fp8='auto', batch_fit), plus --on (default `optimizer=muon`,
-        the candidate for a default not yet measured at this size; `--on ''` for the profile alone);
+  on    the profile as shipped (on CUDA: compile and batch_fit; fp8='auto' at runpod_2b and 4b), plus --on
+        (default none: the profile alone; 2026-11-27 measured `--on 'optimizer=muon,fp8=auto'`);
   off   every lever off: compile=false, fp8=off, act_ckpt=none, batch_fit=false, doc_mask=false, optimizer=adamw.
 Both train on the same tokens, prepared once before either starts (`lmbook prepare`, the `sources` corpus of
 tokens.py with a BPE of 8192 tokens), with the same schedule (--steps, warmup over a tenth, the profile's
@@ -81,7 +81,7 @@ def seconds_to(vals:list[tuple], target:float) -> float|None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--profile', default='runpod_1b')
-    ap.add_argument('--on', default='optimizer=muon', help='the on arm\'s values on top of the profile, k=v,k=v')
+    ap.add_argument('--on', default='', help='the on arm\'s values on top of the profile, k=v,k=v')
     ap.add_argument('--off', default=OFF, help='the off arm\'s values, k=v,k=v')
     ap.add_argument('--steps', type=int, default=100, help="both arms' optimizer steps (their schedule)")
     ap.add_argument('--eval-every', type=int, default=10)
