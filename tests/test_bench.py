@@ -136,6 +136,18 @@ def test_fp8_verdict_gives_the_time_to_bf16s_final_loss(tmp_path):
     assert "fp8 never reached bf16's final val_loss 3.0" in verdict(out)
 
 
+def test_fp8_parity_arm_takes_an_accumulation(tmp_path):
+    "An arm at micro-batch 2 x accumulation 2 counts four rows' tokens a step (the equal-tokens comparison)."
+    script, out, ws = ROOT/'nbs/benchmarks/fp8_parity.py', tmp_path/'rows.jsonl', tmp_path/'ws'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'HF_HUB_OFFLINE': '1'}
+    p = subprocess.run([sys.executable, str(script), str(out), '--arm', 'bf16', '--tiny', '--batch-size', '2',
+                        '--grad-accum', '2', '--steps', '4', '--eval-every', '2', '--eval-batches', '1',
+                        '--workspace', str(ws)], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-1500:]
+    rows = [r for r in _rows(out) if not r.get('summary')]
+    assert [(r['step'], r['tokens']) for r in rows] == [(0, 0), (2, 2*4*64), (4, 4*4*64)]
+
+
 def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
     "Two arms on one prepared workspace, then the verdict: the best AdamW sets the target, each arm is timed."
     script, out, ws = ROOT/'nbs/benchmarks/muon_scale.py', tmp_path/'rows.jsonl', tmp_path/'ws'

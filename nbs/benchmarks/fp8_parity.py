@@ -2,7 +2,7 @@
 
 Table "fp8 loss parity" of nbs/benchmarks.md. One arm per process (`--arm bf16` or `--arm fp8`), so two GPUs
 of one host run both arms at once; each arm trains the profile's model (`runpod_2b` by default) for STEPS
-optimizer steps at micro-batch B x 1024, accumulation 1, with the profile's lr, warmup of STEPS/10 and a
+optimizer steps at micro-batch B x 1024, accumulation 1 (or --grad-accum), with the profile's lr, warmup of STEPS/10 and a
 cosine decay to 10% over STEPS. The arms differ only in `fp8` (off / tensorwise): same seed, same batches in
 the same order, same validation batches. Every EVAL_EVERY steps a row gives the validation loss
 (see time_to_loss.py for the row format); the last row per arm gives its final validation loss.
@@ -55,6 +55,7 @@ def main():
     tokens.add_arm_options(ap, 'runpod_2b', 1500, 8, 80)
     ap.add_argument('--arm', choices=list(ARMS), help='which arm this process trains')
     ap.add_argument('--seed', type=int, default=1337, help="the model's initial weights (the batches keep their order)")
+    ap.add_argument('--grad-accum', type=int, default=1, help='micro-batches a step (fp8_time_to_loss.sh equal)')
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
     train, val = tokens.arm_tokens(ap, a, 'fp8p')
@@ -65,7 +66,7 @@ def main():
     from lmbook.config import get_config
     from time_to_loss import run
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}
-    cfg = get_config(a.profile, dict(batch_size=a.batch_size, grad_accum=1, max_steps=a.steps, warmup_steps=max(1, a.steps//10),
+    cfg = get_config(a.profile, dict(batch_size=a.batch_size, grad_accum=a.grad_accum, max_steps=a.steps, warmup_steps=max(1, a.steps//10),
                                      schedule='cosine', min_lr_ratio=0.1, seed=a.seed,
                                      **ARMS[a.arm], **tiny))
     _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)

@@ -1,28 +1,31 @@
 #!/bin/bash
 # fp8 against bf16 by time to a loss, one seed a call, from the repo root:
 #   bash nbs/benchmarks/fp8_time_to_loss.sh [SEED [PROFILE]]  (rows: $OUT/fp8-time-to-loss-PROFILE-seedSEED.jsonl)
-# PROFILE is runpod_2b (the default) or runpod_1b. Each arm runs at its fit on an 80 GB card, bf16 for 1,500 steps
-# and fp8 at the micro-batch it frees for the steps that take the same wall time at the tokens/s measured for it:
+# PROFILE is runpod_2b (the default), runpod_1b or runpod_1b-equal. Each arm runs at its fit on an 80 GB card,
+# bf16 for 1,500 steps and fp8 at the micro-batch it frees for the steps that take the same wall time at the tokens/s measured for it:
 #   runpod_2b: bf16 at micro-batch 8, fp8 at 16 for 960 steps (1.28x bf16's tokens/s, 2026-11-26);
-#   runpod_1b: bf16 at micro-batch 16, fp8 at 32 for 915 steps (1.22x, 2026-11-27).
+#   runpod_1b: bf16 at micro-batch 16, fp8 at 32 for 915 steps (1.22x, 2026-11-27);
+#   runpod_1b-equal: equal tokens a step, as batch_fit keeps them: bf16 at 16 x 2 for 750 steps, fp8 at 32 x 1 for
+#   947 (a step 0.49 s against 0.388 s, from the two arms above on one H200 host, 2026-11-27).
 # Both on the same real tokens with the same first validation sequences (as many for each); the verdict says when fp8
 # first reaches bf16's final validation loss. Two GPUs of one host run both arms at once (about 8 minutes); one GPU
 # runs them one after the other; CUDA_VISIBLE_DEVICES picks the GPUs. torchao comes as a wheel in .whl/ where no
 # package index is reachable.
-seed=${1:-1337}; profile=${2:-runpod_2b}
+seed=${1:-1337}; profile=${2:-runpod_2b}; bacc=1; bsteps=1500; bevery=100
 case $profile in
   runpod_2b) bmb=8; fmb=16; fsteps=960 ;;
   runpod_1b) bmb=16; fmb=32; fsteps=915 ;;
-  *) echo "fp8_time_to_loss.sh: no arms for profile $profile: runpod_2b or runpod_1b" >&2; exit 2 ;;
+  runpod_1b-equal) bmb=16; bacc=2; bsteps=750; bevery=50; fmb=32; fsteps=947 ;;
+  *) echo "fp8_time_to_loss.sh: no arms for $profile: runpod_2b, runpod_1b or runpod_1b-equal" >&2; exit 2 ;;
 esac
 source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
 out=${OUT:-.}/fp8-time-to-loss-$profile-seed$seed.jsonl; P=nbs/benchmarks/fp8_parity.py
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"
-python3 $P "$out" --prepare --profile $profile --workspace "$tmp/ws"
-bf16="--arm bf16 --batch-size $bmb --steps 1500 --eval-every 100 --eval-batches 20"
+python3 $P "$out" --prepare --profile ${profile%-equal} --workspace "$tmp/ws"
+bf16="--arm bf16 --batch-size $bmb --grad-accum $bacc --steps $bsteps --eval-every $bevery --eval-batches 20"
 fp8="--arm fp8 --batch-size $fmb --steps $fsteps --eval-every 40 --eval-batches 10"
-common="--seed $seed --profile $profile --workspace $tmp/ws"
+common="--seed $seed --profile ${profile%-equal} --workspace $tmp/ws"
 gpus=(${CUDA_VISIBLE_DEVICES//,/ })  # the GPUs given (two seeds at once on four GPUs: 0,1 and 2,3), else all
 [ ${#gpus[@]} -gt 0 ] || gpus=($(seq 0 $(($(nvidia-smi -L | wc -l) - 1))))
 if [ ${#gpus[@]} -ge 2 ]; then
