@@ -2,7 +2,8 @@
 # fp8 against bf16 by time to a loss, one seed a call, from the repo root:
 #   bash nbs/benchmarks/fp8_time_to_loss.sh [SEED [PROFILE]]  (rows: $OUT/fp8-time-to-loss-PROFILE-seedSEED.jsonl)
 # PROFILE is runpod_2b (the default), runpod_1b or runpod_1b-equal. Each arm runs at its fit on an 80 GB card,
-# bf16 for 1,500 steps and fp8 at the micro-batch it frees for the steps that take the same wall time at the tokens/s measured for it:
+# bf16 for 1,500 steps and fp8 at the micro-batch it frees for the steps that take the same wall time at the
+# tokens/s measured for it:
 #   runpod_2b: bf16 at micro-batch 8, fp8 at 16 for 960 steps (1.28x bf16's tokens/s, 2026-11-26);
 #   runpod_1b: bf16 at micro-batch 16, fp8 at 32 for 915 steps (1.22x, 2026-11-27);
 #   runpod_1b-equal: equal tokens a step, as batch_fit keeps them: bf16 at 16 x 2 for 750 steps, fp8 at 32 x 1 for
