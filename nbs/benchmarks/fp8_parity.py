@@ -55,7 +55,6 @@ def main():
     tokens.add_arm_options(ap, 'runpod_2b', 1500, 8, 80)
     ap.add_argument('--arm', choices=list(ARMS), help='which arm this process trains')
     ap.add_argument('--seed', type=int, default=1337, help="the model's initial weights (the batches keep their order)")
-    ap.add_argument('--grad-accum', type=int, default=1, help='micro-batches a step (fp8_time_to_loss.sh equal)')
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
     train, val = tokens.arm_tokens(ap, a, 'fp8p')

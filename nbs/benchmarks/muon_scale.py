@@ -5,9 +5,9 @@ Arms, each a SPEC (one process each, `--arm SPEC`; muon_scale.sh runs them side 
   muon@F@LR           optimizer=muon for F x STEPS steps (its schedule ends there): Muon for the blocks' matrices
                       at --muon-lr, AdamW at LR for embeddings, head and gains;
   muon@F@LR@fp8       the same with fp8=tensorwise.
-Every arm trains the profile's model (`runpod_1b` by default) at micro-batch B x its block, accumulation 1, warmup
-over a tenth of its steps then a cosine decay to 10%, on the same real tokens in the same order (tokens.py), with
-the same seed and the same validation batches. Rows as in time_to_loss.py: one every EVAL_EVERY steps (run,
+Every arm trains the profile's model (`runpod_1b` by default) at micro-batch B x its block, accumulation 1 (or
+--grad-accum; the profile ships with 16 x 8), warmup over a tenth of its steps then a cosine decay to 10%, on the
+same real tokens in the same order (tokens.py), with the same seed and the same validation batches. Rows as in time_to_loss.py: one every EVAL_EVERY steps (run,
 step, tokens, train_s without compilation and evaluation, val_loss), and a last one per arm.
 
 Verdict (`--verdict`): the target is the lowest final validation loss of the AdamW arms (the tuned AdamW); for
@@ -69,7 +69,7 @@ def main():
     from time_to_loss import run
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false',
                 **({'fp8': 'off'} if sets.get('fp8') else {})) if a.tiny else {}
-    cfg = get_config(a.profile, {**sets, 'batch_size': a.batch_size, 'grad_accum': 1, 'max_steps': steps,
+    cfg = get_config(a.profile, {**sets, 'batch_size': a.batch_size, 'grad_accum': a.grad_accum, 'max_steps': steps,
                                  'warmup_steps': max(1, steps//10), 'schedule': 'cosine', 'min_lr_ratio': 0.1,
                                  'muon_lr': a.muon_lr, **tiny})
     _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)
