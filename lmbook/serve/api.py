@@ -79,7 +79,7 @@ FIELDS = {  # field: (endpoints, 'honoured' | 'label' | 'refused', what lmbook d
     'web_search_options': ('chat', 'refused', "no web search", (None,)),
     'store': ('chat', 'refused', "nothing is stored", (None, False)),
     'metadata': ('chat', 'refused', "nothing is stored to label", (None, {})),
-    'service_tier': ('both', 'refused', "one tier", (None, 'auto', 'default')),
+    'service_tier': ('chat', 'refused', "one tier", (None, 'auto', 'default')),
     'moderation': ('chat', 'refused', "no moderation", (None,)),
     'prompt_cache_options': ('chat', 'refused', "prompts are not cached across requests", (None,)),
     'prompt_cache_retention': ('chat', 'refused', "prompts are not cached across requests", (None,)),
