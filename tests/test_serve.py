@@ -10,7 +10,7 @@ job in the SDK's local test mode."""
 import http.client, json, os, shutil, signal, socket, subprocess, sys, threading, time
 import pytest
 from conftest import ROOT, lmbook_cmd
-from lmbook.serve.api import FIELDS, fields_of
+from lmbook.serve.contract import FIELDS, fields_of
 
 sys.path.insert(0, str(ROOT/'nbs'/'benchmarks'))
 KEY = 'sk-test-0123456789'

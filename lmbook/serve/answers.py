@@ -10,7 +10,7 @@ import functools, json, re, time
 from fastcore.basics import patch
 from .engine import STOPPED, Job, Served
 from .decoding import StopText
-from .api import ApiError, Ask, vocab_facts
+from .contract import ApiError, Ask, vocab_facts
 from ..runs.sample import TextStream
 
 # %% auto #0

@@ -10,7 +10,7 @@ import asyncio, functools, hmac, ipaddress, json, queue, socket, sys, threading,
 from types import SimpleNamespace
 from ..core import env_var, package_dir
 from .engine import Busy, Engine, Served, load_served
-from .api import ApiError, jobs_of, read_ask
+from .contract import ApiError, jobs_of, read_ask
 from .answers import Answers, Tagged, chunk, error_of, head
 try:  # the [serve] extra: without it every other command runs, and `need_web` says what to install
     import uvicorn
