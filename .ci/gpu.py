@@ -8,7 +8,8 @@ usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
 `ROWS` names each row and the config values it runs; tests/test_gpu_check.py holds it to a row for every value
 that `config.cuda_values()` lists, so a new CUDA-only value cannot go unchecked."""
 from __future__ import annotations
-import argparse, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time
+import argparse, contextlib, json, os, re, shutil, signal, socket, subprocess, sys, tempfile, threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/gpu', LMBOOK_VAL_DIR='datasets/va
 class Row:
     "One CUDA path: how it runs (`kind`), the config values it sets, what it must show."
     name: str
-    kind: str                                     # train, finetune, sample, eval, serve, papermill, dist
+    kind: str                                     # train, finetune, sample, eval, serve, papermill...
     overrides: dict = field(default_factory=dict)  # config values on top of the kind's tiny ones
     expect: dict = field(default_factory=dict)     # levers the run must report using (meta.json `levers`)
     after: tuple = ()                             # rows whose runs this one reads
@@ -71,6 +72,7 @@ ROWS = [
     Row('sample-kv-cache', 'sample', after=('train-bf16-compile', 'finetune-qlora-nf4')),
     Row('eval', 'eval', after=('train-bf16-compile',)),
     Row('serve-8-clients', 'serve', after=('finetune-lora',)),
+    Row('serve-openai-fields', 'serve_api', after=('finetune-lora',)),
     Row('papermill-sigterm-resume', 'papermill'),
     Row('hardware-guard', 'guard'),
     Row('ddp-kill-resume', 'dist', dict(parallel='ddp'), gpus=2),
@@ -262,39 +264,94 @@ def free_port() -> int:
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 
-def run_serve(row:Row, ws:Path, out:Path) -> dict:
-    """`lmbook serve` on CUDA (its decode step in CUDA graphs) answers 8 concurrent chat requests; SIGTERM
-    exits 0."""
+@contextlib.contextmanager
+def serving(row:Row, ws:Path, out:Path):
+    """`lmbook serve finetune-lora` on CUDA (CUDA graphs) on a free port: its base URL; SIGTERM at the end,
+    which must exit 0."""
     port = free_port()
-    env = child_env(ws)
     log = open(out/f'{row.name}.log', 'w')
     srv = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'serve', 'finetune-lora', '--port', str(port),
-                            '--device', DEVICE], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            '--device', DEVICE], cwd=ROOT, env=child_env(ws), stdout=log,
+                           stderr=subprocess.STDOUT)
     base = f'http://127.0.0.1:{port}/v1'
     try:
         for _ in range(240):
             try: urllib.request.urlopen(f'{base}/models', timeout=2); break
             except OSError: check(srv.poll() is None, 'the server exited'); time.sleep(0.5)
-        res, t0 = [None]*8, time.perf_counter()
-        def ask(i):
-            body = json.dumps(dict(model='finetune-lora', max_tokens=32, temperature=0,
-                                   messages=[dict(role='user', content=f'What does abs do? ({i})')])).encode()
-            req = urllib.request.Request(f'{base}/chat/completions', body,
-                                         {'Content-Type': 'application/json'})
-            with urllib.request.urlopen(req, timeout=120) as r: res[i] = json.loads(r.read())
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-        for t in threads: t.start()
-        for t in threads: t.join()
-        dt = time.perf_counter() - t0
+        yield base
     finally:
         srv.send_signal(signal.SIGTERM)
         try: srv.wait(30)
         except subprocess.TimeoutExpired: srv.kill(); srv.wait()
         log.close()
-    check(all(r and r['choices'][0]['message']['content'] is not None for r in res), f"answers: {res}")
     check(srv.returncode == 0, f"the server exited {srv.returncode} after SIGTERM, not 0")
+
+
+def post(base:str, path:str, body:dict, stream:bool=False):
+    "The JSON answer of one request (a list of the events' objects for a stream)."
+    req = urllib.request.Request(f'{base}/{path}', json.dumps(dict(model='finetune-lora', **body)).encode(),
+                                 {'Content-Type': 'application/json'})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        if not stream: return json.loads(r.read())
+        return [json.loads(l[6:]) for l in r.read().decode().splitlines() if l.startswith('data: {')]
+
+
+def run_serve(row:Row, ws:Path, out:Path) -> dict:
+    "`lmbook serve` on CUDA answers 8 concurrent chat requests; SIGTERM exits 0."
+    with serving(row, ws, out) as base:
+        res, t0 = [None]*8, time.perf_counter()
+        def ask(i):
+            res[i] = post(base, 'chat/completions', dict(max_tokens=32, temperature=0, messages=[
+                dict(role='user', content=f'What does abs do? ({i})')]))
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        dt = time.perf_counter() - t0
+    check(all(r and r['choices'][0]['message']['content'] is not None for r in res), f"answers: {res}")
     toks = sum(r['usage']['completion_tokens'] for r in res)
     return dict(answered=8, completion_tokens=toks, tok_per_s=round(toks / dt, 1), seconds_for_8=round(dt, 2))
+
+
+def run_serve_api(row:Row, ws:Path, out:Path) -> dict:
+    """The OpenAI fields that take CUDA paths of their own (penalties, bias, log-probabilities of tokens
+    and of a prompt's prefill, n sharing a prefill), and stop strings, on CUDA with its graphs, mixed."""
+    first = dict(max_tokens=48, temperature=0)
+    ask = lambda **kw: post(base, 'completions', dict(first, **kw))
+    with serving(row, ws, out) as base:
+        for first['prompt'] in ('Return the', 'The function', 'def f(x):', 'A list is'):
+            if len(whole := ask()['choices'][0]['text']) > 8: break  # a greedy answer long enough to cut
+        check(len(whole) > 8, f"short greedy answers only: {whole!r}")
+        stop = whole[len(whole)//2:len(whole)//2 + 2]
+        cut = ask(stop=stop)['choices'][0]
+        streamed = post(base, 'completions', dict(first, stop=stop, stream=True), stream=True)
+        check((cut['text'], cut['finish_reason']) == (whole[:whole.index(stop)], 'stop'),
+              f"stop {stop!r}: {cut}")
+        check(''.join(c['choices'][0]['text'] for c in streamed) == cut['text'], f"streamed: {streamed[-2:]}")
+        one, three = ask(seed=3, temperature=1.0), ask(seed=3, temperature=1.0, n=3)
+        check(three['choices'][0]['text'] == one['choices'][0]['text'] and len(three['choices']) == 3,
+              f"n=3 against n=1: {three['choices']}")
+        lp = post(base, 'chat/completions', dict(messages=[dict(role='user', content='What does abs do?')],
+                                                 max_tokens=16, temperature=0, logprobs=True, top_logprobs=3))
+        ents = lp['choices'][0]['logprobs']['content']
+        check(ents and all(e['token'] == e['top_logprobs'][0]['token'] for e in ents),
+              f"greedy logprobs: {ents}")
+        ids = [101, 202, 303, 404]
+        echo = ask(prompt=ids, echo=True, logprobs=1, max_tokens=0)['choices'][0]
+        echo = echo['logprobs']['token_logprobs']
+        forced = ask(prompt=ids[:-1], max_tokens=1, logprobs=1, logit_bias={str(ids[-1]): 100})
+        diff = abs(forced['choices'][0]['logprobs']['token_logprobs'][0] - echo[-1])
+        check(len(echo) == 4 and diff < 0.1, f"prefill vs decode log-probability of one token: {diff}")
+        pen = ask(frequency_penalty=2.0, presence_penalty=2.0)['choices'][0]['text']
+        check(pen != whole, "penalties changed nothing")
+        mixed = [None]*8
+        def one_of(i):
+            mixed[i] = ask(**(dict(stop=[stop], logprobs=2) if i % 2 else dict(seed=i, temperature=0.8)))
+        threads = [threading.Thread(target=one_of, args=(i,)) for i in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        check(all(stop not in m['choices'][0]['text'] and 'tokens' in m['choices'][0]['logprobs']
+                  for m in mixed[1::2]), f"stop strings and logprobs in a mixed batch: {mixed}")
+    return dict(stop=stop, n=3, logprob_entries=len(ents), echo_vs_decode_logprob_diff=round(diff, 4))
 
 
 def run_papermill(row:Row, ws:Path, out:Path) -> dict:
@@ -394,7 +451,7 @@ def run_guard(row:Row, ws:Path, out:Path) -> dict:
 
 
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
-               papermill=run_papermill, dist=run_dist, guard=run_guard)
+               serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard)
 LOCK = threading.Lock()
 
 

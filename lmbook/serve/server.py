@@ -1,4 +1,4 @@
-"""`lmbook serve`: the engine behind OpenAI-compatible `/v1/completions` and `/v1/chat/completions` on Starlette and > uvicorn, every request checked on its own, a key on the door, a graceful stop; and a RunPod serverless worker.
+"""`lmbook serve`: the engine behind OpenAI-compatible `/v1/completions` and `/v1/chat/completions` on Starlette and uvicorn, a chat page at `/`, a key on the door, a grace that ends every request well; and a RunPod serverless worker.
 
 Docs: https://lmbook.github.io/lmbook/server.html.md"""
 
@@ -6,25 +6,23 @@ Docs: https://lmbook.github.io/lmbook/server.html.md"""
 
 # %% ../../nbs/06c_server.ipynb #60b29061
 from __future__ import annotations
-import asyncio, functools, hmac, ipaddress, json, os, socket, sys, threading, time, uuid
+import asyncio, functools, hmac, ipaddress, json, queue, socket, sys, threading, uuid
 from types import SimpleNamespace
-from ..core import env_var
-from .engine import Busy, Engine, Job, Served, load_served
-from ..runs.sample import TextStream, stop_ids
-from ..data.sft import ROLES, END
-from ..data.tokenizer import SPECIAL_TOKENS
+from ..core import env_var, package_dir
+from .engine import Busy, Engine, Served, load_served
+from .contract import ApiError, jobs_of, read_ask
+from .answers import Answers, Tagged, chunk, error_of, head
 try:  # the [serve] extra: without it every other command runs, and `need_web` says what to install
     import uvicorn
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
 except ImportError: uvicorn = None
 
 # %% auto #0
-__all__ = ['WEB_MISSING', 'need_web', 'ApiError', 'request_options', 'vocab_facts', 'too_long', 'check_text', 'chat_text',
-           'prompt_ids', 'make_job', 'chunk', 'answer', 'detok', 'LoopQueue', 'pieces', 'gone', 'authorize',
-           'read_json', 'complete', 'events', 'models', 'health', 'make_app', 'check_bind', 'bind', 'http_server',
-           'background', 'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
+__all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'LoopQueue', 'gone', 'read_all', 'authorize', 'read_json', 'busy',
+           'complete', 'events', 'models', 'health', 'page_html', 'page', 'make_app', 'check_bind', 'bind',
+           'http_server', 'background', 'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
 
 # %% ../../nbs/06c_server.ipynb #3dcf3e51
 WEB_MISSING = ("lmbook serve needs starlette and uvicorn: pip install 'lmbook[serve]' "
@@ -33,120 +31,6 @@ WEB_MISSING = ("lmbook serve needs starlette and uvicorn: pip install 'lmbook[se
 def need_web():
     "Raise a one-line error naming what to install when starlette or uvicorn is missing."
     if uvicorn is None: raise ValueError(WEB_MISSING)
-
-# %% ../../nbs/06c_server.ipynb #9a9c1361
-class ApiError(Exception):
-    "A request refused: its HTTP status, and OpenAI's error fields."
-    def __init__(self, status:int, message:str, code:str|None=None, param:str|None=None,
-                 type:str='invalid_request_error', headers:dict|None=None):
-        super().__init__(message)
-        self.status, self.code, self.param, self.type, self.headers = status, code, param, type, headers
-
-    def body(self) -> dict:
-        "OpenAI's error object."
-        return dict(error=dict(message=str(self), type=self.type, param=self.param, code=self.code))
-
-# %% ../../nbs/06c_server.ipynb #67416f93
-def _whole(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
-
-def request_options(body:dict, chat:bool) -> tuple:
-    "`(max_tokens, temperature, top_p, seed)` of a request body, each checked."
-    n = body.get('max_tokens', body.get('max_completion_tokens', 256 if chat else 16))
-    t, p, seed = body.get('temperature', 1.0), body.get('top_p', 1.0), body.get('seed')
-    num = lambda v: _whole(v) or isinstance(v, float)
-    if not _whole(n) or n < 0:
-        raise ApiError(400, f"max_tokens={n!r} must be a whole number >= 0", param='max_tokens')
-    if not num(t) or not 0 <= t <= 2:
-        raise ApiError(400, f"temperature={t!r} must be in [0, 2]", param='temperature')
-    if not num(p) or not 0 < p <= 1: raise ApiError(400, f"top_p={p!r} must be in (0, 1]", param='top_p')
-    if seed is not None and not (_whole(seed) and -2**63 <= seed < 2**64):
-        raise ApiError(400, f"seed={seed!r} must be a 64-bit integer", param='seed')
-    if body.get('n', 1) != 1: raise ApiError(400, "n must be 1", param='n')
-    if not isinstance(body.get('stream', False), bool):
-        raise ApiError(400, "stream must be true or false", param='stream')
-    return n, float(t), float(p), seed
-
-# %% ../../nbs/06c_server.ipynb #37e2216d
-@functools.lru_cache(maxsize=8)
-def vocab_facts(tokenizer) -> tuple:
-    "`(special ids, reserved strings, longest token in characters)` of `tokenizer`."
-    added = {i: t for i, t in tokenizer.tok.get_added_tokens_decoder().items() if t.special}
-    longest = max(map(len, tokenizer.tok.get_vocab()))
-    return frozenset(added), frozenset(SPECIAL_TOKENS) | {t.content for t in added.values()}, longest
-
-def too_long(n, context:int) -> ApiError:
-    "The error of a prompt of `n` tokens that does not fit `context`."
-    return ApiError(400, f"the prompt has {n} tokens; the served context is {context}: shorten it",
-                    'context_length_exceeded', 'messages')
-
-def check_text(tokenizer, text, context:int, what:str='prompt') -> str:
-    "`text`, if a string that can fit `context` tokens, without reserved tokens."
-    if not isinstance(text, str): raise ApiError(400, f"{what} must be a string", param=what)
-    if len(text) > context*vocab_facts(tokenizer)[2]: raise too_long(f"more than {context}", context)
-    if bad := [t for t in vocab_facts(tokenizer)[1] if t in text]:
-        raise ApiError(400, f"the {what} holds the reserved token {bad[0]}: remove it", param=what)
-    return text
-
-def chat_text(tokenizer, messages, context:int) -> str:
-    "The prompt text of OpenAI-style `messages` in lmbook's chat format, ending with the assistant's tag."
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list of {role, content}", param='messages')
-    out = ''
-    for m in messages:
-        if not isinstance(m, dict) or m.get('role') not in ROLES:
-            raise ApiError(400, f"each message needs a role ({', '.join(ROLES)}) and text content",
-                           param='messages')
-        content = check_text(tokenizer, m.get('content'), context, 'content')
-        out += f"{ROLES[m['role']]}{content}{END}"
-    return out + ROLES['assistant']
-
-def prompt_ids(tokenizer, text:str, context:int) -> list[int]:
-    "The start token and the ids of `text`, or a 400 when they cannot fit `context`."
-    if len(text) > context*vocab_facts(tokenizer)[2]: raise too_long(f"more than {context}", context)
-    ids = [tokenizer.eot_id] + tokenizer.encode(text)
-    if len(ids) >= context: raise too_long(len(ids), context)
-    return ids
-
-# %% ../../nbs/06c_server.ipynb #5e9f4cce
-def make_job(s:Served, body, chat:bool, context:int) -> Job:
-    "The `Job` of an OpenAI request body, every field checked; `ApiError` otherwise."
-    if not isinstance(body, dict): raise ApiError(400, "the body must be a JSON object")
-    if (m := body.get('model')) is not None and m != s.name:
-        raise ApiError(404, f"The model `{m}` does not exist: this server serves `{s.name}`",
-                       'model_not_found', 'model')
-    n, t, p, seed = request_options(body, chat)
-    prompt = body.get('prompt')
-    if isinstance(prompt, list) and len(prompt) == 1: prompt = prompt[0]
-    text = (chat_text(s.tokenizer, body.get('messages'), context) if chat else
-            check_text(s.tokenizer, prompt, context))
-    return Job(prompt_ids(s.tokenizer, text, context), n, t, p, stop_ids(s.tokenizer, chat or s.chat), seed)
-
-# %% ../../nbs/06c_server.ipynb #8ff95533
-def _head(kind:str, rid:str, model:str) -> dict:
-    return dict(id=rid, object=kind, created=int(time.time()), model=model)
-
-def chunk(s:Served, rid:str, chat:bool, text:str|None, finish:str|None=None, first:bool=False) -> dict:
-    "One streamed piece: `text` (or the end, with `finish`)."
-    if chat:
-        delta = dict(role='assistant', content='') if first else ({} if text is None else dict(content=text))
-        return dict(_head('chat.completion.chunk', rid, s.name), choices=[dict(index=0, delta=delta,
-                                                                               finish_reason=finish)])
-    return dict(_head('text_completion', rid, s.name), choices=[dict(index=0, text=text or '', logprobs=None,
-                                                                     finish_reason=finish)])
-
-def answer(s:Served, rid:str, chat:bool, text:str, job:Job) -> dict:
-    "The whole response of a finished job."
-    usage = dict(prompt_tokens=len(job.ids), completion_tokens=job.n, total_tokens=len(job.ids) + job.n)
-    if chat:
-        c = dict(index=0, message=dict(role='assistant', content=text), finish_reason=job.finish)
-        return dict(_head('chat.completion', rid, s.name), choices=[c], usage=usage)
-    return dict(_head('text_completion', rid, s.name), choices=[dict(index=0, text=text, logprobs=None,
-                                                                     finish_reason=job.finish)], usage=usage)
-
-def detok(s:Served):
-    "A function from each new token id (then None) to the text it completes, in whole characters."
-    ts = TextStream(s.tokenizer, None, vocab_facts(s.tokenizer)[0])
-    return lambda i: (ts.flush() if i is None else ts.push(i)).replace('\ufffd', '')
 
 # %% ../../nbs/06c_server.ipynb #40c4c86d
 class LoopQueue:
@@ -159,18 +43,19 @@ class LoopQueue:
 
     async def get(self): return await self.q.get()
 
-async def pieces(s:Served, job:Job):
-    "The text of `job`'s tokens as they come."
-    d = detok(s)
-    while (i := await job.out.get()) is not None:
-        if piece := d(i): yield piece
-    if rest := d(None): yield rest
-
-async def gone(request, job:Job):
-    "Cancel `job` once its client disconnects, and wake whoever waits on it."
+async def gone(request, jobs:list, q:LoopQueue):
+    "Cancel `jobs` once their client disconnects, and wake whoever waits on them."
     while (await request.receive())['type'] != 'http.disconnect': pass
-    job.cancelled = True
-    job.out.q.put_nowait(None)
+    for j in jobs: j.cancelled = True
+    q.q.put_nowait((None, None))
+
+async def read_all(ans:Answers, q:LoopQueue) -> bool:
+    "Feed `ans` its jobs' tokens until every choice has ended; False if the client left first."
+    while ans.left:
+        i, item = await q.get()
+        if i is None: return False
+        ans.feed(i, item)
+    return True
 
 # %% ../../nbs/06c_server.ipynb #f5b23273
 def authorize(request):
@@ -202,47 +87,54 @@ async def read_json(request) -> dict:
     except ValueError as e: raise ApiError(400, f"the body is not JSON: {e}")
 
 # %% ../../nbs/06c_server.ipynb #e4a9553e
+def busy(e:Busy, stopped:bool) -> ApiError:
+    "A request the engine's queue refused: 429, to try again shortly; 503 once the server is stopping."
+    if stopped: return ApiError(503, str(e), 'server_stopped', type='server_error')
+    return ApiError(429, str(e), 'rate_limit_exceeded', type='rate_limit_error', headers={'Retry-After': '1'})
+
 async def complete(request):
     "POST /v1/completions and /v1/chat/completions."
     authorize(request)
     body, st = await read_json(request), request.app.state
-    chat = request.url.path.rstrip('/').endswith('chat/completions')
-    job = make_job(st.engine.s, body, chat, st.engine.ctx)
-    job.out = LoopQueue()
-    try: st.engine.submit(job)
-    except Busy as e: raise ApiError(429, str(e), 'rate_limit_exceeded', type='rate_limit_error',
-                                     headers={'Retry-After': '1'})
+    chat, s = request.url.path.rstrip('/').endswith('chat/completions'), st.engine.s
+    a = read_ask(s, body, chat, st.engine.ctx)
+    jobs, q = jobs_of(s, a), LoopQueue()
+    for i, j in enumerate(jobs): j.out = Tagged(q, i)
+    try: st.engine.submit(*jobs)
+    except Busy as e: raise busy(e, st.engine.stopped)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    watch = asyncio.ensure_future(gone(request, job))
-    if body.get('stream'):
-        usage = bool((body.get('stream_options') or {}).get('include_usage'))
-        return StreamingResponse(events(st.engine.s, job, rid, chat, watch, usage),
-                                 media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
-    try: text = ''.join([p async for p in pieces(st.engine.s, job)])
-    except asyncio.CancelledError:
-        job.cancelled = True
-        raise
-    finally: watch.cancel()
-    if job.finish.startswith('error'): raise ApiError(500, job.finish, type='server_error')
-    return JSONResponse(answer(st.engine.s, rid, chat, text, job))
+    ans, watch = Answers(s, a, jobs), asyncio.ensure_future(gone(request, jobs, q))
+    if a.stream: return StreamingResponse(events(ans, q, rid, watch), media_type='text/event-stream',
+                                          headers={'Cache-Control': 'no-cache'})
+    try: answered = await read_all(ans, q)
+    finally:
+        for j in jobs: j.cancelled = True  # a request cancelled mid-answer leaves no job behind
+        watch.cancel()
+    if ans.failure: raise error_of(ans.failure)
+    return JSONResponse(ans.response(rid) if answered else {})
 
 # %% ../../nbs/06c_server.ipynb #f9be4827
-async def events(s:Served, job:Job, rid:str, chat:bool, watch,
-                 usage:bool=False, # a last chunk with the token counts (`stream_options.include_usage`)
-                ):
-    "A streamed answer: OpenAI's chunks as server-sent events, then `[DONE]`."
+async def events(ans:Answers, q:LoopQueue, rid:str, watch):
+    "A streamed answer: OpenAI's chunks as server-sent events, an error event if a choice failed, `[DONE]`."
     say = lambda obj: f"data: {json.dumps(obj)}\n\n"
+    s, a = ans.s, ans.a
     try:
-        if chat: yield say(chunk(s, rid, chat, None, first=True))
-        async for piece in pieces(s, job): yield say(chunk(s, rid, chat, piece))
-        failed = job.finish.startswith('error')
-        yield say(ApiError(500, job.finish, type='server_error').body() if failed else
-                  chunk(s, rid, chat, None, job.finish))
-        kind = 'chat.completion.chunk' if chat else 'text_completion'
-        if usage: yield say(dict(answer(s, rid, chat, '', job), object=kind, choices=[]))
+        if a.chat:
+            for i in range(len(ans.jobs)): yield say(chunk(s, a, rid, i, None, first=True))
+        while ans.left:
+            i, item = await q.get()
+            if i is None: return  # the client left
+            if (out := ans.feed(i, item)) is None: continue
+            if out[3] and out[3].startswith('error'):
+                yield say(error_of(out[3]).body())
+                break
+            yield say(chunk(s, a, rid, *out))
+        else:
+            kind = 'chat.completion.chunk' if a.chat else 'text_completion'
+            if a.usage: yield say(dict(head(kind, rid, s.name), choices=[], usage=ans.usage()))
         yield 'data: [DONE]\n\n'
     finally:
-        job.cancelled = True
+        for j in ans.jobs: j.cancelled = True
         watch.cancel()
 
 # %% ../../nbs/06c_server.ipynb #29b39372
@@ -257,11 +149,21 @@ async def health(request):
     "GET /health: running and waiting requests."
     return JSONResponse(dict(status='ok', **request.app.state.engine.load()))
 
+@functools.lru_cache(maxsize=1)
+def page_html() -> str:
+    "The chat page, from the package."
+    return (package_dir()/'serve'/'page.html').read_text()
+
+async def page(request):
+    "GET /: the chat page; its scripts talk to this server's API, and to nothing else."
+    csp = "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"
+    return HTMLResponse(page_html(), headers={'Content-Security-Policy': csp, 'Cache-Control': 'no-cache'})
+
 def _api_error(request, e:ApiError): return JSONResponse(e.body(), e.status, headers=e.headers)
 
 def _http_error(request, e):
     msg = (f"no route {request.method} {request.url.path}: use "
-           "/v1/completions, /v1/chat/completions or /v1/models")
+           "/v1/completions, /v1/chat/completions, /v1/models or / (the chat page)")
     return JSONResponse(ApiError(e.status_code, msg).body(), e.status_code)
 
 def _server_error(request, e):
@@ -273,9 +175,9 @@ def make_app(engine:Engine,
              max_body:int=2**20, # request body bytes at most (413 beyond)
              read_timeout:float=30, # seconds a request body may take to arrive (408 beyond)
             ):
-    "The OpenAI-compatible Starlette app over `engine`."
+    "The OpenAI-compatible Starlette app over `engine`, with its chat page."
     need_web()
-    routes = [Route('/v1/models', models), Route('/health', health),
+    routes = [Route('/', page), Route('/v1/models', models), Route('/health', health),
               Route('/v1/completions', complete, methods=['POST']),
               Route('/v1/chat/completions', complete, methods=['POST'])]
     errors = {ApiError: _api_error, 404: _http_error, 405: _http_error, Exception: _server_error}
@@ -302,17 +204,25 @@ def bind(host:str, port:int, backlog:int=2048) -> socket.socket:
     return sock
 
 # %% ../../nbs/06c_server.ipynb #1bec5b84
+GRACE_MARGIN = 5  # seconds uvicorn waits past the grace, for the last errors to go out
+
 def http_server(app, grace:float=30, # seconds running requests get to finish after SIGTERM or Ctrl-C
                ):
-    "A uvicorn server for `app` (`.run(sockets=[sock])`): backlog 2048, quiet logs, exit 0 after a drain."
+    "A uvicorn server for `app` (`.run(sockets=[sock])`): backlog 2048, quiet logs, a grace that ends well."
     need_web()
-    cfg = uvicorn.Config(app, backlog=2048, timeout_graceful_shutdown=grace, timeout_keep_alive=5, http='h11',
-                         lifespan='off', log_level='warning', access_log=False)
-    server = uvicorn.Server(cfg)
-    handle = server.handle_exit
+    cfg = uvicorn.Config(app, backlog=2048, timeout_graceful_shutdown=grace + GRACE_MARGIN,
+                         timeout_keep_alive=5, http='h11', lifespan='off', log_level='warning',
+                         access_log=False)
+    server, stop = uvicorn.Server(cfg), app.state.engine.stop
+    handle, server.grace = server.handle_exit, None
     def on_signal(sig, frame):
+        if server.grace is not None:  # a second signal: the grace ends now
+            return threading.Timer(0, stop).start()
         handle(sig, frame)
-        getattr(server, '_captured_signals', []).clear()  # drained: return, rather than die of the signal
+        getattr(server, '_captured_signals', []).clear()  # stopped as asked: return, not die of the signal
+        server.grace = threading.Timer(grace, stop)
+        server.grace.daemon = True
+        server.grace.start()
     server.handle_exit = on_signal
     return server
 
@@ -326,7 +236,7 @@ def background(served:Served, max_batch:int=8, api_key:str|None=None) -> SimpleN
     def stop():
         server.should_exit = True
         t.join(30)
-        engine.stop()
+        engine.stop(wait=True)
     return SimpleNamespace(port=sock.getsockname()[1], engine=engine, stop=stop)
 
 # %% ../../nbs/06c_server.ipynb #e985ef8d
@@ -335,12 +245,18 @@ def runpod_handler(engine:Engine):
     def handler(job:dict) -> dict:
         body = job.get('input') or {}
         chat = isinstance(body, dict) and 'messages' in body
-        try: j = engine.submit(make_job(engine.s, body, chat, engine.ctx))
+        try:
+            a = read_ask(engine.s, body, chat, engine.ctx)
+            if a.stream:
+                raise ApiError(400, "a RunPod job's answer comes whole: leave out stream", param='stream')
+            jobs, q = jobs_of(engine.s, a), queue.Queue()
+            for i, j in enumerate(jobs): j.out = Tagged(q, i)
+            engine.submit(*jobs)
         except (ApiError, Busy, ValueError) as e: return dict(error=str(e))
-        d = detok(engine.s)
-        text = ''.join(d(i) for i in iter(j.out.get, None)) + d(None)
-        if j.finish.startswith('error'): return dict(error=j.finish)
-        return answer(engine.s, f"{'chatcmpl' if chat else 'cmpl'}-{job.get('id', 'local')}", chat, text, j)
+        ans = Answers(engine.s, a, jobs)
+        while ans.left: ans.feed(*q.get())
+        if ans.failure: return dict(error=ans.failure)
+        return ans.response(f"{'chatcmpl' if chat else 'cmpl'}-{job.get('id', 'local')}")
     return handler
 
 def start_runpod(engine:Engine, test_input:str|None=None):
@@ -367,7 +283,8 @@ def _options(p):
     p.add_argument('--no-graphs', action='store_true', help='run the decode step eagerly on CUDA too')
     p.add_argument('--max-body', type=int, default=2**20, help='request body bytes at most (413 beyond)')
     p.add_argument('--grace', type=float, default=30,
-                   help='seconds running requests get after SIGTERM or Ctrl-C')
+                   help='seconds running requests get after SIGTERM or Ctrl-C; then each unfinished one gets '
+                   'its error and the server exits 0')
     p.add_argument('--device', default='auto', help='auto (CUDA, else MPS, else CPU), cpu or cuda')
 
 def add_cli(sub):
@@ -386,7 +303,7 @@ def add_cli(sub):
 
 # %% ../../nbs/06c_server.ipynb #040f0f8c
 def run_serve(a) -> int:
-    "`lmbook serve`: load, listen, serve until SIGTERM or Ctrl-C, drain, exit 0."
+    "`lmbook serve`: load, listen, serve until SIGTERM or Ctrl-C, let the grace run, exit 0."
     if a.max_batch < 1: raise ValueError(f"--max-batch {a.max_batch}: give at least 1")
     key = a.api_key or env_var('LMBOOK_API_KEY') or None
     if not a.runpod:
@@ -401,7 +318,11 @@ def run_serve(a) -> int:
     print(f"serving {s.name} on http://{a.host}:{sock.getsockname()[1]}/v1 ({s.device}, chat={s.chat}, "
           f"{a.max_batch} rows of {engine.ctx} positions, key {'required' if key else 'not required'})",
           flush=True)
-    try: http_server(make_app(engine, key, a.max_body), a.grace).run(sockets=[sock])
-    finally: engine.stop()
-    print(f"stopped after {engine.steps} steps", flush=True)
+    server = http_server(make_app(engine, key, a.max_body), a.grace)
+    try: server.run(sockets=[sock])
+    finally:
+        if server.grace is not None: server.grace.cancel()
+        engine.stop(wait=True)  # its thread ends before the interpreter does: no CUDA work left mid-exit
+    cut = f"; {engine.cut} answers unfinished when the grace ran out got their error" if engine.cut else ''
+    print(f"stopped after {engine.steps} steps{cut}", flush=True)
     return 0

@@ -3,8 +3,11 @@
 another (a fixed number each, or for a fixed time). One JSON row per client count: tok/s over all clients, p50/p95
 time to first token, time per output token, p50/p95 latency, and the requests dropped (a connection reset or
 refused, a timeout), refused with 429 (then retried after Retry-After), or failed with another status.
+With --mix 0,0.5 each client count is measured twice on the same server: plain requests, then with stop sequences
+and log-probabilities (logprobs, top_logprobs 5) in half of them; a row counts the log-probability entries that came.
 usage: python nbs/benchmarks/serve_load.py SOURCE [--clients 1,8,32] [--requests 4 | --duration 60] [--max-tokens 128]
-                                           [--max-batch 64] [--context 1024] [--no-graphs] [--device auto] [--out FILE]
+                                           [--mix 0,0.5] [--max-batch 64] [--context 1024] [--no-graphs] [--device auto]
+                                           [--out FILE]
        python nbs/benchmarks/serve_load.py SOURCE --hf-generate 1,32 [--max-tokens 128]   (transformers' generate)
        python nbs/benchmarks/serve_load.py --tiny ...   (a small random Llama made on the spot: the CPU check)
 With --tiny the model's folder is a scratch folder, removed when the script ends (see scratch.py)."""
@@ -14,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ['What does abs do in Python?', 'Explain what a list is.', 'How do I open a file?', 'What is a dictionary?']
 KEY = 'sk-load-test'
+STOPS = ['\n\n\n\n', '</answer>']  # stop sequences a request with extras carries: matched in every answer, rarely hit
 
 
 def start_server(source:str, a) -> tuple[subprocess.Popen, int]:
@@ -39,16 +43,23 @@ def ask(port:int, body:dict) -> dict:
                                                                        'Authorization': f'Bearer {KEY}'})
         r = c.getresponse()
         if r.status != 200: return dict(status=r.status, retry=float(r.getheader('Retry-After') or 0), body=r.read())
-        first, tokens = None, 0
+        first, tokens, entries = None, 0, 0
         for line in r:
             if not line.startswith(b'data: {'): continue
             d = json.loads(line[6:])
             if first is None and d['choices'] and d['choices'][0]['delta'].get('content'): first = time.perf_counter()
+            if d['choices'] and d['choices'][0].get('logprobs'): entries += len(d['choices'][0]['logprobs']['content'])
             if d.get('usage'): tokens = d['usage']['completion_tokens']
         t1 = time.perf_counter()
-        return dict(ttft=(first or t1) - t0, latency=t1 - t0, tokens=tokens)
+        return dict(ttft=(first or t1) - t0, latency=t1 - t0, tokens=tokens, entries=entries,
+                    extras='logprobs' in body)
     except (OSError, http.client.HTTPException) as e: return dict(dropped=f"{type(e).__name__}: {e}")
     finally: c.close()
+
+
+def extras(j:int, mix:float) -> bool:
+    "Whether request `j` of a run carries stop sequences and log-probabilities: a `mix` share, spread evenly."
+    return int((j + 1)*mix) > int(j*mix)
 
 
 def client(port:int, k:int, a, until:float, out:list):
@@ -58,6 +69,7 @@ def client(port:int, k:int, a, until:float, out:list):
         body = dict(model=a.name, messages=[dict(role='user', content=PROMPTS[(k + i) % len(PROMPTS)])],
                     max_tokens=a.max_tokens, temperature=0.8, seed=k*1000 + i, stream=True,
                     stream_options=dict(include_usage=True))
+        if extras(k + i*a.clients_now, a.mix_now): body.update(stop=STOPS, logprobs=True, top_logprobs=5)
         r = ask(port, body)
         out.append(r)
         if r.get('status') == 429: time.sleep(r['retry'] or 1); continue
@@ -71,16 +83,18 @@ def figures(res:list, wall:float) -> dict:
     ttft, lat = [r['ttft'] for r in ok], [r['latency'] for r in ok]
     tpot = [(r['latency'] - r['ttft'])/(r['tokens'] - 1)*1000 for r in ok if r['tokens'] > 1]
     toks = sum(r['tokens'] for r in ok)
-    return dict(answered=len(ok), dropped=sum('dropped' in r for r in res), refused_429=sum(r.get('status') == 429 for r in res),
+    lp = [r for r in ok if r['extras']]
+    return dict(answered=len(ok), with_extras=len(lp), logprob_entries=sum(r['entries'] for r in lp),
+                dropped=sum('dropped' in r for r in res), refused_429=sum(r.get('status') == 429 for r in res),
                 failed=sum(r.get('status') not in (None, 429) for r in res), tokens=toks, wall_s=round(wall, 2),
                 tok_per_s=round(toks/wall, 1), ttft_p50_s=q(ttft, 50), ttft_p95_s=q(ttft, 95),
                 tpot_p50_ms=q(tpot, 50), latency_p50_s=q(lat, 50), latency_p95_s=q(lat, 95),
                 drops=sorted({r['dropped'] for r in res if 'dropped' in r})[:3])
 
 
-def run_clients(port:int, clients:int, a) -> dict:
-    "`clients` concurrent clients against the server on `port`: the figures."
-    res, t0 = [], time.perf_counter()
+def run_clients(port:int, clients:int, a, mix:float=0.0) -> dict:
+    "`clients` concurrent clients against the server on `port`, a `mix` share of requests with extras: the figures."
+    res, t0, a.clients_now, a.mix_now = [], time.perf_counter(), clients, mix
     th = [threading.Thread(target=client, args=(port, k, a, t0 + a.duration, res)) for k in range(clients)]
     for t in th: t.start()
     for t in th: t.join()
@@ -94,11 +108,13 @@ def serve_rows(source:str, a) -> list[dict]:
     rows = []
     try:
         warm = argparse.Namespace(**{**vars(a), 'requests': 1, 'duration': 0})
-        run_clients(port, max(a.clients), warm)  # the CUDA graphs of the batch sizes to come are captured here
-        for c in a.clients:
-            rows.append(dict(kind='lmbook serve', clients=c, **run_clients(port, c, a), max_tokens=a.max_tokens,
-                             max_batch=a.max_batch, context=a.context, graphs=not a.no_graphs))
-            print(json.dumps(rows[-1]), file=sys.stderr)
+        run_clients(port, max(a.clients), warm, max(a.mix))  # every batch size and path to come, run once
+        for mix in a.mix:
+            for c in a.clients:
+                rows.append(dict(kind='lmbook serve', clients=c, mix=mix, **run_clients(port, c, a, mix),
+                                 max_tokens=a.max_tokens, max_batch=a.max_batch, context=a.context,
+                                 graphs=not a.no_graphs))
+                print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         p.send_signal(signal.SIGTERM)
         code = p.wait(120)
@@ -144,6 +160,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument('--clients', type=ints, default=[8]); ap.add_argument('--requests', type=int, default=4, help='per client')
     ap.add_argument('--duration', type=float, default=0, help='seconds each client keeps sending (instead of --requests)')
     ap.add_argument('--max-tokens', type=int, default=64); ap.add_argument('--max-batch', type=int, default=64)
+    ap.add_argument('--mix', type=lambda s: [float(x) for x in s.split(',')], default=[0.0],
+                    help='shares of requests with stop sequences and log-probabilities, a row set each (e.g. 0,0.5)')
     ap.add_argument('--max-queue', type=int, default=256); ap.add_argument('--context', type=int, default=None)
     ap.add_argument('--no-graphs', action='store_true'); ap.add_argument('--device', default='auto')
     ap.add_argument('--hf-generate', type=ints, default=None, metavar='BATCHES', help="transformers' generate instead")

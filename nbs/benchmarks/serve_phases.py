@@ -24,7 +24,7 @@ PROMPTS = ['What does abs do in Python?', 'Explain what a list is.', 'How do I o
 def timed_request(engine, tokenizer, text:str, ctx:int, seed:int, sync) -> dict:
     "One chat request through the engine's phases, each timed after a sync."
     from lmbook.serve.engine import Job
-    from lmbook.serve.server import prompt_ids
+    from lmbook.serve.contract import prompt_ids
     tt = time.perf_counter()
     ids = prompt_ids(tokenizer, text, ctx); t0 = time.perf_counter()
     engine.submit(Job(ids, max_tokens=128, temperature=0.8, seed=seed)); t1 = time.perf_counter()
@@ -61,7 +61,7 @@ def profiled_prefill(engine, tokenizer, sync) -> str:
     "One prefill under torch.profiler: its table, heaviest CPU time first."
     from torch.profiler import profile, ProfilerActivity
     from lmbook.serve.engine import Job
-    from lmbook.serve.server import prompt_ids
+    from lmbook.serve.contract import prompt_ids
     engine.submit(Job(prompt_ids(tokenizer, PROMPTS[-1], 1024), max_tokens=2, seed=1))
     engine._admit()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
