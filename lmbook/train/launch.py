@@ -199,7 +199,8 @@ def check_hardware(cfg, # the resolved `Config`
     device = pick_device(cfg.train.device)
     name, mem, fp8 = device_memory(device)
     if cfg.train.levers.fp8 == 'auto': cfg = with_fp8(cfg, fp8 and not fp8_support(device))
-    v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*_nodes(torchrun_args), fp8)
+    nodes = _nodes(torchrun_args)
+    v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*nodes, fp8, nodes=nodes)
     if v is None: return None
     refused, line = v
     if refused and not cfg.train.force: raise ValueError(f"{line}; {FORCE}")
