@@ -2,7 +2,7 @@
 line is one of sbatch's documented options with a value sbatch accepts, and the script's body runs with fakes
 of `srun`, `scontrol` and `lmbook` on PATH: each node's task gets its own rank and the rendezvous, overrides
 arrive as typed, and the time-limit signal asks the run to checkpoint and stop, then requeues the job."""
-import os, re, signal, subprocess, time
+import os, re, shlex, signal, subprocess, time
 from pathlib import Path
 import pytest
 from lmbook.cli import main
@@ -160,3 +160,14 @@ def test_out_prints_the_plan_and_the_rules_then_the_next_steps(tmp_path, capsys)
     assert any(l.startswith('rules  batch:') and 'grad_accum=5' in l for l in said), said
     assert said[-1].startswith(f'wrote {out}: first lmbook prepare --profile runpod_2b --experiment fw-2b')
     assert '# rules  batch:' in out.read_text()
+
+
+def test_the_readme_shows_what_its_slurm_command_prints(tmp_path, capsys, monkeypatch):
+    "The README's cluster section: its `lmbook slurm` command, run now, prints what the README shows."
+    from conftest import ROOT
+    txt = (ROOT/'README.md').read_text()
+    m = re.search(r'```bash\n(lmbook slurm .*?)\n```\n```\n(.*?)\n```', txt, re.S)
+    assert m, 'no lmbook slurm command and output in the README'
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(m[1].replace('\\\n', ' '))[1:]) == 0
+    assert capsys.readouterr().out.rstrip('\n') == m[2]
