@@ -162,10 +162,11 @@ def rendezvous_of(torchrun_args:str|list) -> tuple[str, int, str]|None:
         flags[k.lstrip('-').replace('_', '-')] = v
         i += 1
     if max(int(n) for n in (flags.get('nnodes') or '1').split(':')) <= 1: return None
-    if ep := flags.get('rdzv-endpoint'):
-        host, _, port = ep.rpartition(':') if ':' in ep else (ep, '', '29400')
-        return host, int(port), flags.get('rdzv-id') or 'none'
-    return flags.get('master-addr') or '127.0.0.1', int(flags.get('master-port') or 29500), 'static'
+    c10d = flags.get('rdzv-backend') == 'c10d'  # torchrun's default is the static rendezvous
+    master = f"{flags.get('master-addr') or '127.0.0.1'}:{flags.get('master-port') or 29500}"
+    ep = flags.get('rdzv-endpoint') or master
+    host, _, port = ep.rpartition(':') if ':' in ep else (ep, '', '29400' if c10d else '29500')
+    return host, int(port), (flags.get('rdzv-id') or 'none') if c10d else 'static'
 
 # %% ../nbs/01b_distributed.ipynb #1d8c7285
 NODE_TIMEOUT_S = 30.0  # seconds without a beat before a node of the job counts as stopped
