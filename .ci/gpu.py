@@ -1,7 +1,8 @@
 """The GPU check: every CUDA path of lmbook at tiny shapes, one JSON row per path (card, torch, date, pass or
 fail, seconds, the key figure). Run it as `bash .ci/gpu` on a machine with one GPU or more; with two or more
-it also kills and resumes DDP and FSDP2 runs. The one-GPU rows take the GPUs in turn, and with four GPUs the
-2-GPU rows run on the last two beside them. It exits non-zero when a row fails.
+it also kills and resumes DDP and FSDP2 runs, and runs of two "nodes" (a GPU each, two torchrun agents
+meeting on 127.0.0.1 as on two machines) whose killed agent ends both. The one-GPU rows take the GPUs in
+turn, and with four GPUs the 2-GPU rows run on the last two beside them. It exits non-zero when a row fails.
 
 usage: python .ci/gpu.py [--out FILE] [--only NAME,NAME] [--jobs N] [--keep DIR]
 
@@ -37,7 +38,8 @@ SHARED = dict(LMBOOK_TRAIN_DIR='datasets/train/gpu', LMBOOK_VAL_DIR='datasets/va
 class Row:
     "One CUDA path: how it runs (`kind`), the config values it sets, what it must show."
     name: str
-    kind: str                                     # train, finetune, sample, eval, serve, papermill...
+    kind: str                                     # train, finetune, sample, eval, serve, papermill, dist,
+                                                  # nodes...
     overrides: dict = field(default_factory=dict)  # config values on top of the kind's tiny ones
     expect: dict = field(default_factory=dict)     # levers the run must report using (meta.json `levers`)
     after: tuple = ()                             # rows whose runs this one reads
@@ -78,6 +80,8 @@ ROWS = [
     Row('ddp-kill-resume', 'dist', dict(parallel='ddp'), gpus=2),
     Row('fsdp-kill-resume', 'dist', dict(parallel='fsdp', ckpt_format='sharded'), gpus=2),
     Row('fsdp-full-kill-resume', 'dist', dict(parallel='fsdp', ckpt_format='full'), gpus=2),
+    Row('nodes2-ddp-kill-resume', 'nodes', dict(parallel='ddp'), gpus=2),
+    Row('nodes2-hsdp-kill-resume', 'nodes', dict(parallel='hsdp'), gpus=2),
 ]
 
 
@@ -434,6 +438,88 @@ def run_dist(row:Row, ws:Path, out:Path) -> dict:
                 **trained(ws/'runs'/name))
 
 
+class Node:
+    "One node's `lmbook train` of a two-node job on this host: its own GPU, its output collected as it comes."
+    def __init__(self, name:str, rank:int, port:int, gpu:str, sets:list[str], ws:Path):
+        flags = (f'--nnodes 2 --node-rank {rank} --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} '
+                 f'--rdzv-id {name}')
+        self.p = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'train', '-p', 'smoke', '-e', name,
+                                   '--nproc', '1', *sets, '--torchrun-args', flags], cwd=ROOT,
+                                  env=dict(child_env(ws), CUDA_VISIBLE_DEVICES=gpu), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
+        self.reader.start()
+
+    def step(self) -> int:
+        return max([int(m[1]) for l in self.lines if (m := re.match(r'step\s+(\d+)/', l))], default=0)
+
+    def end(self, timeout:float) -> tuple[int, list[str], float]:
+        "(exit code, its `error:` lines, when it ended)."
+        try: rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            raise Failed(f"a node still ran {timeout:.0f} s on: {''.join(self.lines[-5:])}") from None
+        ended = time.time()
+        self.reader.join(10)
+        return rc, [l.strip() for l in self.lines if l.startswith('error:')], ended
+
+
+def two_nodes(name:str, sets:list[str], ws:Path, out:Path, tag:str, kill_at:int=0) -> list[tuple[int, list]]:
+    """Two `lmbook train --torchrun-args "--nnodes 2 --node-rank N ..."` on this host, a GPU each, as on two
+    machines; with `kill_at`, node 1's torchrun is killed with SIGKILL once a step past it is logged."""
+    ids = (getattr(GPU, 'ids', None) or ','.join(visible_gpus(2))).split(',')
+    port = free_port()
+    nodes = [Node(name, r, port, ids[r], sets, ws) for r in (0, 1)]
+    t0 = time.time()
+    try:
+        while kill_at and max(n.step() for n in nodes) < kill_at:
+            check(time.time() - t0 < 600 and all(n.p.poll() is None for n in nodes),
+                  f"no step {kill_at}: {''.join(nodes[0].lines[-5:] + nodes[1].lines[-5:])}")
+            time.sleep(0.5)
+        if kill_at:
+            agent = subprocess.run(['pgrep', '-P', str(nodes[1].p.pid), '-f', 'torch.distributed.run'],
+                                   capture_output=True, text=True).stdout.split()
+            os.kill(int(agent[0]), signal.SIGKILL)
+            t0 = time.time()
+        ends = [n.end(600) for n in nodes]
+    finally:
+        for i, n in enumerate(nodes):
+            if n.p.poll() is None: os.killpg(n.p.pid, signal.SIGKILL)
+            (out/f'{name}-{tag}-node{i}.log').write_text(''.join(n.lines))
+    return [(rc, errs, round(ended - t0)) for rc, errs, ended in ends]
+
+
+def run_nodes(row:Row, ws:Path, out:Path) -> dict:
+    """Two "nodes" of one GPU each on this host, as on two machines (c10d rendezvous on 127.0.0.1): train;
+    node 1's torchrun killed mid-run ends both nodes within a minute, in one line each; the same two commands
+    resume from the newest checkpoint; then one node of both GPUs resumes it (another node count)."""
+    name = row.name
+    sets_ = sets({**TINY, 'max_steps': 60, 'ckpt_every': 20, 'eval_every': 20, 'log_every': 1,
+                  **row.overrides})
+    (rc0, err0, s0), (rc1, err1, s1) = two_nodes(name, sets_, ws, out, 'killed', kill_at=30)
+    said = [e[0] if e else '' for e in (err0, err1)]
+    check(len(err0) == 1 and len(err1) == 1 and rc0 and rc1, f"not one line each: {err0} {err1}")
+    check(said[1].startswith("error: torchrun (this node's agent) was killed by SIGKILL"), said[1])
+    check(said[0].startswith('error: node 1 failed'), said[0])
+    check(max(s0, s1) <= 60, f"the nodes ended {s0} s and {s1} s after the kill")
+    left = subprocess.run(['pgrep', '-f', '--', f'--experiment {name}'], capture_output=True, text=True)
+    check(not left.stdout.split(), f"processes left after the kill: {left.stdout}")
+    (rc0, _, _), (rc1, _, _) = two_nodes(name, sets_, ws, out, 'resumed')
+    log = ''.join((out/f'{name}-resumed-node{i}.log').read_text() for i in (0, 1))
+    m = re.search(r'resumed at step (\d+)', log)
+    check(rc0 == rc1 == 0 and m and int(m[1]) >= 20, f"not resumed: {rc0} {rc1} {log[-600:]}")
+    # one node of both GPUs: the two nodes' checkpoint, the same 2 processes and tokens a step
+    one = lmbook(ws, 'train', '-p', 'smoke', '-e', name, '--nproc', '2',
+                 *sets({**TINY, 'max_steps': 70, 'ckpt_every': 20, 'log_every': 1, **row.overrides}),
+                 log=out/f'{name}-one-node.log')
+    run_ok(one, 'lmbook train --nproc 2 (one node, resumed)')
+    check('resumed at step 60' in one.stdout, f"one node did not resume at 60: {one.stdout[-400:]}")
+    last = sorted((ws/'runs'/name/'checkpoints').glob('step_*'))[-1]
+    check(((last/'model').is_dir()) == (row.overrides['parallel'] == 'hsdp'), f"{last.name}: layout")
+    return dict(ended_s=[s0, s1], lines=said, resumed_at=int(m[1]), **trained(ws/'runs'/name))
+
+
 def run_guard(row:Row, ws:Path, out:Path) -> dict:
     "The hardware check on the card: one that fits passes; one over its memory is refused in one line, first."
     fits = subprocess.run([sys.executable, '-c', 'from lmbook.config import get_config; '
@@ -451,7 +537,8 @@ def run_guard(row:Row, ws:Path, out:Path) -> dict:
 
 
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
-               serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard)
+               serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard,
+               nodes=run_nodes)
 LOCK = threading.Lock()
 
 

@@ -388,9 +388,9 @@ class TrainConfig:
     seed: int = cfield(1337, between(0, MAX_SEED), 'fixed', "seed of init, data order and sampling",
                        why="the data order and RNG states continue from the checkpoint, not from a new seed")
     device: str = cfield('auto', _DEVICE, 'free', "'auto', 'cpu' or 'cuda'")
-    parallel: str = cfield('ddp', one_of('ddp', 'fsdp'), 'free', "with several processes: 'ddp' (replicated) "
-                           "or 'fsdp' (FSDP2, sharded)",
-                           cuda=('ddp', 'fsdp'))
+    parallel: str = cfield('ddp', one_of('ddp', 'fsdp', 'hsdp'), 'free', "with several processes: 'ddp' "
+                           "(replicated), 'fsdp' (FSDP2, sharded over every process) or 'hsdp' (FSDP2 "
+                           "sharded within each node, replicated across nodes)", cuda=('ddp', 'fsdp', 'hsdp'))
     nproc: int = cfield(1, at_least(1), 'free',
                         "processes (GPUs) per node that `launch` starts through torchrun")
     deterministic: bool = cfield(False, FLAG, 'free',

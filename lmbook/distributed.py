@@ -6,15 +6,18 @@ Docs: https://lmbook.github.io/lmbook/distributed.html.md"""
 
 # %% ../nbs/01b_distributed.ipynb #b427c1a8
 from __future__ import annotations
-import contextlib, ctypes, datetime, os, signal, sys
+import contextlib, ctypes, datetime, os, shlex, signal, socket, sys, threading, time
 from dataclasses import dataclass
+from typing import Callable
 import torch
 import torch.distributed as dist
+from fastcore.basics import patch
 from .core import env_var
 
 # %% auto #0
-__all__ = ['DistInfo', 'dist_env', 'set_parent_death_signal', 'init_distributed', 'cleanup_distributed', 'all_reduce', 'barrier',
-           'check_parallel', 'wrap_model', 'unwrap', 'grad_sync']
+__all__ = ['SHARDED', 'NODE_TIMEOUT_S', 'DistInfo', 'dist_env', 'set_parent_death_signal', 'init_distributed',
+           'cleanup_distributed', 'all_reduce', 'barrier', 'check_parallel', 'mesh_shape', 'wrap_model', 'unwrap',
+           'grad_sync', 'rendezvous_of', 'node_timeout', 'is_local', 'port_free', 'NodeWatch']
 
 # %% ../nbs/01b_distributed.ipynb #89e5ea2d
 @dataclass(frozen=True)
@@ -24,11 +27,14 @@ class DistInfo:
     local_rank: int = 0    # rank on this node (picks the GPU)
     world_size: int = 1    # processes in the job
     device: str = 'cpu'    # this process's device, e.g. 'cuda:1'
+    local_world_size: int = 0  # processes on this node (0: all of them, one node)
 
     @property
     def is_main(self) -> bool: return self.rank == 0
     @property
     def distributed(self) -> bool: return self.world_size > 1
+    @property
+    def nodes(self) -> int: return self.world_size//(self.local_world_size or self.world_size)
 
 def dist_env(env:dict|None=None) -> tuple[int, int, int]:
     "(rank, local_rank, world_size) from torchrun's environment variables."
@@ -56,7 +62,7 @@ def init_distributed(device:str='cpu', timeout_s:float=600) -> DistInfo:
             backend = 'nccl' if device.startswith('cuda') else 'gloo'
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                     device_id=torch.device(device) if backend == 'nccl' else None)
-    return DistInfo(rank, local_rank, world, device)
+    return DistInfo(rank, local_rank, world, device, int(env_var('LOCAL_WORLD_SIZE', str(world))))
 
 def cleanup_distributed(wait_s:float=60):
     "Leave the process group, if any, once every rank is ready (within `wait_s` seconds; 0: now)."
@@ -82,6 +88,8 @@ def barrier():
     if dist.is_available() and dist.is_initialized(): dist.barrier()
 
 # %% ../nbs/01b_distributed.ipynb #20d5d81e
+SHARDED = ('fsdp', 'hsdp')  # the strategies that shard parameters, gradients and optimizer state (FSDP2)
+
 def _fsdp2():
     try: from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy                  # torch >= 2.6
     # torch 2.4, 2.5
@@ -90,15 +98,33 @@ def _fsdp2():
 
 def check_parallel(parallel:str, device:str):
     "Refuse, in one line, a strategy this torch cannot run on `device` (FSDP2 on the CPU needs torch >= 2.6)."
-    if parallel != 'fsdp' or device.startswith('cuda'): return
+    if parallel not in SHARDED or device.startswith('cuda'): return
     try: from torch.distributed.fsdp import fully_shard  # noqa: F401 (torch 2.6+ has it here)
     except ImportError:
         raise ValueError(f"FSDP2 on the CPU needs torch >= 2.6 (this is {torch.__version__}): use "
                          "parallel=ddp, or a GPU") from None
 
+def mesh_shape(parallel:str, info:DistInfo) -> tuple[int, ...]:
+    "The device mesh of a sharded strategy: all ranks (fsdp), or (nodes, ranks a node) for hsdp."
+    return (info.nodes, info.world_size//info.nodes) if parallel == 'hsdp' else (info.world_size,)
+
+# %% ../nbs/01b_distributed.ipynb #adb1a790
+def _shard(model:torch.nn.Module, parallel:str, info:DistInfo, param_dtype:torch.dtype|None):
+    from torch.distributed.device_mesh import init_device_mesh  # slow to import: FSDP2 only
+    fully_shard, MixedPrecisionPolicy = _fsdp2()
+    shape = mesh_shape(parallel, info)
+    names = ('replicate', 'shard') if len(shape) == 2 else ('shard',)
+    # a 2-D mesh: FSDP2 shards over its last dimension and replicates over its first (HSDP)
+    kw = dict(mesh=init_device_mesh(info.device.split(':')[0], shape, mesh_dim_names=names))
+    if param_dtype is not None: kw['mp_policy'] = MixedPrecisionPolicy(param_dtype=param_dtype,
+                                                                       reduce_dtype=torch.float32)
+    for block in model.h: fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
 def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo,
                param_dtype:torch.dtype|None=None) -> torch.nn.Module:
-    "`model` wrapped for `parallel` ('ddp' or 'fsdp') when distributed, else unchanged."
+    "`model` wrapped for `parallel` ('ddp', 'fsdp' or 'hsdp') when distributed, else unchanged."
     if not info.distributed: return model
     check_parallel(parallel, info.device)
     if parallel == 'ddp':
@@ -106,17 +132,8 @@ def wrap_model(model:torch.nn.Module, parallel:str, info:DistInfo,
         from torch.nn.parallel import DistributedDataParallel as DDP  # slow to import
         ids = [torch.device(info.device).index] if info.device.startswith('cuda') else None
         return DDP(model, device_ids=ids)
-    if parallel == 'fsdp':
-        from torch.distributed.device_mesh import init_device_mesh  # slow to import: FSDP2 only
-        fully_shard, MixedPrecisionPolicy = _fsdp2()
-        mesh = init_device_mesh(info.device.split(':')[0], (info.world_size,))
-        kw = dict(mesh=mesh)
-        if param_dtype is not None: kw['mp_policy'] = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                                                           reduce_dtype=torch.float32)
-        for block in model.h: fully_shard(block, **kw)
-        fully_shard(model, **kw)
-        return model
-    raise ValueError(f"parallel={parallel!r}: choose ddp or fsdp")
+    if parallel in SHARDED: return _shard(model, parallel, info, param_dtype)
+    raise ValueError(f"parallel={parallel!r}: choose ddp, fsdp or hsdp")
 
 def unwrap(model:torch.nn.Module) -> torch.nn.Module:
     "The module inside a DDP wrapper (FSDP2 shards in place, so it is the module itself)."
@@ -132,3 +149,167 @@ def grad_sync(model:torch.nn.Module, sync:bool):
         model.set_requires_gradient_sync(sync)
         yield
     else: yield
+
+# %% ../nbs/01b_distributed.ipynb #0e652f88
+def rendezvous_of(torchrun_args:str|list) -> tuple[str, int, str]|None:
+    "(host, port, job id) of the store a multi-node torchrun's flags name; None on one node."
+    args = shlex.split(torchrun_args) if isinstance(torchrun_args, str) else list(torchrun_args)
+    flags, i = {}, 0
+    while i < len(args):
+        k, eq, v = args[i].partition('=')
+        if k.startswith('--') and not eq and i + 1 < len(args) and not args[i + 1].startswith('--'):
+            v, i = args[i + 1], i + 1
+        flags[k.lstrip('-').replace('_', '-')] = v
+        i += 1
+    if max(int(n) for n in (flags.get('nnodes') or '1').split(':')) <= 1: return None
+    c10d = flags.get('rdzv-backend') == 'c10d'  # torchrun's default is the static rendezvous
+    master = f"{flags.get('master-addr') or '127.0.0.1'}:{flags.get('master-port') or 29500}"
+    ep = flags.get('rdzv-endpoint') or master
+    host, _, port = ep.rpartition(':') if ':' in ep else (ep, '', '29400' if c10d else '29500')
+    return host, int(port), (flags.get('rdzv-id') or 'none') if c10d else 'static'
+
+# %% ../nbs/01b_distributed.ipynb #1d8c7285
+NODE_TIMEOUT_S = 30.0  # seconds without a beat before a node of the job counts as stopped
+
+def node_timeout() -> float:
+    "Seconds without a beat after which a node counts as stopped (`LMBOOK_NODE_TIMEOUT_S`, default 30)."
+    v = env_var('LMBOOK_NODE_TIMEOUT_S', '').strip()
+    try: return float(v) if v else NODE_TIMEOUT_S
+    except ValueError: raise ValueError(f"LMBOOK_NODE_TIMEOUT_S={v!r} must be seconds, e.g. 30") from None
+
+# %% ../nbs/01b_distributed.ipynb #0fc3a9b8
+def is_local(host:str) -> bool:
+    "Whether `host` names this machine."
+    if host in ('localhost', '127.0.0.1', '::1', '0.0.0.0'): return True
+    addrs = lambda h: {a[4][0] for a in socket.getaddrinfo(h, None)}
+    try: return bool(addrs(host) & (addrs(socket.gethostname()) | {'127.0.0.1', '::1'}))
+    except OSError: return False
+
+def port_free(port:int) -> bool:
+    "Whether no process listens on `port` of this machine."
+    with socket.socket() as s:
+        try: s.bind(('', port))
+        except OSError: return False
+    return True
+
+# %% ../nbs/01b_distributed.ipynb #9537e985
+class NodeWatch:
+    "One node's beat in the job's rendezvous store while its torchrun runs, and its watch on the others'."
+    def __init__(self, host:str, port:int, job:str, # the store (`rendezvous_of`)
+                 label:str, # how the other nodes name this one, e.g. 'node 1'
+                 timeout_s:float|None=None, # silence after which a node counts as stopped (`node_timeout`)
+                 every_s:float=1.0): # seconds between beats
+        self.host, self.port, self.job, self.label = host, port, job, label
+        self.timeout, self.every = timeout_s or node_timeout(), every_s
+        self.store = self.server = self.lost = self.on_lost = None
+        self.me, self.order, self.gone = 0, 0, False
+        self.seen, self.stop = {}, threading.Event()  # peer -> (its beats, when they last changed)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def addr(self) -> str: return f"{self.host}:{self.port}"
+
+    def hold(self) -> bool:
+        "Hold a c10d rendezvous's store in this process where it is this machine's: it outlives torchrun."
+        if self.job == 'static' or not is_local(self.host) or not port_free(self.port): return False
+        # torchrun's agents find the port taken and join as clients, as the second agent on a host does
+        self.server = dist.TCPStore(self.host, self.port, is_master=True, wait_for_workers=False)
+        return True
+
+    def start(self, on_lost:Callable[[str], None]) -> 'NodeWatch':
+        "Beat and watch in the background; `on_lost(why)` once another node failed or went silent."
+        self.on_lost = on_lost
+        self.thread.start()
+        return self
+
+    def _up(self) -> bool:
+        "Whether the store takes connections: asked first, since a store call that fails prints a page."
+        try:
+            with socket.create_connection((self.host, self.port), timeout=2): return True
+        except OSError: return False
+
+# %% ../nbs/01b_distributed.ipynb #8494da88
+@patch
+def _join(self:NodeWatch):
+    st = dist.TCPStore(self.host, self.port, is_master=False, timeout=datetime.timedelta(seconds=10),
+                       wait_for_workers=False)
+    st = dist.PrefixStore(f'lmbook/{self.job}', st)
+    self.me = st.add('nodes', 1)
+    st.set(f'label{self.me}', self.label)
+    self.store = st
+
+@patch
+def _run(self:NodeWatch):
+    while self.store is None and not self.stop.wait(self.every):
+        try:
+            if self._up(): self._join()  # else its agent has not started the store yet
+        except Exception: pass
+    while not self.stop.wait(self.every):
+        # the store went with its agent: this node's agent sees that itself and stops
+        if self.gone or not self._up():
+            self.gone = True
+            continue
+        try:
+            self.store.add(f'beat{self.me}', 1)
+            why = self._judge(self._peers())
+        except Exception: why = None
+        if why and self.lost is None and not self.stop.is_set():
+            self.lost = why
+            self.on_lost(why)
+
+# %% ../nbs/01b_distributed.ipynb #8518edfe
+@patch
+def _peers(self:NodeWatch) -> dict[int, tuple[str, int, str]]:
+    "Every other node that joined: (its label, its beats, how it ended: '', 'done' or 'failed ORDER')."
+    st, out = self.store, {}
+    for j in range(1, st.add('nodes', 0) + 1):
+        if j == self.me or not st.check([f'label{j}']): continue
+        end = st.get(f'end{j}').decode() if st.check([f'end{j}']) else ''
+        out[j] = (st.get(f'label{j}').decode(), st.add(f'beat{j}', 0), end)
+    return out
+
+@patch
+def _judge(self:NodeWatch, peers:dict, before:int=0) -> str|None:
+    "Why a node stopped: it failed (before this node's failure number `before`, when given) or went silent."
+    now = time.monotonic()
+    for j, (label, beats, end) in peers.items():
+        if self.seen.get(j, (None,))[0] != beats: self.seen[j] = (beats, now)
+        if end.startswith('failed') and (not before or int(end.split()[1]) < before):
+            return f"{label} failed"
+        if not end and now - self.seen[j][1] > self.timeout:
+            return f"{label} stopped answering {now - self.seen[j][1]:.0f} s ago"
+    return None
+
+# %% ../nbs/01b_distributed.ipynb #813ebf11
+@patch
+def end(self:NodeWatch, ok:bool):
+    "Stop beating; tell the others this node ended as agreed (`ok`: finished, stopped, refused) or failed."
+    self.stop.set()
+    if self.thread.is_alive(): self.thread.join(15)
+    if self.store is None or self.gone or not self._up(): return
+    try:
+        if not ok: self.order = self.store.add('failed', 1)
+        self.store.set(f'end{self.me}', 'done' if ok else f'failed {self.order}')
+        t0 = time.monotonic()  # a store held here stays until the other nodes are done with it
+        while self.server and time.monotonic() - t0 < self.timeout and not all(
+                e for _, _, e in self._peers().values()): time.sleep(self.every/2)
+    except Exception: pass  # the store is gone: `culprit` says so
+
+@patch
+def culprit(self:NodeWatch) -> str|None:
+    "After this node failed (`end(False)`): why, when another node failed first or went silent; else None."
+    if self.lost or self.store is None: return self.lost
+    t0, first = time.monotonic(), None
+    gone = (f"the rendezvous at {self.addr} stopped answering (the node that holds it stopped, or the "
+            "network failed)")
+    while time.monotonic() - t0 < self.timeout + 2*self.every:
+        # a static rendezvous's store ends with node 0's torchrun: there it says nothing of the others
+        if self.gone or not self._up(): return None if self.job == 'static' and is_local(self.host) else gone
+        try: peers = self._peers()
+        except Exception: return gone
+        if why := self._judge(peers, before=self.order): return why
+        first = first or {j: b for j, (_, b, _) in peers.items()}
+        # a node that beat since, or ended, is no cause
+        if all(e or b != first.get(j) for j, (_, b, e) in peers.items()): return None
+        time.sleep(self.every/2)
+    return None

@@ -172,34 +172,6 @@ def test_boot_options_come_from_the_pod_environment():
     with pytest.raises(ValueError, match='name=value'): BootOptions.from_env(dict(RUN_OVERRIDES='lr'))
 
 
-def test_slurm_template_is_valid_bash_with_a_rendezvous(tmp_path, capsys):
-    from lmbook.cli import main
-    out = tmp_path/'train.sbatch'
-    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'fw-2b', '--nodes', '4',
-                 '--gpus-per-node', '8', '--partition', 'gpu', '--out', str(out)]) == 0
-    txt = out.read_text()
-    assert subprocess.run(['bash', '-n', str(out)]).returncode == 0
-    for s in ('#SBATCH --nodes=4', '#SBATCH --gpus-per-node=8', '#SBATCH --partition=gpu',
-              '--rdzv_endpoint=$HEAD:29500',
-              '--nnodes=$SLURM_NNODES', 'lmbook prepare --profile runpod_2b', '--nproc 8'): assert s in txt
-    assert '#SBATCH --cpus-per-task=64' in txt and not txt.rstrip().endswith('&') and 'wait' not in txt
-    # on the login node, before sbatch; the script only trains
-    assert 'lmbook prepare' in capsys.readouterr().out
-    # each node's task expands its own rank: run the script with fakes of scontrol, srun (node 3 of 4) and
-    # lmbook
-    bin_ = tmp_path/'bin'; bin_.mkdir()
-    for name, body in dict(scontrol='echo node-a', srun='shift; SLURM_NODEID=3 exec "$@"',
-                           lmbook='echo "$@" > "$OUT"').items():
-        (bin_/name).write_text(f'#!/bin/sh\n{body}\n'); (bin_/name).chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_NODEID='0', SLURM_NNODES='4',
-               SLURM_JOB_ID='7', SLURM_JOB_NODELIST='node-[a-d]', OUT=str(tmp_path/'args'))
-    assert subprocess.run(['bash', str(out)], env=env).returncode == 0
-    assert ('--node_rank=3 ' in (tmp_path/'args').read_text()
-            and '--rdzv_endpoint=node-a:29500' in (tmp_path/'args').read_text())
-    assert main(['slurm', '--profile', 'runpod_2b', '--experiment', 'bad name']) == 2
-    assert capsys.readouterr().err.startswith('error:')
-
-
 FAKES = dict(  # each records its call in $REC; python3 only makes venvs, whose pip "installs" a fake lmbook
     git='#!/bin/sh\necho "git $*" >> "$REC"\nfor last; do :; done\n[ "$1" = clone ] && mkdir -p '
         '"$last/.git"\n[ "$3" = rev-parse ] && echo 0123456789abcdef\nexit 0\n',
@@ -354,20 +326,6 @@ def test_the_spend_guard_stops_the_run_after_a_checkpoint_then_the_pod(pod, tmp_
     assert f.pods['pod1234abc']['status'] == 'EXITED' and 'autokill: stop pod pod1234abc: spend guard' in log
     ledger = json.loads((ws/'logs'/'spend-pod1234abc.json').read_text())
     assert 29 < ledger['seconds'] < 120 and ledger['price'] == 2.69
-
-
-def test_slurm_values_reach_bash_safely_and_the_time_limit_signal_reaches_the_trainers(capsys):
-    from lmbook.pods.boot import slurm_script
-    for kw in (dict(partition='gpu; rm -rf ~'), dict(workspace='/scratch/my runs'),
-               dict(venv='/opt/$(id)/venv')):
-        with pytest.raises(ValueError, match='SLURM|path'): slurm_script('runpod_2b', 'fw-2b', **kw)
-    txt = slurm_script('runpod_2b', 'fw-2b', workspace='/scratch/$USER/lmbook', venv='$HOME/venvs/lmbook',
-                       partition='gpu-h100')
-    assert ('export LMBOOK_WORKSPACE="/scratch/$USER/lmbook"' in txt
-            and 'source "$HOME/venvs/lmbook/bin/activate"' in txt)
-    # `B:` would signal only the batch shell, which dies without passing it on: the trainers must get it to
-    # checkpoint
-    assert '#SBATCH --signal=TERM@120' in txt and 'B:TERM' not in txt
 
 
 def test_tensorboard_starts_beside_training_and_is_not_started_twice(tmp_path):

@@ -107,6 +107,10 @@ def test_one_process_resumes_from_two_ranks_parts(ws, sh):
     assert any('resumed at step 8' in l for l in log)
     got = losses(Path(ws)/'runs'/'sh1')
     assert sorted(got) == list(range(1, 11)) and abs(got[9] - got[8]) < 0.3  # trained on, not started over
+    # the same tokens a step as on 2 processes (2 x 4 x 64): one process accumulates twice
+    assert any('grad_accum 1 -> 2 keeps 512 tokens a step' in l for l in log), log
+    assert json.loads((Path(ws)/'runs'/'sh1'/'meta.json').read_text())['tokens_per_step'] == 512
+    assert [r['tokens'] for r in rows(Path(ws)/'runs'/'sh1') if r.get('loss')][-2:] == [9*512, 10*512]
 
 def test_lora_parts_hold_only_adapters(ws, sh):
     out = two(ws, 'shlora', init_from='sh', lora_rank=4, lora_targets='q,v', max_steps=2)

@@ -73,7 +73,8 @@ def logits_bytes(m:ModelConfig, tokens:int, liger:bool|None=None) -> int:
 def estimate_memory(cfg:Config, # the run's config
                     batch_size:int|None=None, # micro-batch (default: the config's)
                     world_size:int=1, # GPUs in the job
-                    parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
+                    parallel:str|None=None, # 'ddp', 'fsdp' or 'hsdp' (default: the config's)
+                    nodes:int=1, # machines the GPUs are on: hsdp shards within each
                    ) -> dict:
     "Estimated peak GPU memory of training `cfg`, in GB (1e9 bytes), with its parts."
     m, tc, lv = cfg.model, cfg.train, cfg.train.levers
@@ -83,7 +84,7 @@ def estimate_memory(cfg:Config, # the run's config
     tokens = B*m.block_size
     s = state_bytes(n, tc.grad_accum)
     par = (parallel or tc.parallel) if world_size > 1 else 'none'
-    shard = world_size if par == 'fsdp' else 1
+    shard = world_size if par == 'fsdp' else world_size//max(1, nodes) if par == 'hsdp' else 1
     state = (s['weights'] + s['grads'] + s['optimizer'])/shard
     ddp = 4*n if par == 'ddp' else 0
     fp8 = lv.fp8 not in ('off', 'auto')  # 'auto' before the card is known: counted as bf16, the larger
@@ -157,11 +158,12 @@ def estimated_fit(cfg:Config, # the run's config, `fp8` resolved (`with_fp8`)
 def fits(cfg:Config, # the run's config
          mem_gb:float, # memory per GPU, in GB
          world_size:int=1, # GPUs in the job
-         parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
+         parallel:str|None=None, # 'ddp', 'fsdp' or 'hsdp' (default: the config's)
          headroom:float=HEADROOM, # fraction of `mem_gb` kept back
+         nodes:int=1, # machines the GPUs are on (hsdp)
         ) -> tuple[bool, float]:
     "(whether `cfg`'s estimated peak per GPU fits `mem_gb` less `headroom`, that estimate in GB)."
-    need = estimate_memory(cfg, world_size=world_size, parallel=parallel)['total_gb']
+    need = estimate_memory(cfg, world_size=world_size, parallel=parallel, nodes=nodes)['total_gb']
     return need <= mem_gb*(1 - headroom), need
 
 def card_for(cfg:Config, # the run's config
@@ -239,11 +241,12 @@ def fit_verdict(cfg:Config, # the run's config
                 world_size:int=1, # processes in the job
                 fp8:bool=True, # the card runs float8 matmuls (compute capability 8.9 or newer)
                 table:dict|None=None, # the GPU table (default: `core.gpu_table()`)
+                nodes:int=1, # machines the processes are on (hsdp shards within each)
                ) -> tuple[bool, str]|None:
     "(refused, one line saying what to change) when `cfg` cannot, or may not, fit `device`; None if it fits."
     if not device.startswith('cuda'): return _cpu_verdict(cfg, device, mem_gb, profile, world_size, table)
     if cfg.train.finetune.lora_rank or mem_gb is None: return None
-    ok, need = fits(cfg, mem_gb, world_size)
+    ok, need = fits(cfg, mem_gb, world_size, nodes=nodes)
     if ok: return None
     where = f"{world_size} x {name}, {cfg.train.parallel}" if world_size > 1 else name
     head = (f"{profile or 'this config'} needs ~{need:.1f} GB per GPU at micro-batch {cfg.train.batch_size} "

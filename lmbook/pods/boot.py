@@ -1,4 +1,4 @@
-"""What a pod runs unattended: install, volume layout, data, training through papermill with TensorBoard beside it, then autokill; `lmbook boot`, `lmbook orchestrate`, `lmbook slurm`.
+"""What a pod runs unattended: install, volume layout, data, training through papermill with TensorBoard beside it, then autokill; `lmbook boot` and `lmbook orchestrate`.
 
 Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
 # %% ../../nbs/07g_boot.ipynb #d33ba9a3
 from __future__ import annotations
-import json, os, re, shlex, signal, socket, subprocess, sys, time, traceback
+import json, os, re, signal, socket, subprocess, sys, time, traceback
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import torch
@@ -31,7 +31,7 @@ from fastcore.basics import patch
 __all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
            'train_overrides', 'wait_for_data', 'stage_data', 'finished_checkpoint', 'planned_steps', 'gpu_count',
            'start_tensorboard', 'train_notebook', 'papermill_cmd', 'trainer_exit_code', 'stage_train', 'autokill',
-           'boot_alert', 'run_pipeline', 'slurm_script', 'add_cli', 'add_dev_cli']
+           'boot_alert', 'run_pipeline', 'add_cli', 'add_dev_cli']
 
 # %% ../../nbs/07g_boot.ipynb #a04fc27b
 @dataclass
@@ -468,67 +468,9 @@ def _orchestrate_cmd(a) -> int:
                     autokill=a.autokill or '')
     return run_pipeline(o, ws, stages=(2, 3, 4))
 
-# %% ../../nbs/07g_boot.ipynb #1ad93ea0
-def _sbatch_lines(experiment:str, nodes:int, gpus_per_node:int, cpus_per_task:int, time_limit:str,
-                  partition:str, account:str, mem:str) -> list[str]:
-    "The `#SBATCH` header: one task a node (torchrun starts the GPU processes), its CPUs and memory."
-    opt = lambda k, v: [f'#SBATCH --{k}={v}'] if v else []
-    return (['#!/bin/bash', f'#SBATCH --job-name=lmbook-{experiment}', f'#SBATCH --nodes={nodes}',
-             '#SBATCH --ntasks-per-node=1', f'#SBATCH --gpus-per-node={gpus_per_node}',
-             f'#SBATCH --cpus-per-task={cpus_per_task or 8*gpus_per_node}', f'#SBATCH --time={time_limit}',
-             '#SBATCH --signal=TERM@120', '#SBATCH --requeue', f'#SBATCH --output=lmbook-{experiment}-%j.out']
-            + opt('partition', partition) + opt('account', account) + opt('mem', mem))
-
-# %% ../../nbs/07g_boot.ipynb #b4cbfe33
-def slurm_script(profile:str, # profile name or config file
-                 experiment:str, # run name
-                 nodes:int=2, # nodes
-                 gpus_per_node:int=8, # GPUs (= processes) per node
-                 workspace:str='$HOME/lmbook-workspace', # shared workspace path
-                 time_limit:str='24:00:00', # SLURM --time
-                 partition:str='', # SLURM partition ('' : the default)
-                 venv:str='', # virtualenv to activate ('' : lmbook on PATH)
-                 account:str='', # SLURM --account ('' : the default)
-                 mem:str='', # SLURM --mem per node, e.g. 480G ('' : the cluster's default)
-                 cpus_per_task:int=0, # CPUs for each node's task (0 : 8 a GPU)
-                 modules:str='', # `module load` these first, e.g. 'cuda/12.4 python/3.11'
-                ) -> str:
-    "An sbatch script that trains `profile` as `experiment` on `nodes` x `gpus_per_node` GPUs."
-    check_name(experiment)
-    get_config(profile)
-    if nodes < 1 or gpus_per_node < 1 or cpus_per_task < 0: raise ValueError("nodes and gpus_per_node must "
-                                                                             "be >= 1, cpus_per_task >= 0")
-    if not re.fullmatch(r'\d{1,3}(-\d{1,2})?:\d\d:\d\d|\d+', time_limit):
-        raise ValueError(f"time limit {time_limit!r}: use HH:MM:SS or D-HH:MM:SS")
-    for what, v, rx in (('partition', partition, r'[A-Za-z0-9_.,-]*'),
-                        ('account', account, r'[A-Za-z0-9_.-]*'), ('mem', mem, r'(\d+[KMGT]?)?'),
-                        ('modules', modules, r'[A-Za-z0-9_./+ -]*')):
-        if not re.fullmatch(rx, v): raise ValueError(f"SLURM {what} {v!r}: it must match {rx}")
-    # pasted into double quotes: $VAR expands, nothing else is special
-    for what, path in (('workspace', workspace), ('venv', venv)):
-        if path and not re.fullmatch(r'[A-Za-z0-9_./~+@:${}-]+', path):
-            raise ValueError(f"{what} path {path!r}: letters, digits, . _ - "
-                             "/ ~ + @ : and $VAR only (no spaces or quotes)")
-    q = shlex.quote
-    # escaped: each node's own task expands its rank, not the batch host
-    targs = ('--nnodes=$SLURM_NNODES --node_rank=\\$SLURM_NODEID --rdzv_backend=c10d '
-             '--rdzv_endpoint=$HEAD:29500 --rdzv_id=$SLURM_JOB_ID')
-    return '\n'.join(_sbatch_lines(experiment, nodes, gpus_per_node, cpus_per_task, time_limit, partition,
-                                   account, mem) + [
-        '', '# generated by `lmbook slurm`: resubmitting (or --requeue) resumes from the newest checkpoint',
-        '# prepare the data once first, where the shared filesystem is: '
-        f'lmbook prepare --profile {q(profile)} --experiment {q(experiment)}',
-        'set -euo pipefail'] + ([f'module load {modules}'] if modules else []) + [
-        f'export LMBOOK_WORKSPACE="{workspace}"'] + ([f'source "{venv}/bin/activate"'] if venv else []) + [
-        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        # no `&`/`wait`: --signal without B: goes to the tasks (the trainers), not to this batch shell
-        "srun --kill-on-bad-exit=1 bash -c "
-        f"\"lmbook train --profile {q(profile)} --experiment {q(experiment)} "
-        f"--nproc {gpus_per_node} --torchrun-args \\\"{targs}\\\"\"", ''])
-
 # %% ../../nbs/07g_boot.ipynb #24acf036
 def add_cli(sub):
-    "Register `lmbook boot` and `lmbook slurm`."
+    "Register `lmbook boot`."
     p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, "
                        "data, train, autokill (reads RUN_* variables)")
     cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
@@ -541,34 +483,8 @@ def add_cli(sub):
     p.add_argument('--on-failure', choices=('stop', 'keep'),
                    help='after a failed run: stop the pod or keep it up (default: $ON_FAILURE, else stop)')
     p.set_defaults(func=_boot_cmd)
-    p = sub.add_parser('slurm', help='print (or write) an sbatch script for a multi-node SLURM run')
-    p.add_argument('--profile', '-p', required=True)
-    p.add_argument('--experiment', '-e', required=True)
-    p.add_argument('--nodes', type=int, default=2)
-    p.add_argument('--gpus-per-node', type=int, default=8)
-    p.add_argument('--root', '--workspace', dest='workspace', default='$HOME/lmbook-workspace', metavar='DIR',
-                   help='the workspace root on the cluster (default: $HOME/lmbook-workspace)')
-    p.add_argument('--time', default='24:00:00')
-    p.add_argument('--partition', default='')
-    p.add_argument('--venv', default='')
-    p.add_argument('--account', default='')
-    p.add_argument('--mem', default='', help='memory per node, e.g. 480G')
-    p.add_argument('--cpus-per-task', type=int, default=0, help='CPUs of each node (default: 8 a GPU)')
-    p.add_argument('--modules', default='', help="modules to load first, e.g. 'cuda/12.4 python/3.11'")
-    p.add_argument('--out', help='write here instead of printing')
-    p.set_defaults(func=_slurm_cmd)
 
 # %% ../../nbs/07g_boot.ipynb #7fad1ec4
-def _slurm_cmd(a) -> int:
-    txt = slurm_script(a.profile, a.experiment, a.nodes, a.gpus_per_node, a.workspace, a.time, a.partition,
-                       a.venv, a.account, a.mem, a.cpus_per_task, a.modules)
-    prep = f"lmbook prepare --profile {shlex.quote(a.profile)} --experiment {shlex.quote(a.experiment)}"
-    if a.out:
-        Path(a.out).write_text(txt)
-        print(f"wrote {a.out}: {prep} (on the login node, once), then sbatch {a.out}")
-    else: print(txt, end='')
-    return 0
-
 def add_dev_cli(sub):
     "Register `lmbook orchestrate`, a developer's way through stages 2-4 of the boot pipeline."
     p = sub.add_parser('orchestrate', help='[developers] stages 2-4 of the boot pipeline (layout, shards and '

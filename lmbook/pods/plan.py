@@ -13,7 +13,7 @@ from ..core import package_dir, load_settings, gpu_table, find_gpu
 from ..config import get_config, flops_per_token, count_params, Config, with_fp8
 from ..config import mixture_of
 from ..model.memory import HEADROOM, estimated_fit, fits, max_batch_size
-from ..train.optim import total_steps
+from ..train.optim import check_scaling, total_steps
 
 # %% auto #0
 __all__ = ['GPU_POD_VCPUS', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table', 'cpu_machine',
@@ -242,7 +242,7 @@ def plan(profile:str, # profile name or config file
                     measured=tp['measured'],
                 source=tp['source'], steps=steps, tokens=steps*tps if steps else None, hours=hours,
                     cloud=cloud,
-                sources=plan_sources(cfg, steps*tps if steps else None),
+                sources=plan_sources(cfg, steps and steps*tps), scaling=check_scaling(cfg, gpus, steps),
                 price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price)
                     else None,
                 prep=prep_plan(steps*tps if steps else None, gpu, gpus, price*gpus if price else None, cpu,
@@ -270,6 +270,7 @@ def format_plan(p:dict) -> str:
                                       "train.log has the measured split)")
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")
+    lines += [f"{'' if i else 'rules':9}{s}" for i, s in enumerate(p.get('scaling') or [])]
     return '\n'.join(lines + format_prep(p['prep']))
 
 # %% ../../nbs/07a_plan.ipynb #a0b8e5bc

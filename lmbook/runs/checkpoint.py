@@ -29,8 +29,8 @@ __all__ = ['MODEL_SHARDS', 'OPTIM_SHARDS', 'SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE
            'checkpoint_bytes', 'check_space', 'start_checkpoint', 'start_shards', 'write_checkpoint', 'save_checkpoint',
            'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
            'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
-           'config_changes', 'check_config_change', 'Checkpointer', 'link_checkpoint', 'DiskPlan', 'state_bytes',
-           'disk_plan', 'write_seconds']
+           'config_changes', 'check_config_change', 'seen_from', 'Checkpointer', 'link_checkpoint', 'DiskPlan',
+           'state_bytes', 'disk_plan', 'write_seconds']
 
 # %% ../../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -626,6 +626,23 @@ def check_config_change(old:dict, new:dict, allow:bool, path:Path|str='') -> lis
                                                  f"with the new values, or {new_run}")
     return asked
 
+# %% ../../nbs/04b_checkpoint.ipynb #72ba263a
+def _replaced(d:dict, key:str, value) -> dict:
+    "A copy of the nested dict `d` with `key` set to `value` wherever it sits."
+    return {k: _replaced(v, key, value) if isinstance(v, dict) else value if k == key else v
+            for k, v in d.items()}
+
+def seen_from(state:dict, # a checkpoint's state.json
+              config:dict, # this start's config (`config_dict`)
+              world_size:int, # its processes
+             ) -> dict:
+    "The checkpoint's config as this start compares it: `grad_accum` its own where the tokens a step stay."
+    old, w0 = state.get('config', {}), state.get('world_size', 1)
+    o, n = flat_config(old), flat_config(config)
+    same = (o.get('batch_size') == n.get('batch_size')
+            and o.get('grad_accum', 1)*w0 == n.get('grad_accum', 1)*world_size)
+    return _replaced(old, 'grad_accum', n.get('grad_accum', 1)) if w0 != world_size and same else old
+
 # %% ../../nbs/04b_checkpoint.ipynb #4be13a0d
 class Checkpointer:
     "When to save, what to keep, where to resume from; one write in flight in the background."
@@ -689,7 +706,7 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     # every rank reads the state (shared filesystem): all of a full checkpoint, its part of a sharded one
     data = found.get('data') or read_checkpoint(path, info.rank)
     check_compatible(data['state'], config['model'], tok_ref, path)
-    data['changes'] = check_config_change(data['state'].get('config', {}), config,
+    data['changes'] = check_config_change(seen_from(data['state'], config, info.world_size), config,
                                           flat_config(config).get('allow_config_change', False), path)
     # loader positions are global: rank 0's state fits every rank
     if data['state'].get('world_size', 1) != info.world_size:

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, json, os, platform, re, shlex, signal, subprocess, sys, tempfile, textwrap, threading
+import argparse, json, os, platform, re, shlex, signal, socket, subprocess, sys, tempfile, textwrap, threading
 from pathlib import Path
 from typing import Callable, Iterator
 import torch
@@ -14,22 +14,23 @@ from ..core import cli_options, load_settings, nonblank, paths_for, pick_device,
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR, one_line_warnings
 from ..config import get_config, parse_assignments, field_option, field_values, PROFILES
 from ..config import config_sections, field_index, with_fp8
-from ..distributed import check_parallel, cleanup_distributed, set_parent_death_signal
+from ..distributed import NodeWatch, check_parallel, cleanup_distributed, rendezvous_of
+from ..distributed import set_parent_death_signal
 from ..runs.metrics import RunLog
 from ..model.memory import fit_verdict
 from ..model.levers import fp8_support
 from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
 from .runstart import prepare_run
-from .trainer import NonFiniteError, exit_code, train
+from .trainer import NonFiniteError, STOP_SIGNALS, exit_code, train
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['WORKER', 'CRASHED', 'FORCE', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit', 'train_process',
-           'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb', 'device_memory',
-           'check_hardware', 'launch', 'TrainingExit', 'killed_rank', 'run_training', 'detach', 'train_epilog',
-           'detach_option', 'start_run', 'add_cli']
+__all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit',
+           'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb',
+           'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank', 'run_training',
+           'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -90,7 +91,7 @@ def _say_error(e:Exception):
 
 # %% ../../nbs/05f_launch.ipynb #bd7566ef
 def main(argv:list[str]|None=None) -> int:
-    "Entry point of one training process, plain or a torchrun worker; rank 0 also records its exit code."
+    "Entry point of one training process, plain or a torchrun worker; local rank 0 records its exit code."
     one_line_warnings()
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
@@ -98,10 +99,10 @@ def main(argv:list[str]|None=None) -> int:
         cfg, profile, experiment, _ = resolve_args(a)
         rc = train_process(cfg, experiment, a.root, a.prepare_only, profile)
     except (ValueError, FileNotFoundError) as e:
-        if int(env_var('RANK', '0')) == 0: _say_error(e)
+        if int(env_var('LOCAL_RANK', '0')) == 0: _say_error(e)  # once on each node
         rc = EXIT_USER_ERROR
     finally: cleanup_distributed(wait_s=60 if rc is not None else 0)  # a crash leaves at once
-    if (exit_file := env_var('LMBOOK_EXIT_FILE')) and int(env_var('RANK', '0')) == 0:
+    if (exit_file := env_var('LMBOOK_EXIT_FILE')) and int(env_var('LOCAL_RANK', '0')) == 0:
         Path(exit_file).write_text(json.dumps(dict(exit_code=rc)))
     return rc
 
@@ -198,16 +199,26 @@ def check_hardware(cfg, # the resolved `Config`
     device = pick_device(cfg.train.device)
     name, mem, fp8 = device_memory(device)
     if cfg.train.levers.fp8 == 'auto': cfg = with_fp8(cfg, fp8 and not fp8_support(device))
-    v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*_nodes(torchrun_args), fp8)
+    nodes = _nodes(torchrun_args)
+    v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*nodes, fp8, nodes=nodes)
     if v is None: return None
     refused, line = v
     if refused and not cfg.train.force: raise ValueError(f"{line}; {FORCE}")
     return f"note: {'force=true, so it starts although ' if refused else ''}{line}"
 
-# %% ../../nbs/05f_launch.ipynb #d8d65613
+# %% ../../nbs/05f_launch.ipynb #efd8ab23
+TORCHRUN_SIGNALS = 'SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'  # the signals torchrun passes on to its workers
+
 def _child_setup():
     set_parent_death_signal(signal.SIGTERM)
 
+def node_label(torchrun_args:str|list) -> str:
+    "How the other nodes of a job name this one: 'node N' from its `--node-rank`, else the host's name."
+    given = re.search(r'--node[-_]rank', ' '.join(torchrun_args) if isinstance(torchrun_args,
+                                                                            list) else torchrun_args)
+    return f"node {node_rank(torchrun_args)}" if given else socket.gethostname()
+
+# %% ../../nbs/05f_launch.ipynb #d8d65613
 def launch(profile:str, # profile name or config file
            experiment:str, # experiment name
            overrides:dict|None=None, # flat config overrides
@@ -225,14 +236,16 @@ def launch(profile:str, # profile name or config file
     if not (prepare_only or checked):  # before any work
         ov = dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc)))
         if note := check_hardware(get_config(profile, ov), profile, torchrun_args): yield note
-    e = dict(os.environ, PYTHONUNBUFFERED='1', **(env or {}))  # the child's whole environment, passed on
+    # the child's whole environment, passed on; torchrun (2.9 and later) passes SIGUSR1 on to its workers too
+    e = dict(os.environ, PYTHONUNBUFFERED='1', PET_SIGNALS_TO_HANDLE=TORCHRUN_SIGNALS, **(env or {}))
     cmds = [] if prepare_only else [cmd]
     if 'torch.distributed.run' in cmd or prepare_only:
         cmds.insert(0, launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True))
-    report, last = RunDir(paths_for(experiment, root=root).run).log, ''
+    report, last, rdzv = RunDir(paths_for(experiment, root=root).run).log, '', rendezvous_of(torchrun_args)
     try:
         for c in cmds:
-            for line in _stream(c, e, grace_s, forward_signals, report if c is cmd else None):
+            watch = NodeWatch(*rdzv, node_label(torchrun_args)) if rdzv and c is cmd else None
+            for line in _stream(c, e, grace_s, forward_signals, report if c is cmd else None, watch):
                 last = line.strip() or last
                 yield line
     except TrainingExit as x:
@@ -269,32 +282,59 @@ def killed_rank(held:list[str]) -> tuple[int, int]|None:
     return (int(m[1]), -int(m[2])) if m and int(m[2]) < 0 else None
 
 # %% ../../nbs/05f_launch.ipynb #f71b02a6
+def _report(held:list[str], report:Path|None) -> str:
+    "Append torchrun's report (`held`) to the run's log `report`; where it went, for the end of a line."
+    if report is None or not report.parent.is_dir() or not held: return ''
+    with open(report, 'a') as f: f.write("torchrun's report of the failure:\n" + ''.join(held))
+    return f"; torchrun's report is in {report}"
+
 def _killed(held:list[str], report:Path|None) -> TrainingExit:
     "One line for a worker killed by a signal; torchrun's report and the tracebacks go to `report`."
     rank, sig = killed_rank(held)
     name = signal.Signals(sig).name
     hint = "the kernel's out-of-memory killer or a kill -9" if sig == signal.SIGKILL else "a signal"
-    where = ''
-    if report is not None and report.parent.is_dir():
-        with open(report, 'a') as f: f.write("torchrun's report of the failure:\n" + ''.join(held))
-        where = f"; torchrun's report is in {report}"
     return TrainingExit(128 + sig, f"rank {rank} was killed by {name} ({hint}) and the other ranks stopped "
-                                   f"with it: the same command resumes from the newest checkpoint{where}")
+                                   f"with it: the same command resumes from the newest checkpoint"
+                                   + _report(held, report))
+
+# %% ../../nbs/05f_launch.ipynb #bc03b295
+def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWatch|None) -> Iterator[str]:
+    "The end of a run's process: torchrun's held lines when they say why, or `TrainingExit` with one line."
+    wrote = Path(exit_file).is_file()
+    code = _exit_code(rc, exit_file)
+    if watch:  # several nodes: a deliberate end (finished, stopped, refused) happens on every node at once
+        watch.end(ok=code == EXIT_FINISHED or wrote)
+        why = watch.lost or (watch.culprit() if code and rc >= 0 else None)
+        if why: raise TrainingExit(CRASHED, f"{why}: the training on this node stopped with it; the same "
+                                            "command on every node resumes from the newest checkpoint"
+                                            + _report(held, report))
+    if rc < 0 and not wrote:  # torchrun itself, and its workers with it (they die with their parent)
+        raise TrainingExit(128 - rc, f"torchrun (this node's agent) was killed by "
+                                     f"{signal.Signals(-rc).name}: its workers stopped with it, without a "
+                                     "checkpoint of their own; the same command"
+                                     f"{' on every node' if watch else ''} resumes from the newest "
+                                     "checkpoint" + _report(held, report))
+    if rc and not wrote and killed_rank(held): raise _killed(held, report)
+    if not (wrote and _torchrun_only(held)): yield from held
+    if code != 0: raise TrainingExit(code)
 
 # %% ../../nbs/05f_launch.ipynb #cc2ad12e
 def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
-            report:Path|None=None) -> Iterator[str]:
+            report:Path|None=None, watch:NodeWatch|None=None) -> Iterator[str]:
     fd, exit_file = tempfile.mkstemp(prefix='lmbook-exit-', suffix='.json')
     os.close(fd)
     os.unlink(exit_file)
+    if watch: watch.hold()  # before torchrun's agents: a rendezvous on this machine keeps its store here
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=dict(env, LMBOOK_EXIT_FILE=exit_file),
                             preexec_fn=_child_setup if sys.platform.startswith('linux') else None)
+    # another node failed: this node's workers cannot go on, nor checkpoint (their workers die with torchrun)
+    if watch: watch.start(lambda why: proc.kill())
     old = {}
     if forward_signals and threading.current_thread() is threading.main_thread():
-        pass_on = lambda signum, frame: proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP
-                                                         else signum)  # torchrun: TERM
-        old = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        pass_on = lambda signum, frame: proc.send_signal(signum if signum == signal.SIGINT
+                                                         else signal.SIGTERM)  # torchrun: TERM
+        old = {s: signal.signal(s, pass_on) for s in STOP_SIGNALS}
     # torchrun's own lines and a traceback: shown at the end unless the worker's lines said how it ended
     held, tb = [], False
     try:
@@ -305,16 +345,14 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
         rc = proc.wait()
     finally:
         for s, h in old.items(): signal.signal(s, h)
+        if watch: watch.stop.set()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try: proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    if rc and not Path(exit_file).is_file() and killed_rank(held): raise _killed(held, report)
-    if not (Path(exit_file).is_file() and _torchrun_only(held)): yield from held
-    code = _exit_code(rc, exit_file)
-    if code != 0: raise TrainingExit(code)
+    yield from _ended(rc, exit_file, held, report, watch)
 
 # %% ../../nbs/05f_launch.ipynb #695a31ef
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,

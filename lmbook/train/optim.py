@@ -12,8 +12,9 @@ import torch
 from ..config import OptimConfig, ScheduleConfig, count_params
 
 # %% auto #0
-__all__ = ['param_groups', 'make_optimizer', 'orthogonalize', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'total_steps',
-           'ScalingPlan', 'scaling_rules', 'scaling_table', 'plan_for']
+__all__ = ['BATCH_TOKENS', 'SLACK', 'param_groups', 'make_optimizer', 'orthogonalize', 'muon_groups', 'Muon', 'lr_at',
+           'schedule_for', 'total_steps', 'ScalingPlan', 'scaling_rules', 'scaling_table', 'plan_for', 'batch_rule',
+           'check_scaling']
 
 # %% ../../nbs/05a_optim.ipynb #3de5f3a8
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -193,3 +194,45 @@ def plan_for(cfg, world_size:int=1, **kw) -> ScalingPlan:
     "`scaling_rules` for a `Config` trained on `world_size` processes."
     return scaling_rules(count_params(cfg.model, embeddings=False), cfg.tokens_per_step*world_size,
                          cfg.model.n_embd, **kw)
+
+# %% ../../nbs/05a_optim.ipynb #01d33efb
+BATCH_TOKENS = 2**19  # tokens a step of GPT-3 small (125M parameters), where the batch rule starts
+SLACK = 2.0  # a batch, lr or token count within this factor of its rule keeps to it
+
+def batch_rule(n_params:int) -> int:
+    "Tokens a step for a model of `n_params`: 2^19 at 125M, growing as the cube root of the size."
+    return int(round(BATCH_TOKENS*(n_params/125e6)**(1/3)))
+
+def _off(have:float, rule:float) -> str|None:
+    "How far `have` is from `rule` ('3.1x', '1/8.0 of'), when more than `SLACK` apart; else None."
+    r = have/rule
+    return f"{r:.1f}x" if r > SLACK else f"1/{1/r:.1f} of" if r < 1/SLACK else None
+
+def _size(x:float) -> str:
+    "A count as '1.32M', '3.93B' or '131k'."
+    return f"{x/1e9:.2f}B" if x >= 1e9 else f"{x/1e6:.2f}M" if x >= 1e6 else f"{x/1e3:.0f}k"
+
+# %% ../../nbs/05a_optim.ipynb #2d68db16
+def check_scaling(cfg, # the run's config
+                  world_size:int=1, # GPUs (processes) it trains on
+                  steps:int|None=None, # its optimizer steps (default: from the config, where it says)
+                 ) -> list[str]:
+    "A line for each of batch, lr and tokens more than `SLACK` off the scaling rules, with the rules' values."
+    m, tc, sc = cfg.model, cfg.train, cfg.train.sched
+    n, tps = count_params(m, embeddings=False), cfg.tokens_per_step*world_size
+    rule, b, out = scaling_rules(n, tps, m.n_embd), batch_rule(n), []
+    if off := _off(tps, b):
+        per = tc.batch_size*m.block_size*world_size  # tokens of one micro-step on every GPU
+        acc = max(1, round(b/per))
+        fix = (f"grad_accum={acc} gives {_size(acc*per)}" if _off(acc*per, b) is None else
+               f"batch_size={max(1, round(b/(m.block_size*world_size)))} grad_accum=1")
+        out.append(f"batch: {_size(tps)} tokens a step on {world_size} GPU(s) is {off} the rule's "
+                   f"~{_size(b)} for {_size(n)} parameters: {fix}")
+    if off := _off(tc.optim.lr, rule.lr):
+        out.append(f"lr: {tc.optim.lr:.2e} is {off} the rule's {rule.lr:.2e} for width {m.n_embd}: "
+                   f"lr={rule.lr:.2e}")
+    if steps is None and not (sc.epochs and not sc.token_budget): steps = total_steps(sc, tps)
+    if steps and (off := _off(steps*tps, rule.tokens)):
+        out.append(f"tokens: {_size(steps*tps)} ({steps*tps/n:.1f} a parameter) is {off} the rule's ~20 a "
+                   f"parameter ({_size(rule.tokens)}): token_budget={rule.tokens}")
+    return out

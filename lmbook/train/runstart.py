@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import pick_device, seed_everything
-from ..config import Config, apply_overrides, load_config_file, with_fp8
+from ..config import Config, apply_overrides, flat_config, load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, val_batches
@@ -37,7 +37,8 @@ from ..data.mixture import MixtureLoader, mixture_report
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
            'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
            'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
-           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'resolve_fp8', 'RunStart', 'run_start']
+           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'newest_state', 'keep_tokens_per_step',
+           'resolve_fp8', 'RunStart', 'run_start']
 
 # %% ../../nbs/05d_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -369,6 +370,39 @@ def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:In
         return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
     return fit_batch(cfg, info, log, init=init)
 
+# %% ../../nbs/05d_runstart.ipynb #f5f357bc
+def newest_state(ckpt_dir:Path) -> tuple[Path, dict]|None:
+    "(folder, state.json) of the newest checkpoint in `ckpt_dir` that has a readable state, else None."
+    for ck in list_checkpoints(ckpt_dir):
+        try: return ck, json.loads((ck/'state.json').read_text())
+        except (OSError, ValueError): continue  # damaged: the resume moves it aside and says so
+    return None
+
+def keep_tokens_per_step(cfg:Config, # the run's config
+                         run_dir:Path, # its run folder
+                         world_size:int, # processes this start trains with
+                         log:Callable|None=None, # where the line about a changed grad_accum goes
+                        ) -> Config:
+    "`cfg` resuming on another number of processes, `grad_accum` set to keep the checkpoint's tokens a step."
+    tc = cfg.train
+    found = newest_state(RunDir(run_dir).checkpoints) if tc.checkpoint.auto_resume else None
+    if not found or found[1].get('world_size', 1) == world_size: return cfg
+    (ck, st), old = found, flat_config(found[1].get('config', {}))
+    w0, b0, a0 = st.get('world_size', 1), old.get('batch_size'), old.get('grad_accum', 1)
+    # another micro-batch: the resume check refuses it; another accumulation asked for: it is recorded there
+    if b0 != tc.batch_size or (tc.grad_accum != a0 and tc.checkpoint.allow_config_change): return cfg
+    rows, tokens = a0*w0, a0*w0*b0*cfg.model.block_size
+    if rows % world_size:
+        raise ValueError(f"{ck.name} was trained at {tokens:,} tokens a step ({w0} process(es) x "
+                         f"grad_accum {a0} x batch_size {b0}); {world_size} processes cannot keep that: "
+                         f"resume on a number of processes that divides {rows} (such as {w0}), or set "
+                         "grad_accum with --allow-config-change (allow_config_change=true) to train at "
+                         "another number of tokens a step")
+    if rows//world_size == tc.grad_accum: return cfg
+    if log: log(f"note: {ck.name} was written by {w0} process(es), this run has {world_size}: grad_accum "
+                f"{tc.grad_accum} -> {rows//world_size} keeps {tokens:,} tokens a step")
+    return apply_overrides(cfg, dict(grad_accum=rows//world_size))
+
 # %% ../../nbs/05d_runstart.ipynb #f44edf11
 def resolve_fp8(cfg:Config, # the run's config
                 device:str, # where it trains
@@ -422,6 +456,7 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     prepared = _prepared(cfg, paths, info, init, log, examples)
     cfg = resolve_fp8(cfg, info.device, log if info.is_main else None)  # before the fit: fp8 frees memory
     if cfg.train.levers.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
+    cfg = keep_tokens_per_step(cfg, run_dir, info.world_size, log)  # resumed on another process count
     cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
     if prepared.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "

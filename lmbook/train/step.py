@@ -15,7 +15,7 @@ from ..config import Config
 from ..model.gpt import keep_apart
 from .optim import make_optimizer
 from ..model.levers import apply_act_ckpt, apply_fp8
-from ..distributed import DistInfo, grad_sync, unwrap, wrap_model
+from ..distributed import DistInfo, SHARDED, grad_sync, unwrap, wrap_model
 
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'autocast', 'resolve_compile', 'Trainable',
@@ -90,12 +90,12 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     apply_act_ckpt(model, lv.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(lv.compile, dev):
         keep_apart()  # the loss and 4-bit kernels stay outside the compiled graphs
-        if info.distributed and parallel == 'fsdp':
+        if info.distributed and parallel in SHARDED:
             for b in model.h: b.compile()
         else: model.compile()
     amp = resolve_dtype(lv.dtype, dev)
     wrapped = wrap_model(model, parallel, info, param_dtype=amp)
-    sharded = info.distributed and parallel == 'fsdp'
+    sharded = info.distributed and parallel in SHARDED
     opt = make_optimizer(wrapped, tc.optim, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
     return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.optim.grad_clip, info,
                      sharded, fp8)

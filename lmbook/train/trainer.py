@@ -33,15 +33,16 @@ from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
+__all__ = ['STOP_SIGNALS', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
            'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
            'log_step', 'save_if_due', 'run_steps', 'alert_started', 'alert_finished']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)  # each: checkpoint, then exit
+
 class StopFlag:
-    "Turns SIGTERM/SIGINT/SIGHUP into a flag while active (main thread only); restores the old handlers."
-    def __init__(self, sigs=(signal.SIGTERM, signal.SIGINT,
-                             signal.SIGHUP)): self.sigs, self.signum, self.old = sigs, 0, {}
+    "Turns the `STOP_SIGNALS` into a flag while active (main thread only); restores the old handlers."
+    def __init__(self, sigs=STOP_SIGNALS): self.sigs, self.signum, self.old = sigs, 0, {}
     def _handler(self, signum, frame): self.signum = signum
     @property
     def signal(self) -> str|None: return signal.Signals(self.signum).name if self.signum else None
