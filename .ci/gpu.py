@@ -322,9 +322,12 @@ def run_serve_api(row:Row, ws:Path, out:Path) -> dict:
     first = dict(max_tokens=48, temperature=0)
     ask = lambda **kw: post(base, 'completions', dict(first, **kw))
     with serving(row, ws, out) as base:
-        for first['prompt'] in ('Return the', 'The function', 'def f(x):', 'A list is'):
-            if len(whole := ask()['choices'][0]['text']) > 8: break  # a greedy answer long enough to cut
-        check(len(whole) > 8, f"short greedy answers only: {whole!r}")
+        # an answer long enough to cut: greedy where the tiny model gives one, else sampled with a seed
+        # (the same seed gives the same answer, so the cut must still match it)
+        for first['prompt'], sampled in [(p, s) for s in (None, 11) for p in ('Return the', 'The function')]:
+            if sampled: first.update(temperature=1.0, seed=sampled)
+            if len(whole := ask()['choices'][0]['text']) > 8: break
+        check(len(whole) > 8, f"short answers only, greedy and sampled: {whole!r}")
         stop = whole[len(whole)//2:len(whole)//2 + 2]
         cut = ask(stop=stop)['choices'][0]
         streamed = post(base, 'completions', dict(first, stop=stop, stream=True), stream=True)
