@@ -184,7 +184,7 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         gc.collect()
         if cuda: torch.cuda.empty_cache()
     try:
-        row['mem_est_gb'] = round(estimate_memory(cfg, world_size=world)['total_gb'], 3)
+        row['mem_est_gb'] = round(estimate_memory(cfg, world_size=world, nodes=info.nodes)['total_gb'], 3)
     except ImportError: pass
     return row
 
