@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
 # %% ../../nbs/05d_runstart.ipynb #534a0b58
 from __future__ import annotations
-import dataclasses, functools, gc, json, os, shutil, tempfile
+import dataclasses, functools, gc, json, os, shutil, tempfile, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,6 +32,8 @@ from .step import Trainable, is_oom, make_trainable, train_step
 from ..rundir import RunDir
 from ..data.loader import open_loader
 from ..data.mixture import MixtureLoader, mixture_report
+from .warmstart import FIT_CACHE, StartClock, cached_fit, card_name, fit_file, fit_key, save_fit
+from .warmstart import shared_cache
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
@@ -306,23 +308,26 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
               init:Init|None=None, # the run's `Init`
              ) -> bool:
     "Whether two optimizer steps of `cfg` run on every rank's GPU within `1 - headroom` of its memory."
-    dev, t, x = info.device, None, None
+    dev, t, xy = info.device, None, None
     try:
         t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info, init=init)
         x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1),
                           device=dev)
-        for _ in range(2): train_step(t, lambda: (x[:, :-1], x[:, 1:]), 0.0)
+        # contiguous, as the loader's batches are: the run's compilation then finds this trial's graphs cached
+        xy = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        for _ in range(2): train_step(t, lambda: xy, 0.0)
         ok = torch.cuda.max_memory_reserved(dev) <= (1 - headroom)*torch.cuda.mem_get_info(dev)[1]
     except Exception as e:
         if not is_oom(e): raise
         ok = False
     finally:
-        t = x = None
+        t = x = xy = None
         gc.collect()
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     return all_reduce(float(ok), 'min', dev) > 0
+
 
 # %% ../../nbs/05d_runstart.ipynb #df4d2572
 def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest micro-batch tried
@@ -331,6 +336,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
               fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
               init:Init|None=None, # the run's `Init` (for the trials)
               mem_gb:float|None=None, # a GPU's memory (default: this GPU's); None with `fits`: no estimate
+              seen:dict|None=None, # filled with what the trials found ('seen'), when they ran
              ) -> Config:
     "`cfg` with the largest micro-batch that fits the card, accumulation lowered to keep its tokens per step."
     tc, est = cfg.train, cfg.train.batch_size
@@ -349,25 +355,48 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
         return tried[b] is True
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
     said = lambda ok: ok if isinstance(ok, str) else 'fits' if ok else 'does not'
-    seen = ', '.join(f"{b} {said(ok)}" for b, ok in sorted(tried.items()))
+    text = ', '.join(f"{b} {said(ok)}" for b, ok in sorted(tried.items()))
+    if seen is not None: seen['seen'] = text
     if i < 0:
         log(f"batch_fit: no micro-batch from {tc.batch_size} up fits "
-            f"the card ({seen}); keeping batch_size {tc.batch_size}")
+            f"the card ({text}); keeping batch_size {tc.batch_size}")
         return cfg
     b, acc = choices[i]
-    log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
+    log(f"batch_fit: micro-batch {b} x accumulation {acc} ({text})")
     return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc))
 
+
 # %% ../../nbs/05d_runstart.ipynb #70f5e1c3
-def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
-    "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
+def fitted_config(cfg:Config, # the run's config, `fp8` resolved
+                  run_dir:Path, # its run folder: a resumed run keeps its first start's micro-batch
+                  info:DistInfo, # this process's place
+                  log:Callable, # where the line about the choice goes
+                  init:Init|None=None, # the run's `Init` (for the trials)
+                  cache:Path|None=None, # the workspace's `cache/_fit` (None: fit every time)
+                  fits:Callable[[Config], bool]|None=None, # trial of a config (default: on this GPU)
+                  card:str|None=None, # the card's name in the cache's key (default: `card_name` of the device)
+                 ) -> tuple[Config, str]:
+    "The config a `batch_fit` run trains, and how it was found: 'resumed', 'cached', 'fitted' or 'kept'."
     saved = RunDir(run_dir).config
     if cfg.train.checkpoint.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
         # the resume check explains
-        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg
-        return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
-    return fit_batch(cfg, info, log, init=init)
+        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg, 'resumed'
+        return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum)), 'resumed'
+    trials = fits is not None or info.device.startswith('cuda')
+    key = fit_key(cfg, info.world_size, card or card_name(info.device)) if cache and trials else None
+    hit = cached_fit(cache, key) if key and info.is_main else None
+    b = int(all_reduce(float(hit['batch_size']) if hit else 0.0, 'max'))  # every rank takes rank 0's word
+    if b:
+        acc = cfg.train.batch_size*cfg.train.grad_accum//b
+        log(f"batch_fit: micro-batch {b} x accumulation {acc}, as fitted for this card, torch and levers "
+            f"({fit_file(cache, key)}: delete it to fit again)")
+        return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc)), 'cached'
+    t0, seen = time.time(), {}
+    out = fit_batch(cfg, info, log, fits, init, seen=seen)
+    if key and 'seen' in seen and info.is_main: save_fit(cache, key, out, seen['seen'], time.time() - t0)
+    return out, 'fitted' if 'seen' in seen else 'kept'
+
 
 # %% ../../nbs/05d_runstart.ipynb #f44edf11
 def resolve_fp8(cfg:Config, # the run's config
@@ -416,12 +445,17 @@ def run_start(cfg:Config, # the run's config, as the user gave it
               log:Callable|None=None, # progress lines (rank 0)
               init:Init|None=None, # what its weights start from, already checked (None: found here)
               examples:list|None=None, # its fine-tuning examples, already read (None: read here)
+              clock:StartClock|None=None, # times each part ('data', 'fit', 'model', 'loaders')
              ) -> RunStart:
     "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
+    clock = clock or StartClock()
     cfg, init = resolve_init(cfg, paths, run_dir, init)
     prepared = _prepared(cfg, paths, info, init, log, examples)
+    clock.lap('data')
     cfg = resolve_fp8(cfg, info.device, log if info.is_main else None)  # before the fit: fp8 frees memory
-    if cfg.train.levers.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
+    if cfg.train.levers.batch_fit:
+        cfg, how = fitted_config(cfg, run_dir, info, log or print, init, shared_cache(paths, FIT_CACHE))
+        clock.lap('fit', how)
     cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
     if prepared.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
@@ -433,7 +467,10 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     t = build_trainable(cfg, info, init=init)
     if cfg.train.levers.doc_mask:
         t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
+    clock.lap('model')
     loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
     if log and isinstance(loader, MixtureLoader):  # what each source gives the run
         for line in mixture_report(loader, total*tps): log(line)
+    clock.lap('loaders')
     return RunStart(cfg, init, prepared, t, loader, val, total, tps, base)
+
