@@ -15,7 +15,8 @@ from ..core import pick_device, seed_everything
 from ..config import Config, apply_overrides, load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
-from ..data.loader import TokenLoader, prepare_data, val_batches
+from ..data.loader import TokenLoader, prepare_data, streams, val_batches
+from ..data.stream import nothing_more
 from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
 from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
@@ -39,7 +40,8 @@ from .warmstart import shared_cache
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
            'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
            'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
-           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'resolve_fp8', 'RunStart', 'run_start']
+           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'resolve_fp8', 'RunStart', 'data_need',
+           'run_start']
 
 # %% ../../nbs/05d_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -211,22 +213,37 @@ def prepare_run(cfg:Config, # the run's config
                 log:Callable|None=None, # where progress lines go
                 init:Init|None=None, # what its weights start from (None: found and checked here)
                 examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
+                need:int|None=None, # train windows the run reads (None: all of the corpus)
+                val_need:int=0, # validation windows it reads
+                background:bool=False, # tokenize the corpus while the run trains (`loader.prepare_data`)
+                follow:bool=False, # another process of the node prepares in the background
                ):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
     if init is None:
         init = find_init(cfg.train.finetune.init_from, paths.root)
         check_init(cfg, init)
-    # one data preparation of an experiment at a time
-    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
+    if follow: return prepare_data(cfg, paths, follow=True)
+    stream = background and streams(cfg) and not cfg.data.sft_data
+    # one data preparation of an experiment at a time (a background one holds the lock in its thread)
+    with data_lock(paths.cache, log):
+        if not stream: return _prepare_run(cfg, paths, init, log, examples, need, val_need)
+        if init.kind in ('lmbook', 'llama'): _init_tokenizer(init, paths)
+    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need, background=True)
 
-def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None):
-    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths)
+def _init_tokenizer(init:Init, paths):
+    "Copy the tokenizer an lmbook or Llama-family `init` was trained with into the run's tokenizer folder."
+    if init.kind == 'llama': return adopt_hf_tokenizer(init.path, paths.tokenizer)
+    return adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
+
+def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None, need:int|None=None,
+                 val_need:int=0):
+    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
     # every line checked before anything is written
     if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log,
                                                                        paths.hf_cache)
-    if init.kind == 'llama': tk = adopt_hf_tokenizer(init.path, paths.tokenizer)
-    else: tk = adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
-    return sft_data(cfg, paths, examples, tk) if cfg.data.sft_data else prepare_data(cfg, paths)
+    tk = _init_tokenizer(init, paths)
+    if cfg.data.sft_data: return sft_data(cfg, paths, examples, tk)
+    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
 
 def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     "The packed `SFTData` of `examples`, tokenized by the run's tokenizer `tk`."
@@ -235,6 +252,7 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
                    val[0].numel(), len(examples))
 
+
 # %% ../../nbs/05d_runstart.ipynb #80b99559
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
@@ -242,8 +260,13 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
                 sft_val_batches(*prepared.val, tc.batch_size, n_val, info.rank, info.world_size))
-    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
-            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size))
+    # tokens prepared for this run alone (a corpus stopped at what it reads) are read as they are
+    more = lambda d: prepared.more or nothing_more(d)
+    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed,
+                        more=more(prepared.train_tokens)),
+            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size,
+                        more=more(prepared.val_tokens)))
+
 
 # %% ../../nbs/05d_runstart.ipynb #078c711a
 def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[Config, Init]:
@@ -429,12 +452,24 @@ class RunStart:
         "Step -> learning rate over the whole run."
         return schedule_for(self.cfg.train.sched, self.cfg.train.optim.lr, self.total)
 
+def data_need(cfg:Config, world_size:int) -> tuple[int|None, int]:
+    "Train windows a run of `cfg` reads (None: its length is in epochs, so all of them) and validation windows."
+    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
+    tps = cfg.tokens_per_step*world_size
+    train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
+    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
+    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
+
 def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
-    "The run's data, prepared once per node by its local rank 0; the others then find it done."
+    "The run's data, prepared by each node's local rank 0 (one corpus: in the background); the others follow."
+    need, val_need = data_need(cfg, info.world_size)
+    stream = need is not None  # the other ranks then read what rank 0's background preparation writes
     barrier()
-    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples)
+    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples, need, val_need, stream)
     barrier()
-    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples)
+    follow = stream and streams(cfg) and not cfg.data.sft_data
+    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples, need, val_need,
+                                                    follow=follow)
     return prepared
 
 # %% ../../nbs/05d_runstart.ipynb #53304350

@@ -37,7 +37,7 @@ from ..core import env_var
 # %% auto #0
 __all__ = ['StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
            'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
-           'log_step', 'save_if_due', 'log_startup', 'run_steps', 'alert_started', 'alert_finished']
+           'log_step', 'save_if_due', 'log_startup', 'run_steps', 'alert_started', 'alert_finished', 'end_preparation']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 class StopFlag:
@@ -104,6 +104,7 @@ class Run:
     lock: RunLock|None = None    # the run folder's lock (rank 0)
     base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`runstart.lora_base`)
     clock: StartClock|None = None  # where this start's seconds went, until the end of its first step
+    prep: object = None          # the data preparation going on while it trains (`stream.Preparation`)
 
 # %% ../../nbs/05e_trainer.ipynb #e9bbe307
 def _quiet(*a, **k): pass
@@ -140,7 +141,8 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
         if lock: lock.release()
         raise
     return Run(s.cfg, run_dir, info, s.t, s.loader, val, tok, ckpt.tokenizer_ref(tok), s.total,
-               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base, clock)
+               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base, clock,
+               getattr(s.prepared, 'prep', None))
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
@@ -449,6 +451,13 @@ def alert_finished(r:Run, ck:Checkpointer, p:Progress, slog:StepLog, al:Alerts):
             best_step=ck.best_saved or None)
 
 # %% ../../nbs/05e_trainer.ipynb #7153aa42
+def end_preparation(r:Run, signum:int=0):
+    "Stop the data preparation at its next shard (it has finished unless the run stopped early); say if it failed."
+    if r.prep is None: return
+    # a run stopped by a signal does not wait long: the preparation resumes from its last whole shard
+    err = r.prep.close(5.0 if signum else None)
+    if err is not None: r.log(f"warning: the data preparation failed: {type(err).__name__}: {err}")
+
 def _best_line(ck:Checkpointer) -> str:
     "The run's last line about `best/`: where it is, or that its newest one was not written."
     head, folder = f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}", ck.dir/ckpt.BEST
@@ -486,6 +495,7 @@ def _train(r:Run, experiment:str, profile:str='') -> dict:
             if ck.best_step > 0: r.log(_best_line(ck))
         if not signum and p.step > start: alert_finished(r, ck, p, slog, al)
     finally:
+        end_preparation(r, signum)
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
         if mirror: mirror.close(0 if signum else cc.mirror_wait_s, RunDir(r.dir).mirror_left,
