@@ -12,14 +12,14 @@ from lmbook.data.tokenizer import token_dir
 from lmbook.rundir import RunDir
 from lmbook.runlock import request_stop
 import lmbook.data.stream as stream
+import lmbook.data.tokenizer as tokenizer
 import lmbook.train.trainer as trainer
 from conftest import rows
 
-# shards of 100 documents (a few thousand windows of 64 tokens in all); 220 steps of 8 windows read about
-# five of them
+# shards of 100 documents (about 190 train windows of 64 tokens each); 220 steps of 8 windows read about ten
 TINY = dict(vocab_size=512, batch_size=8, block_size=64, n_embd=32, n_head=2, n_layer=1, max_steps=220,
             warmup_steps=2, eval_every=55, eval_steps=2, log_every=1, ckpt_every=55, keep_ckpts=5,
-            tensorboard=False, schedule='wsd', decay_frac=0.0, deterministic=True)
+            tensorboard=False, schedule='wsd', decay_frac=0.0, deterministic=True, val_ratio=0.2)
 
 
 @pytest.fixture(scope='module')
@@ -31,12 +31,12 @@ def corpus(ws, tmp_path_factory):
 
 @pytest.fixture
 def held_back(monkeypatch):
-    """Token files after the first two wait until the run's first step is done, then come slowly: the run must
-    start without them, and a stop finds the preparation going on."""
+    """Train token files after the first two wait until the run's first step is done, then come slowly: the run
+    must start without them, and a stop finds the preparation going on."""
     started, orig_tok, orig_log = threading.Event(), stream.tokenize_split, trainer.log_startup
     def tokenize(shard_dir, tk, out_dir, **kw):
         m = read_manifest(out_dir) if Path(out_dir, 'manifest.json').is_file() else None
-        if m and len(m['files']) >= 2:
+        if Path(out_dir).name == 'train' and m and len(m['files']) >= 2:
             assert started.wait(60), "the run never started"
             time.sleep(0.1)
         return orig_tok(shard_dir, tk, out_dir, **kw)
@@ -45,8 +45,8 @@ def held_back(monkeypatch):
         started.set()
     monkeypatch.setattr(stream, 'tokenize_split', tokenize)
     monkeypatch.setattr(trainer, 'log_startup', log_startup)
-    monkeypatch.setenv('SHARD_LINES', '200')
-    monkeypatch.setattr(stream, 'BPE_BYTES', 30_000)  # the tokenizer made after the first shard or so
+    monkeypatch.setenv('SHARD_LINES', '100')
+    monkeypatch.setattr(tokenizer, 'BPE_BYTES', 30_000)  # the tokenizer made after the first shard or so
 
 
 def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
@@ -79,3 +79,20 @@ def test_trains_while_preparing_and_resumes_exactly(ws, corpus, held_back):
     prepare_data(cfg, paths_for('a', root=ws))
     assert read_manifest(tokens)['complete']
     assert losses(trainer.train(cfg, 'c', root=ws, log=lambda *a, **k: None)['run_dir']) == want
+
+
+def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
+    "Each source is sharded and tokenized only as far as its train tokens cover the run; a longer run goes on."
+    from lmbook.data.mixture import open_mixture, sources_dir
+    monkeypatch.setenv('SHARD_LINES', '100')
+    cfg = get_config('smoke', dict(sources=f'builtin:0.5,corpus:{corpus}:0.5', vocab_size=512, block_size=64))
+    paths, said = paths_for('mix', root=tmp_path), []
+    short = prepare_data(cfg, paths, log=said.append, need=300)  # 300 windows: 19,200 tokens
+    srcs, _ = open_mixture(short.train_tokens)
+    shards = [read_manifest(p) for p in sources_dir(paths).glob('*/shards/train')]
+    assert len(shards) == 2 and all(not m['complete'] and len(m['shards']) <= 2 for m in shards)  # of 74 and 25
+    assert all(s.n_tokens >= 300*64 for s in srcs) and sum('cover the' in l for l in said) == 2
+    longer = prepare_data(cfg, paths, need=3000)
+    assert [s.n_tokens for s in open_mixture(longer.train_tokens)[0]] > [s.n_tokens for s in srcs]
+    # the short run's data is a prefix of the longer one's: each source's first files
+    assert all(s.n_tokens >= 3000*64 for s in open_mixture(longer.train_tokens)[0])

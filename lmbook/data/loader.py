@@ -350,7 +350,8 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
     _check_tokenizer(cfg, paths, tokenizer_json)
     if mixture_of(d):  # each source sharded and tokenized once, in the cache experiments share
-        tk, ms = prepare_mixture(cfg, paths, progress, tokenizer_json)
+        tk, ms = prepare_mixture(cfg, paths, progress, tokenizer_json, log,
+                                 None if need is None else need*cfg.model.block_size)
         return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
                             tk.vocab_size, tk.eot_id, ms['train']['tokens'], ms['val']['tokens'])
     prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json, progress)

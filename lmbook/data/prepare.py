@@ -15,9 +15,9 @@ from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local
 from ..core import env_var, process_env
 
 # %% auto #0
-__all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs',
-           'source_kind', 'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'claim_folder', 'shard_size',
-           'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
+__all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'RAMP', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs',
+           'hf_docs', 'source_kind', 'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'claim_folder',
+           'shard_size', 'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
 
 # %% ../../nbs/02b_prepare.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -154,6 +154,8 @@ def _route_val(i:int, seed:int, ratio:float) -> bool:
     return int.from_bytes(h, 'little') < ratio*2**64
 
 # %% ../../nbs/02b_prepare.ipynb #2d656cb3
+RAMP = 1000  # documents in the first shard of a corpus sharded with a ramp; each next shard holds twice as many
+
 def shard_size(k:int, # the shard's number in its split
                lines:int, # lines a shard holds (`lines_per_shard`)
                ramp:int=0, # lines of the first shard, doubled from one to the next up to `lines` (0: none)
