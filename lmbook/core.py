@@ -120,6 +120,7 @@ ENV = {  # every environment variable lmbook reads -> what it means
     'XDG_CACHE_HOME': "the user's cache folder, where the default hub cache lives",
     'AWS_ENDPOINT_URL': "the S3 endpoint of a checkpoint mirror at s3://",
     'PYTORCH_CUDA_ALLOC_CONF': "PyTorch's CUDA allocator settings, recorded by benchmarks",
+    'TORCHINDUCTOR_CACHE_DIR': "torch.compile's caches (a run's default: the workspace's cache/_compile)",
     'JPY_PARENT_PID': "the process that started a Jupyter kernel (papermill or a notebook server)",
     'JPY_SESSION_NAME': "set by JupyterLab for a notebook a person has open",
     'PATH': "where `runpodctl` is looked for on a pod",

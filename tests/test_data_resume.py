@@ -167,8 +167,8 @@ def test_many_files_resume_and_coverage(tmp_path):
 
 
 def test_tokenize_trails_an_unfinished_sharder(tmp_path):
-    """Token files can be made from the shards listed so far (not complete until the shards are); once sharding
-    finishes, a rerun adds only the new ones."""
+    """Token files can be made from the shards listed so far (not complete until the shards are); once
+    sharding finishes, a rerun adds only the new ones."""
     docs = list(__import__('itertools').islice(builtin_docs(), 500))
     def interrupted():
         yield from docs[:330]

@@ -49,7 +49,7 @@ def test_muon_two_processes_match_one(ws, single, parallel):
 
 @pytest.mark.parametrize('batch', [1 << 27, 200])  # all of a shape in one batch; at most one or two a batch
 def test_batched_step_equals_matrix_by_matrix(batch, monkeypatch):
-    "Muon's step (momentum for all at once, same-shape matrices orthogonalised in batches) equals the plain one."
+    "Muon's step (momentum for all at once, same-shape matrices orthogonalised in batches) is the plain one."
     import torch
     import lmbook.train.optim as optim
     monkeypatch.setattr(optim, 'MUON_BATCH', batch)

@@ -1,5 +1,5 @@
-"""Training while the data is prepared: the run starts before the last shard is tokenized, reads the same batches
-as on data prepared beforehand, prepares only what it reads, and resumes exactly."""
+"""Training while the data is prepared: the run starts before the last shard is tokenized, reads the same
+batches as on data prepared beforehand, prepares only what it reads, and resumes exactly."""
 import itertools, json, threading, time
 from pathlib import Path
 import pytest
@@ -25,14 +25,15 @@ TINY = dict(vocab_size=512, batch_size=8, block_size=64, n_embd=32, n_head=2, n_
 @pytest.fixture(scope='module')
 def corpus(ws, tmp_path_factory):
     p = tmp_path_factory.mktemp('corpus')/'docs.jsonl'
-    p.write_text(''.join(json.dumps(dict(text=t)) + '\n' for t in itertools.islice(builtin_docs(), 100, 2600)))
+    docs = itertools.islice(builtin_docs(), 100, 2600)  # past pydoc's long topics
+    p.write_text(''.join(json.dumps(dict(text=t)) + '\n' for t in docs))
     return p
 
 
 @pytest.fixture
 def held_back(monkeypatch):
-    """Train token files after the first two wait until the run's first step is done, then come slowly: the run
-    must start without them, and a stop finds the preparation going on."""
+    """Train token files after the first two wait until the run's first step is done, then come slowly: the
+    run must start without them, and a stop finds the preparation going on."""
     started, orig_tok, orig_log = threading.Event(), stream.tokenize_split, trainer.log_startup
     def tokenize(shard_dir, tk, out_dir, **kw):
         m = read_manifest(out_dir) if Path(out_dir, 'manifest.json').is_file() else None
@@ -56,7 +57,7 @@ def test_trains_while_preparing_and_resumes_exactly(ws, corpus, held_back):
     cfg = get_config('smoke', dict(TINY, dataset=str(corpus)))
     tokens = Path(ws)/'cache'/'shared'/'tokens'/'train'
     asked = []
-    def stop_midway(line, *a, **k):  # once a held-back file is there: the preparation goes on as the run stops
+    def stop_midway(line, *a, **k):  # once a held-back file is there: the run stops mid-preparation
         m = read_manifest(tokens) if (tokens/'manifest.json').is_file() else {}
         if str(line).startswith('step ') and len(m.get('files', [])) >= 3 and not asked:
             asked.append(request_stop(Path(ws)/'runs'/'b'))
@@ -82,7 +83,7 @@ def test_trains_while_preparing_and_resumes_exactly(ws, corpus, held_back):
 
 
 def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
-    "Each source is sharded and tokenized only as far as its train tokens cover the run; a longer run goes on."
+    "Each source is sharded and tokenized only until its train tokens cover the run; a longer run goes on."
     from lmbook.data.mixture import open_mixture, sources_dir
     monkeypatch.setenv('SHARD_LINES', '100')
     cfg = get_config('smoke', dict(sources=f'builtin:0.5,corpus:{corpus}:0.5', vocab_size=512, block_size=64))
@@ -90,7 +91,8 @@ def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
     short = prepare_data(cfg, paths, log=said.append, need=300)  # 300 windows: 19,200 tokens
     srcs, _ = open_mixture(short.train_tokens)
     shards = [read_manifest(p) for p in sources_dir(paths).glob('*/shards/train')]
-    assert len(shards) == 2 and all(not m['complete'] and len(m['shards']) <= 2 for m in shards)  # of 74 and 25
+    # at most two of the 74 and 25 shards of 100 documents
+    assert len(shards) == 2 and all(not m['complete'] and len(m['shards']) <= 2 for m in shards)
     assert all(s.n_tokens >= 300*64 for s in srcs) and sum('cover the' in l for l in said) == 2
     longer = prepare_data(cfg, paths, need=3000)
     assert [s.n_tokens for s in open_mixture(longer.train_tokens)[0]] > [s.n_tokens for s in srcs]

@@ -30,15 +30,15 @@ __all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_t
 def manifest_files(token_dir:Path, # a folder of token files
                    partial:bool=False, # a folder still being prepared: no manifest yet, or an unfinished one
                   ) -> tuple[list[tuple[Path, int]], bool]:
-    "(path, token count) of the token files `token_dir`'s manifest lists, checked, and whether it is complete."
+    "(path, token count) of the token files `token_dir`'s manifest lists, checked; whether it is complete."
     token_dir = Path(token_dir)
     m = read_manifest(token_dir) if token_dir.is_dir() else None  # read once: a writer may replace it
     if m is None and partial: return [], False
     if m is None or m.get('format') != 'lmbook-tokens':
         raise FileNotFoundError(f"{token_dir} has no token manifest: run `lmbook tokenize` first")
     if not (partial or m.get('complete')):
-        raise ValueError(f"{token_dir} is only partly tokenized (its preparation was interrupted, or stopped at "
-                         "what a run reads): run `lmbook prepare`, or the training command, again")
+        raise ValueError(f"{token_dir} is only partly tokenized (its preparation was interrupted, or "
+                         "stopped at what a run reads): run `lmbook prepare`, or the training command, again")
     out = []
     for f in m['files']:
         h = read_header(token_dir/f['name'])
@@ -158,6 +158,7 @@ def wait_for(self:TokenLoader, windows:int):
                              f"than the {windows:,} asked for: run `lmbook prepare` again")
         if not self.refresh(): self.more()
 
+# %% ../../nbs/02d_loader.ipynb #ec39c719
 @patch
 def state_dict(self:TokenLoader) -> dict:
     "Where the loader is: plain ints and strings."
@@ -172,7 +173,7 @@ def load_state_dict(self:TokenLoader, d:dict):
     if whole: self.wait_for(np.iinfo(np.int64).max)  # saved from complete data: all of it is needed
     names = [p.name for p, _ in self.files]
     if whole: same = names == old and d.get('n_tokens') == self.n_tokens
-    else: same = names[:len(old)] == old[:len(names)]  # saved while it was being prepared: one list begins the other
+    else: same = names[:len(old)] == old[:len(names)]  # saved mid-preparation: one list begins the other
     if d.get('block_size') != self.T or not same:
         raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size "
                          f"{d.get('block_size')}) than {self.token_dir} ({self.n_tokens} tokens, block_size "
@@ -282,9 +283,9 @@ class PreparedData:
     eot_id: int           # id of <|endoftext|>
     n_train_tokens: int   # tokens in the train split (so far, while it is being prepared)
     n_val_tokens: int     # tokens in the validation split (so far)
-    # a preparation going on: what a loader short of windows calls to wait for them (`stream.Preparation.more`)
+    # a preparation going on: what a loader short of windows calls to wait (`stream.Preparation.more`)
     more: Callable[[], None]|None = field(default=None, repr=False, compare=False)
-    prep: Preparation|None = field(default=None, repr=False, compare=False)  # that preparation, on its process
+    prep: Preparation|None = field(default=None, repr=False, compare=False)  # that preparation (its process)
 
 
 # %% ../../nbs/02d_loader.ipynb #ee034453
@@ -304,7 +305,7 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
                         ms['train']['tokens'], ms['val']['tokens'])
 
 def streams(cfg) -> bool:
-    "Whether `cfg`'s data can be prepared while a run trains: one corpus to shard, not a mixture or nanoGPT files."
+    "Whether `cfg`'s data can be prepared while a run trains: one corpus to shard (no mixture, no .bin)."
     return bin_dir(cfg.data.dataset) is None and not mixture_of(cfg.data)
 
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
@@ -321,7 +322,8 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
         prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json).start()
         return _data(paths, prep.wait_tokenizer(), prep.more, prep)
     # one preparation at a time
-    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
+    with data_lock(paths.cache, log):
+        return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
 
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
@@ -341,8 +343,8 @@ def _data(paths, tk, more=None, prep=None) -> PreparedData:
     "The `PreparedData` of `paths`' token folders as they are now, tokenized by `tk`."
     n = lambda k: sum(f['tokens'] for f in (read_manifest(token_dir(paths, k)) or {}).get('files', [])
                       ) if token_dir(paths, k).is_dir() else 0
-    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'), tk.vocab_size,
-                        tk.eot_id, n('train'), n('val'), more, prep)
+    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
+                        tk.vocab_size, tk.eot_id, n('train'), n('val'), more, prep)
 
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=None, val_need:int=0,
              log=None) -> PreparedData:

@@ -432,6 +432,7 @@ def _source_files(s:Source, d:DataConfig, tk:Tokenizer, folder:Path, lines:int, 
     vm = read_manifest(Path(folder)/'shards'/'val')
     return k, max(1, sum(v['source_end'] <= end for v in vm['shards']))
 
+# %% ../../nbs/02ca_mixture.ipynb #adacf851
 def prepare_mixture(cfg:Config, paths, progress:bool=False, tokenizer_json:Path|None=None,
                     log=None,
                     need:int|None=None, # train tokens a run reads (None: every source whole)
@@ -443,8 +444,9 @@ def prepare_mixture(cfg:Config, paths, progress:bool=False, tokenizer_json:Path|
     made = (Path(paths.tokenizer)/'tokenizer.json').is_file() or tokenizer_json or d.tokenizer
     for s in text:  # with a budget: the source's share of the tokenizer's text first (or a shard)
         share = 0 if made else sample*s.weight/sum(t.weight for t in text)
+        enough = lambda m, c=share: m.get('chars', 0) >= c and m['shards'] != []
         _shard_source(s, d, folders[s.name], lines, paths.hf_cache, progress, log,
-                      None if need is None else lambda m, c=share: m.get('chars', 0) >= c and bool(m['shards']))
+                      None if need is None else enough)
     tk = mixture_tokenizer(cfg, paths, srcs, folders, tokenizer_json, sample)
     # with a budget, each source as far as its train tokens cover the run alone: no weight repeats it
     files = {s.name: _source_files(s, d, tk, folders[s.name], lines, need, paths.hf_cache, progress, log)

@@ -154,7 +154,7 @@ def _route_val(i:int, seed:int, ratio:float) -> bool:
     return int.from_bytes(h, 'little') < ratio*2**64
 
 # %% ../../nbs/02b_prepare.ipynb #2d656cb3
-RAMP = 1000  # documents in the first shard of a corpus sharded with a ramp; each next shard holds twice as many
+RAMP = 1000  # documents in the first shard of a corpus sharded with a ramp; each next one holds twice as many
 
 def shard_size(k:int, # the shard's number in its split
                lines:int, # lines a shard holds (`lines_per_shard`)
@@ -163,6 +163,7 @@ def shard_size(k:int, # the shard's number in its split
     "The lines of shard `k`: `lines`, or with a ramp `ramp` doubled `k` times, up to `lines`."
     return min(lines, ramp << min(k, 62)) if ramp else lines
 
+# %% ../../nbs/02b_prepare.ipynb #4ab56bc8
 class _ShardWriter:
     "Writes one split's shards into `folder` and keeps its manifest."
     def __init__(self, folder:Path, m:dict, lines_per_shard:int, gz:bool):
@@ -207,7 +208,7 @@ class _ShardWriter:
 
 # %% ../../nbs/02b_prepare.ipynb #2825a246
 def _totals(shards) -> dict:
-    "Documents, lines, bytes and characters of `shards` (a shard written before characters were counted: its bytes)."
+    "Documents, lines, bytes and characters of `shards` (a shard made before characters were counted: bytes)."
     return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
                 bytes=sum(s['bytes'] for s in shards), chars=sum(s.get('chars', s['bytes']) for s in shards))
 
@@ -331,7 +332,7 @@ def _close_shards(ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, i:int, fi
 # %% ../../nbs/02b_prepare.ipynb #ee16dff2
 def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, pos:int,
                 args:dict, on_shard=None) -> tuple[int, bool]:
-    "Write `docs` to their splits' shards, all splits closing together; (source position, stopped by `on_shard`)."
+    "Write `docs` to their splits' shards, all closing together; (position, stopped by `on_shard`)."
     i = pos
     try:
         for doc in docs:

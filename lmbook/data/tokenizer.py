@@ -59,10 +59,10 @@ def new_bpe():
     tok.decoder = decoders.ByteLevel()
     return tok
 
-# characters a corpus's own BPE trains on, at most: on a FineWeb-like corpus at 32,768 tokens, 20 MB, 50 MB and
+# characters a corpus's own BPE trains on, at most: on a FineWeb-like corpus at 32,768 tokens, 20, 50 and
 # 100 MB gave 3.410, 3.418 and 3.423 bytes a token on held-out text; 100 MB trains in 26 s on two cores
 BPE_BYTES = 100_000_000
-CHARS_PER_TOKEN = 4  # an upper estimate of a BPE token's characters, to size its sample from the tokens a run reads
+CHARS_PER_TOKEN = 4  # an upper estimate of a BPE token's characters, to size its sample from a run's tokens
 
 def bpe_sample(need_tokens:int|None) -> int:
     "Characters a BPE trains on: `BPE_BYTES`, or fewer when the run reads fewer tokens (`need_tokens`)."
@@ -429,7 +429,7 @@ def tokenize_split(shard_dir:Path,             # folder of text shards with thei
         m.update(files=list(files), complete=False)
         write_manifest(out_dir, m)
     if bar is not None: bar.close()
-    # complete once the shards are: an unfinished sharding (a run's preparation, stopped at what it needs) goes on
+    # complete once the shards are: an unfinished sharding (a run's, stopped at what it needs) goes on later
     end = dict(files=files, tokens=sum(f['tokens'] for f in files), docs=sum(f['docs'] for f in files),
                complete=bool(sm.get('complete')) and len(files) == len(sm['shards']))
     if any(m.get(k) != v for k, v in end.items()):

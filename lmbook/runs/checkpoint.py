@@ -380,10 +380,11 @@ def start_shards(ckpt_dir:Path, step:int, snap:dict, keep:int=2, name:str|None=N
     if all_reduce(float(err is not None), 'max') == 0: return None
     return err or CheckpointSpaceError(f"no space for checkpoint {name or ckpt_name(step)} in {ckpt_dir}")
 
-OPTIM_FILES, OPTIM_FILE_BYTES = 4, 1 << 30  # a full checkpoint's optimizer state: up to 4 files, 1 GiB or more
+# %% ../../nbs/04b_checkpoint.ipynb #cffc6828
+OPTIM_FILES, OPTIM_FILE_BYTES = 4, 1 << 30  # a full checkpoint's optimizer state: up to 4 files of 1 GiB+
 
 def _write_full(tmp:Path, snap:dict) -> dict:
-    "Write a full snapshot's weights and optimizer state into `tmp`, all at once; each file's size and sha256."
+    "Write a full snapshot's weights and optimizer state into `tmp` all at once; each file's size and sha256."
     weights, aliases = dedupe(snap['model'])
     files = {tmp/'model.safetensors': (weights, dict(aliases=json.dumps(aliases)))}
     if snap['optim'] is not None:
@@ -542,6 +543,7 @@ def load_weights(path:Path) -> dict[str, torch.Tensor]:
     for alias, key in aliases.items(): sd[alias] = sd[key]
     return sd
 
+# %% ../../nbs/04b_checkpoint.ipynb #5f8484f6
 def read_optim(path:Path) -> dict|None:
     "The optimizer state of full checkpoint `path`: its `optim-*.safetensors`, or an older one's `optim.pt`."
     path = Path(path)

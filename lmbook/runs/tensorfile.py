@@ -55,6 +55,7 @@ def _pwrite(fd:int, b:memoryview, at:int):
         n = os.pwrite(fd, b, at)
         b, at = b[n:], at + n
 
+# %% ../../nbs/04ab_tensorfile.ipynb #65c88790
 def write_files(files:dict[Path, tuple[dict, dict|None]], # path -> (tensors, metadata) of each file
                 threads:int=8, # writers for all the files' chunks
                ) -> dict[Path, dict]:

@@ -230,6 +230,7 @@ def prepare_run(cfg:Config, # the run's config
         if init.kind in ('lmbook', 'llama'): _init_tokenizer(init, paths)
     return prepare_data(cfg, paths, log=log, need=need, val_need=val_need, background=True)
 
+# %% ../../nbs/05d_runstart.ipynb #6c7fa639
 def _init_tokenizer(init:Init, paths):
     "Copy the tokenizer an lmbook or Llama-family `init` was trained with into the run's tokenizer folder."
     if init.kind == 'llama': return adopt_hf_tokenizer(init.path, paths.tokenizer)
@@ -397,7 +398,7 @@ def fitted_config(cfg:Config, # the run's config, `fp8` resolved
                   init:Init|None=None, # the run's `Init` (for the trials)
                   cache:Path|None=None, # the workspace's `cache/_fit` (None: fit every time)
                   fits:Callable[[Config], bool]|None=None, # trial of a config (default: on this GPU)
-                  card:str|None=None, # the card's name in the cache's key (default: `card_name` of the device)
+                  card:str|None=None, # the card in the cache's key (default: `card_name` of the device)
                  ) -> tuple[Config, str]:
     "The config a `batch_fit` run trains, and how it was found: 'resumed', 'cached', 'fitted' or 'kept'."
     saved = RunDir(run_dir).config
@@ -453,7 +454,7 @@ class RunStart:
         return schedule_for(self.cfg.train.sched, self.cfg.train.optim.lr, self.total)
 
 def data_need(cfg:Config, world_size:int) -> tuple[int|None, int]:
-    "Train windows a run of `cfg` reads (None: its length is in epochs, so all of them) and validation windows."
+    "Train windows a run of `cfg` reads (None: its length is in epochs: all of them), and validation windows."
     sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
     tps = cfg.tokens_per_step*world_size
     train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T

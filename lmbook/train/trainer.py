@@ -452,7 +452,7 @@ def alert_finished(r:Run, ck:Checkpointer, p:Progress, slog:StepLog, al:Alerts):
 
 # %% ../../nbs/05e_trainer.ipynb #7153aa42
 def end_preparation(r:Run, signum:int=0):
-    "Stop the data preparation at its next shard (it has finished unless the run stopped early); say if it failed."
+    "Stop the data preparation at its next shard (done unless the run stopped early); say if it failed."
     if r.prep is None: return
     # a run stopped by a signal does not wait long: the preparation resumes from its last whole shard
     err = r.prep.close(5.0 if signum else None)

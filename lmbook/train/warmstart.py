@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 import torch
 from ..config import Config
+from ..core import env_var, process_env
 from ..data.mixture import sources_dir
 
 # %% auto #0
@@ -34,8 +35,8 @@ def use_compile_cache(paths, # the run's `Paths`
                       env:dict|None=None, # the environment to set (default: this process's)
                      ) -> Path:
     "Point torch.compile's caches at the workspace's `cache/_compile`, unless TORCHINDUCTOR_CACHE_DIR is set."
-    env = os.environ if env is None else env
-    have = env.get('TORCHINDUCTOR_CACHE_DIR')
+    env = process_env(env)  # set in it too: torch reads it when it first compiles
+    have = env_var('TORCHINDUCTOR_CACHE_DIR', env=env)
     if have and have != _OURS.get(id(env)): return Path(have)  # the user's choice
     folder = shared_cache(paths, COMPILE_CACHE)
     folder.mkdir(parents=True, exist_ok=True)
@@ -61,9 +62,10 @@ def fit_key(cfg:Config, # the run's config, `fp8` resolved, before the fit
             card:str, # `card_name` of the GPU
             versions:dict|None=None, # `software()` (default: this process's)
            ) -> dict:
-    "What the micro-batch fit's answer depends on: model, levers, tokens a step, processes, card and software."
+    "What the micro-batch fit's answer depends on: model, levers, tokens a step, processes, card, software."
     tc = cfg.train
-    return dict(model=asdict(cfg.model), levers={k: v for k, v in asdict(tc.levers).items() if k != 'batch_fit'},
+    levers = {k: v for k, v in asdict(tc.levers).items() if k != 'batch_fit'}
+    return dict(model=asdict(cfg.model), levers=levers,
                 optimizer=tc.optim.optimizer, batch_size=tc.batch_size, grad_accum=tc.grad_accum,
                 world_size=world_size, parallel=tc.parallel if world_size > 1 else 'none',
                 finetune={k: getattr(tc.finetune, k) for k in ('lora_rank', 'lora_targets', 'quant')},
