@@ -82,8 +82,11 @@ def test_pickle_payload_refused(ws):
     if os.path.exists(PWNED): os.remove(PWNED)
     train(get_config('smoke', {**TINY, 'max_steps': 8}), 'pickle', root=ws, log=quiet([]))
     d = Path(ws)/'runs'/'pickle'/'checkpoints'/'step_00000008'
-    torch.save({'state': Payload()}, d/'optim.pt')
     man = json.loads((d/'COMPLETE').read_text())  # the attacker also fixes the manifest
+    for f in d.glob('optim-*.safetensors'):  # as written before: the optimizer state in optim.pt
+        f.unlink()
+        del man['files'][f.name]
+    torch.save({'state': Payload()}, d/'optim.pt')
     man['files']['optim.pt'] = dict(size=(d/'optim.pt').stat().st_size, sha256=sha256_file(d/'optim.pt'))
     (d/'COMPLETE').write_text(json.dumps(man))
     log = []

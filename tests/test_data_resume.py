@@ -167,8 +167,8 @@ def test_many_files_resume_and_coverage(tmp_path):
 
 
 def test_tokenize_trails_an_unfinished_sharder(tmp_path):
-    """Token files can be made from the shards listed so far; once sharding finishes, a rerun adds only the
-    new ones."""
+    """Token files can be made from the shards listed so far (not complete until the shards are); once
+    sharding finishes, a rerun adds only the new ones."""
     docs = list(__import__('itertools').islice(builtin_docs(), 500))
     def interrupted():
         yield from docs[:330]
@@ -177,9 +177,10 @@ def test_tokenize_trails_an_unfinished_sharder(tmp_path):
         shard_corpus(tmp_path/'train', mode='prod', take=500, lines_per_shard=100, docs=interrupted())
     tk = ensure_tokenizer(tmp_path/'tok', tmp_path/'train', vocab_size=300)
     first = tokenize_split(tmp_path/'train', tk, tmp_path/'tokens')
-    assert first['docs'] == 300 and first['complete']
+    assert first['docs'] == 300 and not first['complete']
     mtime = (tmp_path/'tokens'/'shard_00000.bin').stat().st_mtime_ns
     shard_corpus(tmp_path/'train', mode='prod', take=500, lines_per_shard=100)
     full = tokenize_split(tmp_path/'train', tk, tmp_path/'tokens')
     assert full['docs'] == 500 and len(full['files']) == 5 and full['files'][:3] == first['files']
+    assert full['complete']
     assert (tmp_path/'tokens'/'shard_00000.bin').stat().st_mtime_ns == mtime

@@ -127,7 +127,7 @@ def test_disk_full_is_one_line(ws, monkeypatch):
     assert '\n' not in msg and str(ck) in msg and 'keep_ckpts=2 needs about' in msg and 'GB' in msg, msg
     monkeypatch.undo()
     def enospc(*a, **k): raise OSError(errno.ENOSPC, 'No space left on device')
-    monkeypatch.setattr(ckpt_mod, 'save_file', enospc)
+    monkeypatch.setattr(ckpt_mod.os, 'pwrite', enospc)  # the checkpoint's writers (`runs.tensorfile`) hit it
     with pytest.raises(CheckpointSpaceError, match='no space for checkpoint step_00000012'):
         train(cfg(max_steps=12), 'full', root=ws, log=quiet([]))
     assert ([p.name for p in list_checkpoints(ck)] == ['step_00000008', 'step_00000004']

@@ -45,3 +45,24 @@ def test_muon_two_processes_match_one(ws, single, parallel):
     got = losses(Path(ws)/'runs'/f'muon-{parallel}')
     assert sorted(got) == sorted(single) == list(range(1, 13))
     for s in got: assert abs(got[s] - single[s]) < 1e-4*abs(single[s]), (s, got[s], single[s])
+
+
+@pytest.mark.parametrize('batch', [1 << 27, 200])  # all of a shape in one batch; at most one or two a batch
+def test_batched_step_equals_matrix_by_matrix(batch, monkeypatch):
+    "Muon's step (momentum for all at once, same-shape matrices orthogonalised in batches) is the plain one."
+    import torch
+    import lmbook.train.optim as optim
+    monkeypatch.setattr(optim, 'MUON_BATCH', batch)
+    torch.manual_seed(0)
+    shapes = [(16, 8)]*5 + [(8, 16)]*3 + [(12, 12)]*2
+    ps = [torch.nn.Parameter(torch.randn(*s)) for s in shapes]
+    ref, bufs = [p.detach().clone() for p in ps], [torch.zeros(s) for s in shapes]
+    opt = optim.Muon([dict(params=ps, muon=True, lr_scale=1.0, weight_decay=0.0)], lr=0.02, momentum=0.95)
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for p, gr in zip(ps, grads): p.grad = gr.clone()
+        opt.step()
+        for r, b, gr in zip(ref, bufs, grads):  # one matrix at a time, as Muon is written down
+            b.lerp_(gr, 1 - 0.95)
+            r.add_(optim.orthogonalize(gr.lerp(b, 0.95))*max(1, r.shape[0]/r.shape[1])**0.5, alpha=-0.02)
+    for p, r in zip(ps, ref): torch.testing.assert_close(p.detach(), r, rtol=1e-5, atol=1e-6)

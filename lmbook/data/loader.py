@@ -6,39 +6,51 @@ Docs: https://lmbook.github.io/lmbook/loader.html.md"""
 
 # %% ../../nbs/02d_loader.ipynb #549b2c4f
 from __future__ import annotations
-import os, sys
-from dataclasses import dataclass
+import os, sys, time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 import numpy as np
 import torch
+from fastcore.basics import patch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
 from ..config import get_config, mixture_of, parse_assignments
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER
-from .tokenizer import MAGIC, SPECIAL_TOKENS, VERSION, hub_tokenizer_json, write_tokens
+from .tokenizer import MAGIC, SPECIAL_TOKENS, VERSION, hub_tokenizer_json, load_tokenizer, write_tokens
+from .stream import Preparation
 from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixture, prepare_mixture
 
 # %% auto #0
-__all__ = ['BIN_FILES', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader', 'bin_dir', 'import_bin',
-           'PreparedData', 'prepare_data', 'data_status', 'add_cli']
+__all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
+           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'data_status', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
-def token_files(token_dir:Path) -> list[tuple[Path, int]]:
-    "(path, token count) of every token file in `token_dir`, checked against its manifest."
+def manifest_files(token_dir:Path, # a folder of token files
+                   partial:bool=False, # a folder still being prepared: no manifest yet, or an unfinished one
+                  ) -> tuple[list[tuple[Path, int]], bool]:
+    "(path, token count) of the token files `token_dir`'s manifest lists, checked; whether it is complete."
     token_dir = Path(token_dir)
-    m = read_manifest(token_dir)
+    m = read_manifest(token_dir) if token_dir.is_dir() else None  # read once: a writer may replace it
+    if m is None and partial: return [], False
     if m is None or m.get('format') != 'lmbook-tokens':
         raise FileNotFoundError(f"{token_dir} has no token manifest: run `lmbook tokenize` first")
-    if not m.get('complete'): raise ValueError(f"{token_dir} is only partly tokenized: run `lmbook "
-                                               "tokenize` again to finish it")
+    if not (partial or m.get('complete')):
+        raise ValueError(f"{token_dir} is only partly tokenized (its preparation was interrupted, or "
+                         "stopped at what a run reads): run `lmbook prepare`, or the training command, again")
     out = []
     for f in m['files']:
         h = read_header(token_dir/f['name'])
         if h['tokens'] != f['tokens']: raise ValueError(f"{token_dir/f['name']} holds {h['tokens']} tokens, "
                                                         f"its manifest says {f['tokens']}: tokenize again")
         out.append((token_dir/f['name'], f['tokens']))
-    return out
+    return out, bool(m.get('complete'))
+
+def token_files(token_dir:Path) -> list[tuple[Path, int]]:
+    "(path, token count) of every token file in `token_dir`, checked against its manifest, which is complete."
+    return manifest_files(token_dir)[0]
+
 
 # %% ../../nbs/02d_loader.ipynb #2f9c732f
 class TokenLoader:
@@ -49,30 +61,36 @@ class TokenLoader:
                  rank:int=0,           # this process's rank
                  world_size:int=1,     # number of ranks sharing the data
                  seed:int=0,           # seed of the epoch orders
-                 shuffle:bool=True):   # False: windows in file order, the same every epoch
+                 shuffle:bool=True,    # False: windows in file order, the same every epoch
+                 # a folder still being prepared: called to wait for more files (None: it must be complete)
+                 more:Callable[[], None]|None=None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.token_dir, self.B, self.T, self.rank, self.world_size, self.seed = (Path(token_dir), batch_size,
                 block_size, rank, world_size, seed)
-        self.shuffle = shuffle
-        self.files = token_files(token_dir)
-        self.mms = [None]*len(self.files)
-        self.n_windows = np.array([max(n-1, 0)//block_size for _, n in self.files], dtype=np.int64)
-        self.n_tokens = sum(n for _, n in self.files)
-        if self.batches_per_epoch == 0:
-            raise ValueError(f"{token_dir} holds {self.n_tokens:,} tokens, less than one batch of "
-                             f"{world_size}x{batch_size} "
-                             f"windows of {block_size+1} tokens: lower batch_size or block_size, or add data")
+        self.shuffle, self.more, self.order = shuffle, more, 2  # order 1: a state saved before file order
+        self.files, self.mms, self.complete, self.n_windows = [], [], False, np.zeros(0, np.int64)
         self.epoch, self.pos, self._cache = 0, 0, {}
+        self.refresh()
+        if self.complete and self.batches_per_epoch == 0: raise self._too_small()
 
     @property
     def batches_per_epoch(self) -> int: return int(self.n_windows.sum()) // (self.B*self.world_size)
+    @property
+    def n_tokens(self) -> int: return sum(n for _, n in self.files)
+
+    def _too_small(self) -> ValueError:
+        return ValueError(f"{self.token_dir} holds {self.n_tokens:,} tokens, less than one batch of "
+                          f"{self.world_size}x{self.B} windows of {self.T+1} tokens: lower batch_size or "
+                          "block_size, or add data")
 
     def _epoch_order(self, epoch:int):
         "File order of `epoch` and the first epoch position of each file in it."
         if self._cache.get('epoch') != epoch:
             n = len(self.files)
-            order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+            first = epoch == 0 and self.order == 2  # the first epoch: the files in the order they were made
+            order = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle and not first
+                     else np.arange(n))
             self._cache = dict(epoch=epoch, order=order, starts=np.concatenate([[0],
                     np.cumsum(self.n_windows[order])]))
         return self._cache['order'], self._cache['starts']
@@ -105,27 +123,65 @@ class TokenLoader:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         "The next (x, y), each (batch_size, block_size) int64 on the CPU."
         G = self.B*self.world_size
-        if self.pos + G > self.n_windows.sum(): self.epoch, self.pos = self.epoch + 1, 0
+        self.wait_for(self.pos + G)
+        if self.pos + G > self.n_windows.sum():  # the epoch is over (every file is there by now)
+            if self.batches_per_epoch == 0: raise self._too_small()
+            self.epoch, self.pos = self.epoch + 1, 0
         buf = torch.from_numpy(self.windows(self.epoch, self.pos + self.rank*self.B + np.arange(self.B)))
         self.pos += G
         return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
 
-    def state_dict(self) -> dict:
-        "Where the loader is: plain ints and strings."
-        return dict(version=1, epoch=self.epoch, pos=self.pos, seed=self.seed, block_size=self.T,
-                    batch_size=self.B,
-                    world_size=self.world_size, n_tokens=self.n_tokens, files=[p.name for p, _ in self.files])
 
-    def load_state_dict(self, d:dict):
-        "Continue exactly where the loader that saved `d` stopped."
-        names = [p.name for p, _ in self.files]
-        if d.get('block_size') != self.T or d.get('files') != names or d.get('n_tokens') != self.n_tokens:
-            raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size "
-                             f"{d.get('block_size')}) "
-                             f"than {self.token_dir} ({self.n_tokens} tokens, block_size {self.T}): resume "
-                                 "with the same data and block_size")
-        self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
-        self._cache = {}
+# %% ../../nbs/02d_loader.ipynb #eaf4b2b6
+@patch
+def refresh(self:TokenLoader) -> bool:
+    "Take the token files added to the folder since the last look; whether there were any (or it completed)."
+    files, complete = manifest_files(self.token_dir, partial=self.more is not None)
+    have = [p.name for p, _ in self.files]
+    if [p.name for p, _ in files[:len(have)]] != have or len(files) < len(have):
+        raise ValueError(f"the token files of {self.token_dir} changed under the loader (it had {len(have)}, "
+                         f"the manifest now lists {len(files)}): prepare the data again and rerun")
+    grew = len(files) > len(have) or complete != self.complete
+    self.mms += [None]*(len(files) - len(have))
+    self.files, self.complete = files, complete
+    self.n_windows = np.array([max(n-1, 0)//self.T for _, n in files], dtype=np.int64)
+    if grew: self._cache = {}  # the first epoch's positions reach into the new files
+    return grew
+
+@patch
+def wait_for(self:TokenLoader, windows:int):
+    "Block until the first `windows` windows of the first epoch are there, or the folder is complete."
+    while not self.complete and self.n_windows.sum() < windows:
+        if self.more is None:
+            have = int(self.n_windows.sum())
+            raise ValueError(f"{self.token_dir} is only partly tokenized and holds {have:,} windows, fewer "
+                             f"than the {windows:,} asked for: run `lmbook prepare` again")
+        if not self.refresh(): self.more()
+
+# %% ../../nbs/02d_loader.ipynb #ec39c719
+@patch
+def state_dict(self:TokenLoader) -> dict:
+    "Where the loader is: plain ints and strings."
+    return dict(version=2, order=self.order, epoch=self.epoch, pos=self.pos, seed=self.seed,
+                block_size=self.T, batch_size=self.B, world_size=self.world_size, n_tokens=self.n_tokens,
+                files=[p.name for p, _ in self.files], complete=self.complete)
+
+@patch
+def load_state_dict(self:TokenLoader, d:dict):
+    "Continue exactly where the loader that saved `d` stopped."
+    old, whole = d.get('files') or [], d.get('version', 1) < 2 or d.get('complete', True)
+    if whole: self.wait_for(np.iinfo(np.int64).max)  # saved from complete data: all of it is needed
+    names = [p.name for p, _ in self.files]
+    if whole: same = names == old and d.get('n_tokens') == self.n_tokens
+    else: same = names[:len(old)] == old[:len(names)]  # saved mid-preparation: one list begins the other
+    if d.get('block_size') != self.T or not same:
+        raise ValueError(f"loader state is for other data ({d.get('n_tokens')} tokens, block_size "
+                         f"{d.get('block_size')}) than {self.token_dir} ({self.n_tokens} tokens, block_size "
+                         f"{self.T}): resume with the same data and block_size")
+    self.order = int(d.get('order', 1))  # a state from before file order keeps the order it began with
+    self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
+    self._cache = {}
+
 
 # %% ../../nbs/02d_loader.ipynb #5ec7dd78
 def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path:
@@ -143,13 +199,17 @@ def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path
 
 # %% ../../nbs/02d_loader.ipynb #adf9cb36
 def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, rank:int=0,
-                world_size:int=1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                world_size:int=1,
+                more:Callable[[], None]|None=None, # a folder being prepared: waits for the windows asked for
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "The same `n_batches` (x, y) validation batches every call; ranks get disjoint windows."
     if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
     if is_mixture(token_dir): return mixture_val_batches(token_dir, batch_size, block_size, n_batches, rank,
                                                          world_size)
-    dl = TokenLoader(token_dir, 1, block_size, shuffle=False)  # needs one window at least
+    dl = TokenLoader(token_dir, 1, block_size, shuffle=False, more=more)
+    dl.wait_for(n_batches*world_size*batch_size)  # the first windows are the same however many follow
     total, out = int(dl.n_windows.sum()), []
+    if total == 0: raise dl._too_small()
     for b in range(n_batches):
         buf = torch.from_numpy(dl.windows(0,
                                           ((b*world_size + rank)*batch_size + np.arange(batch_size)) % total))
@@ -158,11 +218,11 @@ def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, r
 
 # %% ../../nbs/02d_loader.ipynb #1b1678fd
 def open_loader(token_dir:Path, batch_size:int, block_size:int, rank:int=0, world_size:int=1,
-                seed:int=0) -> TokenLoader|MixtureLoader:
+                seed:int=0, more:Callable[[], None]|None=None) -> TokenLoader|MixtureLoader:
     "The train loader of a token folder: a `TokenLoader` of its files, or a `MixtureLoader` of its sources."
     if is_mixture(token_dir): return MixtureLoader(*open_mixture(token_dir), batch_size, block_size, rank,
                                                    world_size, seed)
-    return TokenLoader(token_dir, batch_size, block_size, rank, world_size, seed)
+    return TokenLoader(token_dir, batch_size, block_size, rank, world_size, seed, more=more)
 
 # %% ../../nbs/02d_loader.ipynb #abb7ccca
 BIN_FILES = ('train.bin', 'val.bin')
@@ -221,8 +281,12 @@ class PreparedData:
     val_tokens: Path      # folder of validation token files
     vocab_size: int       # the tokenizer's vocabulary (the model pads it to a multiple of 128)
     eot_id: int           # id of <|endoftext|>
-    n_train_tokens: int   # tokens in the train split
-    n_val_tokens: int     # tokens in the validation split
+    n_train_tokens: int   # tokens in the train split (so far, while it is being prepared)
+    n_val_tokens: int     # tokens in the validation split (so far)
+    # a preparation going on: what a loader short of windows calls to wait (`stream.Preparation.more`)
+    more: Callable[[], None]|None = field(default=None, repr=False, compare=False)
+    prep: Preparation|None = field(default=None, repr=False, compare=False)  # that preparation (its process)
+
 
 # %% ../../nbs/02d_loader.ipynb #ee034453
 def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
@@ -240,50 +304,62 @@ def _prepare_bin(cfg, paths, bd:Path, tokenizer_json) -> PreparedData:
                         tk.vocab_size, tk.eot_id,
                         ms['train']['tokens'], ms['val']['tokens'])
 
+def streams(cfg) -> bool:
+    "Whether `cfg`'s data can be prepared while a run trains: one corpus to shard (no mixture, no .bin)."
+    return bin_dir(cfg.data.dataset) is None and not mixture_of(cfg.data)
+
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
-                 log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
+                 log=None, # where progress lines go, and a line saying it waits for another preparation
+                 need:int|None=None, # train windows a run reads: prepare those (None: all of the corpus)
+                 val_need:int=0, # validation windows it reads
+                 background:bool=False, # prepare in a background thread, returning once the tokenizer exists
+                 follow:bool=False, # another process prepares in the background: take what is there
+                ) -> PreparedData:
     "Shard, train or reuse the tokenizer, and tokenize for `cfg` in `paths`, skipping what is done."
+    if follow or (background and streams(cfg)):
+        if follow: return _data(paths, load_tokenizer(paths.tokenizer), lambda: time.sleep(1.0))
+        _check_tokenizer(cfg, paths, tokenizer_json)  # the thread takes the data lock itself
+        prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json).start()
+        return _data(paths, prep.wait_tokenizer(), prep.more, prep)
     # one preparation at a time
-    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
+    with data_lock(paths.cache, log):
+        return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
+
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
-def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
+def _check_tokenizer(cfg, paths, tokenizer_json:Path|None):
+    "What the tokenizer stage needs, checked before the long stages (a Hub tokenizer found or fetched now)."
+    d = cfg.data
+    if (Path(paths.tokenizer)/'tokenizer.json').is_file(): return
+    if tokenizer_json is not None and not Path(tokenizer_json).is_file():
+        raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not "
+                                "exist: give the path of a tokenizer.json")
+    if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)
+    if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: "
+                         f"use at least {256 + len(SPECIAL_TOKENS)}")
+
+def _data(paths, tk, more=None, prep=None) -> PreparedData:
+    "The `PreparedData` of `paths`' token folders as they are now, tokenized by `tk`."
+    n = lambda k: sum(f['tokens'] for f in (read_manifest(token_dir(paths, k)) or {}).get('files', [])
+                      ) if token_dir(paths, k).is_dir() else 0
+    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
+                        tk.vocab_size, tk.eot_id, n('train'), n('val'), more, prep)
+
+def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=None, val_need:int=0,
+             log=None) -> PreparedData:
     d = cfg.data
     if (bd := bin_dir(d.dataset)) is not None: return _prepare_bin(cfg, paths, bd, tokenizer_json)
-    # what the tokenizer stage needs, checked before the long stages
-    if not (Path(paths.tokenizer)/'tokenizer.json').is_file():
-        if tokenizer_json is not None and not Path(tokenizer_json).is_file():
-            raise FileNotFoundError(f"--tokenizer-json {tokenizer_json} does not "
-                                    "exist: give the path of a tokenizer.json")
-        # found (or fetched) before any shard is written
-        if tokenizer_json is None and d.tokenizer: hub_tokenizer_json(d.tokenizer, paths.hf_cache)
-        if tokenizer_json is None and not d.tokenizer and cfg.model.vocab_size < 256 + len(SPECIAL_TOKENS):
-            raise ValueError(f"vocab_size={cfg.model.vocab_size} is too small to train a byte-level BPE: "
-                             f"use at least {256 + len(SPECIAL_TOKENS)}")
+    _check_tokenizer(cfg, paths, tokenizer_json)
     if mixture_of(d):  # each source sharded and tokenized once, in the cache experiments share
-        tk, ms = prepare_mixture(cfg, paths, progress, tokenizer_json)
+        tk, ms = prepare_mixture(cfg, paths, progress, tokenizer_json, log,
+                                 None if need is None else need*cfg.model.block_size)
         return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
                             tk.vocab_size, tk.eot_id, ms['train']['tokens'], ms['val']['tokens'])
-    tm, vm = read_manifest(paths.train), read_manifest(paths.val)
-    if tm and tm.get('complete') and not (vm and vm.get('complete')):
-        raise ValueError(f"{paths.train} is sharded but {paths.val} is not: run `lmbook shard --mode split` "
-                         "or `lmbook shard --split val`")
-    if not (tm and tm.get('complete')):
-        shard_corpus(paths.train, paths.val, dataset=d.dataset, config=d.dataset_config, mode='split',
-                     take=d.take,
-                     val_ratio=d.val_ratio, seed=d.data_seed, lines_per_shard=load_settings().shard_lines,
-                     hf_cache=paths.hf_cache, progress=progress)
-    tk = ensure_tokenizer(paths.tokenizer, paths.train, cfg.model.vocab_size, tokenizer_json,
-                          tokenizer=d.tokenizer, hf_cache=paths.hf_cache)
-    if tk.vocab_size > cfg.model.vocab_size:  # before tokenizing, which may take hours
-        raise ValueError(f"the tokenizer in {paths.tokenizer} has {tk.vocab_size} tokens but "
-                         f"vocab_size={cfg.model.vocab_size}: "
-                         f"set vocab_size={-(-tk.vocab_size//128)*128}")
-    ms = {k: tokenize_split(getattr(paths, k), tk, token_dir(paths, k), progress=progress) for k in ('train',
-                                                                                                     'val')}
-    return PreparedData(Path(paths.tokenizer), token_dir(paths, 'train'), token_dir(paths, 'val'),
-                        tk.vocab_size, tk.eot_id,
-                        ms['train']['tokens'], ms['val']['tokens'])
+    prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json, progress)
+    prep.run()
+    return _data(paths, prep.tk)
+
 
 # %% ../../nbs/02d_loader.ipynb #5ad79ff8
 def data_status(cfg, paths) -> str:

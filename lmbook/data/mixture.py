@@ -9,23 +9,23 @@ from __future__ import annotations
 import hashlib, json, os, re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 import numpy as np
 import torch
 from ..core import load_settings
 from ..config import Config, DataConfig, SOURCE_NAMES, mixture_of, source_parts
 from ..runlock import data_lock
 from .corpus import input_files
-from .prepare import FINEWEB, read_manifest, shard_corpus, shard_docs, write_manifest
+from .prepare import FINEWEB, RAMP, read_manifest, shard_corpus, shard_docs, write_manifest
 from .tokenizer import Tokenizer, ensure_tokenizer, open_tokens, save_bundle, token_dir
-from .tokenizer import tokenize_split, train_bpe
+from .tokenizer import BPE_BYTES, bpe_sample, tokenize_split, train_bpe
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['NANOGPT_FILES', 'SOURCES_DIR', 'DRAW_CHUNK', 'MIXTURE', 'GPT2_VOCAB', 'GPT2_EOT', 'BPE_BYTES', 'Source',
-           'mixture_sources', 'sources_dir', 'source_key', 'doc_starts', 'doc_index', 'SourceTokens', 'draw_sources',
-           'MixtureLoader', 'is_mixture', 'write_mixture', 'open_mixture', 'mixture_val_batches', 'nanogpt_split',
-           'mixed_docs', 'mixture_tokenizer', 'token_split', 'prepare_mixture', 'token_shares', 'mixture_report']
+__all__ = ['NANOGPT_FILES', 'SOURCES_DIR', 'DRAW_CHUNK', 'MIXTURE', 'GPT2_VOCAB', 'GPT2_EOT', 'Source', 'mixture_sources',
+           'sources_dir', 'source_key', 'doc_starts', 'doc_index', 'SourceTokens', 'draw_sources', 'MixtureLoader',
+           'is_mixture', 'write_mixture', 'open_mixture', 'mixture_val_batches', 'nanogpt_split', 'mixed_docs',
+           'mixture_tokenizer', 'token_split', 'prepare_mixture', 'token_shares', 'mixture_report']
 
 # %% ../../nbs/02ca_mixture.ipynb #52d251a8
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ def _arrays(folder:Path, e:dict) -> list:
     if tm is None or not idx.is_file():
         raise FileNotFoundError(f"the tokens of source {e['name']} are gone from {tdir}: run `lmbook "
                                 "prepare` again")
-    return [open_tokens(tdir/f['name']) for f in tm['files']]
+    return [open_tokens(tdir/f['name']) for f in tm['files'][:e.get('files')]]  # a budget's first files
 
 def open_mixture(folder:Path) -> tuple[list[SourceTokens], list[float]]:
     "The sources (memory-mapped) and weights of the mixture whose manifest is in `folder`."
@@ -330,34 +330,51 @@ def nanogpt_split(s:Source, split:str, folder:Path) -> dict:
     return dict(bin=str(p), docs_index=Path(folder)/f'{split}.docs.npy', tokens=size//2, docs=len(idx))
 
 # %% ../../nbs/02ca_mixture.ipynb #e02680a3
-def _shard_source(s:Source, d:DataConfig, folder:Path, lines:int, hf_cache:Path, progress:bool, log):
-    "Shard source `s` into `folder`/shards once, under the source's own lock."
+def _shard_source(s:Source, d:DataConfig, folder:Path, lines:int, hf_cache:Path, progress:bool, log,
+                  until:Callable[[dict], bool]|None=None): # stop once the train manifest satisfies it
+    "Shard source `s` into `folder`/shards under the source's own lock: all of it, or until `until` holds."
     folder.mkdir(parents=True, exist_ok=True)
     with data_lock(folder, log):
+        m = read_manifest(folder/'shards'/'train') if (folder/'shards'/'train').is_dir() else None
+        if m and (m.get('complete') or (until is not None and until(m))): return
         shard_corpus(folder/'shards'/'train', folder/'shards'/'val', dataset=s.target, config=s.config,
                      mode='split', take=d.take, val_ratio=d.val_ratio, seed=d.data_seed,
-                     lines_per_shard=lines, hf_cache=hf_cache, progress=progress, kind=s.kind)
+                     lines_per_shard=lines, hf_cache=hf_cache, progress=progress, kind=s.kind, ramp=RAMP,
+                     on_shard=None if until is None else lambda ms: until(ms['train']))
 
-def mixed_docs(folders:list[Path], weights:list[float], seed:int) -> Iterator[str]:
-    "The documents of several shard folders drawn by weight (to train a tokenizer on), until all run out."
-    its, w, rng = [shard_docs(f) for f in folders], np.array(weights, float), np.random.default_rng(seed)
+def _capped(docs:Iterator[str], chars:float) -> Iterator[str]:
+    "`docs` until they hold `chars` characters (the document that reaches it included)."
+    n = 0
+    for d in docs:
+        if n >= chars: return
+        n += len(d)
+        yield d
+
+def mixed_docs(folders:list[Path], weights:list[float], seed:int, chars:int|None=None) -> Iterator[str]:
+    "Documents of shard folders drawn by weight (a tokenizer's text); of each, at most its share of `chars`."
+    w = np.array(weights, float)
+    # each folder's own first characters: the same text however far it is sharded beyond them
+    its = [shard_docs(f) if chars is None else _capped(shard_docs(f), chars*x/w.sum())
+           for f, x in zip(folders, w)]
+    rng = np.random.default_rng(seed)
     while w.sum() > 0:
         i = int(rng.choice(len(its), p=w/w.sum()))
         if (doc := next(its[i], None)) is None: w[i] = 0
         else: yield doc
 
-# %% ../../nbs/02ca_mixture.ipynb #2ed6d1b8
-BPE_BYTES = 1_000_000_000  # characters of text a mixture's own tokenizer trains on, at most
 
+# %% ../../nbs/02ca_mixture.ipynb #2ed6d1b8
 def mixture_tokenizer(cfg:Config, paths, srcs:list[Source], folders:dict,
-                      tokenizer_json:Path|None=None) -> Tokenizer:
+                      tokenizer_json:Path|None=None,
+                      sample:int=BPE_BYTES, # characters a BPE trains on (`tokenizer.bpe_sample`)
+                     ) -> Tokenizer:
     "The experiment's tokenizer: its bundle, an adopted one, or a BPE trained on the sources by weight."
     d, out = cfg.data, Path(paths.tokenizer)
     text = [s for s in srcs if s.kind != 'nanogpt']
     if not ((out/'tokenizer.json').is_file() or tokenizer_json or d.tokenizer):
         docs = mixed_docs([folders[s.name]/'shards'/'train' for s in text], [s.weight for s in text],
-                          d.data_seed)
-        save_bundle(train_bpe(docs, cfg.model.vocab_size, BPE_BYTES), out, max_bytes=BPE_BYTES,
+                          d.data_seed, sample)
+        save_bundle(train_bpe(docs, cfg.model.vocab_size, sample), out, max_bytes=sample,
                     requested_vocab_size=cfg.model.vocab_size, trained_on=','.join(s.name for s in text))
     tk = ensure_tokenizer(out, None, cfg.model.vocab_size, tokenizer_json, tokenizer=d.tokenizer,
                           hf_cache=paths.hf_cache)
@@ -370,40 +387,80 @@ def mixture_tokenizer(cfg:Config, paths, srcs:list[Source], folders:dict,
                          f"{cfg.model.vocab_size}: set vocab_size={-(-tk.vocab_size//128)*128}")
     return tk
 
+
 # %% ../../nbs/02ca_mixture.ipynb #cea29d08
-def token_split(s:Source, split:str, tk:Tokenizer, folder:Path, progress:bool=False) -> dict:
+def token_split(s:Source, split:str, tk:Tokenizer, folder:Path, progress:bool=False,
+                files:int|None=None) -> dict: # the source's first this many shards (None: all of them)
     "The token files (one folder per tokenizer) and document index of a sharded source's `split`."
     tdir = Path(folder)/'tokens'/tk.sha256[:16]/split
-    m = tokenize_split(Path(folder)/'shards'/split, tk, tdir, progress=progress)
-    h = hashlib.blake2b(json.dumps([(f['name'], f['tokens']) for f in m['files']]).encode(), digest_size=6)
+    m = tokenize_split(Path(folder)/'shards'/split, tk, tdir, progress=progress, shards=files)
+    fs = m['files'][:files]
+    h = hashlib.blake2b(json.dumps([(f['name'], f['tokens']) for f in fs]).encode(), digest_size=6)
     idx = tdir/f'docs-{h.hexdigest()}.npy'
-    starts = doc_index(idx, [open_tokens(tdir/f['name']) for f in m['files']], tk.eot_id)
-    return dict(tokens_dir=tdir, docs_index=idx, tokens=m['tokens'], docs=len(starts))
+    starts = doc_index(idx, [open_tokens(tdir/f['name']) for f in fs], tk.eot_id)
+    return dict(tokens_dir=tdir, docs_index=idx, tokens=sum(f['tokens'] for f in fs), docs=len(starts),
+                **({} if files is None else {'files': len(fs)}))
 
-def _entry(s:Source, split:str, tk:Tokenizer, folder:Path, mixdir:Path, progress:bool, log) -> dict:
+def _entry(s:Source, split:str, tk:Tokenizer, folder:Path, mixdir:Path, progress:bool, log,
+           files:int|None=None) -> dict:
     "Source `s`'s entry in the mixture manifest of `split`, its tokens made once under the source's lock."
     folder.mkdir(parents=True, exist_ok=True)
     with data_lock(folder, log):
         e = nanogpt_split(s, split, folder) if s.kind == 'nanogpt' else token_split(s, split, tk, folder,
-                                                                                     progress)
+                                                                                     progress, files)
     rel = {k: os.path.relpath(e[k], mixdir) for k in ('tokens_dir', 'docs_index') if k in e}
     return dict(name=s.name, weight=s.weight, kind=s.kind, **dict(e, **rel))
 
+
 # %% ../../nbs/02ca_mixture.ipynb #d06a88d3
+def _source_files(s:Source, d:DataConfig, tk:Tokenizer, folder:Path, lines:int, need:int, hf_cache:Path,
+                  progress:bool, log) -> tuple[int, int]:
+    "The train and validation shards of source `s` a run reads: sharded and tokenized to `need` train tokens."
+    tdir, k = Path(folder)/'tokens'/tk.sha256[:16], 0
+    while True:
+        sm = read_manifest(Path(folder)/'shards'/'train')
+        if k == len(sm['shards']):
+            if sm['complete']: break  # all of it, fewer tokens than the run reads: it repeats
+            _shard_source(s, d, folder, lines, hf_cache, progress, log, until=lambda m: len(m['shards']) > k)
+            continue
+        k += 1
+        with data_lock(folder, log):
+            tm = tokenize_split(Path(folder)/'shards'/'train', tk, tdir/'train', progress=progress, shards=k)
+        if sum(f['tokens'] for f in tm['files'][:k]) >= need: break
+    # the validation shards of the same stretch of the source (at least one)
+    end = sm['shards'][k - 1]['source_end'] if k else 0
+    vm = read_manifest(Path(folder)/'shards'/'val')
+    return k, max(1, sum(v['source_end'] <= end for v in vm['shards']))
+
+# %% ../../nbs/02ca_mixture.ipynb #adacf851
 def prepare_mixture(cfg:Config, paths, progress:bool=False, tokenizer_json:Path|None=None,
-                    log=None) -> tuple[Tokenizer, dict]:
+                    log=None,
+                    need:int|None=None, # train tokens a run reads (None: every source whole)
+                   ) -> tuple[Tokenizer, dict]:
     "Shard and tokenize each source of `cfg`'s mixture once, in the shared cache; (tokenizer, manifests)."
     d, srcs, lines = cfg.data, mixture_sources(cfg.data), load_settings().shard_lines
     folders = {s.name: sources_dir(paths)/source_key(s, d, lines) for s in srcs}
-    for s in srcs:
-        if s.kind != 'nanogpt': _shard_source(s, d, folders[s.name], lines, paths.hf_cache, progress, log)
-    tk = mixture_tokenizer(cfg, paths, srcs, folders, tokenizer_json)
+    text, sample = [s for s in srcs if s.kind != 'nanogpt'], bpe_sample(need)
+    made = (Path(paths.tokenizer)/'tokenizer.json').is_file() or tokenizer_json or d.tokenizer
+    for s in text:  # with a budget: the source's share of the tokenizer's text first (or a shard)
+        share = 0 if made else sample*s.weight/sum(t.weight for t in text)
+        enough = lambda m, c=share: m.get('chars', 0) >= c and m['shards'] != []
+        _shard_source(s, d, folders[s.name], lines, paths.hf_cache, progress, log,
+                      None if need is None else enough)
+    tk = mixture_tokenizer(cfg, paths, srcs, folders, tokenizer_json, sample)
+    # with a budget, each source as far as its train tokens cover the run alone: no weight repeats it
+    files = {s.name: _source_files(s, d, tk, folders[s.name], lines, need, paths.hf_cache, progress, log)
+             for s in text} if need is not None else {}
+    for name, (k, _) in files.items():
+        if log: log(f"data: {name}: its first {k} shard(s) cover the {need:,} train tokens the run reads")
     ms = {}
-    for split in ('train', 'val'):
+    for i, split in enumerate(('train', 'val')):
         mixdir = token_dir(paths, split)
-        ms[split] = write_mixture(mixdir, split, [_entry(s, split, tk, folders[s.name], mixdir, progress, log)
+        ms[split] = write_mixture(mixdir, split, [_entry(s, split, tk, folders[s.name], mixdir, progress, log,
+                                                         files[s.name][i] if s.name in files else None)
                                                   for s in srcs], tk)
     return tk, ms
+
 
 # %% ../../nbs/02ca_mixture.ipynb #583ce1c2
 def token_shares(weights:list[float], tokens:list[int], docs:list[int]) -> list[float]:

@@ -8,16 +8,16 @@ Docs: https://lmbook.github.io/lmbook/prepare.html.md"""
 from __future__ import annotations
 import gzip, hashlib, itertools, json, os, re
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 from ..core import sha256_file, cli_options, load_settings, nonblank, paths_for, resolve_experiment
 from ..runlock import data_lock
 from .corpus import builtin_docs, pysource_docs, SourceStats, input_files, local_docs, MAX_DOC_BYTES
 from ..core import env_var, process_env
 
 # %% auto #0
-__all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs', 'hf_docs',
-           'source_kind', 'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'claim_folder', 'check_shards',
-           'shard_corpus', 'shard_docs', 'add_cli']
+__all__ = ['SOURCE_KINDS', 'MANIFEST', 'OWN_FILES', 'RAMP', 'FINEWEB', 'escape_doc', 'unescape_doc', 'hf_env', 'HFDocs',
+           'hf_docs', 'source_kind', 'iter_docs', 'non_empty', 'read_manifest', 'write_manifest', 'claim_folder',
+           'shard_size', 'check_shards', 'shard_corpus', 'shard_docs', 'add_cli']
 
 # %% ../../nbs/02b_prepare.ipynb #b4a74a84
 _unesc = {'n': '\n', 'r': '\r', '\\': '\\'}
@@ -154,11 +154,21 @@ def _route_val(i:int, seed:int, ratio:float) -> bool:
     return int.from_bytes(h, 'little') < ratio*2**64
 
 # %% ../../nbs/02b_prepare.ipynb #2d656cb3
+RAMP = 1000  # documents in the first shard of a corpus sharded with a ramp; each next one holds twice as many
+
+def shard_size(k:int, # the shard's number in its split
+               lines:int, # lines a shard holds (`lines_per_shard`)
+               ramp:int=0, # lines of the first shard, doubled from one to the next up to `lines` (0: none)
+              ) -> int:
+    "The lines of shard `k`: `lines`, or with a ramp `ramp` doubled `k` times, up to `lines`."
+    return min(lines, ramp << min(k, 62)) if ramp else lines
+
+# %% ../../nbs/02b_prepare.ipynb #4ab56bc8
 class _ShardWriter:
     "Writes one split's shards into `folder` and keeps its manifest."
     def __init__(self, folder:Path, m:dict, lines_per_shard:int, gz:bool):
         self.folder, self.m, self.lines_per_shard, self.gz = Path(folder), m, lines_per_shard, gz
-        self.f, self.n, self.tmp = None, 0, None
+        self.f, self.n, self.tmp, self.chars = None, 0, None, 0
 
     def add(self, doc:str):
         if self.f is None:
@@ -169,11 +179,13 @@ class _ShardWriter:
         self.f.write(escape_doc(doc))
         self.f.write('\n')
         self.n += 1
+        self.chars += len(doc)
 
     @property
     def name(self) -> str: return f"shard_{len(self.m['shards']):05d}.txt" + ('.gz' if self.gz else '')
     @property
-    def full(self) -> bool: return self.n >= self.lines_per_shard
+    def full(self) -> bool:
+        return self.n >= shard_size(len(self.m['shards']), self.lines_per_shard, self.m.get('ramp', 0))
 
     def close(self, source_end:int, final:bool=False, state:dict|None=None):
         "Finish the open shard (if any) and record `source_end` (and the stream's `state`) in the manifest."
@@ -183,8 +195,8 @@ class _ShardWriter:
             dst = self.folder/self.name
             os.replace(self.tmp, dst)
             self.m['shards'].append(dict(name=dst.name, lines=self.n, docs=self.n, bytes=dst.stat().st_size,
-                                         sha256=sha256_file(dst), source_end=source_end))
-            self.f, self.n = None, 0
+                                         chars=self.chars, sha256=sha256_file(dst), source_end=source_end))
+            self.f, self.n, self.chars = None, 0, 0
         self.m.update(source_docs=source_end, complete=final, **_totals(self.m['shards']))
         write_manifest(self.folder, self.m)
 
@@ -195,8 +207,10 @@ class _ShardWriter:
             self.f = None
 
 # %% ../../nbs/02b_prepare.ipynb #2825a246
-def _totals(shards): return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
-                                 bytes=sum(s['bytes'] for s in shards))
+def _totals(shards) -> dict:
+    "Documents, lines, bytes and characters of `shards` (a shard made before characters were counted: bytes)."
+    return dict(docs=sum(s['docs'] for s in shards), lines=sum(s['lines'] for s in shards),
+                bytes=sum(s['bytes'] for s in shards), chars=sum(s.get('chars', s['bytes']) for s in shards))
 
 # %% ../../nbs/02b_prepare.ipynb #21ce3886
 def _open_split(folder:Path, split:str, meta:dict) -> dict:
@@ -317,19 +331,21 @@ def _close_shards(ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, i:int, fi
 
 # %% ../../nbs/02b_prepare.ipynb #ee16dff2
 def _write_docs(docs:Iterable[str], ws:dict, ms:dict, stats:SourceStats, hf:HFDocs|None, pos:int,
-                args:dict) -> int:
-    "Write `docs` to their splits' shards, all splits closing together; the source position reached."
+                args:dict, on_shard=None) -> tuple[int, bool]:
+    "Write `docs` to their splits' shards, all closing together; (position, stopped by `on_shard`)."
     i = pos
     try:
         for doc in docs:
             w = ws[_split_of(i, args)]
             w.add(doc)
             i += 1
-            if w.full: _close_shards(ws, ms, stats, hf, i)
+            if w.full:
+                _close_shards(ws, ms, stats, hf, i)
+                if on_shard is not None and on_shard(ms): return i, True
     except BaseException:
         for w in ws.values(): w.abort()
         raise
-    return i
+    return i, False
 
 def _check_read(dataset:str, i:int, stats:SourceStats, args:dict, ms:dict, ws:dict):
     "Refuse a source that gave no document, or none for validation when some should go there."
@@ -359,7 +375,10 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                  hf_cache:Path|None=None,     # HF_HOME to use unless one is set
                  progress:bool=False,         # show a progress bar
                  kind:str='auto',             # how to read `dataset`: 'auto', 'builtin', 'local' or 'hf'
-                 docs:Iterable[str]|None=None # documents to shard instead of reading `dataset`
+                 docs:Iterable[str]|None=None,# documents to shard instead of reading `dataset`
+                 ramp:int=0,                  # a new folder's first shard holds this many lines, doubling
+                 # called with the manifests after each shard closes; True stops there (left unfinished)
+                 on_shard:Callable[[dict], bool]|None=None,
                 ) -> dict:
     "Shard `dataset` into `train_dir` (and `val_dir`), resumably and idempotently; the manifests by split."
     _check_shard_args(mode, split, take, val_dir, val_ratio, lines_per_shard)
@@ -369,13 +388,15 @@ def shard_corpus(train_dir:Path,              # folder of train shards (smoke/pr
                 **(dict(val_ratio=val_ratio, seed=seed) if mode == 'split' else dict(split=split)))
     dirs = {'train': Path(train_dir), 'val': Path(val_dir)} if mode == 'split' else {split: Path(train_dir
             if split == 'train' else val_dir or train_dir)}
-    meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None)
+    meta = dict(source=src, args=args, input=_fingerprint(dataset, src['kind']) if docs is None else None,
+                **({'ramp': ramp} if ramp else {}))  # not compared: it only moves where shards end
     ms = {k: _open_split(d, k, meta) for k, d in dirs.items()}
     if all(m['complete'] for m in ms.values()): return ms
     pos, state = _resume_point(dirs, ms)
     ws = {k: _ShardWriter(dirs[k], m, lines_per_shard, gz) for k, m in ms.items()}
     docs, stats, hf = _source_docs(dataset, src, ms, pos, state, take, hf_cache, progress, docs)
-    i = _write_docs(docs, ws, ms, stats, hf, pos, args)
+    i, stopped = _write_docs(docs, ws, ms, stats, hf, pos, args, on_shard)
+    if stopped: return ms
     _check_read(dataset, i, stats, args, ms, ws)
     _close_shards(ws, ms, stats, hf, i, final=True)
     return ms

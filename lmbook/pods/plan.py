@@ -12,13 +12,15 @@ import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
 from ..config import get_config, flops_per_token, count_params, Config, with_fp8
 from ..config import mixture_of
-from ..model.memory import HEADROOM, estimated_fit, fits, max_batch_size
+from ..model.memory import HEADROOM, block_matrix_params, estimated_fit, fits, max_batch_size
+from ..runs.checkpoint import disk_plan
 from ..train.optim import check_scaling, total_steps
 
 # %% auto #0
-__all__ = ['GPU_POD_VCPUS', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table', 'cpu_machine',
-           'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'fit_advice', 'pod_overrides', 'image_cuda',
-           'card_image', 'as_run_on', 'plan', 'format_plan', 'format_prep']
+__all__ = ['GPU_POD_VCPUS', 'CKPT_GB_S', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table',
+           'cpu_machine', 'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'fit_advice', 'pod_overrides',
+           'image_cuda', 'card_image', 'as_run_on', 'plan', 'format_plan', 'format_prep', 'checkpoint_cost',
+           'format_ckpt']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -246,7 +248,7 @@ def plan(profile:str, # profile name or config file
                 price_per_hour=price*gpus if price else None, cost=hours*price*gpus if (hours and price)
                     else None,
                 prep=prep_plan(steps*tps if steps else None, gpu, gpus, price*gpus if price else None, cpu,
-                               vcpus, table))
+                               vcpus, table), ckpt=checkpoint_cost(cfg, gpus))
 
 # %% ../../nbs/07a_plan.ipynb #8d1182d4
 def format_plan(p:dict) -> str:
@@ -271,7 +273,7 @@ def format_plan(p:dict) -> str:
     lines.append(f"cost     {money(p['price_per_hour'])}/h ({p['cloud']} cloud) -> ~{money(p['cost'])} for "
                  "the run, plus volume storage")
     lines += [f"{'' if i else 'rules':9}{s}" for i, s in enumerate(p.get('scaling') or [])]
-    return '\n'.join(lines + format_prep(p['prep']))
+    return '\n'.join(lines + format_prep(p['prep']) + format_ckpt(p['ckpt']))
 
 # %% ../../nbs/07a_plan.ipynb #a0b8e5bc
 def format_prep(d:dict) -> list[str]:
@@ -284,7 +286,7 @@ def format_prep(d:dict) -> list[str]:
     at = lambda x: f"{dur(x['hours'])} at {num(x['tok_per_s'])} tok/s"
     per_gpu = f" ({g['vcpus']//max(1, g['gpus'])} a GPU, assumed)" if g['vcpus_assumed'] else ''
     est = ' (an estimate)' if c['price_estimated'] else ''
-    return [f"prepare  {num(d['tokens'])} tokens to tokenize (the run's; a larger corpus takes longer)",
+    return [f"prepare  {num(d['tokens'])} tokens to tokenize (what the run reads, its first shards first)",
             f"{'':9}on this pod  {at(g)}, {g['vcpus']} vCPUs{per_gpu}: ~{money(g['cost'])} of GPU time",
             f"{'':9}on a CPU pod {at(c)}, {c['cpu']} x {c['vcpus']} vCPUs at {money(c['price_per_hour'])}/h"
                 f"{est}: ~{money(c['cost'])}",
@@ -292,3 +294,22 @@ def format_prep(d:dict) -> list[str]:
                 f"most {num(r['serial_tok_per_s'])} in all,",
             f"{'':9}measured on another machine ({r['machine'].split(',')[0]}, {r['date']}) and scaled",
             f"{'':9}by the pod's vCPUs; the download and the tokenizer's training come on top"]
+
+# %% ../../nbs/07a_plan.ipynb #ec5b42bf
+# lmbook's checkpoint write, hashing included, on the H100 test machine's disk (2026-11-26: 24 GB in 40-60 s)
+CKPT_GB_S = 0.5
+
+def checkpoint_cost(cfg:Config, gpus:int=1, gb_s:float=CKPT_GB_S) -> dict:
+    "A run's checkpoint: its bytes, `best/`'s, the peak of `keep_ckpts`, and the seconds one takes at `gb_s`."
+    n, m = count_params(cfg.model), cfg.model
+    muon = block_matrix_params(m) if cfg.train.optim.optimizer == 'muon' else 0  # one buffer a matrix
+    p = disk_plan(4*n, 8*(n - muon) + 4*muon, cfg.train.checkpoint.keep_ckpts, gpus)
+    return dict(bytes=p.step, best=p.best, peak=p.peak, seconds=p.step/1e9/gb_s, gb_s=gb_s)
+
+def format_ckpt(c:dict) -> list[str]:
+    "The plan's line on checkpoints."
+    return [f"ckpt     {c['bytes']/1e9:.1f} GB each, best/ {c['best']/1e9:.1f} GB, {c['peak']/1e9:.0f} GB of "
+                f"disk at the peak; ~{c['seconds']:.0f} s to write one at {c['gb_s']:g} GB/s,",
+            f"{'':9}which the pod waits at the end (lmbook's write on another machine's disk; a volume "
+                "may differ)"]
+

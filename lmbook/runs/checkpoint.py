@@ -20,17 +20,18 @@ from ..config import CheckpointConfig, flat_config, resume_rules
 from ..data.tokenizer import load_tokenizer
 from ..distributed import DistInfo, all_reduce, barrier
 from ..rundir import BEST
+from .tensorfile import flatten_state, split_tensors, unflatten_state, write_files
 
 # %% auto #0
-__all__ = ['MODEL_SHARDS', 'OPTIM_SHARDS', 'SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS',
-           'CheckpointError', 'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state', 'set_rng_state',
-           'has_frozen', 'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'sharded_state', 'is_sharded',
-           'save_shards', 'read_shards', 'load_shards', 'host_buffer', 'cpu_copy', 'snapshot', 'tokenizer_ref',
-           'checkpoint_bytes', 'check_space', 'start_checkpoint', 'start_shards', 'write_checkpoint', 'save_checkpoint',
-           'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint', 'load_weights',
-           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
-           'config_changes', 'check_config_change', 'seen_from', 'Checkpointer', 'link_checkpoint', 'DiskPlan',
-           'state_bytes', 'disk_plan', 'write_seconds']
+__all__ = ['MODEL_SHARDS', 'OPTIM_SHARDS', 'OPTIM_FILES', 'OPTIM_FILE_BYTES', 'SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS',
+           'FIXED_KEYS', 'RESET_KEYS', 'CheckpointError', 'CheckpointSpaceError', 'ckpt_name', 'ckpt_step', 'rng_state',
+           'set_rng_state', 'has_frozen', 'trainable_names', 'full_state', 'load_full_state', 'dedupe', 'sharded_state',
+           'is_sharded', 'save_shards', 'read_shards', 'load_shards', 'host_buffer', 'cpu_copy', 'snapshot',
+           'tokenizer_ref', 'checkpoint_bytes', 'check_space', 'start_checkpoint', 'start_shards', 'write_checkpoint',
+           'save_checkpoint', 'list_checkpoints', 'move_damaged', 'prune_checkpoints', 'verify_checkpoint',
+           'load_weights', 'read_optim', 'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible',
+           'changed_keys', 'config_changes', 'check_config_change', 'seen_from', 'Checkpointer', 'link_checkpoint',
+           'DiskPlan', 'state_bytes', 'disk_plan', 'write_seconds']
 
 # %% ../../nbs/04b_checkpoint.ipynb #7d1a1d91
 class CheckpointError(Exception):
@@ -379,17 +380,31 @@ def start_shards(ckpt_dir:Path, step:int, snap:dict, keep:int=2, name:str|None=N
     if all_reduce(float(err is not None), 'max') == 0: return None
     return err or CheckpointSpaceError(f"no space for checkpoint {name or ckpt_name(step)} in {ckpt_dir}")
 
-def _write_parts(tmp:Path, snap:dict, group=None):
+# %% ../../nbs/04b_checkpoint.ipynb #cffc6828
+OPTIM_FILES, OPTIM_FILE_BYTES = 4, 1 << 30  # a full checkpoint's optimizer state: up to 4 files of 1 GiB+
+
+def _write_full(tmp:Path, snap:dict) -> dict:
+    "Write a full snapshot's weights and optimizer state into `tmp` all at once; each file's size and sha256."
+    weights, aliases = dedupe(snap['model'])
+    files = {tmp/'model.safetensors': (weights, dict(aliases=json.dumps(aliases)))}
+    if snap['optim'] is not None:
+        tensors, skel = flatten_state(snap['optim'])
+        n = sum(t.numel()*t.element_size() for t in tensors.values())
+        parts = split_tensors(tensors, max(1, min(OPTIM_FILES, n//OPTIM_FILE_BYTES))) or [{}]
+        for i, part in enumerate(parts):
+            meta = dict(optim=json.dumps(skel), parts=len(parts)) if i == 0 else None  # the rest of the state
+            files[tmp/f'optim-{i}.safetensors'] = (part, meta)
+    return {p.name: m for p, m in write_files(files).items()}
+
+def _write_parts(tmp:Path, snap:dict, group=None) -> dict:
     "Write the weights, the optimizer state and each rank's state into `tmp` (sharded: this rank's part)."
+    metas = {}
     if snap.get('shards'):
         save_shards(snap['model'], tmp/MODEL_SHARDS, group)
         if snap['optim'] is not None: save_shards(snap['optim'], tmp/OPTIM_SHARDS, group)
-    else:
-        weights, aliases = dedupe(snap['model'])
-        save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
-        _fsync(tmp/'model.safetensors')
-        if snap['optim'] is not None: _torch_save(snap['optim'], tmp/'optim.pt')
+    else: metas = _write_full(tmp, snap)  # hashed as written: never read back
     for r, rs in enumerate(snap['ranks'] or []): _torch_save(rs, tmp/f'rank{r}.pt')
+    return metas
 
 # %% ../../nbs/04b_checkpoint.ipynb #18bfbff2
 def _hash_parts(tmp:Path, group=None) -> dict:
@@ -423,8 +438,8 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
     need = checkpoint_bytes(ckpt_dir, snap) if main else 0
     if not shards: start_checkpoint(ckpt_dir, step, snap, keep, name)  # (a sharded one: `start_shards`)
     try:
-        _write_parts(tmp, snap, group)
-        files = _hash_parts(tmp, group) if shards else {}
+        files = _write_parts(tmp, snap, group)
+        if shards: files = _hash_parts(tmp, group)
         if not main: return final  # rank 0 seals it
         (tmp/'state.json').write_text(json.dumps(dict(step=step, world_size=len(snap['ranks']),
                                                       time=time.time(), **({'format': 'sharded'} if shards
@@ -528,6 +543,20 @@ def load_weights(path:Path) -> dict[str, torch.Tensor]:
     for alias, key in aliases.items(): sd[alias] = sd[key]
     return sd
 
+# %% ../../nbs/04b_checkpoint.ipynb #5f8484f6
+def read_optim(path:Path) -> dict|None:
+    "The optimizer state of full checkpoint `path`: its `optim-*.safetensors`, or an older one's `optim.pt`."
+    path = Path(path)
+    if (path/'optim-0.safetensors').is_file():
+        with safe_open(path/'optim-0.safetensors', 'pt') as f: meta = f.metadata() or {}
+        tensors = {}
+        for i in range(int(meta.get('parts', 1))): tensors.update(load_file(path/f'optim-{i}.safetensors'))
+        return unflatten_state(json.loads(meta['optim']), tensors)
+    man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
+    if 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file():
+        return torch.load(path/'optim.pt', map_location='cpu', weights_only=True)
+    return None  # `best/`: weights only
+
 def read_rank_state(path:Path, rank:int) -> dict|None:
     "RNG and loader state of `rank` (None when that rank did not exist)."
     rp = Path(path)/f'rank{rank}.pt'
@@ -544,10 +573,7 @@ def read_checkpoint(path:Path, rank:int=0, weights:bool=True) -> dict:
             for part in (MODEL_SHARDS, OPTIM_SHARDS):
                 if (path/part).is_dir(): _reader(path/part).read_metadata()
         elif weights:
-            msd = load_weights(path)
-            man = json.loads((path/'COMPLETE').read_text()) if (path/'COMPLETE').is_file() else {}
-            has_optim = 'optim.pt' in man.get('files', {}) or (path/'optim.pt').is_file()
-            osd = torch.load(path/'optim.pt', map_location='cpu', weights_only=True) if has_optim else None
+            msd, osd = load_weights(path), read_optim(path)
         state = json.loads((path/'state.json').read_text())
         rank_state = read_rank_state(path, rank)
     except Exception as e:  # safetensors, unpickler and JSON errors all mean: do not use this checkpoint

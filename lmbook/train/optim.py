@@ -9,12 +9,13 @@ from __future__ import annotations
 import math, re
 from dataclasses import dataclass
 import torch
+import torch.distributed as dist
 from ..config import OptimConfig, ScheduleConfig, count_params
 
 # %% auto #0
-__all__ = ['BATCH_TOKENS', 'SLACK', 'param_groups', 'make_optimizer', 'orthogonalize', 'muon_groups', 'Muon', 'lr_at',
-           'schedule_for', 'total_steps', 'ScalingPlan', 'scaling_rules', 'scaling_table', 'plan_for', 'batch_rule',
-           'check_scaling']
+__all__ = ['MUON_BATCH', 'BATCH_TOKENS', 'SLACK', 'param_groups', 'make_optimizer', 'orthogonalize', 'orthogonalize_share',
+           'orthogonalize_shared', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'total_steps', 'ScalingPlan',
+           'scaling_rules', 'scaling_table', 'plan_for', 'batch_rule', 'check_scaling']
 
 # %% ../../nbs/05a_optim.ipynb #3de5f3a8
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -36,6 +37,7 @@ def make_optimizer(model:torch.nn.Module, oc:OptimConfig, device_type:str='cpu',
 # a 2-D gradient or momentum, or a stack of same-shape ones (..., rows, cols)
 def orthogonalize(G:torch.Tensor,
                   steps:int=5, # Newton-Schulz iterations
+                  dtype:torch.dtype|None=None, # of the result (default: `G`'s)
                  ) -> torch.Tensor:
     "`G` with its singular values pushed to about 1 (quintic Newton-Schulz; bf16 on CUDA, fp32 elsewhere)."
     a, b, c = 3.4445, -4.7750, 2.0315
@@ -46,7 +48,33 @@ def orthogonalize(G:torch.Tensor,
     for _ in range(steps):
         A = X @ X.mT
         X = a*X + (b*A + c*A @ A) @ X
-    return (X.mT if tall else X).to(G.dtype)
+    return (X.mT if tall else X).to(dtype or G.dtype)
+
+
+# %% ../../nbs/05a_optim.ipynb #0439f7c1
+MUON_BATCH = 1 << 27  # elements of same-shape matrices orthogonalised in one batch (256 MB in bf16)
+
+def orthogonalize_share(G:torch.Tensor, # a stack of same-shape matrices
+                        steps:int, # Newton-Schulz iterations
+                        rank:int, world:int, # this process's place among those sharing the stack
+                        dtype:torch.dtype|None=None, # of the result (default: `G`'s)
+                       ) -> torch.Tensor:
+    "Process `rank`'s share of `orthogonalize(G)`: its `ceil(n/world)` matrices, zeros past the stack's end."
+    k = -(-len(G)//world)
+    mine = G[rank*k:(rank + 1)*k]
+    if len(mine) < k: mine = torch.cat([mine, mine.new_zeros((k - len(mine), *G.shape[1:]))])
+    return orthogonalize(mine, steps, dtype)
+
+def orthogonalize_shared(G:torch.Tensor, steps:int=5, group=None) -> torch.Tensor:
+    "`orthogonalize(G)` of a stack, each process of the job computing a share, then all of it gathered."
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if world == 1: return orthogonalize(G, steps)
+    mine = orthogonalize_share(G, steps, dist.get_rank(group), world,
+                               torch.bfloat16 if G.is_cuda else torch.float32).contiguous()
+    parts = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(parts, mine, group=group)
+    return torch.cat(parts)[:len(G)].to(G.dtype)
+
 
 # %% ../../nbs/05a_optim.ipynb #98f2120b
 _BLOCK = re.compile(r'(^|\.)h\.\d+\.')
@@ -84,28 +112,34 @@ class Muon(torch.optim.Optimizer):
                 for p in ps: self._adamw(p, g, lr)
         return loss
 
-    def _muon(self, ps, g, lr, stack:int=8):
-        "Momentum, then same-shape updates orthogonalised `stack` at a time (fewer, larger kernels)."
-        by_shape = {}
+    def _muon(self, ps, g, lr):
+        "Momentum for all at once, then same-shape updates orthogonalised in batches, a share a process."
         for p in ps:
-            st = self.state[p]
-            if not st: st['momentum_buffer'] = torch.zeros_like(p)
-            buf = st['momentum_buffer']
-            buf.lerp_(p.grad, 1 - g['momentum'])
-            upd = p.grad.lerp(buf, g['momentum']) if g['nesterov'] else buf
-            full = upd.full_tensor() if hasattr(upd, 'full_tensor') else upd  # FSDP2: the whole matrix
+            if not self.state[p]: self.state[p]['momentum_buffer'] = torch.zeros_like(p)
+        bufs, grads = [self.state[p]['momentum_buffer'] for p in ps], [p.grad for p in ps]
+        torch._foreach_lerp_(bufs, grads, 1 - g['momentum'])
+        upds = torch._foreach_lerp(grads, bufs, g['momentum']) if g['nesterov'] else bufs
+        by_shape = {}
+        for p, u in zip(ps, upds):
+            full = u.full_tensor() if hasattr(u, 'full_tensor') else u  # FSDP2: the whole matrix
             by_shape.setdefault(tuple(full.shape), []).append((p, full))
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         for (rows, cols), items in by_shape.items():
-            for i in range(0, len(items), stack):
-                chunk = items[i:i + stack]
-                O = orthogonalize(torch.stack([f for _, f in chunk]), g['ns_steps'])*max(1.0, rows/cols)**0.5
-                for (p, _), o in zip(chunk, O):
-                    # every rank computed the same full update; keep this rank's shard
-                    if hasattr(p, 'device_mesh'):
-                        # slow to import (~0.7 s): FSDP2 only
-                        from torch.distributed.tensor import distribute_tensor  # slow to import: FSDP2 only
-                        o = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
-                    p.add_(o.to(p.dtype), alpha=-lr)
+            per = max(1, MUON_BATCH//(rows*cols))*world  # the same batches on every process
+            for i in range(0, len(items), per):
+                chunk = items[i:i + per]
+                O = orthogonalize_shared(torch.stack([f for _, f in chunk]), g['ns_steps'])
+                self._apply([p for p, _ in chunk], O*max(1.0, rows/cols)**0.5, lr)
+
+    def _apply(self, ps, O, lr):
+        "Add `-lr` times the full updates `O` to `ps` (under FSDP2, each rank to its own shard)."
+        if not hasattr(ps[0], 'device_mesh'):
+            torch._foreach_add_(ps, list(O.to(ps[0].dtype).unbind()), alpha=-lr)
+            return
+        from torch.distributed.tensor import distribute_tensor  # slow to import (~0.7 s): FSDP2 only
+        for p, o in zip(ps, O):
+            mine = distribute_tensor(o.contiguous(), p.device_mesh, p.placements, src_data_rank=None)
+            p.add_(mine.to(p.dtype), alpha=-lr)
 
     def _adamw(self, p, g, lr):
         st, grad = self.state[p], p.grad

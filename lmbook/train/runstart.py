@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
 # %% ../../nbs/05d_runstart.ipynb #534a0b58
 from __future__ import annotations
-import dataclasses, functools, gc, json, os, shutil, tempfile
+import dataclasses, functools, gc, json, os, shutil, tempfile, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,7 +15,8 @@ from ..core import pick_device, seed_everything
 from ..config import Config, apply_overrides, flat_config, load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
-from ..data.loader import TokenLoader, prepare_data, val_batches
+from ..data.loader import TokenLoader, prepare_data, streams, val_batches
+from ..data.stream import nothing_more
 from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
 from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
@@ -32,13 +33,15 @@ from .step import Trainable, is_oom, make_trainable, train_step
 from ..rundir import RunDir
 from ..data.loader import open_loader
 from ..data.mixture import MixtureLoader, mixture_report
+from .warmstart import FIT_CACHE, StartClock, cached_fit, card_name, fit_file, fit_key, save_fit
+from .warmstart import shared_cache
 
 # %% auto #0
 __all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
            'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
            'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
            'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'newest_state', 'keep_tokens_per_step',
-           'resolve_fp8', 'RunStart', 'run_start']
+           'resolve_fp8', 'RunStart', 'data_need', 'run_start']
 
 # %% ../../nbs/05d_runstart.ipynb #a9fbfacb
 def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
@@ -210,22 +213,38 @@ def prepare_run(cfg:Config, # the run's config
                 log:Callable|None=None, # where progress lines go
                 init:Init|None=None, # what its weights start from (None: found and checked here)
                 examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
+                need:int|None=None, # train windows the run reads (None: all of the corpus)
+                val_need:int=0, # validation windows it reads
+                background:bool=False, # tokenize the corpus while the run trains (`loader.prepare_data`)
+                follow:bool=False, # another process of the node prepares in the background
                ):
     "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
     if init is None:
         init = find_init(cfg.train.finetune.init_from, paths.root)
         check_init(cfg, init)
-    # one data preparation of an experiment at a time
-    with data_lock(paths.cache, log): return _prepare_run(cfg, paths, init, log, examples)
+    if follow: return prepare_data(cfg, paths, follow=True)
+    stream = background and streams(cfg) and not cfg.data.sft_data
+    # one data preparation of an experiment at a time (a background one holds the lock in its thread)
+    with data_lock(paths.cache, log):
+        if not stream: return _prepare_run(cfg, paths, init, log, examples, need, val_need)
+        if init.kind in ('lmbook', 'llama'): _init_tokenizer(init, paths)
+    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need, background=True)
 
-def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None):
-    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths)
+# %% ../../nbs/05d_runstart.ipynb #6c7fa639
+def _init_tokenizer(init:Init, paths):
+    "Copy the tokenizer an lmbook or Llama-family `init` was trained with into the run's tokenizer folder."
+    if init.kind == 'llama': return adopt_hf_tokenizer(init.path, paths.tokenizer)
+    return adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
+
+def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None, need:int|None=None,
+                 val_need:int=0):
+    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
     # every line checked before anything is written
     if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log,
                                                                        paths.hf_cache)
-    if init.kind == 'llama': tk = adopt_hf_tokenizer(init.path, paths.tokenizer)
-    else: tk = adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
-    return sft_data(cfg, paths, examples, tk) if cfg.data.sft_data else prepare_data(cfg, paths)
+    tk = _init_tokenizer(init, paths)
+    if cfg.data.sft_data: return sft_data(cfg, paths, examples, tk)
+    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
 
 def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     "The packed `SFTData` of `examples`, tokenized by the run's tokenizer `tk`."
@@ -234,6 +253,7 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
     return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
                    val[0].numel(), len(examples))
 
+
 # %% ../../nbs/05d_runstart.ipynb #80b99559
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
@@ -241,8 +261,13 @@ def run_loaders(cfg:Config, prepared, info) -> tuple:
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
                 sft_val_batches(*prepared.val, tc.batch_size, n_val, info.rank, info.world_size))
-    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed),
-            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size))
+    # tokens prepared for this run alone (a corpus stopped at what it reads) are read as they are
+    more = lambda d: prepared.more or nothing_more(d)
+    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed,
+                        more=more(prepared.train_tokens)),
+            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size,
+                        more=more(prepared.val_tokens)))
+
 
 # %% ../../nbs/05d_runstart.ipynb #078c711a
 def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[Config, Init]:
@@ -307,23 +332,26 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
               init:Init|None=None, # the run's `Init`
              ) -> bool:
     "Whether two optimizer steps of `cfg` run on every rank's GPU within `1 - headroom` of its memory."
-    dev, t, x = info.device, None, None
+    dev, t, xy = info.device, None, None
     try:
         t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info, init=init)
         x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1),
                           device=dev)
-        for _ in range(2): train_step(t, lambda: (x[:, :-1], x[:, 1:]), 0.0)
+        # contiguous, as the loader's batches are: the run's compilation then finds this trial's graphs cached
+        xy = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        for _ in range(2): train_step(t, lambda: xy, 0.0)
         ok = torch.cuda.max_memory_reserved(dev) <= (1 - headroom)*torch.cuda.mem_get_info(dev)[1]
     except Exception as e:
         if not is_oom(e): raise
         ok = False
     finally:
-        t = x = None
+        t = x = xy = None
         gc.collect()
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     return all_reduce(float(ok), 'min', dev) > 0
+
 
 # %% ../../nbs/05d_runstart.ipynb #df4d2572
 def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest micro-batch tried
@@ -332,6 +360,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
               fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
               init:Init|None=None, # the run's `Init` (for the trials)
               mem_gb:float|None=None, # a GPU's memory (default: this GPU's); None with `fits`: no estimate
+              seen:dict|None=None, # filled with what the trials found ('seen'), when they ran
              ) -> Config:
     "`cfg` with the largest micro-batch that fits the card, accumulation lowered to keep its tokens per step."
     tc, est = cfg.train, cfg.train.batch_size
@@ -350,25 +379,48 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
         return tried[b] is True
     i = search_batch(choices, trial, max([i for i, (b, _) in enumerate(choices) if b <= est], default=0))
     said = lambda ok: ok if isinstance(ok, str) else 'fits' if ok else 'does not'
-    seen = ', '.join(f"{b} {said(ok)}" for b, ok in sorted(tried.items()))
+    text = ', '.join(f"{b} {said(ok)}" for b, ok in sorted(tried.items()))
+    if seen is not None: seen['seen'] = text
     if i < 0:
         log(f"batch_fit: no micro-batch from {tc.batch_size} up fits "
-            f"the card ({seen}); keeping batch_size {tc.batch_size}")
+            f"the card ({text}); keeping batch_size {tc.batch_size}")
         return cfg
     b, acc = choices[i]
-    log(f"batch_fit: micro-batch {b} x accumulation {acc} ({seen})")
+    log(f"batch_fit: micro-batch {b} x accumulation {acc} ({text})")
     return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc))
 
+
 # %% ../../nbs/05d_runstart.ipynb #70f5e1c3
-def fitted_config(cfg:Config, run_dir:Path, info:DistInfo, log:Callable, init:Init|None=None) -> Config:
-    "The config a `batch_fit` run trains: its first start's micro-batch when resuming, else a new fit."
+def fitted_config(cfg:Config, # the run's config, `fp8` resolved
+                  run_dir:Path, # its run folder: a resumed run keeps its first start's micro-batch
+                  info:DistInfo, # this process's place
+                  log:Callable, # where the line about the choice goes
+                  init:Init|None=None, # the run's `Init` (for the trials)
+                  cache:Path|None=None, # the workspace's `cache/_fit` (None: fit every time)
+                  fits:Callable[[Config], bool]|None=None, # trial of a config (default: on this GPU)
+                  card:str|None=None, # the card in the cache's key (default: `card_name` of the device)
+                 ) -> tuple[Config, str]:
+    "The config a `batch_fit` run trains, and how it was found: 'resumed', 'cached', 'fitted' or 'kept'."
     saved = RunDir(run_dir).config
     if cfg.train.checkpoint.auto_resume and saved.exists():
         old, tc = load_config_file(saved).train, cfg.train
         # the resume check explains
-        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg
-        return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum))
-    return fit_batch(cfg, info, log, init=init)
+        if old.batch_size*old.grad_accum != tc.batch_size*tc.grad_accum: return cfg, 'resumed'
+        return apply_overrides(cfg, dict(batch_size=old.batch_size, grad_accum=old.grad_accum)), 'resumed'
+    trials = fits is not None or info.device.startswith('cuda')
+    key = fit_key(cfg, info.world_size, card or card_name(info.device)) if cache and trials else None
+    hit = cached_fit(cache, key) if key and info.is_main else None
+    b = int(all_reduce(float(hit['batch_size']) if hit else 0.0, 'max'))  # every rank takes rank 0's word
+    if b:
+        acc = cfg.train.batch_size*cfg.train.grad_accum//b
+        log(f"batch_fit: micro-batch {b} x accumulation {acc}, as fitted for this card, torch and levers "
+            f"({fit_file(cache, key)}: delete it to fit again)")
+        return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc)), 'cached'
+    t0, seen = time.time(), {}
+    out = fit_batch(cfg, info, log, fits, init, seen=seen)
+    if key and 'seen' in seen and info.is_main: save_fit(cache, key, out, seen['seen'], time.time() - t0)
+    return out, 'fitted' if 'seen' in seen else 'kept'
+
 
 # %% ../../nbs/05d_runstart.ipynb #f5f357bc
 def newest_state(ckpt_dir:Path) -> tuple[Path, dict]|None:
@@ -434,12 +486,24 @@ class RunStart:
         "Step -> learning rate over the whole run."
         return schedule_for(self.cfg.train.sched, self.cfg.train.optim.lr, self.total)
 
+def data_need(cfg:Config, world_size:int) -> tuple[int|None, int]:
+    "Train windows a run of `cfg` reads (None: its length is in epochs: all of them), and validation windows."
+    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
+    tps = cfg.tokens_per_step*world_size
+    train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
+    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
+    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
+
 def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
-    "The run's data, prepared once per node by its local rank 0; the others then find it done."
+    "The run's data, prepared by each node's local rank 0 (one corpus: in the background); the others follow."
+    need, val_need = data_need(cfg, info.world_size)
+    stream = need is not None  # the other ranks then read what rank 0's background preparation writes
     barrier()
-    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples)
+    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples, need, val_need, stream)
     barrier()
-    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples)
+    follow = stream and streams(cfg) and not cfg.data.sft_data
+    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples, need, val_need,
+                                                    follow=follow)
     return prepared
 
 # %% ../../nbs/05d_runstart.ipynb #53304350
@@ -450,12 +514,17 @@ def run_start(cfg:Config, # the run's config, as the user gave it
               log:Callable|None=None, # progress lines (rank 0)
               init:Init|None=None, # what its weights start from, already checked (None: found here)
               examples:list|None=None, # its fine-tuning examples, already read (None: read here)
+              clock:StartClock|None=None, # times each part ('data', 'fit', 'model', 'loaders')
              ) -> RunStart:
     "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
+    clock = clock or StartClock()
     cfg, init = resolve_init(cfg, paths, run_dir, init)
     prepared = _prepared(cfg, paths, info, init, log, examples)
+    clock.lap('data')
     cfg = resolve_fp8(cfg, info.device, log if info.is_main else None)  # before the fit: fp8 frees memory
-    if cfg.train.levers.batch_fit: cfg = fitted_config(cfg, run_dir, info, log or print, init)
+    if cfg.train.levers.batch_fit:
+        cfg, how = fitted_config(cfg, run_dir, info, log or print, init, shared_cache(paths, FIT_CACHE))
+        clock.lap('fit', how)
     cfg = keep_tokens_per_step(cfg, run_dir, info.world_size, log)  # resumed on another process count
     cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
     if prepared.vocab_size > cfg.model.vocab_size:
@@ -468,7 +537,10 @@ def run_start(cfg:Config, # the run's config, as the user gave it
     t = build_trainable(cfg, info, init=init)
     if cfg.train.levers.doc_mask:
         t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
+    clock.lap('model')
     loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
     if log and isinstance(loader, MixtureLoader):  # what each source gives the run
         for line in mixture_report(loader, total*tps): log(line)
+    clock.lap('loaders')
     return RunStart(cfg, init, prepared, t, loader, val, total, tps, base)
+

@@ -27,6 +27,8 @@ from ..runs.checkpoint import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
+from .step import resolve_compile
+from .warmstart import StartClock, use_compile_cache
 from .runstart import Init, run_start
 from .validation import Validator, hellaswag_examples, mean_loss, train_evals
 from ..rundir import RunDir
@@ -35,7 +37,7 @@ from ..core import env_var
 # %% auto #0
 __all__ = ['STOP_SIGNALS', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
            'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
-           'log_step', 'save_if_due', 'run_steps', 'alert_started', 'alert_finished']
+           'log_step', 'save_if_due', 'log_startup', 'run_steps', 'alert_started', 'alert_finished', 'end_preparation']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)  # each: checkpoint, then exit
@@ -102,6 +104,8 @@ class Run:
     log: Callable                # progress lines (rank 0; a no-op elsewhere)
     lock: RunLock|None = None    # the run folder's lock (rank 0)
     base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`runstart.lora_base`)
+    clock: StartClock|None = None  # where this start's seconds went, until the end of its first step
+    prep: object = None          # the data preparation going on while it trains (`stream.Preparation`)
 
 # %% ../../nbs/05e_trainer.ipynb #e9bbe307
 def _quiet(*a, **k): pass
@@ -116,17 +120,21 @@ def _join(tc) -> DistInfo:
     return info
 
 def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|None=None,
-              examples:list|None=None) -> Run:
+              examples:list|None=None, clock:StartClock|None=None) -> Run:
     "Everything before the first step of `cfg` as `experiment`; `init` and `examples`: already made once."
+    clock = clock or StartClock()
     info = _join(cfg.train)
     say = log if info.is_main else _quiet
     paths = paths_for(experiment, root=root)
+    # before anything compiles: a start on a new pod with the same volume finds the kernels compiled
+    if resolve_compile(cfg.train.levers.compile, info.device): use_compile_cache(paths)
     run_dir = choose_run_dir(paths.run, cfg.train.checkpoint.auto_resume)
     lock = lock_run(run_dir, info, say)
     try:
         if info.is_main: log.open(RunDir(run_dir).log)
         hellaswag = hellaswag_examples(cfg.train.eval, root)  # before the data: a missing file stops it now
-        s = run_start(cfg, paths, run_dir, info, say, init, examples)
+        clock.lap('setup')
+        s = run_start(cfg, paths, run_dir, info, say, init, examples, clock)
         tc, tok = s.cfg.train, s.prepared.tokenizer_dir
         ev = tc.eval
         val = Validator(s.val, ev.eval_every, s.total, train_evals(tok, hellaswag, ev.hellaswag_every))
@@ -134,7 +142,8 @@ def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|
         if lock: lock.release()
         raise
     return Run(s.cfg, run_dir, info, s.t, s.loader, val, tok, ckpt.tokenizer_ref(tok), s.total,
-               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base)
+               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base, clock,
+               getattr(s.prepared, 'prep', None))
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
@@ -298,9 +307,10 @@ def train(cfg:Config, # the resolved config
           profile:str='', # the profile it came from, which the `started` alert names
          ) -> dict:
     "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
+    clock = StartClock()  # the start-up is timed from here to the end of the first step
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
     try:
-        r = setup_run(cfg, experiment, root, rlog, init, examples)
+        r = setup_run(cfg, experiment, root, rlog, init, examples, clock)
         try: return _train(r, experiment, profile)
         except OSError as e:  # a write of the run's own files (config, meta.json) on a full disk: one line
             if disk_full(e): raise no_space('its files', r.dir, e) from None
@@ -376,6 +386,15 @@ def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int):
                 dict(loader=r.loader.state_dict()), r.t.sharded, best, due)
 
 # %% ../../nbs/05e_trainer.ipynb #88b0e40b
+def log_startup(r:Run):
+    "After this start's first step: log where its seconds went and keep them in `meta.json` (rank 0)."
+    if r.clock is None: return
+    r.clock.lap('first step')
+    r.log(r.clock.line())
+    if r.info.is_main:
+        rd = RunDir(r.dir)
+        rd.write_meta(dict(rd.read_meta(), startup=r.clock.record()))
+
 def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -> int:
     "Train from `p.step` to the end, validating, sampling, checkpointing; the signal that stopped it (or 0)."
     tc, t, start, consec, signum = r.cfg.train, r.t, p.step, 0, 0
@@ -387,7 +406,9 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         p.step += 1
         p.tokens += r.tokens_per_step
         # the snapshot buffers are made in the background, once the optimizer has its state
-        if p.step == start + 1: ck.prepare(t.model, t.optimizer, t.sharded)
+        if p.step == start + 1:
+            ck.prepare(t.model, t.optimizer, t.sharded)
+            log_startup(r)
         consec = consec + 1 if res.skipped else 0
         p.skipped += res.skipped
         ev = log_step(r, slog, p, res, lr)
@@ -431,6 +452,13 @@ def alert_finished(r:Run, ck:Checkpointer, p:Progress, slog:StepLog, al:Alerts):
             best_step=ck.best_saved or None)
 
 # %% ../../nbs/05e_trainer.ipynb #7153aa42
+def end_preparation(r:Run, signum:int=0):
+    "Stop the data preparation at its next shard (done unless the run stopped early); say if it failed."
+    if r.prep is None: return
+    # a run stopped by a signal does not wait long: the preparation resumes from its last whole shard
+    err = r.prep.close(5.0 if signum else None)
+    if err is not None: r.log(f"warning: the data preparation failed: {type(err).__name__}: {err}")
+
 def _best_line(ck:Checkpointer) -> str:
     "The run's last line about `best/`: where it is, or that its newest one was not written."
     head, folder = f"best: step {ck.best_step}, val_loss {ck.best_val:.4f}", ck.dir/ckpt.BEST
@@ -446,11 +474,14 @@ def _train(r:Run, experiment:str, profile:str='') -> dict:
               else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = start_run(r, ck, experiment)
+    if r.clock: r.clock.lap('resume' if resumed else 'run files')
     slog = StepLog(r, metrics)
+    # a resumed run validates at its next due step: `best/` keeps the best val_loss so far on disk
     if not resumed:
         ev = r.validator.run(r.t, 0)
         p.first_val = p.last_val = ev['val_loss']
         slog.write(dict(step=0, tokens=0, epoch=0, **ev))
+        if r.clock: r.clock.lap('validation')
     al = Alerts(experiment, profile, r.log, enabled=r.info.is_main)
     alert_started(r, p, al)
     start, signum = p.step, 0
@@ -465,6 +496,7 @@ def _train(r:Run, experiment:str, profile:str='') -> dict:
             if ck.best_step > 0: r.log(_best_line(ck))
         if not signum and p.step > start: alert_finished(r, ck, p, slog, al)
     finally:
+        end_preparation(r, signum)
         ck.close()
         # the last checkpoint's copy, unless the pod is going away
         if mirror: mirror.close(0 if signum else cc.mirror_wait_s, RunDir(r.dir).mirror_left,

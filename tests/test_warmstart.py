@@ -1,0 +1,66 @@
+"""A warm start: the micro-batch fit's answer and the compiler's caches are found in the workspace by the next
+start, and every start records where its seconds went."""
+import os
+from pathlib import Path
+from lmbook.config import apply_overrides, get_config
+from lmbook.core import paths_for
+from lmbook.distributed import DistInfo
+from lmbook.rundir import RunDir
+from lmbook.runs.metrics import RunLog
+from lmbook.train.runstart import fitted_config
+from lmbook.train.trainer import setup_run, train
+from lmbook.train.warmstart import FIT_CACHE, fit_file, fit_key, shared_cache
+
+TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, max_steps=4, warmup_steps=2,
+            eval_every=2, eval_steps=2, log_every=1, ckpt_every=2, tensorboard=False)
+
+
+def test_second_start_skips_the_fit(tmp_path):
+    "A first start tries micro-batches, a second finds the answer; another card or lever tries again."
+    cfg, card = get_config('smoke', dict(batch_size=2, grad_accum=8)), 'made-up card, 40960 MiB'
+    cache, tried = shared_cache(paths_for('a', root=tmp_path), FIT_CACHE), []
+    fits = lambda c: tried.append(c.train.batch_size) or 10 + 4*c.train.batch_size <= 40
+    fit = lambda c, card=card, run='a': fitted_config(c, tmp_path/'runs'/run, DistInfo(), print, cache=cache,
+                                                      fits=fits, card=card)
+    first, how = fit(cfg)
+    assert (first.train.batch_size, first.train.grad_accum, how) == (4, 4, 'fitted') and tried
+    assert fit_file(cache, fit_key(cfg, 1, card)).is_file()
+    n = len(tried)
+    second, how = fit(cfg, run='b')  # another experiment of the same profile on the same card
+    assert (second.train.batch_size, second.train.grad_accum, how, len(tried)) == (4, 4, 'cached', n)
+    for other in (dict(card='another card, 81559 MiB'), dict(c=apply_overrides(cfg, dict(act_ckpt='full')))):
+        assert fit(**{'c': cfg, **other})[1] == 'fitted' and len(tried) > n
+        n = len(tried)
+
+
+def test_compile_cache_in_the_workspace(tmp_path, monkeypatch):
+    "A run that compiles points torch.compile's caches at the workspace before anything compiles."
+    import lmbook.train.trainer as trainer
+    class Stop(Exception): pass
+    def stop(*a, **k): raise Stop(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))  # where the model would compile
+    monkeypatch.setattr(trainer, 'run_start', stop)
+    monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR', raising=False)
+    def cache_dir(exp, **kw):
+        try: setup_run(get_config('smoke', dict(TINY, **kw)), exp, tmp_path, RunLog(lambda *a: None))
+        except Stop as e: return e.args[0]
+    assert cache_dir('c', compile='true') == str(tmp_path.resolve()/'cache'/'_compile')
+    monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR')
+    assert cache_dir('c') is None  # nothing compiles on this CPU: nothing is set
+    monkeypatch.setenv('TORCHINDUCTOR_CACHE_DIR', str(tmp_path/'mine'))  # the user's choice stays
+    assert cache_dir('d', compile='true') == str(tmp_path/'mine')
+
+
+def test_start_up_is_recorded(tmp_path):
+    "Each start logs where its seconds went; a resumed one loads its checkpoint and has no step-0 validation."
+    said = []
+    log = lambda *a, **k: said.append(' '.join(map(str, a)))
+    res = train(get_config('smoke', TINY), 'e', root=tmp_path, log=log)
+    first = RunDir(res['run_dir']).read_meta()['startup']
+    assert {'data', 'model', 'validation', 'first step'} <= set(first['parts'])
+    assert first['ended'] - first['started'] == first['total_s'] or abs(first['ended'] - first['started']
+                                                                         - first['total_s']) < 0.02
+    train(get_config('smoke', dict(TINY, max_steps=6)), 'e', root=tmp_path, log=log)
+    again = RunDir(res['run_dir']).read_meta()['startup']
+    assert 'resume' in again['parts'] and 'validation' not in again['parts']
+    assert again['started'] > first['ended']
+    assert sum(l.startswith('start-up:') for l in said) == 2
