@@ -14,8 +14,8 @@ from .contract import ApiError, Ask, vocab_facts
 from ..runs.sample import TextStream
 
 # %% auto #0
-__all__ = ['detok', 'Reader', 'byte_alphabet', 'token_bytes', 'token_text', 'logprobs_of', 'head', 'chunk', 'Tagged', 'Answers',
-           'error_of']
+__all__ = ['detok', 'Reader', 'byte_alphabet', 'token_bytes', 'token_text', 'token_names', 'logprobs_of', 'head', 'chunk',
+           'Tagged', 'Answers', 'error_of']
 
 # %% ../../nbs/06bb_answers.ipynb #8ff95533
 def detok(s:Served):
@@ -96,19 +96,27 @@ def token_text(b:bytes) -> str:
     try: return b.decode()
     except UnicodeDecodeError: return 'bytes:' + ''.join(f'\\x{x:02x}' for x in b)
 
+@functools.lru_cache(maxsize=8)
+def token_names(tokenizer) -> callable:
+    "A function from a token id of `tokenizer` to `(token_text, its bytes as a list)`, each made once."
+    tb, names = token_bytes(tokenizer), {}
+    def of(i:int) -> tuple[str, list[int]]:
+        if (n := names.get(i)) is None: n = names[i] = (token_text(tb(i)), list(tb(i)))
+        return n
+    return of
+
 # %% ../../nbs/06bb_answers.ipynb #8e90a1b2
 def _lp(x:float) -> float: return max(x, -9999.0)
 
 def logprobs_of(s:Served, chat:bool, entries:list) -> dict:
     "The `logprobs` object of a choice (or a chunk of one) from its entries."
-    tb = token_bytes(s.tokenizer)
+    name = token_names(s.tokenizer)
     if chat:
-        one = lambda t, lp: dict(token=token_text(tb(t)), logprob=_lp(lp), bytes=list(tb(t)))
-        return dict(content=[dict(one(t, lp), top_logprobs=[one(i, l) for i, l in alts])
+        def one(t, lp): return {'token': (n := name(t))[0], 'logprob': _lp(lp), 'bytes': n[1]}
+        return dict(content=[{**one(t, lp), 'top_logprobs': [one(i, l) for i, l in alts]}
                              for t, lp, alts, _ in entries], refusal=None)
-    tops = [{**{token_text(tb(i)): _lp(l) for i, l in alts}, token_text(tb(t)): _lp(lp)}
-            for t, lp, alts, _ in entries]
-    return dict(tokens=[token_text(tb(e[0])) for e in entries], token_logprobs=[_lp(e[1]) for e in entries],
+    tops = [{**{name(i)[0]: _lp(l) for i, l in alts}, name(t)[0]: _lp(lp)} for t, lp, alts, _ in entries]
+    return dict(tokens=[name(e[0])[0] for e in entries], token_logprobs=[_lp(e[1]) for e in entries],
                 top_logprobs=tops, text_offset=[e[3] for e in entries])
 
 def head(kind:str, rid:str, model:str) -> dict:
@@ -128,8 +136,8 @@ def chunk(s:Served, a:Ask, rid:str, i:int, text:str|None, entries:list|None=None
 
 # %% ../../nbs/06bb_answers.ipynb #90a1b2c3
 class Tagged:
-    "The `out` of one job among a request's: each item goes to the request's queue `q` as `(i, item)`."
-    def __init__(self, q, i:int): self.q, self.i = q, i
+    "The `out` of one job of a request: each item goes to the queue `q` as `(i, item)`; `flush` is `q`'s."
+    def __init__(self, q, i:int): self.q, self.i, self.flush = q, i, getattr(q, 'flush', None)
     def put(self, x): self.q.put((self.i, x))
 
 class Answers:

@@ -72,18 +72,19 @@ class StopText:
     "Text handed out piece by piece, ending before the first of `stops` to appear in it, across pieces too."
     def __init__(self, stops:list[str]):
         self.stops, self.held, self.stopped = list(stops), '', False
-        self.longest = max(map(len, self.stops), default=0)
+        self.longest, self.firsts = max(map(len, self.stops), default=0), {s[0] for s in self.stops}
 
     def push(self, piece:str) -> str:
         "The text that can go out now: all of it but an end that could still begin a stop string."
-        if self.stopped: return ''
+        if self.stopped or not piece: return ''  # nothing new: what is held stays held
         text = self.held + piece
         cut = min((i for s in self.stops if (i := text.find(s)) >= 0), default=-1)
         if cut >= 0:
             self.stopped, self.held = True, ''
             return text[:cut]
-        keep = next((n for n in range(min(self.longest - 1, len(text)), 0, -1)
-                     if any(s.startswith(text[-n:]) for s in self.stops)), 0)
+        tail = text[len(text) - min(self.longest - 1, len(text)):]  # the longest end that can be held
+        keep = next((len(tail) - i for i, c in enumerate(tail)  # the longest end that begins a stop string
+                     if c in self.firsts and any(s.startswith(tail[i:]) for s in self.stops)), 0)
         self.held = text[len(text) - keep:]
         return text[:len(text) - keep]
 

@@ -108,6 +108,7 @@ class Engine:
         self.first = Prefiller(m, self.kv, True, prefill) if self.step.graphs else None  # lone prompts
         if self.first: self.first.warm()
         self.waiting, self.cv, self.steps, self.stopped = collections.deque(), threading.Condition(), 0, False
+        self.made: list[tuple] = []  # (out, token or None) made since the last hand-off (`_handoff`)
         self._warm()  # and the first prefill and sampling calls
         self.thread = threading.Thread(target=self._loop, daemon=True, name='lmbook-engine')
         if start: self.thread.start()
@@ -176,7 +177,7 @@ def _end(self:Engine, s:int, why:str):
         self.shaped -= 1
     self.scored -= j.logprobs is not None
     if s in self.sharing: self.sharing.remove(s)
-    j.out.put(None)
+    self.made.append((j.out, None))
 
 @patch
 def _admit(self:Engine) -> bool:
@@ -273,7 +274,7 @@ def _share(self:Engine):
 def _decode(self:Engine):
     "One token for every job whose prompt is in: one forward, one batched sample, one host sync."
     ready = [s for s, j in enumerate(self.slots) if j is not None and j.fed == len(j.seq) - 1]
-    if not ready: return
+    if not ready: return self._handoff()
     B, L = self.step.sizes(ready[-1] + 1, max(self.slots[s].fed for s in ready) + 1)
     rows = self.slots[:B]
     tok = [j.seq[j.fed] if s in ready else 0 for s, j in enumerate(rows)]
@@ -285,6 +286,7 @@ def _decode(self:Engine):
     at = self.step.tensor([p + 1 for p in pos])
     nxt = sample_rows(z, self.temp[:B], self.top_p[:B], self.seeds[:B], at, nucleus)
     if self.shaped: self._count(nxt, ready)
+    self._handoff()  # the last step's tokens, while the device computes this one's
     made = self._scores(logits, nxt, ready) if self.scored else nxt.tolist()
     for s in ready: self._advance(s, made[s])
 
@@ -317,7 +319,7 @@ def _advance(self:Engine, s:int, t):
     j.fed, j.n = j.fed + 1, j.n + 1
     if i in j.stops: return self._end(s, 'stop')
     j.seq.append(i)
-    j.out.put(t)
+    self.made.append((j.out, t))
     if j.n >= j.max_tokens or len(j.seq) >= self.ctx: self._end(s, 'length')
 
 # %% ../../nbs/06ab_engine.ipynb #6cdb034e
@@ -333,8 +335,16 @@ def tick(self:Engine) -> bool:
     except Exception as e:  # a failed step ends the requests in it, not the server
         for s, j in enumerate(self.slots):
             if j is not None and j.fed == len(j.seq) - 1: self._end(s, f'error: {type(e).__name__}: {e}')
+    if not any(self.slots): self._handoff()  # no next step to wait for
     self.steps += 1
     return True
+
+@patch
+def _handoff(self:Engine):
+    "Give each `out` what was made for it since the last hand-off, in order; then each `flush` once."
+    made, self.made = self.made, []
+    for out, x in made: out.put(x)
+    for flush in {getattr(o, 'flush', None) for o, _ in made} - {None}: flush()
 
 @patch
 def _loop(self:Engine):
@@ -348,7 +358,8 @@ def _loop(self:Engine):
         while self.waiting:
             j = self.waiting.popleft()
             self.cut, j.finish = self.cut + 1, STOPPED
-            j.out.put(None)
+            self.made.append((j.out, None))
+    self._handoff()
 
 # %% ../../nbs/06ab_engine.ipynb #e4a5b6c7
 @patch
@@ -362,3 +373,4 @@ def _warm(self:Engine):
         while self.slots[0] is not None:
             self._prefill()
             self._decode()
+    self._handoff()

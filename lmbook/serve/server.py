@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/server.html.md"""
 
 # %% ../../nbs/06c_server.ipynb #60b29061
 from __future__ import annotations
-import asyncio, functools, hmac, ipaddress, json, queue, socket, sys, threading, uuid
+import asyncio, collections, functools, hmac, ipaddress, json, queue, socket, sys, threading, uuid
 from types import SimpleNamespace
 from ..core import env_var, package_dir
 from .engine import Busy, Engine, Served, load_served
@@ -20,8 +20,8 @@ try:  # the [serve] extra: without it every other command runs, and `need_web` s
 except ImportError: uvicorn = None
 
 # %% auto #0
-__all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'LoopQueue', 'gone', 'read_all', 'authorize', 'read_json', 'busy',
-           'complete', 'events', 'models', 'health', 'page_html', 'page', 'make_app', 'check_bind', 'bind',
+__all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'Mailbox', 'Inbox', 'mailbox', 'gone', 'read_all', 'authorize', 'read_json',
+           'busy', 'complete', 'events', 'models', 'health', 'page_html', 'page', 'make_app', 'check_bind', 'bind',
            'http_server', 'background', 'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
 
 # %% ../../nbs/06c_server.ipynb #3dcf3e51
@@ -33,28 +33,69 @@ def need_web():
     if uvicorn is None: raise ValueError(WEB_MISSING)
 
 # %% ../../nbs/06c_server.ipynb #40c4c86d
-class LoopQueue:
-    "What the engine thread `put`s, delivered into this event loop's queue."
-    def __init__(self): self.loop, self.q = asyncio.get_running_loop(), asyncio.Queue()
+class Mailbox:
+    "What the engine thread posts for one event loop's requests, taken by the loop in one call a `flush`."
+    def __init__(self, loop): self.loop, self.items, self.lock, self.due = loop, [], threading.Lock(), False
 
-    def put(self, x):
-        try: self.loop.call_soon_threadsafe(self.q.put_nowait, x)
+    def post(self, to, x):
+        "Keep `x` for `to.take` until the next `flush` (any thread)."
+        with self.lock: self.items.append((to, x))
+
+    def flush(self):
+        "Have the loop take all that was posted, unless a call to take it is on its way already."
+        with self.lock:
+            if self.due or not self.items: return
+            self.due = True
+        try: self.loop.call_soon_threadsafe(self._take)
         except RuntimeError: pass  # the loop has closed: nobody is waiting
 
-    async def get(self): return await self.q.get()
+    def _take(self):
+        with self.lock: items, self.items, self.due = self.items, [], False
+        for to, x in items: to.take(x)
 
-async def gone(request, jobs:list, q:LoopQueue):
+# %% ../../nbs/06c_server.ipynb #6dbb4156
+class Inbox:
+    "One request's tokens, fed to its `Answers` on the event loop; what they release waits for `outs`."
+    def __init__(self, box:Mailbox, ans:Answers):
+        self.box, self.ans, self.flush = box, ans, box.flush
+        self.out, self.ready = collections.deque(), asyncio.Event()
+
+    def put(self, x): self.box.post(self, x)  # `(choice, token or None)`, from the engine thread
+
+    def take(self, x):
+        "On the loop: feed `x` to the answers; keep what it releases, or its error. `(None, None)`: gone."
+        try: o = self.ans.feed(*x) if x[0] is not None else None
+        except Exception as e: o = e
+        if o is not None or x[0] is None:
+            self.out.append(o)
+            self.ready.set()
+
+    async def outs(self) -> list:
+        "What was released since the last call, once there is any: `(i, text, entries, finish)`s; None: gone."
+        await self.ready.wait()
+        self.ready.clear()
+        got = list(self.out)
+        self.out.clear()
+        for o in got:
+            if isinstance(o, Exception): raise o
+        return got
+
+# %% ../../nbs/06c_server.ipynb #e5cc4d9c
+def mailbox(state) -> Mailbox:
+    "The app's `Mailbox`, made on its event loop by the first request."
+    if getattr(state, 'mailbox', None) is None: state.mailbox = Mailbox(asyncio.get_running_loop())
+    return state.mailbox
+
+async def gone(request, jobs:list, box:Inbox):
     "Cancel `jobs` once their client disconnects, and wake whoever waits on them."
     while (await request.receive())['type'] != 'http.disconnect': pass
     for j in jobs: j.cancelled = True
-    q.q.put_nowait((None, None))
+    box.take((None, None))
 
-async def read_all(ans:Answers, q:LoopQueue) -> bool:
-    "Feed `ans` its jobs' tokens until every choice has ended; False if the client left first."
+async def read_all(ans:Answers, box:Inbox) -> bool:
+    "Wait until every choice of `ans` has ended; False if the client left first."
     while ans.left:
-        i, item = await q.get()
-        if i is None: return False
-        ans.feed(i, item)
+        if None in await box.outs(): return False
     return True
 
 # %% ../../nbs/06c_server.ipynb #f5b23273
@@ -98,15 +139,17 @@ async def complete(request):
     body, st = await read_json(request), request.app.state
     chat, s = request.url.path.rstrip('/').endswith('chat/completions'), st.engine.s
     a = read_ask(s, body, chat, st.engine.ctx)
-    jobs, q = jobs_of(s, a), LoopQueue()
-    for i, j in enumerate(jobs): j.out = Tagged(q, i)
+    jobs = jobs_of(s, a)
+    ans = Answers(s, a, jobs)
+    box = Inbox(mailbox(st), ans)
+    for i, j in enumerate(jobs): j.out = Tagged(box, i)
     try: st.engine.submit(*jobs)
     except Busy as e: raise busy(e, st.engine.stopped)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    ans, watch = Answers(s, a, jobs), asyncio.ensure_future(gone(request, jobs, q))
-    if a.stream: return StreamingResponse(events(ans, q, rid, watch), media_type='text/event-stream',
+    watch = asyncio.ensure_future(gone(request, jobs, box))
+    if a.stream: return StreamingResponse(events(ans, box, rid, watch), media_type='text/event-stream',
                                           headers={'Cache-Control': 'no-cache'})
-    try: answered = await read_all(ans, q)
+    try: answered = await read_all(ans, box)
     finally:
         for j in jobs: j.cancelled = True  # a request cancelled mid-answer leaves no job behind
         watch.cancel()
@@ -114,21 +157,22 @@ async def complete(request):
     return JSONResponse(ans.response(rid) if answered else {})
 
 # %% ../../nbs/06c_server.ipynb #f9be4827
-async def events(ans:Answers, q:LoopQueue, rid:str, watch):
+async def events(ans:Answers, box:Inbox, rid:str, watch):
     "A streamed answer: OpenAI's chunks as server-sent events, an error event if a choice failed, `[DONE]`."
     say = lambda obj: f"data: {json.dumps(obj)}\n\n"
     s, a = ans.s, ans.a
     try:
-        if a.chat:
-            for i in range(len(ans.jobs)): yield say(chunk(s, a, rid, i, None, first=True))
-        while ans.left:
-            i, item = await q.get()
-            if i is None: return  # the client left
-            if (out := ans.feed(i, item)) is None: continue
-            if out[3] and out[3].startswith('error'):
-                yield say(error_of(out[3]).body())
-                break
-            yield say(chunk(s, a, rid, *out))
+        if a.chat: yield ''.join(say(chunk(s, a, rid, i, None, first=True)) for i in range(len(ans.jobs)))
+        failed = False
+        while ans.left or box.out:
+            sent = []  # what came since the last write, in one write
+            for o in await box.outs():
+                if o is None: return  # the client left
+                failed = bool(o[3] and o[3].startswith('error'))
+                sent.append(say(error_of(o[3]).body() if failed else chunk(s, a, rid, *o)))
+                if failed: break
+            if sent: yield ''.join(sent)
+            if failed: break
         else:
             kind = 'chat.completion.chunk' if a.chat else 'text_completion'
             if a.usage: yield say(dict(head(kind, rid, s.name), choices=[], usage=ans.usage()))
