@@ -33,6 +33,6 @@ from qlora_7b import make_model, SHAPE_7B
 make_model(Path('$dir'), SHAPE_7B, 'cuda')"
 out=${OUT:-.}/serve_load_gpu.jsonl
 load() { "$py" nbs/benchmarks/serve_load.py "$dir" --max-tokens 128 --out "$out" "$@"; }
-load --hf-generate 1,32
+[ "${HF_GENERATE:-1}" = 0 ] || load --hf-generate 1,32   # HF_GENERATE=0: lmbook's rows alone
 load --clients 1,32,64 --mix 0,0.5 --requests 4 --max-batch 64 --context 1024
 echo "rows in $out"
