@@ -340,16 +340,19 @@ def run_serve_api(row:Row, ws:Path, out:Path) -> dict:
         lp = post(base, 'chat/completions', dict(messages=[dict(role='user', content='What does abs do?')],
                                                  max_tokens=16, temperature=0, logprobs=True, top_logprobs=3))
         ents = lp['choices'][0]['logprobs']['content']
-        check(ents and all(e['token'] == e['top_logprobs'][0]['token'] for e in ents),
-              f"greedy logprobs: {ents}")
+        # greedy: each token is the likeliest (ties, such as a tiny model's untrained specials, may differ)
+        check(ents and all(abs(e['logprob'] - e['top_logprobs'][0]['logprob']) < 1e-4 for e in ents),
+              f"greedy logprobs: {ents[:2]}")
         ids = [101, 202, 303, 404]
         echo = ask(prompt=ids, echo=True, logprobs=1, max_tokens=0)['choices'][0]
         echo = echo['logprobs']['token_logprobs']
         forced = ask(prompt=ids[:-1], max_tokens=1, logprobs=1, logit_bias={str(ids[-1]): 100})
         diff = abs(forced['choices'][0]['logprobs']['token_logprobs'][0] - echo[-1])
         check(len(echo) == 4 and diff < 0.1, f"prefill vs decode log-probability of one token: {diff}")
+        toks = ask(logprobs=1)['choices'][0]['logprobs']['tokens']
         pen = ask(frequency_penalty=2.0, presence_penalty=2.0)['choices'][0]['text']
-        check(pen != whole, "penalties changed nothing")
+        # a penalty of 4 logits changes an answer that repeats a token (one that never repeats may stay)
+        check(pen != whole or len(set(toks)) == len(toks), f"penalties changed nothing: {toks}")
         mixed = [None]*8
         def one_of(i):
             mixed[i] = ask(**(dict(stop=[stop], logprobs=2) if i % 2 else dict(seed=i, temperature=0.8)))
