@@ -15,7 +15,7 @@ from .prepare import hf_env
 from .tokenizer import SPECIAL_TOKENS
 
 # %% auto #0
-__all__ = ['CHAT_ROLES', 'FORMATS', 'FORMAT_NAMES', 'FIELDS', 'MESSAGE_ROLES', 'SHAREGPT_ROLES', 'BOM', 'HUB_DATA', 'MIXABLE',
+__all__ = ['CHAT_ROLES', 'FORMATS', 'FORMAT_NAMES', 'FIELDS', 'MESSAGE_ROLES', 'SHAREGPT_ROLES', 'HUB_DATA', 'MIXABLE',
            'record_format', 'record_messages', 'parse_columns', 'map_columns', 'file_records', 'ChatSource',
            'chat_source', 'data_value', 'hub_records', 'source_records', 'chat_records']
 
@@ -188,7 +188,7 @@ def file_records(path:Path, # a .jsonl file, or a .json file of one array
     yield from _text_records(path)
 
 # %% ../../nbs/02da_chatdata.ipynb #5f91369b
-BOM = codecs.BOM_UTF8  # skipped where a file starts with it
+_BOM = codecs.BOM_UTF8  # skipped where a file starts with it
 _MAGIC = {b'PAR1': 'a Parquet file', b'ARROW1': 'an Arrow file', b'\x1f\x8b': 'a gzip file',
           b'PK\x03\x04': 'a zip file'}
 
@@ -201,7 +201,7 @@ def _binary(path:Path, head:bytes) -> ValueError|None:
 
 def _utf8(path:Path, b:bytes, line:int, at:int, # the line's number and its first byte's offset in the file
          ) -> str:
-    "`b` (a line, or the whole file from line `line`) decoded; else the file, line and offset of its bad byte."
+    "`b` (a line, or the file from line `line` on) decoded; else the file, line and offset of its bad byte."
     try: return b.decode('utf-8')
     except UnicodeDecodeError as e:
         line += b.count(b'\n', 0, e.start)
@@ -213,7 +213,7 @@ def _text_records(path:Path) -> Iterator[tuple[str, object]]:
     with open(path, 'rb') as f:
         head = f.read(4096)
         if err := _binary(path, head): raise err
-        bom = len(BOM) if head.startswith(BOM) else 0
+        bom = len(_BOM) if head.startswith(_BOM) else 0
         f.seek(bom)
         if head[bom:].lstrip().startswith(b'['):
             yield from _array_records(path, _utf8(path, f.read(), 1, bom))
