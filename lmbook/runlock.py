@@ -174,6 +174,12 @@ def __enter__(self:RunLock) -> RunLock: return self.acquire()
 @patch
 def __exit__(self:RunLock, *exc): self.release()
 
+@patch
+def check(self:RunLock):
+    "Raise `RunLocked` where `acquire` would refuse (another holder, alive), without taking the lock."
+    d, why = lock_state(self.path)
+    if d and why is None and d.get('token') not in _TOKENS: raise _refusal(self, d)
+
 # %% ../nbs/01a_runlock.ipynb #7d733188
 DATA_LOCK = '.prepare.lock'
 _HELD = {}  # data lock file -> [RunLock, depth] of the data locks this process holds

@@ -7,6 +7,7 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
 import argparse, json, os, platform, re, shlex, signal, socket, subprocess, sys, tempfile, textwrap, threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 import torch
@@ -22,15 +23,16 @@ from ..model.levers import fp8_support
 from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
 from .runstart import prepare_run
-from .trainer import NonFiniteError, STOP_SIGNALS, exit_code, train
+from .trainer import NonFiniteError, STOP_SIGNALS, choose_run_dir, exit_code, train
+from ..runlock import RunLock, lock_state
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit',
-           'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb',
-           'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank', 'run_training',
-           'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
+__all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'DETACH_WAIT_S', 'torchrun_option', 'train_args', 'resolve_args',
+           'describe_exit', 'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd',
+           'free_ram_gb', 'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank',
+           'run_training', 'detach', 'wait_started', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -375,10 +377,11 @@ def detach(profile:str, # profile name or config file
            overrides:dict, # flat config overrides (nproc, parallel, ... included)
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
-          ) -> tuple[int, Path]:
-    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (pid, that file)."
+          ) -> tuple[subprocess.Popen, Path, int]:
+    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (it, that file, its start)."
     out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
     out.parent.mkdir(parents=True, exist_ok=True)
+    at = out.stat().st_size if out.exists() else 0
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
             '--profile', str(profile),
             '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root',
@@ -387,7 +390,22 @@ def detach(profile:str, # profile name or config file
     with open(out, 'ab') as f:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    return p.pid, out
+    return p, out, at
+
+DETACH_WAIT_S = 60.0  # how long `--detach` waits to see its trainer hold the run folder's lock
+
+def wait_started(proc:subprocess.Popen, # the detached `lmbook train`
+                 lock:Path, # the lock file of the folder it trains in
+                 since:float, # when it was started (`time.time()`)
+                 wait_s:float=DETACH_WAIT_S, poll_s:float=0.1) -> int|None:
+    "None once a trainer started after `since` holds `lock` (or `wait_s` passed); `proc`'s code if it ended."
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if (rc := proc.poll()) is not None: return rc
+        d, why = lock_state(lock)
+        if d and why is None and float(d.get('started', 0)) >= since: return None
+        time.sleep(poll_s)
+    return None
 
 # %% ../../nbs/05f_launch.ipynb #66c1699e
 def train_epilog(width:int=100) -> str:
@@ -418,7 +436,16 @@ def start_run(cfg, # the resolved `Config`
     if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
         if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
     if detached:
-        pid, out = detach(profile, experiment, overrides, root, torchrun_args)
+        lock = RunLock(choose_run_dir(paths_for(experiment, root=Path(root) if root else None).run,
+                                      cfg.train.checkpoint.auto_resume))
+        lock.check()  # another trainer there: refused here, where the command was typed
+        since = time.time()
+        proc, out, at = detach(profile, experiment, overrides, root, torchrun_args)
+        if (rc := wait_started(proc, lock.path, since)) is not None:  # it stopped before training: say why
+            with open(out, 'rb') as f: f.seek(at); said = f.read().decode('utf-8', 'replace').rstrip()
+            print(said, file=sys.stderr if rc else sys.stdout, flush=True)
+            return rc
+        pid = proc.pid
         print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
               "this terminal does not stop it)\n"
               f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"
