@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/loader.html.md"""
 
 # %% ../../nbs/02d_loader.ipynb #549b2c4f
 from __future__ import annotations
-import os, sys
+import errno, os, sys
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -244,7 +244,15 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
                  log=None) -> PreparedData: # `log`: where a line saying it waits for another preparation goes
     "Shard, train or reuse the tokenizer, and tokenize for `cfg` in `paths`, skipping what is done."
     # one preparation at a time
-    with data_lock(paths.cache, log): return _prepare(cfg, paths, progress, tokenizer_json)
+    with data_lock(paths.cache, log):
+        try: return _prepare(cfg, paths, progress, tokenizer_json)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
+            # every stage keeps only whole files and resumes where it stopped: one line is all there is to say
+            where = Path(e.filename).parent if e.filename else paths.root
+            raise ValueError(f"{(e.strerror or 'no space left on device').lower()} {data_status(cfg, paths)}: free "
+                             f"space on the disk of {where} or use a bigger volume, then rerun the same "
+                             "command to continue from there") from None
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
