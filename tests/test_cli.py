@@ -123,3 +123,29 @@ def test_a_lever_the_machine_lacks_is_one_warning_line(tmp_path):
     said = [l for l in out.splitlines() if 'fp8=tensorwise ignored' in l]
     assert r.returncode == 0 and len(said) == 1 and said[0].startswith('warning: '), out
     assert 'UserWarning' not in out and 'apply_fp8(' not in out, out
+
+
+def test_the_readme_first_hour_gives_users_no_developer_command():
+    "Every `lmbook` command the README hands a user (its quickstart and first hour) is not marked [developers]."
+    from lmbook.cli import COMMANDS
+    readme = (ROOT/'README.md').read_text()
+    hour = readme.split('## The first hour', 1)[1].split('\n## ', 1)[0]
+    used = set(re.findall(r'^\.venv/bin/lmbook (\w+)', readme.split('## The first hour')[0] + hour, re.M))
+    assert 'docs' in used and 'sample' in used, used
+    marked = {c for c in used if COMMANDS[c][1].startswith('[developers]')}
+    assert not marked, marked
+
+
+def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, capsys):
+    "`lmbook docs --serve` that builds first says how many pages and serves them, not 'run --serve'."
+    import lmbook.dev.docs as docs
+    from lmbook.cli import main
+    served = []
+    monkeypatch.setattr(docs, 'build_docs', lambda checkout, out: (tmp_path, []))
+    monkeypatch.setattr(docs, 'serve', lambda site, port: served.append(site))
+    (tmp_path/'index.html').write_text('')
+    assert main(['docs', '--out', str(tmp_path), '--serve', '--rebuild']) == 0
+    out = capsys.readouterr().out
+    assert served == [tmp_path] and out.startswith(f'1 pages in {tmp_path}') and '--serve' not in out, out
+    assert main(['docs', '--out', str(tmp_path)]) == 0  # a plain build says how to look at it
+    assert 'lmbook docs --serve' in capsys.readouterr().out
