@@ -149,3 +149,22 @@ def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, 
     assert served == [tmp_path] and out.startswith(f'1 pages in {tmp_path}') and '--serve' not in out, out
     assert main(['docs', '--out', str(tmp_path)]) == 0  # a plain build says how to look at it
     assert 'lmbook docs --serve' in capsys.readouterr().out
+
+
+def test_what_the_readme_says_of_the_tests_is_true():
+    """The README's test paragraph says what CI runs (`.ci/run`, which runs `.ci/test` and nothing else), what the
+    CI-only installs of `.ci/test` are, and whether a GitHub workflow runs the tests."""
+    readme = (ROOT/'README.md').read_text()
+    para = readme.split('**The tests**', 1)[1].split('```', 1)[0]  # what comes before the command
+    run = [l for l in (ROOT/'.ci'/'run').read_text().splitlines()
+           if l.strip() and not l.startswith(('#', 'set ', 'cd '))]
+    assert run == ['bash .ci/test'] and '`CI=true bash .ci/run`' in para, para
+    test = (ROOT/'.ci'/'test').read_text()
+    ci_only = re.findall(r'apt-get install -y -qq ([\w -]+)\)', test)
+    assert ci_only, 'no CI-only install found in .ci/test'
+    for pkgs in ci_only:
+        for pkg in pkgs.split(): assert pkg.lower().split('-')[0] in para.lower(), (pkg, para)
+    workflows = [f.read_text() for f in (ROOT/'.github'/'workflows').glob('*.yml')]
+    runs_tests = any('.ci/test' in w or '.ci/run' in w for w in workflows)
+    assert ('no GitHub workflow runs them' in para) == (not runs_tests), para
+    assert 'exactly this' not in para or runs_tests, para
