@@ -168,3 +168,22 @@ def test_what_the_readme_says_of_the_tests_is_true():
     runs_tests = any('.ci/test' in w or '.ci/run' in w for w in workflows)
     assert ('no GitHub workflow runs them' in para) == (not runs_tests), para
     assert 'exactly this' not in para or runs_tests, para
+
+
+def test_the_first_hour_fine_tune_reads_one_checkpoint_and_holds_out_enough(tmp_path, monkeypatch):
+    """The README's first-hour fine-tune: every command after it reads the same checkpoint of the fine-tuned
+    run, and its data holds out enough records for the validation loss (and so `:best`) to mean something."""
+    from lmbook.config import get_config
+    from lmbook.data.sft import split_examples
+    hour = (ROOT/'README.md').read_text().split('## The first hour', 1)[1].split('\n## ', 1)[0]
+    ft = re.search(r'lmbook finetune .*-e (\S+)', hour)
+    assert ft, hour
+    specs = set(re.findall(rf'lmbook (?:sample|chat|export|eval) ({re.escape(ft.group(1))}\S*)', hour))
+    assert len(specs) == 1, specs  # one checkpoint: not the newest for one command and best/ for another
+    code = re.search(r'^\.venv/bin/python -c "(from lmbook\.data\.sft import .*)"$', hour, re.M).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    recs = [json.loads(l) for l in (tmp_path/'chat.jsonl').read_text().splitlines()]
+    d = get_config('smoke').data
+    train, val = split_examples(recs, d.val_ratio, d.data_seed)
+    assert len(val) >= 5 and len(train) >= 100, (len(train), len(val))
