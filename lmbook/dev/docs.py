@@ -95,7 +95,11 @@ def sidebar(sources:list[str], # the page files in nbs/
     groups = [(t, [s for s in mods if title(s[:2]) == t]) for t in dict.fromkeys(title(s[:2]) for s in mods)]
     groups += [('Notes', [s for s in srcs if s.endswith(('.md', '.qmd'))])]
     contents = ['index.ipynb'] if 'index.ipynb' in srcs else []
-    contents += [dict(section=t, contents=[names.get(s, s) for s in g]) for t, g in groups if g]
+    for t, g in groups:
+        if not g: continue
+        # a chapter's own page is its section's link, not an entry of the same name below it
+        head = {'href': names.get(g[0], g[0])} if g[0][3:-6] == t else {}
+        contents.append(dict(section=t, **head, contents=[names.get(s, s) for s in g[1 if head else 0:]]))
     return dict(website=dict(sidebar=dict(style='floating', contents=contents)))
 
 # %% ../../nbs/08a_docs.ipynb #832325ac
