@@ -248,11 +248,11 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
         try: return _prepare(cfg, paths, progress, tokenizer_json)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
-            # every stage keeps only whole files and resumes where it stopped: one line is all there is to say
+            # every stage keeps only whole files and resumes where it stopped: one line says it all
             where = Path(e.filename).parent if e.filename else paths.root
-            raise ValueError(f"{(e.strerror or 'no space left on device').lower()} {data_status(cfg, paths)}: free "
-                             f"space on the disk of {where} or use a bigger volume, then rerun the same "
-                             "command to continue from there") from None
+            why = e.strerror or 'no space left'
+            raise ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or "
+                             "use a bigger volume, then rerun the same command to continue from there") from None
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:

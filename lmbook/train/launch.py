@@ -24,15 +24,15 @@ from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
 from .runstart import prepare_run
 from .trainer import NonFiniteError, STOP_SIGNALS, choose_run_dir, exit_code, train
-from ..runlock import RunLock, lock_state
+from ..runlock import RunLock
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'DETACH_WAIT_S', 'torchrun_option', 'train_args', 'resolve_args',
-           'describe_exit', 'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd',
-           'free_ram_gb', 'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank',
-           'run_training', 'detach', 'wait_started', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
+__all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit',
+           'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb',
+           'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank', 'run_training',
+           'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -372,16 +372,20 @@ def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:in
     return 0
 
 # %% ../../nbs/05f_launch.ipynb #e138cd59
-def detach(profile:str, # profile name or config file
+def detach(cfg, # the resolved `Config`
+           profile:str, # profile name or config file
            experiment:str, # experiment name
            overrides:dict, # flat config overrides (nproc, parallel, ... included)
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
-          ) -> tuple[subprocess.Popen, Path, int]:
-    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (it, that file, its start)."
-    out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
+          ) -> tuple[int|None, int, Path]:
+    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (exit code*, pid, that file)."
+    # * of a trainer that ended before it held its folder's lock (its output said why), else None
+    run = paths_for(experiment, root=Path(root) if root else None).run
+    lock, out = RunLock(choose_run_dir(run, cfg.train.checkpoint.auto_resume)), RunDir(run).out
+    lock.check()  # another trainer there: refused here, where the command was typed
     out.parent.mkdir(parents=True, exist_ok=True)
-    at = out.stat().st_size if out.exists() else 0
+    at, since = out.stat().st_size if out.exists() else 0, time.time()
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
             '--profile', str(profile),
             '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root',
@@ -390,22 +394,10 @@ def detach(profile:str, # profile name or config file
     with open(out, 'ab') as f:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    return p, out, at
-
-DETACH_WAIT_S = 60.0  # how long `--detach` waits to see its trainer hold the run folder's lock
-
-def wait_started(proc:subprocess.Popen, # the detached `lmbook train`
-                 lock:Path, # the lock file of the folder it trains in
-                 since:float, # when it was started (`time.time()`)
-                 wait_s:float=DETACH_WAIT_S, poll_s:float=0.1) -> int|None:
-    "None once a trainer started after `since` holds `lock` (or `wait_s` passed); `proc`'s code if it ended."
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        if (rc := proc.poll()) is not None: return rc
-        d, why = lock_state(lock)
-        if d and why is None and float(d.get('started', 0)) >= since: return None
-        time.sleep(poll_s)
-    return None
+    if (rc := lock.wait_taken(since, p.poll)) is not None:
+        with open(out, 'rb') as f: f.seek(at); said = f.read().decode('utf-8', 'replace').rstrip()
+        print(said, file=sys.stderr if rc else sys.stdout, flush=True)
+    return rc, p.pid, out
 
 # %% ../../nbs/05f_launch.ipynb #66c1699e
 def train_epilog(width:int=100) -> str:
@@ -436,16 +428,8 @@ def start_run(cfg, # the resolved `Config`
     if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
         if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
     if detached:
-        lock = RunLock(choose_run_dir(paths_for(experiment, root=Path(root) if root else None).run,
-                                      cfg.train.checkpoint.auto_resume))
-        lock.check()  # another trainer there: refused here, where the command was typed
-        since = time.time()
-        proc, out, at = detach(profile, experiment, overrides, root, torchrun_args)
-        if (rc := wait_started(proc, lock.path, since)) is not None:  # it stopped before training: say why
-            with open(out, 'rb') as f: f.seek(at); said = f.read().decode('utf-8', 'replace').rstrip()
-            print(said, file=sys.stderr if rc else sys.stdout, flush=True)
-            return rc
-        pid = proc.pid
+        rc, pid, out = detach(cfg, profile, experiment, overrides, root, torchrun_args)
+        if rc is not None: return rc  # it stopped before training, and said why
         print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
               "this terminal does not stop it)\n"
               f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"

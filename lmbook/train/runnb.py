@@ -86,7 +86,7 @@ def _one_line(shell, etype, value, tb, tb_offset=None, terminal:int|None=None) -
     return stb
 
 def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); nothing happens without one)
-                    terminal:int|None=None, # where the line goes besides the notebook (default: `_terminal_fd`)
+                    terminal:int|None=None, # where the line goes too (default: the kernel's own stderr)
                    ):
     "Show `USER_ERRORS` raised in this kernel's cells as one `error:` line, as the `lmbook` command does."
     if shell is None:
