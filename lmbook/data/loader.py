@@ -252,7 +252,8 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
             where = Path(e.filename).parent if e.filename else paths.root
             why = e.strerror or 'no space left'
             raise ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or "
-                             "use a bigger volume, then rerun the same command to continue from there") from None
+                             "use a bigger volume, then rerun the same command to continue from "
+                             "there") from None
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
 def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None) -> PreparedData:
