@@ -1,8 +1,8 @@
 #!/bin/bash
 # The QLoRA/LoRA rows of nbs/benchmarks.md on ONE H100, from the repo root (rows to $OUT/qlora_7b.json; extra arguments
 # go to qlora_7b.py):
-#   bash nbs/benchmarks/qlora_7b.sh                     (every row, about 11 minutes: split it with --rows for 10)
-#   bash nbs/benchmarks/qlora_7b.sh --rows lmbook-qlora-ckpt-full,peft-qlora-parity  (the parity alone: about 5)
+#   bash nbs/benchmarks/qlora_7b.sh                                                  (every row: about 9 minutes)
+#   bash nbs/benchmarks/qlora_7b.sh --rows lmbook-qlora-ckpt-full,peft-qlora-parity  (the parity alone: about 3)
 # The GPU machine has torch, transformers and peft but no package index: the rest (bitsandbytes, fastcore, ...) comes
 # as wheels in .whl/, which `bash .ci/gpu-wheels` fills where an index is reachable (bitsandbytes 0.50.2 with its
 # CUDA 13 libraries only). Carry .whl in the call; arms.sh installs what this Python lacks and checks the imports.
