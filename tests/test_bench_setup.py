@@ -1,12 +1,12 @@
-"""Every script in nbs/benchmarks/ gets what it needs on a bare GPU machine (torch, transformers and peft; no package
-index; none of lmbook's other dependencies) through one preamble, `arms.sh`: each .sh script sources it before it
-runs anything, with the modules it needs besides lmbook's training stack in `needs`; a .py script runs through
-`run.sh`, which sources it too. Each script's setup then runs on such a Python (a venv that sees only those packages)
-with the wheels `.ci/gpu-wheels` gives, rebuilt here from this environment's own packages (bitsandbytes with its CPU
-library only, as gpu-wheels keeps one CUDA's): it installs what that Python lacks and checks the imports
-(BENCH_SETUP_ONLY=1). Without a wheel it needs (fastcore; torchao, which this CPU environment has none of), the
-script stops in one line naming it. The setups are run once per distinct `needs`: the rest of a script's setup is
-the same preamble."""
+"""Every script in nbs/benchmarks/ gets what it needs on a bare GPU machine (torch, transformers and peft; no
+package index; none of lmbook's other dependencies) through one preamble, `arms.sh`: each .sh script
+sources it before it runs anything, with the modules it needs besides lmbook's training stack in `needs`;
+a .py script runs through `run.sh`, which sources it too. Each script's setup then runs on such a Python
+(a venv that sees only those packages) with the wheels `.ci/gpu-wheels` gives, rebuilt here from this
+environment's own packages (bitsandbytes with its CPU library only, as gpu-wheels keeps one CUDA's): it
+installs what that Python lacks and checks that it is there (BENCH_SETUP_ONLY=1). Without a wheel it needs
+(fastcore; torchao, which this CPU environment has none of), the script stops in one line naming it. The
+setups run once per distinct `needs`: the rest of a script's setup is the same preamble."""
 import base64, hashlib, importlib.metadata as md, re, subprocess, sys, zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,11 +15,11 @@ from conftest import ROOT
 
 BENCH = ROOT/'nbs'/'benchmarks'
 PREAMBLE = 'source nbs/benchmarks/arms.sh'
-OWN_WAY = {'pod_rehearsal.sh': 'standard library only: it installs lmbook into a pod from the wheels of pod_wheels.sh',
+OWN_WAY = {'pod_rehearsal.sh': 'standard library only: it installs lmbook in a pod, from its own wheels',
            'pod_wheels.sh': 'downloads wheels, where a package index is reachable',
            'arms.sh': 'the preamble itself'}
 MACHINE = ['torch', 'transformers', 'peft', 'pip']  # what the GPU machine has, with what they need
-WHEELS = ['fastcore', 'starlette', 'uvicorn', 'bitsandbytes']  # of .ci/gpu-wheels' wheels, those the scripts need
+WHEELS = ['fastcore', 'starlette', 'uvicorn', 'bitsandbytes']  # the wheels of .ci/gpu-wheels the scripts need
 
 
 def script_needs() -> dict[str, str]:
@@ -41,7 +41,8 @@ def test_every_script_takes_the_one_preamble():
     needs = script_needs()
     assert set(needs) | set(OWN_WAY) == {p.name for p in BENCH.glob('*.sh')}
     assert needs['qlora_7b.sh'] == 'bitsandbytes peft transformers' and needs['profiles_fit.sh'] == '', needs
-    assert 'NEEDS' in (BENCH/'run.sh').read_text() and 'python3 nbs/benchmarks/' in (BENCH/'run.sh').read_text()
+    run = (BENCH/'run.sh').read_text()
+    assert 'NEEDS' in run and 'python3 nbs/benchmarks/' in run
 
 
 def _closure(names:list[str]) -> dict:
@@ -57,7 +58,7 @@ def _closure(names:list[str]) -> dict:
 
 
 def _wheel(name:str, out:Path) -> Path:
-    "A wheel of the installed distribution `name` (a CUDA build's libraries left out, as gpu-wheels leaves all but one)."
+    "A wheel of the installed distribution `name` (CUDA libraries left out, as gpu-wheels drops all but one)."
     d = md.distribution(name)
     info = f"{d.metadata['Name'].replace('-', '_')}-{d.version}.dist-info"
     path = out/f"{d.metadata['Name'].replace('-', '_')}-{d.version}-py3-none-any.whl"
@@ -65,7 +66,8 @@ def _wheel(name:str, out:Path) -> Path:
     record = []
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
         for f in d.files or []:
-            if str(f).startswith('..') or skip.search(str(f)) or not Path(d.locate_file(f)).is_file(): continue
+            if str(f).startswith('..') or skip.search(str(f)) or not Path(d.locate_file(f)).is_file():
+                continue
             data = Path(d.locate_file(f)).read_bytes()
             z.writestr(str(f), data)
             h = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
@@ -84,8 +86,8 @@ def bare(tmp_path_factory):
         for top in {Path(str(f)).parts[0] for f in d.files or [] if not str(f).startswith('..')}:
             src = Path(d.locate_file(top))
             if src.exists() and not (machine/top).exists(): (machine/top).symlink_to(src)
-    subprocess.run([getattr(sys, '_base_executable', sys.executable), '-m', 'venv', '--without-pip', root/'venv'],
-                   check=True)
+    python = getattr(sys, '_base_executable', sys.executable)
+    subprocess.run([python, '-m', 'venv', '--without-pip', root/'venv'], check=True)
     (next((root/'venv'/'lib').glob('python3*/site-packages'))/'machine.pth').write_text(f"{machine}\n")
     for n in WHEELS: _wheel(n, wheels)
     return root/'venv'/'bin', wheels
@@ -95,29 +97,32 @@ def _run(bare, cmd:list[str], wheels:Path|None=None, **env) -> subprocess.Comple
     "`cmd` from the repo root with the bare Python first on the PATH, as `python3`."
     bindir, given = bare
     (bindir/'python3').exists() or (bindir/'python3').symlink_to(bindir/'python')
-    base = {'PATH': f"{bindir}:/usr/bin:/bin", 'HOME': str(bindir.parent), 'LMBOOK_WHEELS': str(wheels or given),
-            'OMP_NUM_THREADS': '1', 'TMPDIR': str(bindir.parent)}
+    base = {'PATH': f"{bindir}:/usr/bin:/bin", 'HOME': str(bindir.parent), 'OMP_NUM_THREADS': '1',
+            'LMBOOK_WHEELS': str(wheels or given), 'TMPDIR': str(bindir.parent)}
     return subprocess.run(cmd, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=300)
 
 
 def test_each_script_sets_up_on_a_bare_machine(bare, tmp_path):
-    """Each distinct `needs`, on the bare Python: installed and there, or one line naming what is missing; and one
-    command run through run.sh, whose preamble imports lmbook's training stack and what the scripts install."""
+    """Each distinct `needs`, on the bare Python: installed and there, or one line naming what is missing; and
+    one command run through run.sh, whose preamble imports lmbook's training stack and what it installed."""
     sets = {}
     for name, needs in script_needs().items(): sets.setdefault(needs, name)
-    assert {'', 'torchao', 'bitsandbytes peft transformers', 'transformers starlette uvicorn'} == set(sets), sets
+    assert set(sets) == {'', 'torchao', 'bitsandbytes peft transformers',
+                         'transformers starlette uvicorn'}, sets
     empty = tmp_path/'none'; empty.mkdir()
     check = dict(BENCH_SETUP_ONLY='1')
-    run = ['bash', 'nbs/benchmarks/run.sh', 'python3', '-c', 'import os; print("ran in", os.environ["PYTHONPATH"])']
+    run = ['bash', 'nbs/benchmarks/run.sh', 'python3', '-c',
+           'import os; print("ran in", os.environ["PYTHONPATH"])']
     with ThreadPoolExecutor(2) as ex:
-        done = {needs: ex.submit(_run, bare, ['bash', f'nbs/benchmarks/{name}'], **check) for needs, name in sets.items()}
+        done = {needs: ex.submit(_run, bare, ['bash', f'nbs/benchmarks/{name}'], **check)
+                for needs, name in sets.items()}
         done['bare'] = ex.submit(_run, bare, ['bash', f"nbs/benchmarks/{sets['']}"], wheels=empty, **check)
         done['run'] = ex.submit(_run, bare, run, NEEDS='starlette uvicorn')
         done = {k: f.result() for k, f in done.items()}
     for needs in ('', 'bitsandbytes peft transformers', 'transformers starlette uvicorn'):
         r = done[needs]
-        assert r.returncode == 0 and f"setup ok: lmbook's packages{' and ' + needs if needs else ''} are there" \
-            in r.stdout, (sets[needs], r.stdout, r.stderr[-2000:])
+        said = f"setup ok: lmbook's packages{' and ' + needs if needs else ''} are there"
+        assert r.returncode == 0 and said in r.stdout, (sets[needs], r.stdout, r.stderr[-2000:])
         assert 'installed for this script: ' in r.stdout and 'fastcore' in r.stdout, r.stdout
     r = done['run']  # the preamble imported lmbook and the wheels, the command ran with them, then they went
     assert r.returncode == 0 and 'ran in ' in r.stdout, r.stderr[-2000:]
@@ -125,5 +130,5 @@ def test_each_script_sets_up_on_a_bare_machine(bare, tmp_path):
     assert site.endswith('/site') and not Path(site).exists()
     for r, missing in ((done['torchao'], 'torchao'), (done['bare'], 'fastcore')):
         err = [l for l in r.stderr.splitlines() if l.strip()]
-        assert r.returncode == 1 and len(err) == 1 and err[0].startswith(f'error: no {missing} for this Python') \
-            and 'gpu-wheels' in err[0], (r.stdout, r.stderr[-2000:])
+        assert (r.returncode == 1 and len(err) == 1 and 'gpu-wheels' in err[0]
+                and err[0].startswith(f'error: no {missing} for this Python')), (r.stdout, r.stderr[-2000:])

@@ -146,8 +146,9 @@ def test_a_byte_not_utf8_names_file_line_and_offset(tmp_path, name):
     "A Latin-1 byte in a JSONL or JSON file is named like any bad record: file, line and byte offset."
     p = tmp_path/name
     good = b'{"prompt": "Hi", "response": "Hello"}'
-    body = (b'\xef\xbb\xbf[\n  ' + good + b',\n  {"prompt": "Caf\xe9?", "response": "Yes"}\n]' if name == 'chat.json'
-            else good + b'\n\n{"prompt": "Caf\xe9?", "response": "Yes"}\n' + good + b'\n')
+    bad = b'{"prompt": "Caf\xe9?", "response": "Yes"}'
+    body = (b'\xef\xbb\xbf[\n  ' + good + b',\n  ' + bad + b'\n]' if name == 'chat.json'
+            else good + b'\n\n' + bad + b'\n' + good + b'\n')
     p.write_bytes(body)
     line, off = (3, body.index(b'\xe9'))
     with pytest.raises(ValueError) as e: list(chat_records(p))

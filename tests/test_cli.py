@@ -126,7 +126,7 @@ def test_a_lever_the_machine_lacks_is_one_warning_line(tmp_path):
 
 
 def test_the_readme_first_hour_gives_users_no_developer_command():
-    "Every `lmbook` command the README hands a user (its quickstart and first hour) is not marked [developers]."
+    "No `lmbook` command the README hands a user (its quickstart and first hour) is marked [developers]."
     from lmbook.cli import COMMANDS
     readme = (ROOT/'README.md').read_text()
     hour = readme.split('## The first hour', 1)[1].split('\n## ', 1)[0]
@@ -152,8 +152,8 @@ def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, 
 
 
 def test_what_the_readme_says_of_the_tests_is_true():
-    """The README's test paragraph says what CI runs (`.ci/run`, which runs `.ci/test` and nothing else), what the
-    CI-only installs of `.ci/test` are, and whether a GitHub workflow runs the tests."""
+    """The README's test paragraph says what CI runs (`.ci/run`, which runs `.ci/test` and nothing else),
+    what the CI-only installs of `.ci/test` are, and whether a GitHub workflow runs the tests."""
     readme = (ROOT/'README.md').read_text()
     para = readme.split('**The tests**', 1)[1].split('```', 1)[0]  # what comes before the command
     run = [l for l in (ROOT/'.ci'/'run').read_text().splitlines()

@@ -301,7 +301,8 @@ def test_a_background_write_that_fails_stops_the_run_at_once(ws, monkeypatch, ca
     import lmbook.train.trainer as trainer_mod
     real_save, real_step = ckpt_mod.save_file, trainer_mod.train_step
     def enospc(tensors, path, *a, **k):
-        if '.tmp-step_00000004' in str(path): raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+        if '.tmp-step_00000004' in str(path):
+            raise OSError(errno.ENOSPC, 'No space left on device', str(path))
         return real_save(tensors, path, *a, **k)
     def step(*a, **k):  # steps long enough for the write to fail during the next one
         res = real_step(*a, **k)

@@ -68,7 +68,7 @@ def test_train_notebook_names(workspace, monkeypatch):
     assert r.returncode != 0 and len(said) == 1 and len(said[0]) == 1, said  # one line
     assert 'NVIDIA H100' in said[0][0] and 'lmbook pod plan --profile runpod_2b' in said[0][0], said
     from test_notebooks import first_said
-    assert first_said(r.stderr) == said[0][0], r.stderr  # the first thing a user reads, above papermill's trace
+    assert first_said(r.stderr) == said[0][0], r.stderr  # the first thing read, above papermill's trace
     assert written(workspace) == ['big.ipynb', 'blank.ipynb']
     # forced, it goes on: runpod_2b reads FineWeb, which is unreachable offline, so the run stops at data
     # preparation, in its own folder

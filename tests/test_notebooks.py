@@ -83,7 +83,7 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
     assert (len(errs) == 1 and len(errs[0].splitlines()) <= 3 and errs[0].startswith('error: ')
             and msg in errs[0]), errs
     assert errs[0] in r.stderr and 'Traceback' not in r.stderr.split('Exception encountered')[-1]
-    assert first_said(r.stderr) == errs[0], r.stderr  # the reason comes first, not below papermill's traceback
+    assert first_said(r.stderr) == errs[0], r.stderr  # the reason first, not below papermill's traceback
 
 
 # what papermill itself (and its kernel's log) writes before a cell's output: its banner and progress bar

@@ -81,10 +81,10 @@ def test_config_is_what_peft_reads(folder, tmp_path):
 
 
 def test_lmbook_lora_trains_as_peft_does(tmp_path):
-    """LoRA without 4-bit (bitsandbytes has no CPU path) at a tiny Llama shape, in float32 on the CPU: peft, trained
-    on the rows lmbook trained on, in its order, from its initial adapters, with its optimizer, learning rate and
-    clipping, gives each step's loss within 0.01% of lmbook's. The benchmark's own code (`qlora_7b.py`), whose
-    4-bit row on a GPU asks 2% at 7B."""
+    """LoRA without 4-bit (bitsandbytes has no CPU path) at a tiny Llama shape, in float32 on the CPU: peft,
+    trained on the rows lmbook trained on, in its order, from its initial adapters, with its optimizer,
+    learning rate and clipping, gives each step's loss within 0.01% of lmbook's. The benchmark's own code
+    (`qlora_7b.py`), whose 4-bit row on a GPU asks 2% at 7B."""
     import argparse, sys
     from conftest import ROOT
     from lmbook.data.sft import builtin_chat, write_jsonl

@@ -395,7 +395,9 @@ def detach(cfg, # the resolved `Config`
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
     if (rc := lock.wait_taken(since, p.poll)) is not None:
-        with open(out, 'rb') as f: f.seek(at); said = f.read().decode('utf-8', 'replace').rstrip()
+        with open(out, 'rb') as f:
+            f.seek(at)
+            said = f.read().decode('utf-8', 'replace').rstrip()
         print(said, file=sys.stderr if rc else sys.stdout, flush=True)
     return rc, p.pid, out
 
