@@ -127,10 +127,11 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
         "a pod's unattended pipeline: install, layout, data, train, autokill (reads RUN_* variables)"),
     'slurm': ('lmbook.pods.slurm',
         'check a multi-node run and print (or write) its sbatch script'),
+    'docs': ('lmbook.dev.docs',
+        'build the book (the notebooks as a docs site) into _docs/, offline; --serve shows it at '
+        'http://127.0.0.1:8000/'),
     'readme': ('lmbook.cli',
         '[developers] render README.md from nbs/index.ipynb'),
-    'docs': ('lmbook.dev.docs',
-        '[developers] build the docs site offline into _docs/ (nbdev notebooks rendered by smalldocs)'),
     'databench': ('lmbook.dev.databench',
         '[developers] measure tokenize and loader speed; write JSON'),
     'orchestrate': ('lmbook.pods.boot',

@@ -8,6 +8,7 @@ Docs: https://lmbook.github.io/lmbook/runlock.html.md"""
 from __future__ import annotations
 import contextlib, json, math, os, signal, socket, threading, time, uuid
 from pathlib import Path
+from typing import Callable
 from fastcore.basics import patch
 from .rundir import RUN_FILES
 from .core import env_var
@@ -173,6 +174,26 @@ def __enter__(self:RunLock) -> RunLock: return self.acquire()
 
 @patch
 def __exit__(self:RunLock, *exc): self.release()
+
+@patch
+def check(self:RunLock):
+    "Raise `RunLocked` where `acquire` would refuse (another holder, alive), without taking the lock."
+    d, why = lock_state(self.path)
+    if d and why is None and d.get('token') not in _TOKENS: raise _refusal(self, d)
+
+@patch
+def wait_taken(self:RunLock,
+               since:float, # `time.time()` when the awaited holder was started
+               ended:Callable[[], int|None], # its exit code once it has ended (`Popen.poll`)
+               wait_s:float=60.0, poll_s:float=0.1) -> int|None:
+    "None once a holder started after `since` holds the lock (or after `wait_s`); its exit code if it ended."
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if (rc := ended()) is not None: return rc
+        d, why = lock_state(self.path)
+        if d and why is None and float(d.get('started', 0)) >= since: return None
+        time.sleep(poll_s)
+    return None
 
 # %% ../nbs/01a_runlock.ipynb #7d733188
 DATA_LOCK = '.prepare.lock'

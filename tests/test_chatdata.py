@@ -141,6 +141,26 @@ def test_json_arrays_name_the_line_a_record_starts_on(tmp_path):
         chat_source(p, split='test')
 
 
+@pytest.mark.parametrize('name', ['chat.jsonl', 'chat.json'])
+def test_a_byte_not_utf8_names_file_line_and_offset(tmp_path, name):
+    "A Latin-1 byte in a JSONL or JSON file is named like any bad record: file, line and byte offset."
+    p = tmp_path/name
+    good = b'{"prompt": "Hi", "response": "Hello"}'
+    bad = b'{"prompt": "Caf\xe9?", "response": "Yes"}'
+    body = (b'\xef\xbb\xbf[\n  ' + good + b',\n  ' + bad + b'\n]' if name == 'chat.json'
+            else good + b'\n\n' + bad + b'\n' + good + b'\n')
+    p.write_bytes(body)
+    line, off = (3, body.index(b'\xe9'))
+    with pytest.raises(ValueError) as e: list(chat_records(p))
+    msg = str(e.value)
+    assert msg.startswith(f"{p}:{line}: byte 0xe9 at offset {off} is not UTF-8") and '\n' not in msg, msg
+    assert 'iconv -f latin1 -t utf-8' in msg and 'hf:' not in msg, msg
+    # a binary data file given as a file keeps the advice that fits it: load its folder as a dataset
+    (tmp_path/'chat.parquet').write_bytes(b'PAR1\x15\x04\xff\x81')
+    with pytest.raises(ValueError, match=r'chat.parquet is a Parquet file, not JSONL or JSON: give hf:'):
+        list(chat_records(tmp_path/'chat.parquet'))
+
+
 def cache_as_downloaded(cache:Path, repo_id:str, split:str, rows:dict):
     """Leave in the datasets cache `cache` what `load_dataset(repo_id)` leaves there after a download of a
     Parquet dataset from the Hub: Arrow files under ORG___NAME/default/0.0.0/COMMIT."""

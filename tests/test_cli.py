@@ -123,3 +123,67 @@ def test_a_lever_the_machine_lacks_is_one_warning_line(tmp_path):
     said = [l for l in out.splitlines() if 'fp8=tensorwise ignored' in l]
     assert r.returncode == 0 and len(said) == 1 and said[0].startswith('warning: '), out
     assert 'UserWarning' not in out and 'apply_fp8(' not in out, out
+
+
+def test_the_readme_first_hour_gives_users_no_developer_command():
+    "No `lmbook` command the README hands a user (its quickstart and first hour) is marked [developers]."
+    from lmbook.cli import COMMANDS
+    readme = (ROOT/'README.md').read_text()
+    hour = readme.split('## The first hour', 1)[1].split('\n## ', 1)[0]
+    used = set(re.findall(r'^\.venv/bin/lmbook (\w+)', readme.split('## The first hour')[0] + hour, re.M))
+    assert 'docs' in used and 'sample' in used, used
+    marked = {c for c in used if COMMANDS[c][1].startswith('[developers]')}
+    assert not marked, marked
+
+
+def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, capsys):
+    "`lmbook docs --serve` that builds first says how many pages and serves them, not 'run --serve'."
+    import lmbook.dev.docs as docs
+    from lmbook.cli import main
+    served = []
+    monkeypatch.setattr(docs, 'build_docs', lambda checkout, out: (tmp_path, []))
+    monkeypatch.setattr(docs, 'serve', lambda site, port: served.append(site))
+    (tmp_path/'index.html').write_text('')
+    assert main(['docs', '--out', str(tmp_path), '--serve', '--rebuild']) == 0
+    out = capsys.readouterr().out
+    assert served == [tmp_path] and out.startswith(f'1 pages in {tmp_path}') and '--serve' not in out, out
+    assert main(['docs', '--out', str(tmp_path)]) == 0  # a plain build says how to look at it
+    assert 'lmbook docs --serve' in capsys.readouterr().out
+
+
+def test_what_the_readme_says_of_the_tests_is_true():
+    """The README's test paragraph says what CI runs (`.ci/run`, which runs `.ci/test` and nothing else),
+    what the CI-only installs of `.ci/test` are, and whether a GitHub workflow runs the tests."""
+    readme = (ROOT/'README.md').read_text()
+    para = readme.split('**The tests**', 1)[1].split('```', 1)[0]  # what comes before the command
+    run = [l for l in (ROOT/'.ci'/'run').read_text().splitlines()
+           if l.strip() and not l.startswith(('#', 'set ', 'cd '))]
+    assert run == ['bash .ci/test'] and '`CI=true bash .ci/run`' in para, para
+    test = (ROOT/'.ci'/'test').read_text()
+    ci_only = re.findall(r'apt-get install -y -qq ([\w -]+)\)', test)
+    assert ci_only, 'no CI-only install found in .ci/test'
+    for pkgs in ci_only:
+        for pkg in pkgs.split(): assert pkg.lower().split('-')[0] in para.lower(), (pkg, para)
+    workflows = [f.read_text() for f in (ROOT/'.github'/'workflows').glob('*.yml')]
+    runs_tests = any('.ci/test' in w or '.ci/run' in w for w in workflows)
+    assert ('no GitHub workflow runs them' in para) == (not runs_tests), para
+    assert 'exactly this' not in para or runs_tests, para
+
+
+def test_the_first_hour_fine_tune_reads_one_checkpoint_and_holds_out_enough(tmp_path, monkeypatch):
+    """The README's first-hour fine-tune: every command after it reads the same checkpoint of the fine-tuned
+    run, and its data holds out enough records for the validation loss (and so `:best`) to mean something."""
+    from lmbook.config import get_config
+    from lmbook.data.sft import split_examples
+    hour = (ROOT/'README.md').read_text().split('## The first hour', 1)[1].split('\n## ', 1)[0]
+    ft = re.search(r'lmbook finetune .*-e (\S+)', hour)
+    assert ft, hour
+    specs = set(re.findall(rf'lmbook (?:sample|chat|export|eval) ({re.escape(ft.group(1))}\S*)', hour))
+    assert len(specs) == 1, specs  # one checkpoint: not the newest for one command and best/ for another
+    code = re.search(r'^\.venv/bin/python -c "(from lmbook\.data\.sft import .*)"$', hour, re.M).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    recs = [json.loads(l) for l in (tmp_path/'chat.jsonl').read_text().splitlines()]
+    d = get_config('smoke').data
+    train, val = split_examples(recs, d.val_ratio, d.data_seed)
+    assert len(val) >= 5 and len(train) >= 100, (len(train), len(val))

@@ -60,6 +60,21 @@ def test_pages_match_docstring_links(site):
     assert 'Analysis of runs' not in (site/'analysis.html').read_text()
 
 
+def sidebar_labels(page:str) -> list[str]:
+    "What the sidebar of a built page says, entry by entry (sections and pages), in order."
+    bar = page[page.index('sidebar-menu-container'):]
+    return re.findall(r'<span class="menu-text">([^<]*)</span>', bar[:bar.index('</nav>')])
+
+
+def test_the_sidebar_names_each_entry_once(site):
+    "No two entries of the sidebar read the same (a chapter is its section's name, a module its own)."
+    from collections import Counter
+    labels = sidebar_labels((site/'index.html').read_text())
+    assert {'data', 'corpus', 'prepare', 'gpt', 'find', 'Benchmarks'} <= set(labels), labels
+    twice = {k: n for k, n in Counter(l.lower() for l in labels).items() if n > 1}
+    assert not twice, (twice, labels)
+
+
 def test_site_links_resolve_and_name_only_declared_repositories(site):
     """Every href and src of the site's pages, and every link of their Markdown copies, opens a file the site
     has (the raw benchmark results included) or a repository pyproject.toml declares."""

@@ -1,6 +1,6 @@
 """Data preparation under faults: one preparation of an experiment at a time, whichever command starts it;
 Ctrl-C is one line."""
-import json, os, signal, subprocess, sys, time
+import errno, json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from conftest import lmbook_cmd
@@ -103,3 +103,71 @@ def test_ctrl_c_during_prepare_is_one_line(workspace, stage):
                    env=dict(SHARD_LINES='50'))
     assert r.returncode == 0, r.stderr
     assert read_manifest(p.cache/'tokens'/'train')['complete']
+
+
+class FullDisk:
+    "`open` whose files written under `folder` find the disk full once `budget` bytes are written in all."
+    def __init__(self, folder:Path, budget:int): self.folder, self.left = str(folder), budget
+
+    def open(self, path, mode='r', *a, **k):
+        f = open(path, mode, *a, **k)
+        return f if 'r' in mode or not str(path).startswith(self.folder) else _Filling(f, self)
+
+class _Filling:
+    "A file that raises ENOSPC, as the kernel does, once its disk has no bytes left."
+    def __init__(self, f, disk:FullDisk): self.f, self.disk = f, disk
+    def write(self, b):
+        self.disk.left -= len(b)
+        if self.disk.left < 0: raise OSError(errno.ENOSPC, 'No space left on device')
+        return self.f.write(b)
+    def close(self):  # what was buffered finds no room either
+        self.f.close()
+        if self.disk.left < 0: raise OSError(errno.ENOSPC, 'No space left on device')
+    def __getattr__(self, k): return getattr(self.f, k)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+
+
+def test_disk_full_during_prepare_is_one_line(workspace, monkeypatch, capsys):
+    """A disk that fills while sharding, then (on the rerun) while tokenizing: each time exit 2 and one line
+    saying where it stopped, no temporary file left; each rerun keeps the whole files written before."""
+    import lmbook.data.prepare as prepare_mod, lmbook.data.tokenizer as tokenizer_mod
+    from lmbook.cli import main
+    p = paths_for('full', root=workspace)
+    args = ['prepare', '-p', 'smoke', '-e', 'full', '--root', str(workspace), '-q', '--set', 'take=600',
+            'vocab_size=320']
+    kept = {}
+    for mod, folder, files, budget, where in [
+            (prepare_mod, p.train.parent, '*.txt', 400_000, 'while sharding ('),
+            (tokenizer_mod, p.cache/'tokens', '*.bin', 20_000, 'while tokenizing the train split')]:
+        monkeypatch.setenv('SHARD_LINES', '50')
+        monkeypatch.setattr(mod, 'open', FullDisk(folder, budget).open, raising=False)
+        assert main(args) == 2
+        out, err = capsys.readouterr()
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert (len(lines) == 1 and lines[0].startswith(f'error: no space left on device {where}')
+                and 'rerun the same command to continue' in lines[0]), err
+        assert not [f for f in workspace.rglob('*') if f.name.endswith('.tmp') or '.tmp-' in f.name]
+        assert all(f.stat().st_ino == ino for f, ino in kept.items())  # the rerun continued
+        kept.update({f: f.stat().st_ino for f in folder.rglob(files)})
+        assert kept, lines
+        monkeypatch.undo()
+    monkeypatch.setenv('SHARD_LINES', '50')
+    assert main(args) == 0
+    assert all(f.stat().st_ino == ino for f, ino in kept.items())
+    assert read_manifest(p.cache/'tokens'/'train')['complete']
+
+
+def test_a_manifest_that_finds_the_disk_full_leaves_the_old_one(tmp_path, monkeypatch):
+    "A manifest written half before the disk filled: the old one stays, and no temporary file."
+    from lmbook.data.prepare import write_manifest
+    write_manifest(tmp_path, dict(shards=[1]))
+    real = Path.write_text
+    def half(self, text, *a, **k):
+        real(self, text[:5], *a, **k)
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(Path, 'write_text', half)
+    with pytest.raises(OSError): write_manifest(tmp_path, dict(shards=[1, 2]))
+    monkeypatch.undo()
+    assert read_manifest(tmp_path) == dict(shards=[1])
+    assert [f.name for f in tmp_path.iterdir()] == ['manifest.json']

@@ -1,6 +1,6 @@
 """Resuming under faults: what each allowed config change does to the saved state, a disk that fills during a
 background write, read-only run folders, bad settings and lock files, and a `best/` that outlives its run."""
-import errno, json, os, shutil, subprocess, sys
+import errno, json, os, shutil, subprocess, sys, time
 from pathlib import Path
 import pytest
 import torch
@@ -293,3 +293,30 @@ def test_full_disk_in_a_writer_is_one_line(ws, monkeypatch, capsys, which):
     ck = Path(ws)/'runs'/exp/'checkpoints'
     for p in list_checkpoints(ck): verify_checkpoint(p)
     assert main(args) == 0  # space again: the rerun resumes and finishes
+
+
+def test_a_background_write_that_fails_stops_the_run_at_once(ws, monkeypatch, capsys):
+    """A step checkpoint written in the background that runs out of disk stops the run at the next step, not
+    at the next checkpoint (the steps between could not be saved): one line, exit 2, nothing half-written."""
+    import lmbook.train.trainer as trainer_mod
+    real_write, real_step = ckpt_mod.write_files, trainer_mod.train_step
+    def enospc(files, *a, **k):  # the checkpoint's writers
+        for path in files:
+            if '.tmp-step_00000004' in str(path):
+                raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+        return real_write(files, *a, **k)
+    def step(*a, **k):  # steps long enough for the write to fail during the next one
+        res = real_step(*a, **k)
+        time.sleep(0.1)
+        return res
+    monkeypatch.setattr(ckpt_mod, 'write_files', enospc)
+    monkeypatch.setattr(trainer_mod, 'train_step', step)
+    assert main(['train', '-p', 'smoke', '-e', 'bgstop', '--root', str(ws),
+                 *sets(max_steps=12, eval_every=50, ckpt_async=True)]) == 2
+    out, err = capsys.readouterr()
+    err = [l for l in err.splitlines() if l.strip()]
+    assert (len(err) == 1 and err[0].startswith('error: no space for checkpoint step_00000004')
+            and 'rerun the same command' in err[0]), err
+    run = Path(ws)/'runs'/'bgstop'
+    assert max(r["step"] for r in rows(run)) <= 6, out  # the next save, at step 8, is not reached
+    assert not list((run/'checkpoints').glob('.tmp-*')) and not list_checkpoints(run/'checkpoints')

@@ -67,6 +67,8 @@ def test_train_notebook_names(workspace, monkeypatch):
             for o in c.get('outputs', []) if o['output_type'] == 'error']
     assert r.returncode != 0 and len(said) == 1 and len(said[0]) == 1, said  # one line
     assert 'NVIDIA H100' in said[0][0] and 'lmbook pod plan --profile runpod_2b' in said[0][0], said
+    from test_notebooks import first_said
+    assert first_said(r.stderr) == said[0][0], r.stderr  # the first thing read, above papermill's trace
     assert written(workspace) == ['big.ipynb', 'blank.ipynb']
     # forced, it goes on: runpod_2b reads FineWeb, which is unreachable offline, so the run stops at data
     # preparation, in its own folder

@@ -83,6 +83,17 @@ def test_bad_parameters_fail_before_work(workspace, params, msg):
     assert (len(errs) == 1 and len(errs[0].splitlines()) <= 3 and errs[0].startswith('error: ')
             and msg in errs[0]), errs
     assert errs[0] in r.stderr and 'Traceback' not in r.stderr.split('Exception encountered')[-1]
+    assert first_said(r.stderr) == errs[0], r.stderr  # the reason first, not below papermill's traceback
+
+
+# what papermill itself (and its kernel's log) writes before a cell's output: its banner and progress bar
+PAPERMILL_OWN = ('Input Notebook:', 'Output Notebook:', 'Working directory:', 'Executing', '[IPKernelApp]',
+                 'Black is not installed', 'Passed unknown parameter')
+
+def first_said(stderr:str) -> str|None:
+    "The first line of a papermill run's terminal that is not papermill's banner or progress bar."
+    lines = [l for l in re.split(r'[\r\n]', stderr) if l.strip() and not l.startswith(PAPERMILL_OWN)]
+    return lines[0] if lines else None
 
 
 def error_outputs(nb_path) -> list[str]:

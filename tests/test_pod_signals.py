@@ -1,6 +1,6 @@
 """A closed SSH session (SIGHUP) stops `lmbook train` with a checkpoint, and `lmbook train --detach` outlives
 the terminal."""
-import os, signal, subprocess, sys, time
+import json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
 from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
@@ -52,3 +52,37 @@ def test_detach_starts_a_run_that_outlives_the_terminal(ws):
     else: raise AssertionError('the detached run did not finish')
     assert (run/'checkpoints'/'step_00000006'/'COMPLETE').is_file(), \
         (run/'train.log').read_text() if (run/'train.log').exists() else out
+
+
+def hold_lock(run:Path, pid:int):
+    "A run folder locked by the live process `pid` of this host: a trainer that trains."
+    from lmbook.runlock import LOCK
+    run.mkdir(parents=True, exist_ok=True)
+    (run/LOCK).write_text(json.dumps(dict(host=socket.gethostname(), pid=pid, started=time.time(),
+                                          heartbeat=time.time(), token='first-trainer')))
+
+
+def test_a_second_detach_is_refused_while_the_first_trains(ws, capsys, monkeypatch):
+    """`train --detach` on a locked run folder says the lock's refusal in one line and exits 2, before it
+    starts anything; a trainer that meets the lock after the check (two commands at once) is reported too."""
+    from lmbook.cli import main
+    from lmbook.runlock import RunLock
+    run = Path(ws)/'runs'/'busy'
+    first = subprocess.Popen(['sleep', '120'])
+    try:
+        hold_lock(run, first.pid)
+        args = ['train', '-p', 'smoke', '-e', 'busy', '--root', str(ws), '--detach', '--set', *TINY]
+        assert main(args) == 2
+        out, err = capsys.readouterr()
+        err = [l for l in err.splitlines() if l.strip()]
+        assert 'in the background' not in out and not (run/'train.out').exists(), out
+        assert (len(err) == 1 and err[0].startswith(f'error: {run} is in use by another trainer: host ')
+                and f'pid {first.pid}' in err[0]), err
+        # the lock taken between the check and the trainer's start: the trainer's own refusal, and its code
+        monkeypatch.setattr(RunLock, 'check', lambda self: None)
+        assert main(args) == 2
+        out, err = capsys.readouterr()
+        err = [l for l in err.splitlines() if l.strip()]
+        assert 'in the background' not in out and len(err) == 1, out + '\n'.join(err)
+        assert err[0].startswith(f'error: {run} is in use by another trainer'), err
+    finally: first.kill()

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/chatdata.html.md"""
 
 # %% ../../nbs/02da_chatdata.ipynb #5ec0b858
 from __future__ import annotations
-import json, re
+import codecs, json, re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -185,20 +185,42 @@ def file_records(path:Path, # a .jsonl file, or a .json file of one array
     if not path.is_file():
         raise FileNotFoundError(f"fine-tuning data {path} does not exist: give a .jsonl or .json file of "
                                 "chat records, or hf:ID of a Hugging Face dataset")
-    try: yield from _text_records(path)
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text: give a .jsonl or .json file of chat records (hf:FOLDER "
-                         "reads a folder of Parquet or CSV files)") from None
+    yield from _text_records(path)
 
 # %% ../../nbs/02da_chatdata.ipynb #5f91369b
+_BOM = codecs.BOM_UTF8  # skipped where a file starts with it
+_MAGIC = {b'PAR1': 'a Parquet file', b'ARROW1': 'an Arrow file', b'\x1f\x8b': 'a gzip file',
+          b'PK\x03\x04': 'a zip file'}
+
+def _binary(path:Path, head:bytes) -> ValueError|None:
+    "The error for a data file that is not text at all (Parquet, Arrow, an archive): load its folder instead."
+    kind = next((k for m, k in _MAGIC.items() if head.startswith(m)), 'a binary file' if b'\0' in head
+                else None)
+    return kind and ValueError(f"{path} is {kind}, not JSONL or JSON: give hf:{path.parent} to load its "
+                               "folder as a dataset (Parquet, CSV or Arrow files)")
+
+def _utf8(path:Path, b:bytes, line:int, at:int, # the line's number and its first byte's offset in the file
+         ) -> str:
+    "`b` (a line, or the file from line `line` on) decoded; else the file, line and offset of its bad byte."
+    try: return b.decode('utf-8')
+    except UnicodeDecodeError as e:
+        line += b.count(b'\n', 0, e.start)
+        raise ValueError(f"{path}:{line}: byte 0x{b[e.start]:02x} at offset {at + e.start} is not UTF-8: fix "
+                         "that line, or convert the file to UTF-8 (from Latin-1: `iconv -f latin1 -t utf-8 "
+                         f"{path.name} > fixed{path.suffix}`)") from None
+
 def _text_records(path:Path) -> Iterator[tuple[str, object]]:
-    with open(path, encoding='utf-8-sig') as f:
-        head = f.read(4096).lstrip()
-        f.seek(0)
-        if head.startswith('['):
-            yield from _array_records(path, f.read())
+    with open(path, 'rb') as f:
+        head = f.read(4096)
+        if err := _binary(path, head): raise err
+        bom = len(_BOM) if head.startswith(_BOM) else 0
+        f.seek(bom)
+        if head[bom:].lstrip().startswith(b'['):
+            yield from _array_records(path, _utf8(path, f.read(), 1, bom))
             return
-        for i, line in enumerate(f, 1):
+        at = bom
+        for i, raw in enumerate(f, 1):
+            line, at = _utf8(path, raw, i, at), at + len(raw)
             if not line.strip(): continue
             try: rec = json.loads(line)
             except json.JSONDecodeError as e: raise _not_json(f"{path}:{i}", e) from None

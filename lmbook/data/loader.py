@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/loader.html.md"""
 
 # %% ../../nbs/02d_loader.ipynb #549b2c4f
 from __future__ import annotations
-import os, sys, time
+import errno, os, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -323,7 +323,15 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
         return _data(paths, prep.wait_tokenizer(), prep.more, prep)
     # one preparation at a time
     with data_lock(paths.cache, log):
-        return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
+        try: return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
+            # every stage keeps only whole files and resumes where it stopped: one line says it all
+            where = Path(e.filename).parent if e.filename else paths.root
+            why = e.strerror or 'no space left'
+            raise ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or "
+                             "use a bigger volume, then rerun the same command to continue from "
+                             "there") from None
 
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6

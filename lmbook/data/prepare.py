@@ -128,8 +128,10 @@ def write_manifest(folder:Path, m:dict):
     "Write `manifest.json` atomically."
     p = Path(folder)/MANIFEST
     tmp = p.with_name(f'.{MANIFEST}.{os.getpid()}.tmp')
-    tmp.write_text(json.dumps(m, indent=1))
-    os.replace(tmp, p)
+    try:
+        tmp.write_text(json.dumps(m, indent=1))
+        os.replace(tmp, p)
+    finally: tmp.unlink(missing_ok=True)  # a full disk: the old manifest stays, and nothing half-written
 
 OWN_FILES = 'shard_[0-9][0-9][0-9][0-9][0-9].*'  # the shard and token files this package names
 
@@ -202,7 +204,8 @@ class _ShardWriter:
 
     def abort(self):
         if self.f is not None:
-            self.f.close()
+            try: self.f.close()  # a full disk fails the flush too: the partial shard goes all the same
+            except OSError: pass
             self.tmp.unlink(missing_ok=True)
             self.f = None
 

@@ -13,7 +13,7 @@ import yaml
 # %% auto #0
 __all__ = ['DOCS_FILE_RE', 'CHAPTER_TITLES', 'SITE_DATA', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links',
            'sidebar', 'stage_site', 'markdown_copies', 'offline_css', 'member_links', 'source_page', 'local_sources',
-           'build_docs', 'docs_inputs', 'site_folder', 'site_current', 'serve', 'add_dev_cli']
+           'build_docs', 'docs_inputs', 'site_folder', 'site_current', 'serve', 'add_cli']
 
 # %% ../../nbs/08a_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -95,7 +95,11 @@ def sidebar(sources:list[str], # the page files in nbs/
     groups = [(t, [s for s in mods if title(s[:2]) == t]) for t in dict.fromkeys(title(s[:2]) for s in mods)]
     groups += [('Notes', [s for s in srcs if s.endswith(('.md', '.qmd'))])]
     contents = ['index.ipynb'] if 'index.ipynb' in srcs else []
-    contents += [dict(section=t, contents=[names.get(s, s) for s in g]) for t, g in groups if g]
+    for t, g in groups:
+        if not g: continue
+        # a chapter's own page is its section's link, not an entry of the same name below it
+        head = {'href': names.get(g[0], g[0])} if g[0][3:-6] == t else {}
+        contents.append(dict(section=t, **head, contents=[names.get(s, s) for s in g[1 if head else 0:]]))
     return dict(website=dict(sidebar=dict(style='floating', contents=contents)))
 
 # %% ../../nbs/08a_docs.ipynb #832325ac
@@ -282,10 +286,10 @@ def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
     except KeyboardInterrupt: pass
     finally: httpd.server_close()
 
-def add_dev_cli(sub):
-    "Register `lmbook docs`."
-    p = sub.add_parser('docs', help='[developers] build the docs site offline into '
-                       '_docs/ (nbdev notebooks rendered by smalldocs)')
+def add_cli(sub):
+    "Register `lmbook docs`: the book, for anyone with a clone (the README's first hour gives it to users)."
+    p = sub.add_parser('docs', help='build the book (the notebooks as a docs site) into _docs/, offline; '
+                       '--serve shows it at http://127.0.0.1:8000/')
     p.add_argument('--checkout', default='.', help='the project folder (default: the current one)')
     p.add_argument('--out', default=None, help='where to write the site (default: _docs/)')
     p.add_argument('--serve', action='store_true', help='then serve it on 127.0.0.1 until Ctrl-C')
@@ -302,8 +306,9 @@ def add_dev_cli(sub):
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
         n = len(list(out.glob('*.html')))
-        print(f"{n} pages in {out}; open it over http: lmbook "
-              f"docs --serve (or python -m http.server -d {out})")
+        # served now, or how to serve it
+        print(f"{n} pages in {out}" + ('' if a.serve else f"; open it over http: lmbook docs --serve (or "
+                                       f"python -m http.server -d {out})"), flush=True)
         if a.serve: serve(out, a.port)
         return 0
     p.set_defaults(func=run)

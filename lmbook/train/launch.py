@@ -7,6 +7,7 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
 import argparse, json, os, platform, re, shlex, signal, socket, subprocess, sys, tempfile, textwrap, threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 import torch
@@ -22,7 +23,8 @@ from ..model.levers import fp8_support
 from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
 from .runstart import prepare_run
-from .trainer import NonFiniteError, STOP_SIGNALS, exit_code, train
+from .trainer import NonFiniteError, STOP_SIGNALS, choose_run_dir, exit_code, train
+from ..runlock import RunLock
 from ..rundir import RunDir
 from ..core import env_var
 
@@ -370,15 +372,20 @@ def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:in
     return 0
 
 # %% ../../nbs/05f_launch.ipynb #e138cd59
-def detach(profile:str, # profile name or config file
+def detach(cfg, # the resolved `Config`
+           profile:str, # profile name or config file
            experiment:str, # experiment name
            overrides:dict, # flat config overrides (nproc, parallel, ... included)
            root:Path|None=None, # workspace root
            torchrun_args:str='', # rendezvous flags of a multi-node job
-          ) -> tuple[int, Path]:
-    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (pid, that file)."
-    out = RunDir(paths_for(experiment, root=Path(root) if root else None).run).out
+          ) -> tuple[int|None, int, Path]:
+    "Start `lmbook train` in its own session, output in `runs/<exp>/train.out`; (exit code*, pid, that file)."
+    # * of a trainer that ended before it held its folder's lock (its output said why), else None
+    run = paths_for(experiment, root=Path(root) if root else None).run
+    lock, out = RunLock(choose_run_dir(run, cfg.train.checkpoint.auto_resume)), RunDir(run).out
+    lock.check()  # another trainer there: refused here, where the command was typed
     out.parent.mkdir(parents=True, exist_ok=True)
+    at, since = out.stat().st_size if out.exists() else 0, time.time()
     cmd = ([sys.executable, '-c', 'import sys; from lmbook.cli import main; sys.exit(main())', 'train',
             '--profile', str(profile),
             '--experiment', experiment] + [f'--set={k}={v}' for k, v in overrides.items()] + (['--root',
@@ -387,7 +394,12 @@ def detach(profile:str, # profile name or config file
     with open(out, 'ab') as f:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                              start_new_session=True)
-    return p.pid, out
+    if (rc := lock.wait_taken(since, p.poll)) is not None:
+        with open(out, 'rb') as f:
+            f.seek(at)
+            said = f.read().decode('utf-8', 'replace').rstrip()
+        print(said, file=sys.stderr if rc else sys.stdout, flush=True)
+    return rc, p.pid, out
 
 # %% ../../nbs/05f_launch.ipynb #66c1699e
 def train_epilog(width:int=100) -> str:
@@ -418,7 +430,8 @@ def start_run(cfg, # the resolved `Config`
     if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
         if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
     if detached:
-        pid, out = detach(profile, experiment, overrides, root, torchrun_args)
+        rc, pid, out = detach(cfg, profile, experiment, overrides, root, torchrun_args)
+        if rc is not None: return rc  # it stopped before training, and said why
         print(f"training {experiment} in the background: pid {pid}, in a session of its own (closing "
               "this terminal does not stop it)\n"
               f"  follow it:  tail -f {RunDir(out.parent).log}   (its output: {out})\n"

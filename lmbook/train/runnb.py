@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runnb.html.md"""
 
 # %% ../../nbs/05k_runnb.ipynb #96e1a441
 from __future__ import annotations
-import html, io, json, os, socket, sys, time
+import functools, html, io, json, os, socket, sys, time
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
@@ -70,12 +70,23 @@ def check_params(ns:dict, declared:dict) -> dict:
 # what the CLI and the run notebooks show as one line
 USER_ERRORS = (ValueError, FileNotFoundError, TrainingExit)
 
-def _one_line(shell, etype, value, tb, tb_offset=None) -> list[str]:
+def _terminal_fd() -> int|None:
+    "The kernel process's own stderr (under papermill: the terminal), apart from the notebook's stream."
+    for s in (sys.stderr, sys.__stderr__):  # a kernel's sys.stderr gives the original's copy, or refuses
+        try: return s.fileno()
+        except (AttributeError, OSError, ValueError): continue
+    return None
+
+def _one_line(shell, etype, value, tb, tb_offset=None, terminal:int|None=None) -> list[str]:
     stb = [f"error: {value}"]
+    if (fd := _terminal_fd() if terminal is None else terminal) is not None:
+        try: os.write(fd, f"\n{stb[0]}\n".encode())  # after papermill's progress bar, on a line of its own
+        except OSError: pass
     shell._showtraceback(etype, value, stb)
     return stb
 
 def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); nothing happens without one)
+                    terminal:int|None=None, # where the line goes too (default: the kernel's own stderr)
                    ):
     "Show `USER_ERRORS` raised in this kernel's cells as one `error:` line, as the `lmbook` command does."
     if shell is None:
@@ -83,7 +94,7 @@ def one_line_errors(shell=None, # the IPython shell (default: get_ipython(); not
             from IPython import get_ipython  # a notebook kernel only
             shell = get_ipython()
         except ImportError: return
-    if shell is not None: shell.set_custom_exc(USER_ERRORS, _one_line)
+    if shell is not None: shell.set_custom_exc(USER_ERRORS, functools.partial(_one_line, terminal=terminal))
 
 # %% ../../nbs/05k_runnb.ipynb #ce1a3517
 def train_overrides(p:dict) -> dict:

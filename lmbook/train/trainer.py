@@ -399,6 +399,7 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
     "Train from `p.step` to the end, validating, sampling, checkpointing; the signal that stopped it (or 0)."
     tc, t, start, consec, signum = r.cfg.train, r.t, p.step, 0, 0
     while p.step < r.total:
+        if ck.error is not None: ck.wait()  # a background write failed: stop now, not at the next save
         lr = r.sched(p.step)
         t0 = time.perf_counter()
         res = train_step(t, r.loader.next_batch, lr)

@@ -5,13 +5,11 @@
 # Usage (repo root): bash nbs/benchmarks/ddp_kill_resume.sh OUTDIR      (section "A DDP run killed mid-run resumes")
 # It keeps only OUTDIR. The runs' workspace (data, checkpoints; TMPDIR too, for torchrun's log folders) is a fresh
 # scratch folder, removed when the script ends, however it ends: a second call starts both runs afresh.
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
+set +e                         # a run that fails is reported by its exit line, and the script goes on
 O=${1:-ddp_resume}; mkdir -p "$O"
-ws=$(mktemp -d)                            # scratch: the runs' workspace
-trap 'kill ${RUN:-} 2>/dev/null || true; wait; rm -rf "$ws"' EXIT  # removed however it ends, after the killed run
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-mkdir "$ws/tmp"
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 LMBOOK_WORKSPACE=$ws TMPDIR=$ws/tmp \
-       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ws=$tmp/ws; mkdir -p "$ws/tmp"   # the runs' workspace, removed however it ends (the killed run stopped first)
+export LMBOOK_WORKSPACE=$ws TMPDIR=$ws/tmp NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 L='import sys; from lmbook.cli import main; sys.exit(main())'
 ARGS="--profile m3_medium --nproc 2 --parallel ddp --set max_steps=90 --set ckpt_every=20 --set eval_every=30 --set log_every=5 --set compile=false"
 M=$ws/runs

@@ -3,7 +3,8 @@
 # (one arm a GPU), in about 9 minutes for 1,500 steps of runpod_2b at micro-batch 8:
 #   bash nbs/benchmarks/fp8_parity.sh [STEPS [BATCH_SIZE [PROFILE]]]     (rows go to $OUT/fp8_parity.jsonl)
 # torchao comes as a wheel in .whl/ (see levers.sh for the download command).
-source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
+needs='torchao'
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 out=${OUT:-.}/fp8_parity.jsonl
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"

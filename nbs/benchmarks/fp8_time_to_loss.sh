@@ -19,7 +19,8 @@ case $profile in
   runpod_1b-equal) bmb=16; bacc=2; bsteps=750; bevery=50; fmb=32; fsteps=947 ;;
   *) echo "fp8_time_to_loss.sh: no arms for $profile: runpod_2b, runpod_1b or runpod_1b-equal" >&2; exit 2 ;;
 esac
-source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
+needs='torchao'
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 out=${OUT:-.}/fp8-time-to-loss-$profile-seed$seed.jsonl; P=nbs/benchmarks/fp8_parity.py
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"

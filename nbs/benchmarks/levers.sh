@@ -7,14 +7,7 @@
 # rows say fp8=off / loss_kernel=chunked. Fetch them once on a machine with a package index:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl torchao==0.18.0 liger-kernel==0.8.5
-set -e
-tmp=$(mktemp -d)                           # scratch: the wheels' install folder
-trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target "$tmp/site" .whl/*.whl && export PYTHONPATH=$tmp/site:$PYTHONPATH
-fi
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch; print('torch', torch.__version__)"
 python3 nbs/benchmarks/levers.py "${OUT:-.}/levers.jsonl" --parity-steps "${1:-120}" --shapes "${2:-2b,124m}"

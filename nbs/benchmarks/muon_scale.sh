@@ -5,7 +5,7 @@
 # the steps with its AdamW part at 3x the profile's lr, and the same with fp8. 516 s for 1,600 steps on four H200s
 # (2026-11-27); with fewer GPUs than arms, each GPU runs its arms one after another. ACCUM: micro-batches a step
 # (1; at 8, the profile's own tokens a step, each step takes about eight times as long).
-source nbs/benchmarks/arms.sh  # $tmp (removed at the end, arms stopped first), the wheels, the environment
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 steps=${1:-1600}; arms=${2:-adamw@3e-4,adamw@6e-4,muon@0.55@9e-4,muon@0.55@9e-4@fp8}; accum=${3:-1}
 out=${OUT:-.}/muon-scale.jsonl; P=nbs/benchmarks/muon_scale.py
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true

@@ -3,9 +3,8 @@
 #   bash nbs/benchmarks/profiles_fit.sh       (rows go to $OUT/profiles_fit.jsonl; about 6 minutes on an H100)
 # The nanoGPT-recipe rows (arch=gpt2, whole-logits loss, torch's attention kernel) at 124M and at the 2B shape, the
 # 2B shape at micro-batch 16 and the big llama profiles at the micro-batches that fit, each with its memory estimate.
-set -e
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 O="${OUT:-.}/profiles_fit.jsonl"
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 B='from lmbook.train.bench import main; main()'
 R="ce_chunk=0 attn_backend=sdpa"; G2B="n_layer=24 n_embd=2560 n_head=40"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

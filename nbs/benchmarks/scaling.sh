@@ -4,12 +4,9 @@
 # One-GPU references and N-GPU torchrun rows on the same machine: DDP at gpt2_124m (micro-batch 64, accum 8) and
 # FSDP2 at runpod_4b (micro-batch 2, accum 4), then each N-GPU row's tokens/s per GPU against the one-GPU row.
 # About 6 minutes on 4 H100s.
-set -e
-tmp=$(mktemp -d)                           # scratch: torchrun's log folders (one per call, which it never removes)
-trap 'rm -rf "$tmp"' EXIT                  # removed however the script ends
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks (torchrun logs too)
 N=${1:-$(nvidia-smi -L | wc -l)}; O="${OUT:-.}/scaling.jsonl"
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0
 B='from lmbook.train.bench import main; main()'
 one() { CUDA_VISIBLE_DEVICES=0 python3 -c "$B" "$@" --out "$O" | tail -2; }
 many() { torchrun --standalone --nproc_per_node "$N" --log-dir "$tmp" --no-python python3 -c "$B" "$@" --out "$O" | tail -2; }

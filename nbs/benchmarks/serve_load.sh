@@ -9,20 +9,9 @@
 #      stop sequences and log-probabilities (logprobs, top_logprobs 5) in half of them (mix 0.5), on the same server.
 # Goals on an H100, mix 0.5: one stream >= 120 tok/s, 32 clients >= 2,500, 64 clients >= 4,500, none dropped.
 # Needs torch with CUDA, transformers, starlette and uvicorn (bash .ci/gpu-wheels carries the last two); no internet.
-set -e
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-py=python3; [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null && py=.venv/bin/python
-site=$(mktemp -d); tmp=$(mktemp -d)        # the wheels installed for this run; the 13.5 GB model
-trap 'rm -rf "$tmp" "$site"' EXIT          # removed however the script ends
-trap 'exit 130' INT; trap 'exit 143' TERM  # on a signal, the running command ends first, then the line above runs
-for w in ${LMBOOK_WHEELS:-.whl}/{starlette,uvicorn,h11,anyio,click,idna,typing_extensions,fastcore}-*.whl; do
-  [ -f "$w" ] || continue
-  n=$(basename "$w" | cut -d- -f1)
-  "$py" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$n" 2>/dev/null ||
-    "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$w"
-done
-export PYTHONPATH=$site:$PYTHONPATH
-"$py" -c 'import starlette, uvicorn' || { echo "starlette and uvicorn are missing: run bash .ci/gpu-wheels where an index is reachable"; exit 1; }
+needs='transformers starlette uvicorn'
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks (and the model)
+py=python3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 df -h "${TMPDIR:-/tmp}" | tail -1
 dir=$tmp/llama7b

@@ -6,7 +6,7 @@
 # DDP at gpt2_124m (micro-batch 32) and FSDP2 at runpod_1b (micro-batch 8), each 1 x 2 and 2 x 1, and HSDP 2 x 1
 # at runpod_1b (sharded within a node of one GPU: replicated across the two). A host of 2 GPUs or more (it uses
 # the first two that CUDA_VISIBLE_DEVICES names, else 0 and 1); about 8 minutes on two H100s. The last lines give each 2 x 1 row's tokens/s against its 1 x 2 row.
-source nbs/benchmarks/arms.sh               # $tmp, the wheels of .whl/, the environment
+source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 O=${1:?usage: bash nbs/benchmarks/two_nodes.sh OUTDIR}; mkdir -p "$O"; J="$O/two_nodes.jsonl"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B='from lmbook.train.bench import main; main()'
