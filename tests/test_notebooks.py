@@ -1,7 +1,6 @@
 "The run notebooks, executed headless through papermill as a user would, on the smoke profile."
 import json, os, re, subprocess, sys
 from pathlib import Path
-import papermill
 import pytest
 from conftest import ROOT
 from lmbook.train.runnb import TRAIN_PARAMS, ANALYSIS_PARAMS
@@ -20,6 +19,7 @@ def papermill_run(nb, out, *params, timeout=600, extra=()):
 
 @pytest.mark.parametrize('nb,declared', [('train.ipynb', TRAIN_PARAMS), ('analysis.ipynb', ANALYSIS_PARAMS)])
 def test_parameters_cell_matches_declared(nb, declared):
+    import papermill  # imported where used: every test worker imports this module to collect it
     found = papermill.inspect_notebook(str(ROOT/'nbs'/nb))
     assert list(found) == list(declared)
     for k, v in declared.items(): assert found[k]['default'] == repr(v), k
@@ -125,6 +125,7 @@ def test_finetune_published_journey(tmp_path):
     """nbs/finetune_published.ipynb with its defaults: a tiny random Llama imported, QLoRA-tuned, sampled,
     exported, served."""
     from lmbook.train.finetune import PUBLISHED_PARAMS
+    import papermill
     found = papermill.inspect_notebook(str(ROOT/'nbs'/'finetune_published.ipynb'))
     assert (list(found) == list(PUBLISHED_PARAMS)
             and all(found[k]['default'] == repr(v) for k, v in PUBLISHED_PARAMS.items()))
