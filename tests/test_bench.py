@@ -156,8 +156,8 @@ def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
                                     text=True, timeout=300)
     assert run('--prepare', '--workspace', str(ws), '--tiny').returncode == 0
     for arm in ('adamw@6e-3', 'muon@0.5@3e-3'):
-        p = run('--arm', arm, '--tiny', '--steps', '8', '--eval-every', '2', '--eval-batches', '2',
-                '--workspace', str(ws))
+        p = run('--arm', arm, '--tiny', '--steps', '8', '--batch-size', '4', '--eval-every', '2',
+                '--eval-batches', '2', '--workspace', str(ws))
         assert p.returncode == 0, p.stderr[-1500:]
     text = run('--verdict').stdout
     assert 'the final val_loss of adamw@6e-3 (8 steps' in text and 'muon@0.5@3e-3: 4 steps' in text, text

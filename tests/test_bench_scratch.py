@@ -14,14 +14,18 @@ def _env(tmp_path):
             'HF_HUB_OFFLINE': '1', 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
+# the smoke profile on a few documents at a small batch: a run starts, checkpoints and stops in seconds
+SMALL = 'take=1000,vocab_size=512,batch_size=4,eval_steps=2'
+MINUTES = 0.05  # graceful_stop.py's time-based checkpoints: every 3 s
 SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
     'serve_load': ['serve_load.py', '--tiny', '--clients', '2', '--requests', '2', '--max-tokens', '4',
                    '--device', 'cpu', '--out', '{out}'],
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
     'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
     'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '4',
-                   '--eval-every', '2', '--out', '{out}'],
-    'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', '0.1', '--out', '{out}'],
+                   '--eval-every', '2', '--set', SMALL, '--out', '{out}'],
+    'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', str(MINUTES), '--set', SMALL,
+                      '--out', '{out}'],
 }
 
 
@@ -41,7 +45,7 @@ def test_script_leaves_tmpdir_empty(name, tmp_path):
         assert [v[0] for v in res['validations']['on']] == [0, 2, 4]
     if name == 'graceful_stop':  # the stop request loses no step; the hard kill at most the interval
         assert res['stop_steps_lost'] == 0 and res['stop_exit_code'] == 143, res
-        assert res['kill_seconds_lost'] <= 0.1*60 + 5, res
+        assert res['kill_seconds_lost'] <= MINUTES*60 + 5, res
 
 
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):

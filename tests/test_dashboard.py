@@ -101,7 +101,8 @@ def test_analysis_notebook_follows_runs_to_their_end(workspace):
     """Under papermill: plain progress lines, no widgets; a run that finishes ends the loop, so does one whose
     trainer is gone."""
     live, dead = workspace/'runs'/'live-run', workspace/'runs'/'dead-run'
-    # reaches its last step in about 8 s (epoch runs: length from meta.json)
+    # reaches its last step in about 3 s, over three of the notebook's redraws (epoch runs: length from
+    # meta.json)
     write_run(live, FAKE, 200)
     write_run(dead, FAKE, 500)
     (dead/'.lock').write_text(json.dumps(dict(host=socket.gethostname(), pid=2**22 + 11,
@@ -112,7 +113,7 @@ def test_analysis_notebook_follows_runs_to_their_end(workspace):
         shown = lambda: 'live-run [running]' in (out.read_text() if out.exists() else '')
         while time.time() < deadline and not shown(): time.sleep(0.2)
         for s in range(110, 210, 10):
-            time.sleep(0.8)
+            time.sleep(0.3)
             with open(live/'metrics.jsonl', 'a') as f:
                 f.write(json.dumps(dict(step=s, loss=5.5, lr=3e-4)) + '\n')
     t = threading.Thread(target=trainer); t.start()

@@ -16,19 +16,27 @@ EX = dict(ind=1, activity_label='Python', ctx_a='Return the value', ctx_b='of', 
 def run(ws):
     return Path(train(get_config('smoke', TINY), 'tiny', root=ws, log=lambda *a, **k: None)['run_dir'])
 
-@pytest.fixture
-def hs(tmp_path):
+def write_hs(folder):
+    "A HellaSwag file of seven examples in the official JSONL format."
     ends = [['the function.', 'a banana boat.', 'purple rain falls.', 'zebra zebra.'],
             ['if it is None.', 'xyzzy.', 'qq qq.', 'ha ha ha.']]
     lines = [json.dumps(dict(EX, ctx=f'Return the value {i}', endings=ends[i % 2], label=i % 4))
              for i in range(7)]
-    (tmp_path/'hs.jsonl').write_text('\n'.join(lines) + '\n')
-    return tmp_path/'hs.jsonl'
+    (folder/'hs.jsonl').write_text('\n'.join(lines) + '\n')
+    return folder/'hs.jsonl'
+
+@pytest.fixture
+def hs(tmp_path): return write_hs(tmp_path)
 
 def ev(ws, *args): return lmbook_cmd('eval', 'tiny', '--root', ws, '--device', 'cpu', '--json', *args)
 
-def test_eval_matches_training_log(ws, run, hs):
-    r = ev(ws, '--hellaswag-file', hs)
+@pytest.fixture(scope='module')
+def one_rank(ws, run, tmp_path_factory):
+    "`lmbook eval --hellaswag-file` in one process, run once: the numbers the other ways must give."
+    return ev(ws, '--hellaswag-file', write_hs(tmp_path_factory.mktemp('hs')))
+
+def test_eval_matches_training_log(ws, run, one_rank):
+    r = one_rank
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert (res['step'] == 8 and res['hellaswag_n'] == 7 and 0 <= res['hellaswag'] <= 1
@@ -66,8 +74,8 @@ def test_offline_without_cached_file(ws, run):
     r = ev(ws, '--hellaswag-file', ws/'missing.jsonl')  # a file the user names must exist
     assert r.returncode == 2 and 'missing.jsonl does not exist' in r.stderr
 
-def test_two_ranks_give_one_rank_numbers(ws, run, hs):
-    one, two = ev(ws, '--hellaswag-file', hs), ev(ws, '--hellaswag-file', hs, '--nproc', '2')
+def test_two_ranks_give_one_rank_numbers(ws, run, hs, one_rank):
+    one, two = one_rank, ev(ws, '--hellaswag-file', hs, '--nproc', '2')
     assert two.returncode == 0, two.stderr
     a, b = json.loads(one.stdout), json.loads(two.stdout.strip().splitlines()[-1])
     assert (a['hellaswag_n'] == b['hellaswag_n'] == 7 and a['hellaswag'] == b['hellaswag']
@@ -75,7 +83,7 @@ def test_two_ranks_give_one_rank_numbers(ws, run, hs):
     assert (a['val_tokens'] == b['val_tokens'] and abs(a['val_loss'] - b['val_loss']) < 1e-6
             and abs(a['val_bpb'] - b['val_bpb']) < 1e-6)
 
-def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path):
+def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path, one_rank):
     """lmbook eval --tasks: a task defined on a local JSONL and lm-eval's own hellaswag on --hellaswag-file,
     results in eval.json."""
     from lmbook.train.lmeval import local_task
@@ -87,7 +95,7 @@ def test_harness_tasks_offline_on_a_local_file(ws, run, hs, tmp_path):
     assert 'val_loss' in res and 'hellaswag_n' not in res
     assert (res['tasks']['hs_local']['n'] == res['tasks']['hellaswag']['n'] == 7
             and 0 <= res['tasks']['hellaswag']['acc_norm'] <= 1)
-    ours = json.loads(ev(ws, '--hellaswag-file', hs).stdout)
+    ours = json.loads(one_rank.stdout)
     # the same examples scored the same way: the same choices
     assert res['tasks']['hs_local']['acc'] == ours['hellaswag_acc']
     saved = json.loads((run/'eval.json').read_text())

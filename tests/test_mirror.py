@@ -124,13 +124,13 @@ def test_mirror_that_never_answers_waits_at_most_mirror_wait_s(workspace):
     and no staging folder."""
     srv = Silent()
     try:
-        p = train_popen(workspace, 'silent', 3, srv.url)
+        p = train_popen(workspace, 'silent', 1, srv.url)
         out = p.communicate(timeout=120)[0]
     finally:
         srv.close()
     assert p.returncode == 0, out
     run = workspace/'runs'/'silent'
-    assert out.count('mirror: waiting up to 3 s for step_00000004') == 1, out
+    assert out.count('mirror: waiting up to 1 s for step_00000004') == 1, out
     left = json.loads(RunDir(run).mirror_left.read_text())
     assert left['checkpoints'] == ['step_00000004'] and left['retry'] == f"lmbook mirror {run}", left
     assert 'Traceback' not in out and not (run/'.lock').exists() and not (run/'.mirror').exists(), out

@@ -107,11 +107,16 @@ def test_sample_notebook_refuses_unknown_parameters(tmp_path):
                           ('--top-k', '-3', 'top_k=-3 must be >= 0'),
                           ('--max-new-tokens', '-1', 'max_new_tokens=-1'),
                           ('--num-samples', '0', 'num_samples=0')])
-def test_sampling_options_checked(ws, run, opt, bad, msg):
-    "Every sampling option is range-checked like a config field: one line, exit 2, before the model loads."
-    r = lmbook_cmd('sample', 'tiny', 'Return the', opt, bad, '--device', 'cpu', '--root', ws)
-    err = [l for l in r.stderr.splitlines() if l.strip()]
-    assert r.returncode == 2 and len(err) == 1 and msg in err[0], r.stderr
+def test_sampling_options_checked(ws, run, opt, bad, msg, capsys):
+    """Every sampling option is range-checked like a config field: one line, exit 2, before the model loads
+    (the command's own function, in this process; the first also through the `lmbook` command)."""
+    from lmbook.cli import main
+    args = ['sample', 'tiny', 'Return the', opt, bad, '--device', 'cpu', '--root', str(ws)]
+    code, err = main(args), [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert code == 2 and len(err) == 1 and msg in err[0], err
+    if (opt, bad) == ('--temperature', 'nan'):
+        r = lmbook_cmd(*args)
+        assert r.returncode == 2 and [l for l in r.stderr.splitlines() if l.strip()] == err, r.stderr
 
 def test_huge_max_new_tokens_capped_and_streamed(ws, run):
     """--max-new-tokens 1000000000 is capped at the context with a note; the streamed text is the samples'

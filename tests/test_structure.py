@@ -1,7 +1,7 @@
 """The package's shape: imports only go down the notebooks' order, notebooks are numbered once each, lines,
 docstrings and functions stay readable, in the package and in its tests and checks. Walks the source with
 `ast`, so it runs in well under a second."""
-import ast, re
+import ast, functools, re
 from pathlib import Path
 import pytest
 from conftest import ROOT
@@ -24,6 +24,7 @@ def name_of(path:Path) -> str:
     return '.'.join(parts)
 
 
+@functools.cache  # read-only, and the package does not change while the tests run
 def modules() -> dict[str, Path]:
     return {name_of(p): p for p in sorted(PKG.rglob('*.py'))
             if p.stem not in GENERATED and '__pycache__' not in p.parts}

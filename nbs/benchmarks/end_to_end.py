@@ -37,7 +37,8 @@ def data_sets(a, ws:Path) -> list[str]:
     if dataset == 'sources':
         import tokens
         dataset = str(tokens.source_corpus(ws/'corpus'/f'sources-{a.mb:g}MB.jsonl', a.mb))
-    return [f'dataset={dataset}', 'dataset_config=', 'tokenizer=', 'vocab_size=8192', 'val_ratio=0.02']
+    return [f'dataset={dataset}', 'dataset_config=', 'tokenizer=', 'vocab_size=8192', 'val_ratio=0.02',
+            *filter(None, a.set.split(','))]
 
 
 def start(a, arm:str, sets:list[str], env:dict, gpu:str|None, log:Path) -> subprocess.Popen:
@@ -89,6 +90,7 @@ def main():
     ap.add_argument('--dataset', default='sources', help="'sources' (tokens.py) or anything dataset= takes")
     ap.add_argument('--mb', type=float, default=60, help='megabytes of source text for the sources corpus')
     ap.add_argument('--minutes', type=float, default=8, help='each arm is stopped after this long')
+    ap.add_argument('--set', default='', help='more values for the preparation and both arms, k=v,k=v')
     ap.add_argument('--out', type=Path)
     a = ap.parse_args()
     ws = scratch('lmbook-end-to-end-')
