@@ -145,7 +145,9 @@ def run_tasks(source:str|Path,
     lm = load_model(source, root, device)
     inc = ([str(p) for p in (include_path if isinstance(include_path, list) else [include_path]
                              if include_path else [])])
-    tm = TaskManager(include_path=inc or None)
+    # the harness's own index of its ~15k tasks takes seconds: skipped when `include_path` has every task
+    tm = TaskManager(include_path=inc, include_defaults=False) if inc else None
+    if tm is None or any(t not in tm.all_tasks for t in tasks): tm = TaskManager(include_path=inc or None)
     if bad := [t for t in tasks if t not in tm.all_tasks]:
         raise ValueError(f"unknown task {bad[0]!r}{did_you_mean(bad[0], tm.all_tasks)}: see `lm_eval "
                          "--tasks list`, or pass --include-path DIR with its YAML")
