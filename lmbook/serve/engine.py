@@ -89,7 +89,7 @@ class Engine:
                  max_queue:int=256, # requests waiting for a row at most; beyond, `submit` raises `Busy`
                  context:int|None=None, # positions a row holds (default: the model's block_size)
                  prefill:int=256, # prompt tokens fed per tick at most
-                 graphs:bool|None=None, # CUDA graphs for decode steps and lone prefills (default: on CUDA)
+                 graphs:bool|None=None, # capture decode steps and lone prefills (default: on CUDA; `record`)
                  start:bool=True, # run `tick` in a thread (False: call it yourself)
                 ):
         m, self.s, self.max_queue, self.prefill = served.model, served, max_queue, prefill
@@ -103,7 +103,7 @@ class Engine:
         self.shaped = self.scored = self.cut = 0  # seated jobs with penalties or bias; with log-probabilities
         self.sharing: list[int] = []  # rows whose job waits for another's prompt to be in
         cuda = str(dev).startswith('cuda')
-        self.step = Decoder(m, self.kv, cuda if graphs is None else graphs and cuda)
+        self.step = Decoder(m, self.kv, cuda if graphs is None else graphs)
         self.step.warm()  # every CUDA graph before the first request: a capture stalls running streams
         self.first = Prefiller(m, self.kv, True, prefill) if self.step.graphs else None  # lone prompts
         if self.first: self.first.warm()

@@ -354,7 +354,8 @@ def run_serve(a) -> int:
         need_web()
         check_bind(a.host, key, a.insecure)
     s = load_served(a.source, a.device)
-    engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=not a.no_graphs)
+    graphs = False if a.no_graphs else None  # None: captured on CUDA only
+    engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=graphs)
     if a.runpod:
         start_runpod(engine, a.test_input)
         return 0
