@@ -288,6 +288,9 @@ def serving(row:Row, ws:Path, out:Path):
         try: srv.wait(30)
         except subprocess.TimeoutExpired: srv.kill(); srv.wait()
         log.close()
+        # a request the server failed, or a device failure, has its line: it names the request and the error
+        said = [l for l in (out/f'{row.name}.log').read_text().splitlines() if l.startswith('lmbook serve: ')]
+        check(not said, 'the server said: ' + ' | '.join(said[:3]))
     check(srv.returncode == 0, f"the server exited {srv.returncode} after SIGTERM, not 0")
 
 

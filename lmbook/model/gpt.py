@@ -338,7 +338,7 @@ class GPT(nn.Module):
         else: rope = (self.rope_cos[at], self.rope_sin[at])
         x = self.drop(x)
         for i, block in enumerate(self.h): x = block(x, rope, None if cache is None else cache.layer(i), mask)
-        if cache is not None: cache.pos += T
+        if cache is not None and not isinstance(pos, torch.Tensor): cache.pos += T  # rows: the caller's
         x = self.ln_f(x)
         if targets is None: return self.lm_head(x)[..., :self.cfg.vocab_size]
         if self.cfg.fused_ce:

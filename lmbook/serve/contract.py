@@ -16,8 +16,8 @@ from ..data.tokenizer import SPECIAL_TOKENS
 # %% auto #0
 __all__ = ['FIELDS', 'MAX_CHOICES', 'MAX_LOGPROBS', 'MASK64', 'ApiError', 'fields_of', 'check_fields', 'fields_table', 'number',
            'flag', 'stop_strings', 'logit_bias', 'logprob_count', 'include_usage', 'vocab_facts', 'too_long',
-           'check_text', 'prompt_ids', 'message_text', 'chat_text', 'prompt_list', 'Ask', 'read_ask', 'choice_seed',
-           'jobs_of']
+           'check_text', 'prompt_ids', 'message_text', 'chat_text', 'prompt_list', 'Ask', 'read_ask', 'kind_of',
+           'choice_seed', 'jobs_of']
 
 # %% ../../nbs/06ba_contract.ipynb #9a9c1361
 class ApiError(Exception):
@@ -293,6 +293,17 @@ def read_ask(s:Served, body, chat:bool, context:int) -> Ask:
                frequency=float(number(body, 'frequency_penalty', -2, 2, 0.0)),
                bias=logit_bias(body.get('logit_bias'), s.model.cfg.vocab_size), stream=stream,
                usage=include_usage(body, stream))
+
+# %% ../../nbs/06ba_contract.ipynb #f8a9b0c1
+def kind_of(a:Ask) -> str:
+    "A request in a few words for a log line: endpoint, prompt lengths, each field that takes its own path."
+    lens = '/'.join(str(len(ids)) for ids, _ in a.prompts[:4]) + ('/...' if len(a.prompts) > 4 else '')
+    fields = [('stream', a.stream), (f'n={a.n}', a.n > 1), (f'best_of={a.best_of}', a.best_of > a.n),
+              ('greedy', a.temperature == 0), ('seed', a.seed is not None), (f'top_p={a.top_p}', a.top_p < 1),
+              ('stop', a.stop), (f'logprobs={a.logprobs}', a.logprobs is not None), ('echo', a.echo),
+              ('logit_bias', a.bias), ('penalties', a.presence or a.frequency)]
+    return ', '.join([f"{'chat' if a.chat else 'completions'} of {lens} tokens", f'max_tokens={a.max_tokens}',
+                      *[f for f, on in fields if on]])
 
 # %% ../../nbs/06ba_contract.ipynb #e4f50618
 MASK64 = 2**64 - 1

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/engine.html.md"""
 
 # %% ../../nbs/06ab_engine.ipynb #2a772e9a
 from __future__ import annotations
-import collections, json, queue, secrets, threading
+import collections, json, queue, secrets, sys, threading, traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -19,7 +19,7 @@ from ..config import Config
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['STOPPED', 'Served', 'load_served', 'Job', 'Busy', 'Engine']
+__all__ = ['STOPPED', 'Served', 'load_served', 'Job', 'Busy', 'Engine', 'device_failed', 'one_line']
 
 # %% ../../nbs/06ab_engine.ipynb #01dfd31c
 @dataclass
@@ -89,7 +89,7 @@ class Engine:
                  max_queue:int=256, # requests waiting for a row at most; beyond, `submit` raises `Busy`
                  context:int|None=None, # positions a row holds (default: the model's block_size)
                  prefill:int=256, # prompt tokens fed per tick at most
-                 graphs:bool|None=None, # CUDA graphs for decode steps and lone prefills (default: on CUDA)
+                 graphs:bool|None=None, # capture decode steps and lone prefills (default: on CUDA; `record`)
                  start:bool=True, # run `tick` in a thread (False: call it yourself)
                 ):
         m, self.s, self.max_queue, self.prefill = served.model, served, max_queue, prefill
@@ -103,11 +103,12 @@ class Engine:
         self.shaped = self.scored = self.cut = 0  # seated jobs with penalties or bias; with log-probabilities
         self.sharing: list[int] = []  # rows whose job waits for another's prompt to be in
         cuda = str(dev).startswith('cuda')
-        self.step = Decoder(m, self.kv, cuda if graphs is None else graphs and cuda)
+        self.step = Decoder(m, self.kv, cuda if graphs is None else graphs)
         self.step.warm()  # every CUDA graph before the first request: a capture stalls running streams
         self.first = Prefiller(m, self.kv, True, prefill) if self.step.graphs else None  # lone prompts
         if self.first: self.first.warm()
         self.waiting, self.cv, self.steps, self.stopped = collections.deque(), threading.Condition(), 0, False
+        self.failed: str|None = None  # why the engine stopped by itself (`_fail`), in one line
         self.made: list[tuple] = []  # (out, token or None) made since the last hand-off (`_handoff`)
         self._warm()  # and the first prefill and sampling calls
         self.thread = threading.Thread(target=self._loop, daemon=True, name='lmbook-engine')
@@ -120,7 +121,8 @@ class Engine:
                 raise ValueError(f"the prompt has {len(job.ids)} tokens; the "
                                  f"served context is {self.ctx}: shorten it")
         with self.cv:
-            if self.stopped: raise Busy("the server is shutting down")
+            if self.stopped: raise Busy(f"the server has stopped: {self.failed}" if self.failed else
+                                        "the server is shutting down")
             if len(self.waiting) >= self.max_queue:
                 raise Busy(f"{len(self.waiting)} requests are waiting already: try again shortly")
             self.waiting.extend(jobs)
@@ -173,7 +175,7 @@ def _end(self:Engine, s:int, why:str):
     j, self.slots[s] = self.slots[s], None
     j.finish = why
     if j.shaped:
-        self.pen[s], self.bias[s] = 0, 0
+        if not self.failed: self.pen[s], self.bias[s] = 0, 0  # a failed device takes no more work
         self.shaped -= 1
     self.scored -= j.logprobs is not None
     if s in self.sharing: self.sharing.remove(s)
@@ -246,12 +248,15 @@ def _feed_groups(self:Engine, take:list[tuple[int, int]]):
             self._feed(group)
             continue
         except Exception as e: err = e
+        if device_failed(err): raise err  # every request's, not this one's
         if len(group) == 1:
             self._end(group[0][0], f'error: {type(err).__name__}: {err}')
             continue
         for s, n in group:  # whose failure it was: each on its own, so that it ends that request alone
             try: self._feed([(s, n)])
-            except Exception as e: self._end(s, f'error: {type(e).__name__}: {e}')
+            except Exception as e:
+                if device_failed(e): raise
+                self._end(s, f'error: {type(e).__name__}: {e}')
     for s, _ in take:  # a job that wanted its prompt's log-probabilities and no new token has them now
         j = self.slots[s]
         if j is not None and j.max_tokens == 0 and j.fed == len(j.ids) - 1: self._end(s, 'length')
@@ -332,7 +337,8 @@ def tick(self:Engine) -> bool:
         if j is not None and j.cancelled: self._end(s, 'cancelled')
     self._prefill()
     try: self._decode()
-    except Exception as e:  # a failed step ends the requests in it, not the server
+    except Exception as e:  # a failed step ends the requests in it, not the server, unless the device failed
+        if device_failed(e): raise
         for s, j in enumerate(self.slots):
             if j is not None and j.fed == len(j.seq) - 1: self._end(s, f'error: {type(e).__name__}: {e}')
     if not any(self.slots): self._handoff()  # no next step to wait for
@@ -346,10 +352,40 @@ def _handoff(self:Engine):
     for out, x in made: out.put(x)
     for flush in {getattr(o, 'flush', None) for o, _ in made} - {None}: flush()
 
+# %% ../../nbs/06ab_engine.ipynb #a4b5c6d7
+def device_failed(e:BaseException) -> bool:
+    "Whether `e` leaves the device unusable: a CUDA error (a kernel's assert, a bad address), not an OOM."
+    if isinstance(e, torch.OutOfMemoryError): return False
+    return isinstance(e, getattr(torch, 'AcceleratorError', ())) or str(e).startswith('CUDA error')
+
+def one_line(e:BaseException) -> str:
+    "`Type: message`, the message's first line only (a CUDA error's advice follows on its later lines)."
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+# %% ../../nbs/06ab_engine.ipynb #d7e8f9a0
+@patch
+def _fail(self:Engine, e:Exception):
+    "Stop at a failure not one request's own: one line on stderr, running jobs end with it, no job is taken."
+    self.failed = one_line(e)
+    ours = [f for f in traceback.extract_tb(e.__traceback__) if '/lmbook/' in f.filename.replace('\\', '/')]
+    at = f", raised at {Path(ours[-1].filename).name}:{ours[-1].lineno} in {ours[-1].name}" if ours else ''
+    why, hint = "the engine failed", ""
+    if device_failed(e):
+        why = "the device failed and takes no more work"
+        hint = " (with CUDA_LAUNCH_BLOCKING=1 the error names the kernel that failed)"
+    print(f"lmbook serve: {why} at step {self.steps} ({self.failed}{at}): the server stops; "
+          f"start it again{hint}", file=sys.stderr, flush=True)
+    with self.cv:
+        self.stopped = True
+        for s, j in enumerate(self.slots):
+            if j is not None: self._end(s, f'error: {self.failed}')
+
 @patch
 def _loop(self:Engine):
-    "The engine thread: tick until stopped, then end whatever is left with `STOPPED`, counted in `cut`."
-    while self.tick(): pass
+    "The engine thread: tick until stopped or failed; then end what is left with `STOPPED`, counted in `cut`."
+    try:
+        while self.tick(): pass
+    except Exception as e: self._fail(e)
     with self.cv:
         for s, j in enumerate(self.slots):
             if j is not None:

@@ -10,7 +10,7 @@ import asyncio, collections, functools, hmac, ipaddress, json, queue, socket, sy
 from types import SimpleNamespace
 from ..core import env_var, package_dir
 from .engine import Busy, Engine, Served, load_served
-from .contract import ApiError, jobs_of, read_ask
+from .contract import ApiError, jobs_of, kind_of, read_ask
 from .answers import Answers, Tagged, chunk, error_of, head
 try:  # the [serve] extra: without it every other command runs, and `need_web` says what to install
     import uvicorn
@@ -21,8 +21,9 @@ except ImportError: uvicorn = None
 
 # %% auto #0
 __all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'Mailbox', 'Inbox', 'mailbox', 'gone', 'read_all', 'authorize', 'read_json',
-           'busy', 'complete', 'events', 'models', 'health', 'page_html', 'page', 'make_app', 'check_bind', 'bind',
-           'http_server', 'background', 'runpod_handler', 'start_runpod', 'add_cli', 'run_serve']
+           'busy', 'complete', 'say_failed', 'failed', 'events', 'models', 'health', 'page_html', 'page', 'make_app',
+           'check_bind', 'bind', 'http_server', 'background', 'runpod_handler', 'worker_error', 'start_runpod',
+           'add_cli', 'run_serve']
 
 # %% ../../nbs/06c_server.ipynb #3dcf3e51
 WEB_MISSING = ("lmbook serve needs starlette and uvicorn: pip install 'lmbook[serve]' "
@@ -138,7 +139,7 @@ async def complete(request):
     authorize(request)
     body, st = await read_json(request), request.app.state
     chat, s = request.url.path.rstrip('/').endswith('chat/completions'), st.engine.s
-    a = read_ask(s, body, chat, st.engine.ctx)
+    a = request.state.ask = read_ask(s, body, chat, st.engine.ctx)
     jobs = jobs_of(s, a)
     ans = Answers(s, a, jobs)
     box = Inbox(mailbox(st), ans)
@@ -147,32 +148,46 @@ async def complete(request):
     except Busy as e: raise busy(e, st.engine.stopped)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     watch = asyncio.ensure_future(gone(request, jobs, box))
-    if a.stream: return StreamingResponse(events(ans, box, rid, watch), media_type='text/event-stream',
-                                          headers={'Cache-Control': 'no-cache'})
+    if a.stream:
+        return StreamingResponse(events(ans, box, rid, watch, request), media_type='text/event-stream',
+                                 headers={'Cache-Control': 'no-cache'})
     try: answered = await read_all(ans, box)
     finally:
         for j in jobs: j.cancelled = True  # a request cancelled mid-answer leaves no job behind
         watch.cancel()
-    if ans.failure: raise error_of(ans.failure)
+    if ans.failure: raise failed(request, ans.failure)
     return JSONResponse(ans.response(rid) if answered else {})
 
+# %% ../../nbs/06c_server.ipynb #b0c1d2e3
+def say_failed(where:str, a, what:str):
+    "One line on stderr for a request the server failed: `where`, its `kind_of`, the error's first line."
+    kind = kind_of(a) if a is not None else 'not read yet'
+    first = (what.removeprefix('error: ').strip().splitlines() or [''])[0]
+    print(f"lmbook serve: {where} ({kind}): {first}", file=sys.stderr, flush=True)
+
+def failed(request, finish:str) -> ApiError:
+    "The error of a request whose choice ended with `finish`; a 500 (the server's fault) says so in its line."
+    e = error_of(finish)
+    if e.status == 500: say_failed(f"500 on {request.url.path}", getattr(request.state, 'ask', None), finish)
+    return e
+
 # %% ../../nbs/06c_server.ipynb #f9be4827
-async def events(ans:Answers, box:Inbox, rid:str, watch):
+async def events(ans:Answers, box:Inbox, rid:str, watch, request):
     "A streamed answer: OpenAI's chunks as server-sent events, an error event if a choice failed, `[DONE]`."
     say = lambda obj: f"data: {json.dumps(obj)}\n\n"
     s, a = ans.s, ans.a
     try:
         if a.chat: yield ''.join(say(chunk(s, a, rid, i, None, first=True)) for i in range(len(ans.jobs)))
-        failed = False
+        bad = False
         while ans.left or box.out:
             sent = []  # what came since the last write, in one write
             for o in await box.outs():
                 if o is None: return  # the client left
-                failed = bool(o[3] and o[3].startswith('error'))
-                sent.append(say(error_of(o[3]).body() if failed else chunk(s, a, rid, *o)))
-                if failed: break
+                bad = bool(o[3] and o[3].startswith('error'))
+                sent.append(say(failed(request, o[3]).body() if bad else chunk(s, a, rid, *o)))
+                if bad: break
             if sent: yield ''.join(sent)
-            if failed: break
+            if bad: break
         else:
             kind = 'chat.completion.chunk' if a.chat else 'text_completion'
             if a.usage: yield say(dict(head(kind, rid, s.name), choices=[], usage=ans.usage()))
@@ -211,6 +226,7 @@ def _http_error(request, e):
     return JSONResponse(ApiError(e.status_code, msg).body(), e.status_code)
 
 def _server_error(request, e):
+    say_failed(f"500 on {request.url.path}", getattr(request.state, 'ask', None), f"{type(e).__name__}: {e}")
     return JSONResponse(ApiError(500, f"{type(e).__name__}: {e}", type='server_error').body(), 500)
 
 # %% ../../nbs/06c_server.ipynb #d19ec74f
@@ -268,6 +284,11 @@ def http_server(app, grace:float=30, # seconds running requests get to finish af
         server.grace.daemon = True
         server.grace.start()
     server.handle_exit = on_signal
+    def follow(engine):  # an engine that stopped by itself (a device failure): the server stops with it
+        engine.thread.join()
+        server.should_exit = True
+    if app.state.engine.thread.is_alive():
+        threading.Thread(target=follow, args=(app.state.engine,), daemon=True, name='lmbook-follow').start()
     return server
 
 # %% ../../nbs/06c_server.ipynb #9256be1d
@@ -296,12 +317,18 @@ def runpod_handler(engine:Engine):
             jobs, q = jobs_of(engine.s, a), queue.Queue()
             for i, j in enumerate(jobs): j.out = Tagged(q, i)
             engine.submit(*jobs)
-        except (ApiError, Busy, ValueError) as e: return dict(error=str(e))
+        except (ApiError, Busy, ValueError) as e: return worker_error(engine, str(e))
         ans = Answers(engine.s, a, jobs)
         while ans.left: ans.feed(*q.get())
-        if ans.failure: return dict(error=ans.failure)
+        if ans.failure:
+            say_failed(f"RunPod job {job.get('id', 'local')} failed", a, ans.failure)
+            return worker_error(engine, ans.failure)
         return ans.response(f"{'chatcmpl' if chat else 'cmpl'}-{job.get('id', 'local')}")
     return handler
+
+def worker_error(engine:Engine, message:str) -> dict:
+    "A job's error; after a device failure also `refresh_worker`, so that RunPod replaces this worker."
+    return dict(error=message, **(dict(refresh_worker=True) if engine.failed else {}))
 
 def start_runpod(engine:Engine, test_input:str|None=None):
     "Run the RunPod serverless worker (the SDK's local test mode with `test_input`)."
@@ -354,7 +381,8 @@ def run_serve(a) -> int:
         need_web()
         check_bind(a.host, key, a.insecure)
     s = load_served(a.source, a.device)
-    engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=not a.no_graphs)
+    graphs = False if a.no_graphs else None  # None: captured on CUDA only
+    engine = Engine(s, a.max_batch, a.max_queue, a.context, a.prefill, graphs=graphs)
     if a.runpod:
         start_runpod(engine, a.test_input)
         return 0
@@ -368,5 +396,6 @@ def run_serve(a) -> int:
         if server.grace is not None: server.grace.cancel()
         engine.stop(wait=True)  # its thread ends before the interpreter does: no CUDA work left mid-exit
     cut = f"; {engine.cut} answers unfinished when the grace ran out got their error" if engine.cut else ''
-    print(f"stopped after {engine.steps} steps{cut}", flush=True)
-    return 0
+    why = f"; the engine failed: {engine.failed}" if engine.failed else ''
+    print(f"stopped after {engine.steps} steps{cut}{why}", flush=True)
+    return 1 if engine.failed else 0

@@ -1,4 +1,4 @@
-"""The forward passes of `lmbook serve`: a decode step over the first rows of the KV cache and a new prompt's prefill, eager or captured as CUDA graphs.
+"""The forward passes of `lmbook serve`: a decode step over the first rows of the KV cache and a new prompt's prefill, eager or captured: as CUDA graphs on CUDA, as tapes that keep a graph's rules on the CPU.
 
 Docs: https://lmbook.github.io/lmbook/steps.html.md"""
 
@@ -9,16 +9,103 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 import torch
+from fastcore.basics import patch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 from ..model.gpt import KVCache
 
 # %% auto #0
-__all__ = ['Decoder', 'prefill_kernels', 'Prefiller']
+__all__ = ['Tape', 'record', 'Decoder', 'prefill_kernels', 'Prefiller']
+
+# %% ../../nbs/06aa_steps.ipynb #b8d2f3e1
+class _Slot(int):
+    "A tensor's place in a `Tape`."
+
+class Tape(TorchDispatchMode):
+    "A CUDA graph's record on any device: a forward's ops as they run once, `replay`ed on the same tensors."
+    def __init__(self):
+        super().__init__()
+        self.ops, self.before, self.seen, self.keep = [], {}, {}, []
+
+    def _slot(self, t:torch.Tensor, made:bool) -> _Slot:
+        "The place of `t`, an op's input or (`made`) its output; one from before the record is held weakly."
+        n = None if made else self.seen.get(id(t))
+        if n is None:
+            n = self.seen[id(t)] = _Slot(len(self.keep))
+            self.keep.append(t)  # while recording, so that no two tensors share an id
+            if not made:
+                self.before[n] = (StorageWeakRef(t.untyped_storage()), t.dtype, t.shape, t.stride(),
+                                  t.storage_offset())
+        return n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise RuntimeError("a captured forward reads a value back to the host (.item(), .tolist(), "
+                               "if t:): nothing runs during a capture; keep it on the device")
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        made = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if not made: return out  # a size or a flag: fixed in the record
+        mem = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+               if isinstance(t, torch.Tensor)}
+        spec = tree_map(lambda t: self._slot(t, False) if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        # a new tensor is the record's own; a view or an in-place op's output (in an input) is made again
+        own = lambda o: None if o.untyped_storage().data_ptr() in mem else o
+        self.ops.append((func, spec, [(self._slot(o, True), own(o)) for o in made]))
+        return out
+
+    def __exit__(self, *exc):
+        self.seen = self.keep = None  # from now on the tape holds only its own tensors, as a graph does
+        return super().__exit__(*exc)
+
+# %% ../../nbs/06aa_steps.ipynb #c9e3a4f2
+@patch
+def _before(self:Tape, n:_Slot, func) -> torch.Tensor:
+    "The tensor from before the record at place `n`, where it was; an error if it has been freed since."
+    ref, dtype, size, stride, at = self.before[n]
+    mem = None if ref.expired() else torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+    if mem is None:
+        raise RuntimeError(f"a captured forward reads a tensor freed since its capture (in {func}): on CUDA "
+                           "its memory holds whatever came next; keep the tensor with the captured forward")
+    return torch.empty(0, dtype=dtype, device=mem.device).set_(mem, at, size, stride)
+
+@patch
+@torch.no_grad()
+def replay(self:Tape):
+    "Run the recorded ops again: new tensors into the tape's own, the others read where they were recorded."
+    now = {}
+    def get(a, func):
+        if not isinstance(a, _Slot): return a
+        if a not in now: now[a] = self._before(a, func)
+        return now[a]
+    for func, spec, outs in self.ops:
+        args, kwargs = tree_map(lambda a: get(a, func), spec)
+        made = [o for o in tree_flatten(func(*args, **kwargs))[0] if isinstance(o, torch.Tensor)]
+        for (n, own), o in zip(outs, made): now[n] = o if own is None else own.copy_(o)
+
+# %% ../../nbs/06aa_steps.ipynb #a3c7e8d6
+def record(forward, # the forward to capture: no arguments
+           dev:torch.device, # where it runs
+          ) -> tuple:
+    "`(replay, output)` of `forward()` captured: a CUDA graph on CUDA, a `Tape` (a graph's rules) elsewhere."
+    if dev.type == 'cuda':
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side): forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph): out = forward()
+        return graph.replay, out
+    forward()  # the run before a capture, as on CUDA: whatever it changes, the record starts from
+    with Tape() as tape: out = forward()
+    return tape.replay, out
 
 # %% ../../nbs/06aa_steps.ipynb #c663f3b5
 class Decoder:
-    "One decode step of the first rows of a cache: eager, or on CUDA a CUDA graph per (rows, keys) size."
+    "One decode step of the first rows of a cache: eager, or captured (`record`) per (rows, keys) size."
     def __init__(self, model, kv:KVCache,
-                 graphs:bool, # capture CUDA graphs (on CUDA only)
+                 graphs:bool, # capture the step: CUDA graphs on CUDA, tapes (a graph's rules) elsewhere
                 ):
         self.m, self.kv, self.graphs, self.captured = model, kv, graphs, {}
         self.dev = kv.k.device
@@ -42,7 +129,7 @@ class Decoder:
         g = self.captured.get((B, L)) or self.capture(B, L, t, p)
         g.tok.copy_(t)
         g.pos.copy_(p)
-        g.graph.replay()
+        g.replay()
         return g.logits
 
     @torch.no_grad()
@@ -57,16 +144,11 @@ class Decoder:
                 if (B2, L2) not in self.captured: self.capture(B2, L2, zeros, zeros)
 
     def capture(self, B:int, L:int, t:torch.Tensor, p:torch.Tensor):
-        "Record the step for `B` rows and `L` keys as a CUDA graph, after one run on a side stream."
+        "Record the step for `B` rows and `L` keys; the record keeps the tokens and positions it reads."
         tok, pos = t.clone(), p.clone()
         view = self.kv.rows(0, B, pos, L)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side): self.m(tok[:, None], cache=view)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph): logits = self.m(tok[:, None], cache=view)[:, -1]
-        self.captured[(B, L)] = g = SimpleNamespace(graph=graph, tok=tok, pos=pos, logits=logits)
+        replay, logits = record(lambda: self.m(tok[:, None], cache=view)[:, -1], self.dev)
+        self.captured[(B, L)] = g = SimpleNamespace(replay=replay, tok=tok, pos=pos, logits=logits)
         return g
 
 # %% ../../nbs/06aa_steps.ipynb #693e4951
@@ -78,9 +160,9 @@ def prefill_kernels(dev:torch.device):
 
 # %% ../../nbs/06aa_steps.ipynb #83abc4ea
 class Prefiller:
-    "A new prompt's first chunk into row 0 of a cache, padded to a power of two; on CUDA a graph per length."
+    "A new prompt's first chunk into row 0 of a cache, padded to a power of two; captured, one per length."
     def __init__(self, model, kv:KVCache,
-                 graphs:bool, # capture CUDA graphs (on CUDA only)
+                 graphs:bool, # capture it: CUDA graphs on CUDA, tapes (a graph's rules) elsewhere
                  most:int=256, # the longest chunk it takes
                 ):
         self.m, self.kv, self.graphs, self.captured = model, kv, graphs, {}
@@ -102,8 +184,8 @@ class Prefiller:
             with prefill_kernels(self.dev): self.m(x.to(self.dev), cache=view)
             return
         g = self.captured.get(T) or self.capture(T)
-        g.tok.copy_(x.pin_memory(), non_blocking=True)
-        g.graph.replay()
+        g.tok.copy_(x.pin_memory() if self.dev.type == 'cuda' else x, non_blocking=True)
+        g.replay()
 
     @torch.no_grad()
     def warm(self):
@@ -114,15 +196,11 @@ class Prefiller:
             T *= 2
 
     def capture(self, T:int):
-        "Record the forward of `T` tokens into row 0 as a CUDA graph, after one run on a side stream."
-        tok = torch.zeros(1, T, dtype=torch.long, device=self.dev)
-        view = self.kv.rows(0, 1, torch.zeros(1, dtype=torch.long, device=self.dev), T)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with prefill_kernels(self.dev):
-            with torch.cuda.stream(side): self.m(tok, cache=view)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph): self.m(tok, cache=view)
-        self.captured[T] = g = SimpleNamespace(graph=graph, tok=tok)
+        "Record the forward of `T` tokens into row 0; the record keeps the tokens and the position it reads."
+        tok, pos = (torch.zeros(1, T, dtype=torch.long, device=self.dev),
+                    torch.zeros(1, dtype=torch.long, device=self.dev))
+        view = self.kv.rows(0, 1, pos, T)
+        def forward():
+            with prefill_kernels(self.dev): self.m(tok, cache=view)
+        self.captured[T] = g = SimpleNamespace(replay=record(forward, self.dev)[0], tok=tok, pos=pos)
         return g
