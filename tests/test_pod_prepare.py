@@ -6,7 +6,6 @@ from lmbook.dev.fake_runpod import violations
 from lmbook.pods.plan import tokenize_rate
 from test_runpod import fake, run, one_line_error, posts, PLAN
 from test_pod_start import api, container, pid1, volume_venv, wait_for, stops, ROOT
-from test_boot import autokill_bench
 
 
 def prepare(fake, *extra):
@@ -24,7 +23,7 @@ def test_the_cpu_pod_keeps_the_contract_and_only_prepares(fake, capsys):
     env = body['env']
     assert (env['RUN_PREPARE'], env['RUN_SHARD'], env['RUN_EXPERIMENT']) == ('1', '1', 'fw-2b')
     assert 'AUTOKILL' not in env and '6006/http' not in body['ports']  # it stops itself; no TensorBoard
-    assert 'cpu3c x 16 vCPUs' in out and 'then stops itself' in out and 'note: without --autokill' not in err
+    assert 'cpu3c x 16 vCPUs' in out and 'then stops itself' in out and 'note:' not in err
     pod_id = next(iter(fake.pods))
     assert fake.pods[pod_id]['cost'] == 0.48 and fake.pods[pod_id]['gpu'] is None
     rc, out, _ = run(capsys, 'pod', 'status', pod_id)
@@ -69,21 +68,6 @@ def test_what_a_cpu_pod_cannot_be(fake, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv('LMBOOK_RUNPOD_API', 'graphql')
     one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'prep.yaml', '--dry-run'), 'REST API v2 only')
     assert posts(fake) == []
-
-
-def test_a_prepare_pod_stops_every_time_it_has_prepared(tmp_path):
-    """Autokill fires once per pod for a run; a pod that only prepares data has nothing else to do, so a
-    stopped one started again prepares what is missing and stops again: terminated with AUTOKILL=terminate,
-    kept up after a failure with ON_FAILURE=keep."""
-    from lmbook.pods.boot import BootOptions, autokill
-    paths, lines, Log, env = autokill_bench(tmp_path, 'pp')
-    o = BootOptions.from_env(dict(RUN_EXPERIMENT='pp', RUN_PREPARE='1'))
-    assert o.prepare and o.shard and not o.autokill
-    assert autokill(o, paths, 0, Log(), env) and autokill(o, paths, 0, Log(), env)
-    assert autokill(BootOptions(experiment='pp', prepare=True, autokill='terminate'), paths, 0, Log(), env)
-    assert (tmp_path/'calls').read_text() == 'stop pod pod1234abc\n'*2 + 'remove pod pod1234abc\n'
-    assert 'autokill: stop pod pod1234abc: the data is prepared' in lines
-    assert not autokill(BootOptions(experiment='pp', prepare=True, on_failure='keep'), paths, 2, Log(), env)
 
 
 def test_the_plan_prices_preparing_the_data_on_both_pods(capsys):
@@ -133,7 +117,7 @@ def test_a_prepare_pod_prepares_the_data_then_stops_itself(api, tmp_path):
     log = log_file.read_text()
     assert 'stage 3/4 data:' in log, log
     assert 'stage 4/4 train: skipped: this pod only prepares the data' in log, log
-    assert 'autokill: stop pod pod1234abc: the data is prepared' in log and 'boot: done, exit code 0' in log
+    assert 'pod: the data is prepared: stopping pod pod1234abc' in log and 'boot: done, exit code 0' in log
     assert stops(api) == [dict(action='stop')] and api.pods['pod1234abc']['status'] == 'EXITED'
     run_dir = tmp_path/'workspace'/'runs'/'pod'
     assert not (run_dir/'metrics.jsonl').exists() and not list(run_dir.glob('train-*.ipynb'))

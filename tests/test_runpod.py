@@ -94,8 +94,8 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     assert (env['LMBOOK_REPO'], env['LMBOOK_COMMIT']) == (fake.repo, HEAD)
     assert 'token_budget=' in env['RUN_OVERRIDES']  # two GPUs train the profile's tokens, not twice as many
     assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
-    assert (body['args'].startswith("bash -c 'echo ")
-            and body['args'].endswith("exec bash /tmp/lmbook-start.sh'"))
+    assert (body['args'].startswith("bash -c 'T=${TMPDIR:-/tmp}; echo ")
+            and body['args'].endswith("exec bash $T/lmbook-start.sh'"))
     assert (pod['name'].startswith('fw-2b-') and pod['id'] in out
             and f"https://{pod['id']}-8888.proxy.runpod.net" in out)
     secrets = [KEY, HF, env['JUPYTER_PASSWORD']]

@@ -74,7 +74,8 @@ CAPACITY = "There are no longer any instances available with the requested speci
 # id -> (memory GB, Secure Cloud $/h, most in one pod, the CUDA versions its hosts run)
 GPUS = {'NVIDIA H100 80GB HBM3': (80, 2.69, 8, ('12.4', '12.8', '13.0')),
         'NVIDIA GeForce RTX 4090': (24, 0.69, 8, ('12.4', '12.8')),
-        'NVIDIA A100 80GB PCIe': (80, 1.64, 8, ('12.4', '12.8')), 'NVIDIA B200': (180, 5.99, 8, ('12.8', '13.0')),
+        'NVIDIA A100 80GB PCIe': (80, 1.64, 8, ('12.4', '12.8')),
+        'NVIDIA B200': (180, 5.99, 8, ('12.8', '13.0')),
         'NVIDIA RTX A6000': (48, 0.49, 8, ('12.2', '12.4'))}
 # CPU flavor id -> (Secure Cloud $ per vCPU-hour, the vCPU counts it comes in, GB of memory a vCPU, its name)
 CPUS = {'cpu3c': (0.03, (2, 4, 8, 16, 32), 2, 'Compute-Optimized'),
@@ -432,7 +433,7 @@ class FakeRunPodV2(PodOps, CreateOps, CatalogOps):
 def down(self:FakeRunPodV2,
          seconds:float, # how long, on the fake's clock
          from_next_call:bool=False, # from the next call on, instead of from now
-         kind:str='drop', # drop: a call gets no answer; refuse: connections are refused; hang: held unanswered
+         kind:str='drop', # drop: no answer to a call; refuse: connections refused; hang: held unanswered
          on:str|None=None, # from the next call whose 'METHOD path' matches this regex
         ):
     "Be unreachable for `seconds`, from now, from the next call or from the next call `on` matches."
@@ -527,7 +528,7 @@ def _handler(fake:FakeRunPodV2):
 
 # %% ../../nbs/08d_fake_runpod.ipynb #1304a75e
 class Server:
-    "The fake on a fixed port of 127.0.0.1, in threads; its listener closes while the fake refuses connections."
+    "The fake on a fixed port of 127.0.0.1, in threads; its listener closes while it refuses connections."
     def __init__(self, fake:FakeRunPodV2, port:int=0):
         self.fake, self.lock, self.stopped, self.http = fake, threading.Lock(), threading.Event(), None
         self.server_port = self._listen(port)

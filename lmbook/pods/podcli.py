@@ -53,7 +53,7 @@ def _spec_from_args(a) -> PodSpec:
     return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
                                 a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
                                 a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
-                                alert_source(a.alert_url)))
+                                alert_source(a.alert_url), a.keep))
 
 # %% ../../nbs/07fa_podcli.ipynb #a4b513b9
 def _prepare_spec_from_args(a) -> PodSpec:
@@ -144,9 +144,9 @@ def _create_cmd(a) -> int:
         print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
-    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE') and not spec.cpu_type:
-        print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
-              "stops it", file=sys.stderr)
+    if spec.env.get('KEEP_POD'):
+        print("note: --keep: the pod bills after its run ends, until `lmbook pod stop POD_ID` stops it",
+              file=sys.stderr)
     if a.dry_run:
         checked = _read_only_checks(spec, hidden)
         print(spec.to_yaml())
@@ -333,8 +333,10 @@ def add_guard_options(p):
     "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
     p.add_argument('--autokill', nargs='?', const='auto', default='',
                    choices=('', 'auto', 'stop', 'terminate'),
-                   help='stop (or terminate) the pod once the final checkpoint is on the volume; '
-                        'bare: terminate with --volume, else stop')
+                   help='terminate the pod once the final checkpoint is on the volume, instead of stopping '
+                        'it (which every pod does after its run); bare: terminate with --volume, else stop')
+    p.add_argument('--keep', action='store_true', help='keep the pod up after its run ends, billing, until '
+                   '`lmbook pod stop` (to fetch or look); its spend cap still holds')
     add_wait_options(p)
     p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
                    'does: stop it at its spend cap, or when it stalls')

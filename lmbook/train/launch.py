@@ -66,8 +66,11 @@ def resolve_args(a:argparse.Namespace) -> tuple:
 def describe_exit(code:int) -> str:
     "What exit code `code` of a training process means."
     if code in EXIT_CODES: return EXIT_CODES[code]
-    if code > 128: return f"stopped by {signal.Signals(code - 128).name} after writing its checkpoint"
-    if code < 0: return f"killed by {signal.Signals(-code).name} (no checkpoint of its own)"
+    sig = code - 128 if code > 128 else -code  # 128 + a signal, as a shell reports a process a signal ended
+    if sig not in set(signal.Signals): return 'crashed: see its output'
+    if code > 128 and sig in STOP_SIGNALS:
+        return f"stopped by {signal.Signals(sig).name} after writing its checkpoint"
+    return f"killed by {signal.Signals(sig).name} (no checkpoint of its own)"
     return 'crashed: see its output'
 
 def train_process(cfg, # the resolved `Config`
