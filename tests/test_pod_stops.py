@@ -151,4 +151,5 @@ def test_keep_keeps_a_finished_pod_up_as_asked(api, tmp_path):
     s.run(['true'], report(s, outcome='finished', why='the run finished (step_00000030 complete)'))
     log = log_of(s)
     assert 'the run finished (step_00000030 complete); the pod stays up, as asked' in log
-    assert re.search(r'the spend cap: the pod has billed 0\.2\d h', log) and api.pods[POD]['status'] == 'EXITED'
+    assert re.search(r'the spend cap: the pod has billed 0\.2\d h', log)
+    assert api.pods[POD]['status'] == 'EXITED'

@@ -483,3 +483,11 @@ def test_a_plan_at_an_unmeasured_micro_batch_is_an_estimate(capsys):
     rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_4b', '--gpu', 'H100', '--gpus', '4', '--set',
                        'parallel=fsdp', '--set', 'batch_size=8', 'batch_fit=false', '--json')
     assert json.loads(out)['measured'], out
+
+
+def test_pod_logs_asks_for_no_more_lines_than_runpod_gives(fake, capsys):
+    "RunPod's logs endpoint gives 0 to 5000 lines: more is refused here, in one line that says what to do."
+    fake.add_pod('podLOGS')
+    one_line_error(*run(capsys, 'pod', 'logs', 'podLOGS', '-n', '10000'), 'at most 5000 lines',
+                   '/workspace/logs/boot-')
+    assert not fake.calls('GET', '/v2/pods/podLOGS/logs')
