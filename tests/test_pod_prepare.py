@@ -1,6 +1,6 @@
 """`lmbook pod prepare`: a CPU pod over the network volume that only prepares a run's data, then stops itself,
 against the fake of RunPod's REST API v2; and the plan's line on what preparing the data costs."""
-import json, os, signal
+import json, os, re, signal
 import pytest
 from lmbook.dev.fake_runpod import violations
 from lmbook.pods.plan import tokenize_rate
@@ -131,3 +131,21 @@ def test_a_prepare_pod_prepares_the_data_then_stops_itself(api, tmp_path):
     pd = prepare_data(cfg, paths)
     assert pd.n_train_tokens > 0
     assert {f: f.stat().st_mtime_ns for f in files} == files
+
+
+def test_the_cpu_pod_is_checked_against_runpods_catalog_and_sized(fake, capsys, monkeypatch):
+    """lmbook/cpu_prices.yaml holds estimates: `pod prepare` asks RunPod's catalog (GET /v2/catalog/cpus/{id})
+    for the flavor, its vCPU counts and its price before it creates anything, and sizes the pod from the
+    profile: vCPUs against the one-thread bound, memory, the volume's and the container's disk."""
+    import lmbook.dev.fake_runpod as fr
+    cpus = dict(fr.CPUS)
+    del cpus['cpu5c']  # RunPod has no such flavor (any more)
+    cpus['cpu3c'] = (0.05, (2, 4, 8, 16, 32), 2, 'Compute-Optimized')  # and prices it above the estimate
+    monkeypatch.setattr(fr, 'CPUS', cpus)
+    one_line_error(*run(capsys, *prepare(fake, '--cpu', 'cpu5c')),
+                   "RunPod's catalog has no CPU flavor 'cpu5c'", 'cpu_prices.yaml')
+    assert posts(fake) == []
+    rc, out, err = run(capsys, *prepare(fake, '--max-dollars', '2', '--dry-run'))
+    assert rc == 0 and "PRICE_PER_HOUR: '0.8'" in out, out  # 16 vCPUs at RunPod's $0.05, not $0.03
+    assert 'vCPUs: 16: tokenizing runs at its one-thread bound' in out and 'memory: 32 GB' in out, out
+    assert re.search(r'volume: ~\d+ GB for the data .* the volume has 200 GB', out), out

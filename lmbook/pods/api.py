@@ -161,8 +161,13 @@ def gpu(self:RestV2, gpu_id:str) -> dict|None:
     return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
 
 @patch
-def availability(self:RestV2, gpu_id:str, count:int, cloud:str) -> dict|None:
-    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud))
+def cpu(self:RestV2, cpu_id:str) -> dict|None:
+    return self._get('/catalog/cpus/' + urllib.parse.quote(cpu_id, safe=''))
+
+@patch
+def availability(self:RestV2, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
+    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud)
+                               | (dict(minCudaVersion=min_cuda) if min_cuda else {}))
     g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
     return g and dict(overall=g.get('availability'),
                       data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
@@ -303,10 +308,13 @@ def pod(self:GraphQL, pod_id:str) -> dict|None:
 def gpu(self:GraphQL, gpu_id:str) -> dict|None:
     return dict(id=gpu_id)  # the SDK's create checks the type itself
 
+@patch
+def cpu(self:GraphQL, cpu_id:str) -> dict|None: raise ValueError(CPU_REST_ONLY)
+
 # %% ../../nbs/07b_api.ipynb #596dc4ae
 @patch
 # the catalog's stock is a REST v2 query
-def availability(self:GraphQL, gpu_id:str, count:int, cloud:str) -> None: return None
+def availability(self:GraphQL, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> None: return None
 
 @patch
 def create_pod(self:GraphQL, spec, env:dict) -> dict:
@@ -424,11 +432,18 @@ def find_pod(self:RunPodAPI, name:str) -> dict|None:
 def gpu(self:RunPodAPI, gpu_id:str) -> dict|None:
     return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
 
+@patch
+def cpu(self:RunPodAPI, cpu_id:str) -> dict|None:
+    "The catalog's CPU flavor `cpu_id`: its vCPUs, memory and price a vCPU (None: the catalog has none)."
+    return self.retry(self.b.cpu, check_safe(cpu_id, 'id', 'CPU flavor'))
+
 # %% ../../nbs/07b_api.ipynb #9fa08952
 @patch
-def availability(self:RunPodAPI, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
+def availability(self:RunPodAPI, gpu_id:str, count:int, cloud:str='SECURE',
+                 min_cuda:str|None=None, # count only hosts that run this CUDA ('12.8') or a newer one
+                ) -> dict|None:
     "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
-    return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
+    return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud, min_cuda)
 
 @patch
 def create_pod(self:RunPodAPI, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,

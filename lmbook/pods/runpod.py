@@ -16,7 +16,7 @@ from . import sync as podsync, watch as podwatch
 from ..core import load_settings, check_name, package_dir, cli_options
 from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
-from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table
+from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table, image_cuda
 from ..core import env_var, process_env
 from fastcore.basics import patch
 
@@ -503,8 +503,9 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
                     if found: return found, True
                     raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether "
                                       f"pod {spec.name} exists before you try again") from None
+                cuda = f", an --image older than CUDA {c}" if (c := image_cuda(spec.image)) else ''
                 raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, "
-                                  "--cloud-type COMMUNITY (without --volume), or later") from None
+                                  f"--cloud-type COMMUNITY (without --volume){cuda}, or later") from None
             pause = wait_s*2**i
             log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
             sleep(pause)
