@@ -243,8 +243,7 @@ def plan(profile:str, # profile name or config file
                          f"card has {table[gpu]['mem_gb']:.1f} GB: "
                          f"{fit_advice(asked, table, gpu, gpus, cloud)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
-    tps = cfg.tokens_per_step*gpus
-    sc = cfg.train.sched
+    tps, sc = cfg.tokens_per_step*gpus, cfg.train.sched
     steps = total_steps(sc, tps, None) if not sc.epochs or sc.token_budget else None
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
