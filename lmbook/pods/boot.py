@@ -92,8 +92,9 @@ def trainer_exit_code(out:Path, rc:int) -> int:
     "The trainer's exit code behind a failed papermill run (read from the executed notebook), else `rc`."
     if rc == 0: return 0
     txt = Path(out).read_text(errors='replace') if Path(out).is_file() else ''
-    m = re.findall(r'training exited with code (-?\d+)', txt)
-    rc = int(m[-1]) if m else rc
+    said = re.findall(r'training exited with code (-?\d+)|was killed by (SIG[A-Z]+)', txt)
+    if said and said[-1][1] in signal.Signals.__members__: return 128 + signal.Signals[said[-1][1]]
+    rc = int(said[-1][0]) if said else rc
     return 128 - rc if rc < 0 else rc  # killed by a signal: 128 + its number, as a shell says it
 
 # %% ../../nbs/07g_boot.ipynb #1f713b6b

@@ -301,7 +301,9 @@ def _killed(held:list[str], report:Path|None) -> TrainingExit:
                                    + _report(held, report))
 
 # %% ../../nbs/05f_launch.ipynb #bc03b295
-def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWatch|None) -> Iterator[str]:
+def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWatch|None,
+           agent:bool=True, # the process was torchrun, else the one training process
+          ) -> Iterator[str]:
     "The end of a run's process: torchrun's held lines when they say why, or `TrainingExit` with one line."
     wrote = Path(exit_file).is_file()
     code = _exit_code(rc, exit_file)
@@ -311,6 +313,11 @@ def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWa
         if why: raise TrainingExit(CRASHED, f"{why}: the training on this node stopped with it; the same "
                                             "command on every node resumes from the newest checkpoint"
                                             + _report(held, report))
+    if rc < 0 and not wrote and not agent:
+        hint = " (the kernel's out-of-memory killer or a kill -9)" if rc == -signal.SIGKILL else ''
+        raise TrainingExit(128 - rc, f"the training process was killed by {signal.Signals(-rc).name}{hint}, "
+                                     "without a checkpoint of its own; the same command resumes from the "
+                                     "newest checkpoint")
     if rc < 0 and not wrote:  # torchrun itself, and its workers with it (they die with their parent)
         raise TrainingExit(128 - rc, f"torchrun (this node's agent) was killed by "
                                      f"{signal.Signals(-rc).name}: its workers stopped with it, without a "
@@ -355,7 +362,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    yield from _ended(rc, exit_file, held, report, watch)
+    yield from _ended(rc, exit_file, held, report, watch, agent='torch.distributed.run' in cmd)
 
 # %% ../../nbs/05f_launch.ipynb #695a31ef
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
