@@ -19,13 +19,13 @@ except ImportError: import tomli as tomllib
 __all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES',
            'SOURCE_NAMES', 'SOURCE_PREFIXES', 'GPT2_TOKENIZERS', 'PROFILES', 'Range', 'at_least', 'above', 'between',
            'one_of', 'cfield', 'is_section', 'value_fields', 'field_ranges', 'ModelConfig', 'DataConfig', 'OptimConfig',
-           'ScheduleConfig', 'CheckpointConfig', 'EvalConfig', 'LoggingConfig', 'LeversConfig', 'FinetuneConfig',
-           'TrainConfig', 'Config', 'config_sections', 'field_index', 'section_of', 'did_you_mean', 'apply_overrides',
-           'validate', 'source_parts', 'parse_sources', 'mixture_of', 'check_sources', 'sources_text', 'config_fields',
-           'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table', 'field_values',
-           'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile', 'gpu_levers',
-           'with_fp8', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b', 'config_dict',
-           'flat_config', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+           'ScheduleConfig', 'total_steps', 'CheckpointConfig', 'EvalConfig', 'LoggingConfig', 'LeversConfig',
+           'FinetuneConfig', 'TrainConfig', 'Config', 'config_sections', 'field_index', 'section_of', 'did_you_mean',
+           'apply_overrides', 'validate', 'source_parts', 'parse_sources', 'mixture_of', 'check_sources',
+           'sources_text', 'config_fields', 'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table',
+           'field_values', 'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile',
+           'gpu_levers', 'with_fp8', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
+           'config_dict', 'flat_config', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -247,6 +247,16 @@ class ScheduleConfig:
     min_lr_ratio: float = cfield(0.1, between(0, 1), 'ask', "the schedule's floor, as a fraction of lr")
     decay_frac: float = cfield(0.2, between(0, 1), 'ask',
                                "fraction of the run spent decaying at the end of the 'wsd' schedule")
+
+# %% ../nbs/01_config.ipynb #3fd4c709
+def total_steps(sc:ScheduleConfig, tokens_per_step:int, n_train_tokens:int|None=None) -> int:
+    "Optimizer steps of the run: from `token_budget`, else `epochs`, else `max_steps`."
+    if sc.token_budget > 0: return max(1, math.ceil(sc.token_budget/tokens_per_step))
+    if sc.epochs > 0:
+        if not n_train_tokens: raise ValueError("epochs>0 needs the number of train tokens: prepare the "
+                                                "data first or set max_steps")
+        return max(1, math.ceil(sc.epochs*n_train_tokens/tokens_per_step))
+    return sc.max_steps
 
 # %% ../nbs/01_config.ipynb #996a87f8
 _MIRROR = Range(pattern=r'|hf://[A-Za-z0-9][\w.-]*/[\w.-]+|s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\s]*)?',

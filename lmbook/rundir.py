@@ -32,7 +32,6 @@ RUN_FILES = dict(  # what a run folder holds -> its name there
     lock='.lock',                   # the lock of the trainer that owns the folder
     mirror='.mirror',               # what the checkpoint mirror has copied off the volume
     mirror_left='mirror-left.json', # the checkpoints the mirror could not copy, and the command that retries
-    autokill='autokill.json',       # the pod a finished run stopped, and after which checkpoint
     stop='STOP',                    # a request to the trainer: checkpoint and stop at the next step
 )
 BEST = 'best'  # the folder, beside the step checkpoints, of the checkpoint with the lowest val_loss

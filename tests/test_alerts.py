@@ -168,26 +168,27 @@ def test_a_failed_subprocess_is_sent_once_by_its_launcher(hook, ws, monkeypatch)
     assert hook.events() == ['failed']
 
 
-def test_boot_sends_the_spend_limit_and_failures_before_the_pod_stops(hook, tmp_path, monkeypatch):
+def test_boot_sends_failures_before_the_pod_stops(hook, tmp_path, monkeypatch):
+    "Boot alerts the failures it reports (the spend cap and what boot cannot see are the supervisor's)."
     from lmbook.pods import boot
     from lmbook.core import EXIT_USER_ERROR
     ws = tmp_path/'ws'
     for k, v in dict(LMBOOK_WORKSPACE=str(ws), HF_HOME=str(tmp_path/'hf'),
                      LMBOOK_SETTINGS=str(Path(__file__).parents[1]/'settings.ini')).items():
         monkeypatch.setenv(k, v)  # boot sets these for what it starts; the test gets them back
-    for k in ('RUNPOD_POD_ID', 'MAX_HOURS', 'MAX_DOLLARS', 'NUM_NODES', 'NNODES'):
+    for k in ('RUNPOD_POD_ID', 'NUM_NODES', 'NNODES', 'LMBOOK_TRAIN_CMD'):
         monkeypatch.delenv(k, raising=False)
     o = boot.BootOptions(profile='smoke', experiment='guarded', install=False, tensorboard_port=0)
-    spent = 'spend guard: the pod has run 1.00 h (~$2.69), over --max-hours 1'
     envs = []
-    def follow(cmd, paths, log, stop, guard, env, cwd):
+    def follow(cmd, paths, log, stop, env, cwd):
         envs.append(env)
-        return (143, spent) if len(envs) == 1 else (143, '') if len(envs) == 2 else (1, '')
+        return 1
     monkeypatch.setattr(boot, '_follow', follow)
     monkeypatch.setattr(boot, 'trainer_exit_code', lambda out, rc: rc)
-    assert [boot.run_pipeline(o, ws, stages=(2, 3, 4)) for _ in range(3)] == [143, 143, 1]
-    assert hook.events() == ['spend_limit', 'failed'] and all(e['LMBOOK_ALERT_PARENT'] == '1' for e in envs)
-    assert hook.one('spend_limit')['text'].startswith(spent) and hook.one('failed')['exit_code'] == 1
+    assert boot.run_pipeline(o, ws, stages=(2, 3, 4)) == 1
+    assert hook.events() == ['failed'] and envs[0]['LMBOOK_ALERT_PARENT'] == '1'
+    assert hook.one('failed')['exit_code'] == 1
+    assert json.loads((ws/'logs'/'outcome-guarded.json').read_text())['alerted']
     # a stage that fails: its error goes with the code
     def no_data(*a): raise ValueError('no validation text')
     monkeypatch.setattr(boot, 'stage_data', no_data)
@@ -209,8 +210,8 @@ def api():
 
 @pytest.mark.parametrize('why,lmbook', [('clone', False), ('clone', True), ('spend', False)])
 def test_the_start_script_sends_its_own_stops(hook, api, tmp_path, why, lmbook):
-    """A clone that fails, or the spend limit reached during the install: one alert before the pod stops, sent
-    by the volume's lmbook once it runs, else by plain python3."""
+    """A clone that fails, or the spend cap reached during the install: one alert before the pod stops, sent
+    by the volume's lmbook once it runs, else by the supervisor itself (plain python3)."""
     env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{tmp_path}/no-such-repo.git', LMBOOK_COMMIT='',
                     LMBOOK_ALERT_URL=hook.url)
     if lmbook: env['LMBOOK_VENV'] = str(volume_venv(tmp_path/'venv'))
@@ -222,12 +223,12 @@ def test_the_start_script_sends_its_own_stops(hook, api, tmp_path, why, lmbook):
         env.update(PATH=f"{bin_}:{env['PATH']}", MAX_HOURS='1', LMBOOK_T0=str(time.time() - 3600))
     p = pid1(env)
     try:
-        wait_for(lambda: api.pods['pod1234abc']['status'] == 'EXITED', 60, 'the guard to stop the pod')
+        wait_for(lambda: api.pods['pod1234abc']['status'] == 'EXITED', 60, 'the supervisor to stop the pod')
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
     (d,) = hook.sent()
-    want = 'git clone' if why == 'clone' else 'spend guard: the pod reached MAX_HOURS'
+    want = 'the install failed (git clone' if why == 'clone' else 'the spend cap: the pod has billed'
     assert d['event'] == ('failed' if why == 'clone' else 'spend_limit') and want in d['text'], d
     assert d['title'] == f"lmbook: pod {d['event'].replace('_', ' ')}" and d['experiment'] == 'pod'
     assert ('lmbook' in d) == lmbook  # lmbook's own JSON names its version; the start script's does not

@@ -249,9 +249,13 @@ def test_site_in_a_browser(site, tmp_path):
             bad = [i['src'] for i in facts[page]['imgs'] if not i['ok']]
             assert not bad, f"{page}: images that do not load: {bad}"
             # code never scrolls sideways in a 1280 px window: long lines wrap (styles.css)
-            wide = tab.js("[...document.querySelectorAll('pre.sourceCode')]"
+            wide = tab.js("[...document.querySelectorAll('pre.sourceCode, .cell-output pre')]"
                           ".filter(p => p.scrollWidth > p.clientWidth + 1).length")
-            assert not wide, f"{page}: {wide} code block(s) scroll sideways at 1280 px"
+            assert not wide, f"{page}: {wide} code block(s) or output(s) scroll sideways at 1280 px"
+            # a wide table scrolls in its own box rather than being cut off at the column's edge
+            cut = tab.js("[...document.querySelectorAll('main table')].filter(t => getComputedStyle(t)"
+                         ".overflowX !== 'auto' && t.scrollWidth > t.clientWidth + 1).length")
+            assert not cut, f"{page}: {cut} table(s) cut off at 1280 px"
         # each module's API reference: a heading per exported function and class
         for mod, page in module_pages().items():
             missing = set(api_names(mod)) - set(facts[f'{page}.html']['headings'])

@@ -8,7 +8,7 @@ import pytest
 from conftest import rows
 from lmbook.config import get_config
 from lmbook.distributed import check_parallel
-from lmbook.runs.checkpoint import is_sharded, list_checkpoints
+from lmbook.runs.checkpoint import is_sharded, latest_checkpoint, list_checkpoints
 from lmbook.train.trainer import train
 
 
@@ -57,12 +57,17 @@ class Node:
         return rc, [l.strip() for l in self.lines if l.startswith('error:')]
 
 
+def whole(d:Path) -> bool:
+    return latest_checkpoint(d, hashes=False, warn=lambda m: None) is not None
+
+
 def test_killing_one_nodes_agent_ends_both_in_a_line_each_then_one_process_resumes(ws):
     exp, port = 'two-nodes', free_port()
     nodes = [Node(ws, exp, r, port) for r in (0, 1)]
     try:
         t0 = time.time()
-        while max(n.step() for n in nodes) < 6:
+        # killed once a checkpoint is whole (under load one may still be in flight at step 6)
+        while max(n.step() for n in nodes) < 6 or not whole(Path(ws)/'runs'/exp/'checkpoints'):
             assert time.time() - t0 < 240 and all(n.p.poll() is None for n in nodes), nodes[0].lines[-20:]
             time.sleep(0.2)
         os.kill(nodes[1].torchrun(), signal.SIGKILL)

@@ -1,12 +1,11 @@
 """`lmbook pod prepare`: a CPU pod over the network volume that only prepares a run's data, then stops itself,
 against the fake of RunPod's REST API v2; and the plan's line on what preparing the data costs."""
-import json, os, signal
+import json, os, re, signal
 import pytest
 from lmbook.dev.fake_runpod import violations
 from lmbook.pods.plan import tokenize_rate
 from test_runpod import fake, run, one_line_error, posts, PLAN
 from test_pod_start import api, container, pid1, volume_venv, wait_for, stops, ROOT
-from test_boot import autokill_bench
 
 
 def prepare(fake, *extra):
@@ -24,7 +23,7 @@ def test_the_cpu_pod_keeps_the_contract_and_only_prepares(fake, capsys):
     env = body['env']
     assert (env['RUN_PREPARE'], env['RUN_SHARD'], env['RUN_EXPERIMENT']) == ('1', '1', 'fw-2b')
     assert 'AUTOKILL' not in env and '6006/http' not in body['ports']  # it stops itself; no TensorBoard
-    assert 'cpu3c x 16 vCPUs' in out and 'then stops itself' in out and 'note: without --autokill' not in err
+    assert 'cpu3c x 16 vCPUs' in out and 'then stops itself' in out and 'note:' not in err
     pod_id = next(iter(fake.pods))
     assert fake.pods[pod_id]['cost'] == 0.48 and fake.pods[pod_id]['gpu'] is None
     rc, out, _ = run(capsys, 'pod', 'status', pod_id)
@@ -69,21 +68,6 @@ def test_what_a_cpu_pod_cannot_be(fake, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv('LMBOOK_RUNPOD_API', 'graphql')
     one_line_error(*run(capsys, 'pod', 'create', '--manifest', 'prep.yaml', '--dry-run'), 'REST API v2 only')
     assert posts(fake) == []
-
-
-def test_a_prepare_pod_stops_every_time_it_has_prepared(tmp_path):
-    """Autokill fires once per pod for a run; a pod that only prepares data has nothing else to do, so a
-    stopped one started again prepares what is missing and stops again: terminated with AUTOKILL=terminate,
-    kept up after a failure with ON_FAILURE=keep."""
-    from lmbook.pods.boot import BootOptions, autokill
-    paths, lines, Log, env = autokill_bench(tmp_path, 'pp')
-    o = BootOptions.from_env(dict(RUN_EXPERIMENT='pp', RUN_PREPARE='1'))
-    assert o.prepare and o.shard and not o.autokill
-    assert autokill(o, paths, 0, Log(), env) and autokill(o, paths, 0, Log(), env)
-    assert autokill(BootOptions(experiment='pp', prepare=True, autokill='terminate'), paths, 0, Log(), env)
-    assert (tmp_path/'calls').read_text() == 'stop pod pod1234abc\n'*2 + 'remove pod pod1234abc\n'
-    assert 'autokill: stop pod pod1234abc: the data is prepared' in lines
-    assert not autokill(BootOptions(experiment='pp', prepare=True, on_failure='keep'), paths, 2, Log(), env)
 
 
 def test_the_plan_prices_preparing_the_data_on_both_pods(capsys):
@@ -133,7 +117,7 @@ def test_a_prepare_pod_prepares_the_data_then_stops_itself(api, tmp_path):
     log = log_file.read_text()
     assert 'stage 3/4 data:' in log, log
     assert 'stage 4/4 train: skipped: this pod only prepares the data' in log, log
-    assert 'autokill: stop pod pod1234abc: the data is prepared' in log and 'boot: done, exit code 0' in log
+    assert 'pod: the data is prepared: stopping pod pod1234abc' in log and 'boot: done, exit code 0' in log
     assert stops(api) == [dict(action='stop')] and api.pods['pod1234abc']['status'] == 'EXITED'
     run_dir = tmp_path/'workspace'/'runs'/'pod'
     assert not (run_dir/'metrics.jsonl').exists() and not list(run_dir.glob('train-*.ipynb'))
@@ -147,3 +131,21 @@ def test_a_prepare_pod_prepares_the_data_then_stops_itself(api, tmp_path):
     pd = prepare_data(cfg, paths)
     assert pd.n_train_tokens > 0
     assert {f: f.stat().st_mtime_ns for f in files} == files
+
+
+def test_the_cpu_pod_is_checked_against_runpods_catalog_and_sized(fake, capsys, monkeypatch):
+    """lmbook/cpu_prices.yaml holds estimates: `pod prepare` asks RunPod's catalog (GET /v2/catalog/cpus/{id})
+    for the flavor, its vCPU counts and its price before it creates anything, and sizes the pod from the
+    profile: vCPUs against the one-thread bound, memory, the volume's and the container's disk."""
+    import lmbook.dev.fake_runpod as fr
+    cpus = dict(fr.CPUS)
+    del cpus['cpu5c']  # RunPod has no such flavor (any more)
+    cpus['cpu3c'] = (0.05, (2, 4, 8, 16, 32), 2, 'Compute-Optimized')  # and prices it above the estimate
+    monkeypatch.setattr(fr, 'CPUS', cpus)
+    one_line_error(*run(capsys, *prepare(fake, '--cpu', 'cpu5c')),
+                   "RunPod's catalog has no CPU flavor 'cpu5c'", 'cpu_prices.yaml')
+    assert posts(fake) == []
+    rc, out, err = run(capsys, *prepare(fake, '--max-dollars', '2', '--dry-run'))
+    assert rc == 0 and "PRICE_PER_HOUR: '0.8'" in out, out  # 16 vCPUs at RunPod's $0.05, not $0.03
+    assert 'vCPUs: 16: tokenizing runs at its one-thread bound' in out and 'memory: 32 GB' in out, out
+    assert re.search(r'volume: ~\d+ GB for the data .* the volume has 200 GB', out), out

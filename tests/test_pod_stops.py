@@ -1,17 +1,17 @@
-"""Stops that land with nobody watching: RunPod's API (the REST v2 fake) is down for three minutes while
-autokill, the spend guard or the start script's guard stops the pod; each ends with the pod stopped, or with
-the container gone when the API never comes back. The fake's clock runs 60 times faster than the wall's and
-the retry pauses are scaled down (`LMBOOK_STOP_PAUSE`), so three minutes of outage take three seconds."""
-import json, os, shlex, signal, subprocess, sys, time
+"""The pod's supervisor (lmbook.pods.supervise) in one process, against the REST v2 fake: the paths the
+money matrix (test_pod_matrix) does not cross. A pod kept up after a failure still stops at its spend cap; a
+refused key or a pod stopped from outside is no reason to retry; `runpodctl` comes first; `MAX_DOLLARS` is
+priced by the API; a start after an end the API took is a person's and boots; boot stops before training on a
+stop in its data stage. Every supervisor's clock runs 600 times faster than the wall's."""
+import ast, json, os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
-from conftest import lmbook_cmd
+from lmbook.core import ENV
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
-from test_pod_start import container, pid1, wait_for, KEY
-from lmbook.rundir import RunDir
+from lmbook.pods import supervise
+from lmbook.pods.supervise import Supervisor, outcome_path, write_json
 
-FAST = 60  # fake seconds a wall second
-POD = 'pod1234abc'
+KEY, POD, FAST = 'rpa_PODSCOPEDkey42', 'pod1234abc', 600
 
 
 @pytest.fixture
@@ -25,125 +25,131 @@ def api():
     srv.shutdown()
 
 
-# ten fake minutes
-def retries(env): return dict(env, LMBOOK_STOP_PAUSE='0.2', LMBOOK_STOP_DEADLINE=str(600//FAST))
+def supervisor(api, tmp_path, **env) -> Supervisor:
+    ws = tmp_path/'ws'
+    (ws/'logs').mkdir(parents=True, exist_ok=True)
+    env = dict(PATH=os.environ['PATH'], LMBOOK_WORKSPACE=str(ws), RUN_EXPERIMENT='sv', RUNPOD_POD_ID=POD,
+               RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=api.url, LMBOOK_TIME_SCALE=str(FAST)) | env
+    return Supervisor(env, ws/'logs'/'boot-sv.log')
 
 
-class Log(list):
-    f = None
-    def __call__(self, m): self.append(m)
-    def sync(self): pass
+def log_of(s:Supervisor) -> str: return s.log_path.read_text()
 
 
-def finished_run(tmp_path):
-    "A run folder whose final checkpoint (step 4 of 4) is complete."
-    from lmbook.core import paths_for
-    paths = paths_for('ak', root=tmp_path)
-    (RunDir(paths.run).checkpoints/'step_00000004').mkdir(parents=True)
-    (RunDir(paths.run).checkpoints/'step_00000004'/'COMPLETE').write_text(json.dumps(dict(step=4, files={})))
-    (paths.run/'meta.json').write_text(json.dumps(dict(total_steps=4)))
-    return paths
+def report(s:Supervisor, **d):
+    "The command that stands in for `lmbook boot`: it writes its report, then exits 1."
+    path = outcome_path(Path(s.env['LMBOOK_WORKSPACE']), 'sv')
+    code = f"open({str(path)!r}, 'w').write({json.dumps(json.dumps(d))}); exit(1)"
+    return [sys.executable, '-c', code]
 
 
-def test_autokill_stops_the_pod_after_three_minutes_without_an_api(api, tmp_path, monkeypatch):
-    from lmbook.pods.boot import BootOptions, autokill
-    monkeypatch.setenv('RUNPOD_API_BASE_URL', api.url)
-    paths, log = finished_run(tmp_path), Log()
-    api.down(180)
+def test_a_pod_kept_after_a_failure_still_stops_at_its_spend_cap(api, tmp_path):
+    "ON_FAILURE=keep keeps a failed pod up, billing, until its cap: twelve pod minutes, 1.2 s of the wall's."
+    s = supervisor(api, tmp_path, ON_FAILURE='keep', MAX_HOURS='0.2', LMBOOK_GUARD_POLL='30')
     t = time.monotonic()
-    assert autokill(BootOptions(experiment='ak', autokill='stop'), paths, 0, log,
-                    retries(dict(PATH='', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY)))
-    assert api.pods[POD]['status'] == 'EXITED' and api.unanswered >= 3 and time.monotonic() - t < 8
-    assert (any('trying again' in l for l in log)
-            and json.loads((paths.run/'autokill.json').read_text())['action'] == 'stop')
+    rc = s.run(['true'], report(s, outcome='failed', why='the trainer ended (exit code 1)'))
+    log = log_of(s)
+    assert ('the pod stays up, as asked (--keep, --on-failure keep), and bills until `lmbook pod stop '
+            'pod1234abc` ends it') in log
+    assert re.search(r'the spend cap: the pod has billed 0\.2\d h, over --max-hours 0\.2', log), log
+    assert 'RunPod took the stop' in log
+    assert api.pods[POD]['status'] == 'EXITED' and time.monotonic() - t < 10 and rc == 1
 
 
-def test_autokill_ends_the_container_when_the_api_never_answers(api, tmp_path, monkeypatch):
-    """Ten minutes without an answer: the start script (a stand-in here) is asked to exit, which ends the
-    container and its bill."""
-    from lmbook.pods.boot import BootOptions, autokill
-    monkeypatch.setenv('RUNPOD_API_BASE_URL', api.url)
-    paths, log = finished_run(tmp_path), Log()
-    api.down(10**9)
-    start = subprocess.Popen(['sleep', '60'])
-    env = dict(PATH='', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY, LMBOOK_START_PID=str(start.pid),
-               LMBOOK_STOP_PAUSE='0.2', LMBOOK_STOP_DEADLINE='2')
-    assert not autokill(BootOptions(experiment='ak', autokill='stop'), paths, 0, log, env)
-    assert start.wait(5) == -signal.SIGTERM and 'ending the container' in log[-1]
-    assert not (paths.run/'autokill.json').exists()  # a later boot of this pod tries again
+@pytest.mark.parametrize('answer', [401, 409])
+def test_a_refused_key_and_a_pod_stopped_from_outside_are_not_retried(api, tmp_path, answer):
+    if answer == 401: api.key = 'rpa_ANOTHERkey'  # the pod's key does not work: the container ends at once
+    else: api.pods[POD]['status'] = 'EXITED'  # stopped meanwhile from outside: a stop is answered 409
+    s = supervisor(api, tmp_path)
+    rc = s.end('stop', 'the run finished')
+    log = log_of(s)
+    said = ("RunPod refused the stop with the pod's key (HTTP 401)" if answer == 401
+            else 'RunPod says pod pod1234abc is not running already: nothing to stop')
+    assert said in log and 'no stop yet' not in log and len(api.calls('POST')) == 1, log
+    assert rc == 1 and json.loads(s.marker.read_text())['api'] == ('never' if answer == 401 else 'taken')
 
 
-@pytest.mark.parametrize('down', [0, 180])
-def test_max_dollars_stops_the_pod_during_data_preparation(api, tmp_path, down):
-    """--max-dollars with --shard: the guard counts from the pod's create time and stops boot in its data
-    stage, then the pod."""
-    ws = tmp_path/'ws'; ws.mkdir()
+@pytest.mark.parametrize('works', [True, False])
+def test_runpodctl_first_then_the_api(api, tmp_path, works):
+    "RunPod's images carry runpodctl with the pod's key: it is tried first, the REST API when it fails."
+    bin_ = tmp_path/'bin'
+    bin_.mkdir()
+    (bin_/'runpodctl').write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\nexit {0 if works else 1}\n')
+    (bin_/'runpodctl').chmod(0o755)
+    s = supervisor(api, tmp_path, PATH=f"{bin_}:{os.environ['PATH']}")
+    assert s.end('terminate', 'the run finished') == 1  # no container stop came: it ends itself
+    assert (tmp_path/'calls').read_text() == f'remove pod {POD}\n'
+    assert api.calls('POST') == ([] if works else [('POST', f'/v2/pods/{POD}/action',
+                                                     dict(action='terminate'))])
+
+
+def test_max_dollars_is_priced_by_the_api_and_a_taken_end_lets_the_next_start_boot(api, tmp_path):
+    s = supervisor(api, tmp_path, MAX_DOLLARS='5', PRICE_PER_HOUR='1')
+    write_json(s.marker, dict(action='stop', why='the run finished (step_00000030 complete)', api='taken'))
+    s.run(['true'], report(s, outcome='failed', why='the trainer ended (exit code 1)'))
+    log = log_of(s)
+    assert 'started again after its run ended (the run finished (step_00000030 complete)): booting' in log
+    assert 'the spend cap stops the run at 1.86 billed hours' in log, log  # $5 at the API's $2.69/h, not $1/h
+
+
+def test_the_supervisor_reads_only_variables_lmbook_documents():
+    "It runs before lmbook is installed, so it reads its environment itself: only names `core.ENV` lists."
+    tree = ast.parse(Path(supervise.__file__).read_text())
+    read = {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
+            and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+            and getattr(n.func, 'attr', getattr(n.func, 'id', '')) in ('get', 'num')
+            and n.args[0].value.isupper()}
+    assert read and not read - set(ENV), read - set(ENV)
+
+
+def test_a_stop_during_the_data_stage_ends_boot_before_training(tmp_path):
+    "Boot stops in its data stage at once (the data resumes on the next boot) and reports it stopped."
+    ws = tmp_path/'ws'
     corpus = tmp_path/'big.txt'
-    words = ('alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma '
-             'tau').split()
-    corpus.write_text('\n\n'.join(' '.join(words[(i*7 + j) % len(words)] + str(i % 997)
-                                           for j in range(60)) for i in range(60000)))
-    env = retries(dict(PATH=os.environ['PATH'], LMBOOK_WORKSPACE=str(ws), RUNPOD_POD_ID=POD,
-                       RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=api.url,
-                       RUN_CONFIG='smoke', RUN_EXPERIMENT='sd', RUN_SHARD='1', RUN_INPUT=str(corpus),
-                       HF_HUB_OFFLINE='1',
-                       MAX_DOLLARS='1', PRICE_PER_HOUR='2.69', LMBOOK_T0=str(time.time() - 1337),
-                       LMBOOK_GUARD_POLL='1'))
-    # 1337 s at $2.69/h is $1.00 spent when the guard first looks, one second into the data stage
+    corpus.write_text('\n\n'.join(f"document {i}: " + ' '.join(f"w{(i*7 + j) % 997}" for j in range(60))
+                                  for i in range(30000)))
+    env = dict(os.environ, LMBOOK_WORKSPACE=str(ws), RUN_CONFIG='smoke', RUN_EXPERIMENT='sd', RUN_SHARD='1',
+               RUN_INPUT=str(corpus), HF_HUB_OFFLINE='1')
     p = subprocess.Popen([str(Path(sys.executable).parent/'lmbook'), 'boot', '--no-install',
-                          '--no-tensorboard'], env={**os.environ, **env},
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          '--no-tensorboard'], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = ws/'logs'/'boot-sd.log'
-    wait_for(lambda: log.is_file() and 'spend guard: the pod stops' in log.read_text(), 60, 'the spend guard')
-    api.down(down, from_next_call=True)  # the price was asked: the next call is the stop
-    rc = p.wait(120)
-    log = log.read_text()
-    assert 'stage 3/4 data: skipped' not in log and 'over --max-dollars 1' in log, log
-    assert ('before training' in log
-            and 'stage 3/4 data:' not in log.split('spend guard: the pod has run')[1]), log  # data unfinished
-    assert 'stage 4/4' not in log and 'autokill: stop pod pod1234abc: spend guard' in log, log
-    assert api.pods[POD]['status'] == 'EXITED' and rc != 0
-    assert ('trying again' in log) == bool(down)
+    t = time.time()
+    while not (log.is_file() and 'stage 2/4 layout' in log.read_text()) and time.time() - t < 60:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(60)
+    said, r = log.read_text(), json.loads((ws/'logs'/'outcome-sd.json').read_text())
+    assert rc == 143 and 'stage 4/4' not in said, said
+    assert 'stage 3/4 data: ' not in said.split('stage 2/4 layout')[1], said  # the data is not done
+    assert r['outcome'] == 'stopped' and r['why'].startswith('boot stopped by SIGTERM before training'), r
 
 
-def test_a_failed_stage_before_boot_stops_the_pod_after_three_minutes_without_an_api(api, tmp_path):
-    api.down(180)
-    p = pid1(retries(container(tmp_path, api.url, LMBOOK_REPO=f'file://{tmp_path}/no-such-repo.git',
-                               LMBOOK_COMMIT='')))
-    try:
-        wait_for(lambda: api.pods[POD]['status'] == 'EXITED', 30, 'the guard to stop the pod')
-        log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
-        assert ('guard: git clone' in log and 'trying again' in log
-                and 'guard: pod stopped (REST API)' in log), log
-        assert p.poll() is None and api.unanswered >= 3
-    finally:
-        os.killpg(p.pid, signal.SIGKILL); p.wait()
+def test_a_sigkill_is_a_failure_that_claims_no_checkpoint():
+    "The kernel's out-of-memory killer ends a trainer with SIGKILL (137): nothing was saved by it."
+    from lmbook.train.launch import describe_exit
+    assert describe_exit(137) == describe_exit(-9) == 'killed by SIGKILL (no checkpoint of its own)'
+    assert describe_exit(143) == 'stopped by SIGTERM after writing its checkpoint'
 
 
-def test_the_container_exits_when_the_api_never_answers(api, tmp_path):
-    api.down(10**9)
-    env = container(tmp_path, api.url, LMBOOK_REPO=f'file://{tmp_path}/no-such-repo.git', LMBOOK_COMMIT='',
-                    LMBOOK_STOP_PAUSE='0.2', LMBOOK_STOP_DEADLINE='2')
-    p = pid1(env)
-    try: p.wait(30)
-    finally:
-        try: os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError: pass
-    log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
-    assert 'ending the container instead' in log and api.pods[POD]['status'] == 'RUNNING', log
+@pytest.mark.parametrize('autokill, ends', [('', 'stop'), ('terminate', 'terminate')])
+def test_a_prepare_pod_stops_every_time_it_has_prepared(api, tmp_path, autokill, ends):
+    """Prepared data is the whole job of a CPU pod: it stops (terminates with AUTOKILL=terminate); started
+    again, it prepares what is missing and stops again. A failure never terminates."""
+    prepared = ('prepared', 'the data is prepared', ends)
+    for outcome, why, action in (prepared, prepared, ('failed', 'error: no validation text', 'stop')):
+        if POD not in api.pods: api.add_pod(POD, name='pod-1')
+        api.pods[POD]['status'] = 'RUNNING'
+        s = supervisor(api, tmp_path, AUTOKILL=autokill, RUN_PREPARE='1')
+        s.run(['true'], report(s, outcome=outcome, why=why))
+        assert f"pod: {why}: {dict(stop='stopping', terminate='terminating')[action]} pod {POD}" in log_of(s)
+        assert api.calls('POST')[-1][2] == dict(action=action)
 
 
-def test_the_spend_guard_counts_the_install_and_stops_the_pod(api, tmp_path):
-    """A clone that never ends, on a pod created an hour ago with --max-hours 1: the start script's guard
-    stops it."""
-    bin_ = tmp_path/'bin'; bin_.mkdir()
-    (bin_/'git').write_text('#!/bin/sh\nexec sleep 600\n'); (bin_/'git').chmod(0o755)
-    env = container(tmp_path, api.url, LMBOOK_REPO='https://github.com/lmbook/lmbook.git', MAX_HOURS='1',
-                    LMBOOK_T0=str(time.time() - 3600))
-    p = pid1(dict(env, PATH=f"{bin_}:{env['PATH']}"))
-    try:
-        wait_for(lambda: api.pods[POD]['status'] == 'EXITED', 30, 'the spend guard to stop the pod')
-        log = (tmp_path/'workspace'/'logs'/'boot-pod.log').read_text()
-        assert 'spend guard: the pod reached MAX_HOURS/MAX_DOLLARS before lmbook boot ran' in log, log
-    finally:
-        os.killpg(p.pid, signal.SIGKILL); p.wait()
+def test_keep_keeps_a_finished_pod_up_as_asked(api, tmp_path):
+    "`pod create --keep` (KEEP_POD=1): a finished run leaves the pod up, to fetch from; the cap still holds."
+    s = supervisor(api, tmp_path, KEEP_POD='1', MAX_HOURS='0.2')
+    s.run(['true'], report(s, outcome='finished', why='the run finished (step_00000030 complete)'))
+    log = log_of(s)
+    assert 'the run finished (step_00000030 complete); the pod stays up, as asked' in log
+    assert re.search(r'the spend cap: the pod has billed 0\.2\d h', log)
+    assert api.pods[POD]['status'] == 'EXITED'

@@ -5,7 +5,7 @@ import socket, threading, time
 import pytest
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from test_runpod import run, one_line_error, KEY
-from lmbook.pods.api import RunPodAPI
+from lmbook.pods.api import RunPodAPI, RunPodError
 from lmbook.pods.watch import Watcher, watch_pod
 
 POD, VOL = 'pod1234abc', 'volwatch42'  # moto's buckets outlive a server: a name of its own
@@ -27,9 +27,11 @@ def fake(monkeypatch):
 def status(fake): return fake.pods[POD]['status']
 
 
-def test_watch_stops_a_pod_at_the_cap_it_was_created_with(fake, capsys):
-    "Eight hours at $2.69/h is over its --max-dollars 20, counted from `pod create` (LMBOOK_T0)."
+def test_watch_stops_a_pod_at_the_cap_it_was_created_with(fake, capsys, tmp_path):
+    "Eight billed hours at $2.69/h (the pod's log says so) are over its --max-dollars 20."
     fake.add_pod(POD, env=dict(LMBOOK_T0=f'{time.time() - 8*3600:.0f}', MAX_DOLLARS='20'))
+    (tmp_path/'container.log').write_text('[boot 12:00:00] pod: billed 8.000 h so far\n')
+    fake.logs[POD] = str(tmp_path/'container.log')
     rc, out, err = run(capsys, 'pod', 'watch', POD, '--watch-poll', '0')
     assert rc == 0 and status(fake) == 'EXITED', err
     assert 'over --max-dollars 20' in err and 'stop sent' in out
@@ -120,3 +122,71 @@ def test_stop_without_ssh_asks_the_trainer_through_the_volume(fake, capsys, monk
     finally: srv.stop()
     assert rc == 0 and seen == ['asked'] and status(fake) == 'EXITED', err
     assert 'the trainer stopped with step_00000120 complete on the volume' in out
+
+
+@pytest.fixture
+def slow(fake, monkeypatch):
+    "The fake's clock, moved only by the pauses lmbook takes between its tries (and the watch's looks)."
+    import functools
+    import lmbook.pods.watch as watch
+    t = [0.0]
+    fake.clock = lambda: t[0]
+    def pause(s): t[0] += s
+    monkeypatch.setattr(watch, 'RunPodAPI', functools.partial(RunPodAPI, sleep=pause))
+    return t, pause
+
+
+def test_stop_outlasts_a_40_s_outage_and_says_when_the_pod_still_bills(fake, slow, capsys):
+    fake.add_pod(POD)
+    fake.down(40, from_next_call=True)
+    rc, out, err = run(capsys, 'pod', 'stop', POD, '--now')
+    assert rc == 0 and status(fake) == 'EXITED' and 'stop sent' in out, err
+    fake.add_pod('pod2')
+    fake.down(10**9, on='POST .*')  # gone for good at the stop: ten minutes of tries, then one line
+    one_line_error(*run(capsys, 'pod', 'stop', 'pod2', '--now'), "RunPod's API did not answer for 10 min",
+                   'pod pod2 may still be RUNNING at $2.69/h', '`lmbook pod stop pod2 --now` ends it')
+    assert 600 <= slow[0][0] < 800
+
+
+def test_stop_on_a_stopped_pod_says_so(fake, capsys):
+    fake.add_pod(POD, status='EXITED')
+    rc, out, err = run(capsys, 'pod', 'stop', POD)
+    assert rc == 0 and f'pod {POD} is stopped already (EXITED): nothing to do' in out, err
+    assert not fake.calls('POST')
+
+
+def test_watch_outlasts_an_api_outage_and_counts_billed_time(fake, slow, tmp_path):
+    """Three minutes without the API: the watch goes on. It counts the time the pod billed (the pod's own
+    ledger, which its log reports), not the time since `pod create`: a pod created eight hours ago that billed
+    one hour is not over --max-hours 2."""
+    t, pause = slow
+    fake.add_pod(POD, env=dict(LMBOOK_T0=f'{time.time() - 8*3600:.0f}', MAX_HOURS='2'))
+    log = tmp_path/'container.log'
+    log.write_text('[boot 10:00:00] pod: billed 1.000 h so far\nstep 10/3000\n')
+    fake.logs[POD] = str(log)
+    fake.down(180, from_next_call=True)
+    looks = Out()
+    def sleep(s):
+        pause(s)
+        if t[0] > 900: log.write_text(log.read_text() + '[boot 11:00:00] pod: billed 2.010 h so far\n')
+    watch_pod(RunPodAPI(sleep=pause), POD, Watcher(max_hours=2), poll_s=60, out=looks, clock=lambda: t[0],
+              sleep=sleep)
+    said = ''.join(looks)
+    assert "RunPod's API does not answer" in said and status(fake) == 'EXITED', said
+    assert 'it has billed 2.01 h, over --max-hours 2' in said and t[0] > 900
+
+
+def test_a_log_that_cannot_be_read_does_not_run_the_stall_clock(fake, monkeypatch):
+    "Forty minutes without a readable log are forty minutes without evidence: no stall is counted."
+    fake.add_pod(POD, env=dict(RUN_EXPERIMENT='fw-2b'))
+    api, now, looks = RunPodAPI(sleep=lambda s: None), [0.0], iter(range(100))
+    def logs(pod_id, tail=100, follow=False, out=None):
+        n = next(looks)
+        if 1 <= n <= 4: raise RunPodError('RunPod answered 503 (upstream unavailable)')
+        if n == 6: fake.pods[POD]['status'] = 'EXITED'  # the run ends on its own
+        return ['step 10/3000']
+    monkeypatch.setattr(api, 'logs', logs)
+    def sleep(s): now[0] += 600
+    out = Out()
+    watch_pod(api, POD, Watcher(stall_min=30), poll_s=0, out=out, clock=lambda: now[0], sleep=sleep)
+    assert 'no progress' not in ''.join(out) and not fake.calls('POST'), ''.join(out)

@@ -94,8 +94,8 @@ def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     assert (env['LMBOOK_REPO'], env['LMBOOK_COMMIT']) == (fake.repo, HEAD)
     assert 'token_budget=' in env['RUN_OVERRIDES']  # two GPUs train the profile's tokens, not twice as many
     assert len(env['JUPYTER_PASSWORD']) >= 20 and 'RUNPOD_API_KEY' not in env
-    assert (body['args'].startswith("bash -c 'echo ")
-            and body['args'].endswith("exec bash /tmp/lmbook-start.sh'"))
+    assert (body['args'].startswith("bash -c 'T=${TMPDIR:-/tmp}; echo ")
+            and body['args'].endswith("exec bash $T/lmbook-start.sh'"))
     assert (pod['name'].startswith('fw-2b-') and pod['id'] in out
             and f"https://{pod['id']}-8888.proxy.runpod.net" in out)
     secrets = [KEY, HF, env['JUPYTER_PASSWORD']]
@@ -340,11 +340,12 @@ def test_the_runpod_settings_give_the_card_and_count(fake, capsys, monkeypatch):
 
 
 def test_plan_refuses_what_does_not_fit_and_names_what_does(capsys):
-    # fp8='auto': the 4090 runs float8, so the need is float8's; the card named is the smallest that holds it
+    # fp8='auto': the 4090 runs float8, so the need is float8's; the card named is the cheapest that holds it
+    # (an A100 80GB PCIe at $1.64/h, not the H100 PCIe of as much memory at $2.39/h)
     one_line_error(*run(capsys, *PLAN, '--profile', 'runpod_2b', '--gpu', '4090'), '49.4 GB',
-                   "--gpu 'NVIDIA H100 PCIe")
+                   "--gpu 'NVIDIA A100 80GB PCIe'")
     one_line_error(*run(capsys, *PLAN, '--profile', 'runpod_2b', '--gpu', '4090', '--set', 'fp8=off'),
-                   '57.2 GB', "--gpu 'NVIDIA H100")
+                   '57.2 GB', "--gpu 'NVIDIA A100 80GB PCIe'")
     rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_2b', '--gpu', 'A100')
     assert rc == 0 and 'never measured on NVIDIA A100' in out and 'cost' in out
     rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_2b', '--gpu', 'H100', '--json')
@@ -483,3 +484,53 @@ def test_a_plan_at_an_unmeasured_micro_batch_is_an_estimate(capsys):
     rc, out, err = run(capsys, *PLAN, '--profile', 'runpod_4b', '--gpu', 'H100', '--gpus', '4', '--set',
                        'parallel=fsdp', '--set', 'batch_size=8', 'batch_fit=false', '--json')
     assert json.loads(out)['measured'], out
+
+
+def test_pod_logs_asks_for_no_more_lines_than_runpod_gives(fake, capsys):
+    "RunPod's logs endpoint gives 0 to 5000 lines: more is refused here, in one line that says what to do."
+    fake.add_pod('podLOGS')
+    one_line_error(*run(capsys, 'pod', 'logs', 'podLOGS', '-n', '10000'), 'at most 5000 lines',
+                   '/workspace/logs/boot-')
+    assert not fake.calls('GET', '/v2/pods/podLOGS/logs')
+
+
+def fixes(err:str) -> list[list[str]]:
+    "The fixes a refused plan offers: each the flags it names between backquotes."
+    import shlex
+    return [shlex.split(f) for f in re.findall(r'`(--[^`]+)`', err)]
+
+
+@pytest.mark.parametrize('profile, gpu, gpus', [('runpod_4b', 'H100', 4), ('runpod_4b', 'H100', 8),
+                                                ('runpod_2b', '4090', 1)])
+def test_every_fix_a_refused_plan_offers_is_accepted_and_the_cards_are_by_price(capsys, profile, gpu, gpus):
+    """Each fix, tried with the same GPU count, plans; the card named first is the cheapest that `plan` takes
+    on that many GPUs, and the one it names as the fastest per dollar is."""
+    from lmbook.core import gpu_table
+    from lmbook.pods.plan import plan
+    rc, out, err = run(capsys, *PLAN, '--profile', profile, '--gpu', gpu, '--gpus', gpus)
+    assert rc == 2 and len(fixes(err)) >= 2, err
+    for fix in fixes(err):
+        if fix[0] == '--gpu': args = fix  # a card: the same count
+        else: args = ['--gpu', gpu] + fix
+        rc2, _, err2 = run(capsys, *PLAN, '--profile', profile, '--gpus', gpus, *args)
+        assert rc2 == 0, (fix, err2)
+    table, ok = gpu_table(), {}
+    for card in gpu_table():
+        try: ok[card] = plan(profile, card, gpus)
+        except ValueError: pass
+    cheapest = min(ok, key=lambda k: table[k]['secure'])
+    per_dollar = max(ok, key=lambda k: ok[k]['tok_per_s']/ok[k]['price_per_hour'])
+    assert f"the cheapest card it fits: `--gpu '{cheapest}'`" in err, err
+    assert per_dollar == cheapest or f"the fastest per dollar: `--gpu '{per_dollar}'`" in err, err
+
+
+def test_a_card_whose_free_hosts_run_an_older_cuda_is_refused_up_front(fake, capsys):
+    """Every image lmbook picks asks for CUDA 12.8 (gpu.minCudaVersion); RunPod's catalog counts the hosts
+    that run it (minCudaVersion). Where the card is free only on older hosts, create refuses at once, naming
+    CUDA and --image, instead of retrying capacity errors for minutes."""
+    args = ['pod', 'create', '--profile', 'smoke', '--experiment', 'a6', '--gpu', 'A6000', '--retry-wait',
+            '0', '--repo', fake.repo]
+    one_line_error(*run(capsys, *args), 'CUDA 12.8', 'older CUDA', '--image')
+    assert posts(fake) == []
+    q = [p for m, p, b in fake.calls('GET') if p.startswith('/v2/catalog/gpus/')]
+    assert q, fake.requests

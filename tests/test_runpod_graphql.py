@@ -38,7 +38,7 @@ def test_the_sdk_backend_creates_watches_and_stops_a_pod(gql, capsys):
     (pod,) = gql.pods.values()
     env = {e['key']: e['value'] for e in pod['input']['env']}
     assert (env['LMBOOK_COMMIT'], env['AUTOKILL'], env['HF_TOKEN']) == (HEAD, 'terminate', HF)
-    assert (pod['input']['dockerArgs'].endswith("exec bash /tmp/lmbook-start.sh'")
+    assert (pod['input']['dockerArgs'].endswith("exec bash $T/lmbook-start.sh'")
             and pod['input']['networkVolumeId'] == 'vol123abc')
     rc, out, err = run(capsys, 'pod', 'create', '--manifest', 'pod.yaml')
     assert rc == 0 and 'already exists' in out and len(gql.ops('podFindAndDeployOnDemand')) == 1

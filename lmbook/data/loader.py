@@ -308,6 +308,7 @@ def streams(cfg) -> bool:
     "Whether `cfg`'s data can be prepared while a run trains: one corpus to shard (no mixture, no .bin)."
     return bin_dir(cfg.data.dataset) is None and not mixture_of(cfg.data)
 
+# %% ../../nbs/02d_loader.ipynb #5de727b6
 def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
                  log=None, # where progress lines go, and a line saying it waits for another preparation
                  need:int|None=None, # train windows a run reads: prepare those (None: all of the corpus)

@@ -12,8 +12,9 @@ from pathlib import Path
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['CAPACITY', 'GPUS', 'CPUS', 'DATA_CENTERS', 'TITLES', 'contract', 'violations', 'Problem', 'Stream', 'PodOps',
-           'CreateOps', 'CatalogOps', 'route', 'problem', 'check_request', 'FakeRunPodV2', 'serve', 'serve_cli']
+__all__ = ['CAPACITY', 'GPUS', 'CPUS', 'BILLING', 'DATA_CENTERS', 'TITLES', 'contract', 'violations', 'Problem', 'Stream',
+           'PodOps', 'CreateOps', 'cuda_ok', 'CatalogOps', 'route', 'problem', 'check_request', 'FakeRunPodV2',
+           'Server', 'serve', 'serve_cli']
 
 # %% ../../nbs/08d_fake_runpod.ipynb #2868228f
 @functools.cache
@@ -70,12 +71,17 @@ def violations(schema:dict, # a schema of the contract, or {'$ref': its name}
 
 # %% ../../nbs/08d_fake_runpod.ipynb #31e9b9f6
 CAPACITY = "There are no longer any instances available with the requested specifications (no capacity)."
-# id -> (memory GB, Secure Cloud $/h, most in one pod)
-GPUS = {'NVIDIA H100 80GB HBM3': (80, 2.69, 8), 'NVIDIA GeForce RTX 4090': (24, 0.69, 8),
-        'NVIDIA A100 80GB PCIe': (80, 1.64, 8), 'NVIDIA B200': (180, 5.99, 8)}
-# CPU flavor id -> (Secure Cloud $ per vCPU-hour, the vCPU counts it comes in)
-CPUS = {'cpu3c': (0.03, (2, 4, 8, 16, 32)), 'cpu3g': (0.04, (2, 4, 8, 16, 32)),
-        'cpu5c': (0.04, (2, 4, 8, 16, 32))}
+# id -> (memory GB, Secure Cloud $/h, most in one pod, the CUDA versions its hosts run)
+GPUS = {'NVIDIA H100 80GB HBM3': (80, 2.69, 8, ('12.4', '12.8', '13.0')),
+        'NVIDIA GeForce RTX 4090': (24, 0.69, 8, ('12.4', '12.8')),
+        'NVIDIA A100 80GB PCIe': (80, 1.64, 8, ('12.4', '12.8')),
+        'NVIDIA B200': (180, 5.99, 8, ('12.8', '13.0')),
+        'NVIDIA RTX A6000': (48, 0.49, 8, ('12.2', '12.4'))}
+# CPU flavor id -> (Secure Cloud $ per vCPU-hour, the vCPU counts it comes in, GB of memory a vCPU, its name)
+CPUS = {'cpu3c': (0.03, (2, 4, 8, 16, 32), 2, 'Compute-Optimized'),
+        'cpu3g': (0.04, (2, 4, 8, 16, 32), 4, 'General Purpose'),
+        'cpu5c': (0.04, (2, 4, 8, 16, 32), 2, 'Compute-Optimized')}
+BILLING = ('STARTING', 'RUNNING')  # the statuses in which a pod bills its machine
 DATA_CENTERS = {'EU-RO-1': True, 'US-KS-2': True, 'US-TX-3': True, 'CA-MTL-1': False}  # id -> has volumes
 TITLES = {400: 'Bad Request', 401: 'Unauthorized', 402: 'Payment Required', 404: 'Not Found',
           405: 'Method Not Allowed', 409: 'Conflict', 422: 'Unprocessable Entity', 429: 'Too Many Requests',
@@ -110,7 +116,27 @@ def _pod(self:PodOps, pod_id:str, body:dict, status:str, dc:str='EU-RO-1') -> di
                 cudaVersion='12.8', ssh=dict(proxy=None, direct=None), template=None,
                 cost=round(cost, 2), locked=False,
                 globalNetworking=dict(enabled=False), runtime=None, createdAt='2026-11-26T12:00:00Z',
-                startedAt=None, body=body, polls=0)
+                startedAt=None, body=body, polls=0, billed=0.0,
+                since=self.clock() if status in BILLING else None)
+
+# %% ../../nbs/08d_fake_runpod.ipynb #dfec3c55
+@patch
+def set_status(self:PodOps, p:dict, status:str):
+    "Move pod `p` to `status`, adding the time it billed in the old one to `p['billed']` (fake seconds)."
+    now = self.clock()
+    if p['since'] is not None: p['billed'] += now - p['since']
+    p['status'], p['since'] = status, (now if status in BILLING else None)
+
+@patch
+def billed_s(self:PodOps, pod_id:str) -> float:
+    "Seconds pod `pod_id` has billed so far on the fake's clock (a terminated pod's too)."
+    p = self.pods.get(pod_id) or self.gone[pod_id]
+    return p['billed'] + (self.clock() - p['since'] if p['since'] is not None else 0.0)
+
+@patch
+def container_exited(self:PodOps, pod_id:str):
+    "What RunPod does when a pod's container exits on its own: the pod is EXITED, and bills no GPU."
+    if (p := self.pods.get(pod_id)) and p['status'] in BILLING: self.set_status(p, 'EXITED')
 
 # %% ../../nbs/08d_fake_runpod.ipynb #d44461a3
 @patch
@@ -122,10 +148,10 @@ def view(self:PodOps, p:dict) -> dict:
         p['ssh'] = dict(proxy=None, direct=dict(host=host, port=port, username='root',
                                                 command=f'ssh root@{host} -p {port}'))
         gpus = (p['gpu'] or {}).get('count', 0)  # a CPU pod has none
-        p['runtime'] = dict(uptime=3725, gpus=[dict(util=97, memoryUtil=71)]*gpus,
+        p['runtime'] = dict(uptime=p.get('uptime', 3725), gpus=[dict(util=97, memoryUtil=71)]*gpus,
                             ports=[dict(private=22, public=port, type='tcp', ip=host)])
     elif p['status'] in ('EXITED', 'TERMINATED'): p['cost'] = 0.0
-    return {k: v for k, v in p.items() if k not in ('body', 'polls')}
+    return {k: v for k, v in p.items() if k not in ('body', 'polls', 'billed', 'since', 'uptime')}
 
 @patch
 def get_pods(self:PodOps, body=None): return 200, dict(pods=[self.view(p) for p in self.pods.values()])
@@ -137,12 +163,14 @@ def get_pods_id(self:PodOps, pod_id:str, body=None):
     if p is None: raise Problem(404, 'pod not found')
     if p['status'] in ('PROVISIONING', 'STARTING'):
         p['polls'] += 1
-        p['status'] = 'RUNNING' if p['polls'] > self.polls_until_running else 'STARTING'
+        self.set_status(p, 'RUNNING' if p['polls'] > self.polls_until_running else 'STARTING')
     return 200, self.view(p)
 
 @patch
 def delete_pods_id(self:PodOps, pod_id:str, body=None):
-    if self.pods.pop(pod_id, None) is None: raise Problem(404, 'pod not found')
+    if (p := self.pods.pop(pod_id, None)) is None: raise Problem(404, 'pod not found')
+    self.set_status(p, 'TERMINATED')
+    self.gone[pod_id] = p
     return 204, None
 
 # %% ../../nbs/08d_fake_runpod.ipynb #7009b65d
@@ -153,12 +181,11 @@ def post_pods_id_action(self:PodOps, pod_id:str, body:dict):
     a = body['action']
     if a not in contract()['actions_by_status'].get(p['status'], []):
         raise Problem(409, f"cannot {a} a pod that is {p['status']}")
-    if a == 'terminate':
-        del self.pods[pod_id]
-        return 204, None
+    if a == 'terminate': return self.delete_pods_id(pod_id)
     if a == 'start' and self.no_free_gpus:
         raise Problem(400, 'There are not enough free GPUs on the host machine to start this pod.')
-    p['status'], p['polls'] = dict(stop='EXITED', start='STARTING', restart='STARTING')[a], 0
+    self.set_status(p, dict(stop='EXITED', start='STARTING', restart='STARTING')[a])
+    p['polls'] = 0
     return 200, self.view(p)
 
 # %% ../../nbs/08d_fake_runpod.ipynb #9194785e
@@ -169,6 +196,8 @@ def get_pods_id_logs(self:PodOps, pod_id:str, body=None):
     f = self.logs.get(pod_id)
     lines = Path(f).read_text().splitlines() if f and Path(f).is_file() else []
     tail = int(self.query.get('tail', 100))
+    if not 0 <= tail <= 5000:
+        raise Problem(422, 'Request validation failed.', [f"query.tail: must be 0 to 5000, not {tail}"])
     ev = [json.dumps(dict(ts=f'2026-11-26T12:00:{i % 60:02d}Z', source='container', line=l))
           for i, l in enumerate(lines)]
     shown = ev[len(ev) - tail if tail else len(ev):]
@@ -246,6 +275,12 @@ def machine_offered(self:CreateOps, body:dict):
             raise Problem(400, f"cpu flavor '{cid}' comes with {offered} vCPUs, not {n}")
     elif (gid := body['gpu']['id']) not in GPUS:
         raise Problem(400, f"gpu type '{gid}' is not a known GPU type")
+    elif not any(cuda_ok(v, body['gpu'].get('minCudaVersion')) for v in GPUS[gid][3]):
+        raise Problem(400, CAPACITY)  # no host runs a CUDA that new: a capacity error, not a fallback
+
+def cuda_ok(version:str, least:str|None) -> bool:
+    "Whether CUDA `version` ('12.4') is `least` or newer (None: any)."
+    return not least or tuple(map(int, version.split('.'))) >= tuple(map(int, least.split('.')))
 
 # %% ../../nbs/08d_fake_runpod.ipynb #fb769444
 class _Lost(Exception):
@@ -253,12 +288,12 @@ class _Lost(Exception):
 
 # %% ../../nbs/08d_fake_runpod.ipynb #61d30e78
 class CatalogOps:
-    "The fake's catalog (GPU types, their availability, data centers), network volumes and SSH keys."
+    "The fake's catalog (GPU types, CPU flavors, stock, data centers), network volumes and SSH keys."
 
 # %% ../../nbs/08d_fake_runpod.ipynb #f13d62d0
 @patch
 def gpu(self:CatalogOps, gid:str) -> dict:
-    mem, price, most = GPUS[gid]
+    mem, price, most, _ = GPUS[gid]
     return dict(id=gid, name=gid.split()[-1], pool=None, manufacturer='NVIDIA', memory=mem, secure=True,
                 community=True, price=dict(secure=price, community=round(price*0.7, 2)),
                 maxCount=dict(secure=most, community=most))
@@ -282,10 +317,27 @@ def get_catalog_gpus_id(self:CatalogOps, gid:str, body=None):
             or int(q.get('count', '1')) < 1):
         raise Problem(400, 'cloud must be SECURE or COMMUNITY and count an integer >= 1')
     levels = enums['AvailabilityLevel']
-    dcs = [dict(id=dc, name=dc, availability=self.stock.get((gid, dc), 'HIGH')) for dc in DATA_CENTERS]
+    hosts = any(cuda_ok(v, q.get('minCudaVersion')) for v in GPUS[gid][3])
+    dcs = [dict(id=dc, name=dc, availability=self.stock.get((gid, dc), 'HIGH') if hosts else 'NONE')
+           for dc in DATA_CENTERS]
     dcs = [d for d in dcs if d['availability'] != 'NONE']
     best = max((levels.index(d['availability']) for d in dcs), default=0)
     return 200, dict(self.gpu(gid), availability=levels[best], **(dict(dataCenters=dcs) if dcs else {}))
+
+# %% ../../nbs/08d_fake_runpod.ipynb #8532bfa2
+@patch
+def cpu(self:CatalogOps, cid:str) -> dict:
+    price, counts, ram, name = CPUS[cid]
+    return dict(id=cid, name=name, group=f'Gen {cid[3]}', vcpu=dict(min=min(counts), max=max(counts)),
+                ramGbPerVcpu=ram, price=dict(securePerVcpu=price))
+
+@patch
+def get_catalog_cpus(self:CatalogOps, body=None): return 200, dict(cpus=[self.cpu(k) for k in CPUS])
+
+@patch
+def get_catalog_cpus_id(self:CatalogOps, cid:str, body=None):
+    if cid not in CPUS: raise Problem(404, 'cpu type not found')
+    return 200, self.cpu(cid)
 
 # %% ../../nbs/08d_fake_runpod.ipynb #3818fce9
 @patch
@@ -367,6 +419,9 @@ class FakeRunPodV2(PodOps, CreateOps, CatalogOps):
         self.clock = time.monotonic     # the fake's time (a test may run it faster than real time)
         self.down_until = 0.0           # until then (on `clock`) every call finds no server
         self.down_next = 0              # an outage of this many seconds that the next call starts
+        self.down_on = None             # ... or the next call whose 'METHOD path' this regex matches
+        self.down_kind = 'drop'         # drop: calls get no answer; refuse: no listener; hang: no answer yet
+        self.gone = {}                  # terminated pods, for their bill
         self.unanswered = 0             # calls dropped while down
         self.balance = 100.0            # dollars on the account: a create at 0 is answered 402
         self.no_free_gpus = False       # a start finds no free GPU on the pod's machine
@@ -375,10 +430,22 @@ class FakeRunPodV2(PodOps, CreateOps, CatalogOps):
 
 # %% ../../nbs/08d_fake_runpod.ipynb #8b8c7c7d
 @patch
-def down(self:FakeRunPodV2, seconds:float, from_next_call:bool=False):
-    "Be unreachable for `seconds` on the fake's clock, from now or from the next call on."
-    if from_next_call: self.down_next = seconds
+def down(self:FakeRunPodV2,
+         seconds:float, # how long, on the fake's clock
+         from_next_call:bool=False, # from the next call on, instead of from now
+         kind:str='drop', # drop: no answer to a call; refuse: connections refused; hang: held unanswered
+         on:str|None=None, # from the next call whose 'METHOD path' matches this regex
+        ):
+    "Be unreachable for `seconds`, from now, from the next call or from the next call `on` matches."
+    assert kind in ('drop', 'refuse', 'hang'), kind
+    self.down_kind, self.down_on = kind, on
+    if from_next_call or on: self.down_next = seconds
     else: self.down_until = self.clock() + seconds
+
+@patch
+def refusing(self:FakeRunPodV2) -> bool:
+    "Whether an outage that refuses connections is under way."
+    return self.down_kind == 'refuse' and self.clock() < self.down_until
 
 @patch
 def calls(self:FakeRunPodV2, method:str|None=None, path:str|None=None) -> list:
@@ -414,15 +481,16 @@ def _gate(self:FakeRunPodV2, method:str, path:str, query:str, headers, body):
 # %% ../../nbs/08d_fake_runpod.ipynb #9622f542
 @patch
 def handle(self:FakeRunPodV2, method:str, raw_path:str, headers, raw:bytes) -> tuple[int, object, dict]:
-    "(status, answer, headers) of one request; status 0: no server answered (the fake is down)."
+    "(status, answer, headers) of one request; status 0: no answer (the fake is down), -1: not yet (hang)."
     path, _, query = raw_path.partition('?')
     try: body = json.loads(raw) if raw else None
     except ValueError: return problem(Problem(400, 'request body is not JSON'))
     with self.lock:
-        if self.down_next: self.down_until, self.down_next = self.clock() + self.down_next, 0
+        if self.down_next and (not self.down_on or re.fullmatch(self.down_on, f'{method} {path}')):
+            self.down_until, self.down_next = self.clock() + self.down_next, 0
         if self.clock() < self.down_until:
             self.unanswered += 1
-            return 0, None, {}
+            return (-1 if self.down_kind == 'hang' else 0), None, {}
         self.requests.append((method, path, dict(headers), body))
         try:
             fn, args = self._gate(method, path, query, headers, body)
@@ -434,14 +502,15 @@ def handle(self:FakeRunPodV2, method:str, raw_path:str, headers, raw:bytes) -> t
         return status, out, {}
 
 # %% ../../nbs/08d_fake_runpod.ipynb #a55ed3f8
-def serve(fake:FakeRunPodV2, port:int=0):
-    "Start `fake` on `port` (0: a free one) of 127.0.0.1 in a thread; (server, base URL)."
+def _handler(fake:FakeRunPodV2):
+    "The request handler class that answers through `fake.handle`."
     class H(BaseHTTPRequestHandler):
         def _any(self):
             n = int(self.headers.get('Content-Length') or 0)
             raw = self.rfile.read(n) if n else b''
             code, out, hdrs = fake.handle(self.command, self.path, self.headers, raw)
-            if code == 0:  # down: the connection drops unanswered
+            while code == -1 and fake.clock() < fake.down_until: time.sleep(0.01)  # hang: held unanswered
+            if code <= 0:  # down: the connection drops unanswered
                 self.close_connection = True
                 return
             data = (b'' if code == 204 else out.encode() if isinstance(out, Stream)
@@ -455,8 +524,38 @@ def serve(fake:FakeRunPodV2, port:int=0):
             self.wfile.write(data)
         do_GET = do_POST = do_DELETE = do_PATCH = _any
         def log_message(self, *a): pass
-    srv = ThreadingHTTPServer(('127.0.0.1', port), H)
-    threading.Thread(target=srv.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True).start()
+    return H
+
+# %% ../../nbs/08d_fake_runpod.ipynb #1304a75e
+class Server:
+    "The fake on a fixed port of 127.0.0.1, in threads; its listener closes while it refuses connections."
+    def __init__(self, fake:FakeRunPodV2, port:int=0):
+        self.fake, self.lock, self.stopped, self.http = fake, threading.Lock(), threading.Event(), None
+        self.server_port = self._listen(port)
+        threading.Thread(target=self._watch, daemon=True).start()
+    def _listen(self, port:int) -> int:
+        self.http = ThreadingHTTPServer(('127.0.0.1', port), _handler(self.fake))
+        threading.Thread(target=self.http.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True).start()
+        return self.http.server_port
+    def _close(self):
+        http, self.http = self.http, None
+        http.shutdown()
+        http.server_close()
+    def _watch(self):
+        while not self.stopped.wait(0.01):
+            with self.lock:
+                if self.stopped.is_set(): return
+                if self.fake.refusing() and self.http: self._close()
+                elif not self.fake.refusing() and not self.http: self._listen(self.server_port)
+    def shutdown(self):
+        "Stop serving, for good."
+        with self.lock:
+            self.stopped.set()
+            if self.http: self._close()
+
+def serve(fake:FakeRunPodV2, port:int=0) -> tuple[Server, str]:
+    "Start `fake` on `port` (0: a free one) of 127.0.0.1 in a thread; (server, base URL)."
+    srv = Server(fake, port)
     return srv, f'http://127.0.0.1:{srv.server_port}'
 
 # %% ../../nbs/08d_fake_runpod.ipynb #f18c4b1a

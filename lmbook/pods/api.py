@@ -14,14 +14,15 @@ from ..core import env_var
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['SAFE_VALUES', 'STATUSES', 'CPU_REST_ONLY', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'TransientError',
-           'RateLimited', 'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2', 'sse_lines',
-           'gql_view', 'GraphQL', 'RunPodAPI']
+__all__ = ['SAFE_VALUES', 'STATUSES', 'CPU_REST_ONLY', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'Conflict',
+           'TransientError', 'RateLimited', 'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2',
+           'sse_lines', 'gql_view', 'GraphQL', 'RunPodAPI']
 
 # %% ../../nbs/07b_api.ipynb #c06b0c1f
 class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
 class CapacityError(RunPodError): "No instance with the requested GPUs is free right now."
 class NotFound(RunPodError): "The pod, volume or GPU type asked for does not exist."
+class Conflict(RunPodError): "The pod's status takes no such action (409): it stopped or started meanwhile."
 class TransientError(RunPodError):
     "No usable answer (network, 429, 5xx): safe to retry, after a lookup for a create."
     def __init__(self, msg:str, retry_after:float|None=None):
@@ -86,6 +87,7 @@ def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
     if status >= 500: return TransientError(f"RunPod answered {status} ({detail}): "
                                             "a passing failure on its side")
     if status == 404: return NotFound(f"RunPod: {detail}")
+    if status == 409: return Conflict(f"RunPod API error (409): {detail}")
     if status == 402: return RunPodError(f"RunPod: {detail}: add credit to your account")
     if status == 400 and _CAPACITY.search(detail): return CapacityError(f"RunPod: {detail}")
     if status == 422: return RunPodError("RunPod refused the request as malformed: "
@@ -159,8 +161,13 @@ def gpu(self:RestV2, gpu_id:str) -> dict|None:
     return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
 
 @patch
-def availability(self:RestV2, gpu_id:str, count:int, cloud:str) -> dict|None:
-    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud))
+def cpu(self:RestV2, cpu_id:str) -> dict|None:
+    return self._get('/catalog/cpus/' + urllib.parse.quote(cpu_id, safe=''))
+
+@patch
+def availability(self:RestV2, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
+    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud)
+                               | (dict(minCudaVersion=min_cuda) if min_cuda else {}))
     g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
     return g and dict(overall=g.get('availability'),
                       data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
@@ -301,10 +308,13 @@ def pod(self:GraphQL, pod_id:str) -> dict|None:
 def gpu(self:GraphQL, gpu_id:str) -> dict|None:
     return dict(id=gpu_id)  # the SDK's create checks the type itself
 
+@patch
+def cpu(self:GraphQL, cpu_id:str) -> dict|None: raise ValueError(CPU_REST_ONLY)
+
 # %% ../../nbs/07b_api.ipynb #596dc4ae
 @patch
 # the catalog's stock is a REST v2 query
-def availability(self:GraphQL, gpu_id:str, count:int, cloud:str) -> None: return None
+def availability(self:GraphQL, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> None: return None
 
 @patch
 def create_pod(self:GraphQL, spec, env:dict) -> dict:
@@ -374,6 +384,7 @@ class RunPodAPI:
                  backend:str|None=None, # 'rest' or 'graphql' (default: settings.ini `api`)
                  tries:int=5, # attempts of a call that may be retried
                  sleep=None, # how to wait between attempts (default: time.sleep)
+                 patience:float=0, # and go on trying until the pauses between attempts add up to this many s
                 ):
         name = backend or load_settings().api
         if name not in BACKENDS: raise ValueError(f"RunPod API backend {name!r}: choose rest or graphql "
@@ -385,18 +396,24 @@ class RunPodAPI:
         if not key: raise RunPodError("no RunPod API key: export RUNPOD_API_KEY=... "
                                       "(runpod.io > Settings > API Keys)")
         self.hidden, self.tries, self.sleep = set(hidden or ()) | {key}, tries, sleep or time.sleep
+        self.patience = patience
         self.b = BACKENDS[name](key, self.hidden)
         self.backend = name
 
 # %% ../../nbs/07b_api.ipynb #48820328
 @patch
-def retry(self:RunPodAPI, fn, *args, only=TransientError):
+def retry(self:RunPodAPI, fn, *args, only=TransientError,
+          patience:float|None=None, # go on until the pauses add up to this many seconds (default: the API's)
+         ):
     "`fn(*args)`, retried on `only` errors with backoff (RunPod's Retry-After when it gives one)."
-    for i in range(self.tries):
+    waited, i, patience = 0.0, 0, self.patience if patience is None else patience
+    while True:
         try: return fn(*args)
         except only as e:
-            if i == self.tries - 1: raise
-            self.sleep(e.retry_after if e.retry_after is not None else min(60, 2**i))
+            if i >= self.tries - 1 and waited >= patience: raise
+            pause = e.retry_after if e.retry_after is not None else min(60, 2**i)
+            self.sleep(pause)
+            waited, i = waited + pause, i + 1
 
 @patch
 def pods(self:RunPodAPI) -> list[dict]:
@@ -415,26 +432,33 @@ def find_pod(self:RunPodAPI, name:str) -> dict|None:
 def gpu(self:RunPodAPI, gpu_id:str) -> dict|None:
     return self.retry(self.b.gpu, check_safe(gpu_id, 'gpu', 'GPU type'))
 
+@patch
+def cpu(self:RunPodAPI, cpu_id:str) -> dict|None:
+    "The catalog's CPU flavor `cpu_id`: its vCPUs, memory and price a vCPU (None: the catalog has none)."
+    return self.retry(self.b.cpu, check_safe(cpu_id, 'id', 'CPU flavor'))
+
 # %% ../../nbs/07b_api.ipynb #9fa08952
 @patch
-def availability(self:RunPodAPI, gpu_id:str, count:int, cloud:str='SECURE') -> dict|None:
+def availability(self:RunPodAPI, gpu_id:str, count:int, cloud:str='SECURE',
+                 min_cuda:str|None=None, # count only hosts that run this CUDA ('12.8') or a newer one
+                ) -> dict|None:
     "`count` x `gpu_id` free now: {'overall': level, 'data_centers': {id: level}}; None: not known."
-    return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud)
+    return self.retry(self.b.availability, check_safe(gpu_id, 'gpu', 'GPU type'), int(count), cloud, min_cuda)
 
 @patch
 def create_pod(self:RunPodAPI, spec, env:dict) -> dict: return self.retry(self.b.create_pod, spec, env,
                                                                 only=RateLimited)
 
 @patch
-def action(self:RunPodAPI, pod_id:str, action:str):
-    "Send `start`, `stop`, `restart` or `terminate` to a pod."
+def action(self:RunPodAPI, pod_id:str, action:str, patience:float|None=None):
+    "Send `start`, `stop`, `restart` or `terminate` to a pod (retried until `patience` s of pauses)."
     if action not in ('start', 'stop', 'restart',
                       'terminate'): raise ValueError(f"pod action {action!r}: choose "
                                                      "start, stop, restart or terminate")
-    return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action)
+    return self.retry(self.b.action, check_safe(pod_id, 'id', 'pod id'), action, patience=patience)
 
 @patch
-def stop(self:RunPodAPI, pod_id:str): return self.action(pod_id, 'stop')
+def stop(self:RunPodAPI, pod_id:str, patience:float|None=None): return self.action(pod_id, 'stop', patience)
 
 @patch
 def terminate(self:RunPodAPI, pod_id:str): return self.action(pod_id, 'terminate')
@@ -458,6 +482,9 @@ def ssh_keys(self:RunPodAPI) -> list[str]|None:
 @patch
 def logs(self:RunPodAPI, pod_id:str, tail:int=100, follow:bool=False, out=None) -> list[str]:
     "The last `tail` lines of the pod's container log (then new ones with `follow`), each given to `out`."
+    if not 0 <= int(tail) <= 5000:
+        raise ValueError(f"{tail} lines: RunPod's logs endpoint gives at most 5000 lines (0 to 5000): ask "
+                         "for fewer; the whole boot log is /workspace/logs/boot-EXPERIMENT.log on the volume")
     return self.retry(self.b.logs, check_safe(pod_id, 'id', 'pod id'), tail, follow, out)
 
 # %% ../../nbs/07b_api.ipynb #ddee6ef3

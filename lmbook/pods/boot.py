@@ -1,4 +1,4 @@
-"""What a pod runs unattended: install, volume layout, data, training through papermill with TensorBoard beside it, then autokill; `lmbook boot` and `lmbook orchestrate`.
+"""What a pod runs unattended: the stages, training through papermill with TensorBoard beside it, and how the run ended, reported to the pod's supervisor; `lmbook boot` and `lmbook orchestrate`.
 
 Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
@@ -6,241 +6,32 @@ Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
 # %% ../../nbs/07g_boot.ipynb #d33ba9a3
 from __future__ import annotations
-import json, os, re, signal, socket, subprocess, sys, time, traceback
-from dataclasses import dataclass, field, replace, asdict
+import importlib, os, re, shlex, shutil, signal, socket, subprocess, sys, time, traceback
 from pathlib import Path
-import torch
-from ..core import load_settings, paths_for, check_name, git_commit, package_dir, workspace_root
-from ..core import cli_options, Settings, Paths, EXIT_USER_ERROR
-from ..config import get_config, parse_assignments
-from ..runlock import data_lock
-from ..data.prepare import read_manifest, shard_corpus
-from ..data.tokenizer import token_dir
-from ..data.loader import prepare_data
-from ..train.optim import total_steps
-from ..runs.checkpoint import ckpt_step, latest_checkpoint
-from ..train.launch import launch_cmd, describe_exit
-from ..runs.alert import Alerts
-from .guard import stop_pod, exit_container, stop_run, wait_run, StopSignals, Stopped, spend_guard
-from .guard import watch_spend
+from ..core import load_settings, workspace_root, package_dir, cli_options, Paths, EXIT_USER_ERROR
+from ..core import env_var
+from ..config import parse_assignments, total_steps
+from ..runs.alert import Alerts, STOPPED
+from .guard import stop_run, wait_run, StopSignals, Stopped
+from .supervise import saved_checkpoints, step_of, outcome_path, read_json, write_json, exit_words
+from .stages import BootOptions, BootLog, stage_install, stage_layout, stage_data
+from .stages import cluster_torchrun_args, run_config, train_overrides
 from ..rundir import RunDir
-from ..core import env_var, process_env
-from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['BootOptions', 'BootLog', 'stage_install', 'write_settings', 'stage_layout', 'cluster_torchrun_args', 'run_config',
-           'train_overrides', 'wait_for_data', 'stage_data', 'finished_checkpoint', 'planned_steps', 'gpu_count',
-           'start_tensorboard', 'train_notebook', 'papermill_cmd', 'trainer_exit_code', 'stage_train', 'autokill',
-           'boot_alert', 'run_pipeline', 'add_cli', 'add_dev_cli']
-
-# %% ../../nbs/07g_boot.ipynb #a04fc27b
-@dataclass
-class BootOptions:
-    "What one boot does; `from_env` reads it from a pod's environment."
-    profile: str = 'smoke'        # RUN_CONFIG: profile name or config file
-    experiment: str = ''          # RUN_EXPERIMENT ('' : derived from the profile)
-    workspace: str = ''           # artifact root ('' : the configured workspace, /workspace on a pod)
-    shard: bool = False           # RUN_SHARD=1: stream shards and build the tokenizer before training
-    # RUN_INPUT: local text/jsonl/parquet file or folder to train on ('' : the profile's dataset)
-    input: str = ''
-    validation: str = ''          # RUN_VALIDATION: a separate validation file ('' : split off the input)
-    shard_lines: int = 0          # SHARD_LINES: lines per shard (0 : settings)
-    reuse_shards: bool = False    # require and reuse shards already on the volume
-    tokenizer_json: str = ''      # adopt this tokenizer.json instead of training one
-    overrides: dict = field(default_factory=dict)  # RUN_OVERRIDES 'k=v,k=v': config overrides
-    nproc: int = 0                # RUN_NPROC: processes per node (0 : every GPU)
-    install: bool = True          # stage 1 (False: use this interpreter as it is)
-    tensorboard_port: int = 6006  # TENSORBOARD_PORT (0 : no TensorBoard)
-    autokill: str = ''            # AUTOKILL: '' , 'stop' or 'terminate' after the final checkpoint
-    # ON_FAILURE: after a failed run, 'stop' the pod (the volume keeps everything) or 'keep' it up
-    on_failure: str = 'stop'
-    prepare: bool = False         # RUN_PREPARE=1: prepare the data, then stop (or terminate) the pod
-
-    @classmethod
-    def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
-        "Options from RUN_* and friends in `env`, then `kw`."
-        get = lambda k, default=None: env_var(k, default, env)
-        ov = {k: v for k, v in (p.split('=', 1) for p in get('RUN_OVERRIDES', '').split(',') if '=' in p)}
-        bad = [p for p in get('RUN_OVERRIDES', '').split(',') if p.strip() and '=' not in p]
-        if bad: raise ValueError(f"RUN_OVERRIDES item {bad[0]!r} must look like name=value")
-        num = lambda k: int(get(k)) if get(k, '').strip() else 0
-        o = cls(profile=get('RUN_CONFIG') or load_settings().profile,
-                experiment=get('RUN_EXPERIMENT', ''),
-                shard=get('RUN_SHARD') == '1', input=get('RUN_INPUT', ''),
-                    validation=get('RUN_VALIDATION', ''),
-                shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()},
-                    nproc=num('RUN_NPROC'),
-                tensorboard_port=num('TENSORBOARD_PORT') if get('TENSORBOARD_PORT') else 6006,
-                autokill=get('AUTOKILL', ''), on_failure=get('ON_FAILURE') or 'stop',
-                prepare=get('RUN_PREPARE') == '1')
-        return replace(o, **kw).checked()
-
-# %% ../../nbs/07g_boot.ipynb #aeb72128
-@patch
-def checked(self:BootOptions) -> 'BootOptions':
-    "Fill the experiment name and refuse bad values in one line."
-    exp = self.experiment or re.sub(r'[^A-Za-z0-9._-]', '-', Path(self.profile).stem)
-    check_name(exp)
-    if self.autokill not in ('', 'stop', 'terminate'):
-        raise ValueError(f"AUTOKILL={self.autokill!r}: choose stop or terminate (or leave it empty)")
-    if self.on_failure not in ('stop', 'keep'):
-        raise ValueError(f"ON_FAILURE={self.on_failure!r}: choose stop or keep")
-    if self.nproc < 0 or self.shard_lines < 0: raise ValueError("RUN_NPROC and SHARD_LINES must be >= 0")
-    for k, v in self.overrides.items():
-        if ',' in str(v): raise ValueError(f"override {k}={v!r} holds a comma, "
-                                           "which RUN_OVERRIDES cannot carry")
-    return replace(self, experiment=exp, shard=self.shard or self.prepare)  # preparing is sharding first
-
-# %% ../../nbs/07g_boot.ipynb #a5286fcb
-class BootLog:
-    "Timestamped `[boot]` lines appended to a log file on the volume."
-    def __init__(self, path:Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, 'a', buffering=1)
-        try: st, so = os.fstat(self.f.fileno()), os.fstat(sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError): st = so = None
-        self.echo = not (st and so and (st.st_ino, st.st_dev) == (so.st_ino, so.st_dev))
-    def __call__(self, msg:str):
-        line = f"[boot {time.strftime('%H:%M:%S', time.gmtime())}] {msg}"
-        self.f.write(line + '\n')
-        self.sync()
-        if self.echo: print(line, flush=True)
-    def sync(self):
-        self.f.flush()
-        os.fsync(self.f.fileno())
-
-# %% ../../nbs/07g_boot.ipynb #f34a611f
-def stage_install(o:BootOptions, log) -> str|None:
-    "Refresh the volume's install if its checkout changed; the Jupyter kernel to use (None: the default)."
-    if not o.install:
-        log(f"stage 1/4 install: skipped, using {sys.executable} as it is")
-        return None
-    if sys.prefix == sys.base_prefix: raise ValueError("lmbook boot runs from a virtualenv "
-                                                       f"(this is {sys.executable}): use the "
-                                                       "pod start command, or --no-install")
-    src, marker = package_dir().parent, Path(sys.prefix)/'lmbook-commit'
-    commit = git_commit(src)
-    if commit is None or not marker.is_file() or marker.read_text().strip() != commit:
-        log(f"stage 1/4 install: pip install -e {src} (commit {str(commit)[:10]})")
-        subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '-e', str(src)], check=True,
-                       stdin=subprocess.DEVNULL, stdout=log.f, stderr=log.f)
-        if commit: marker.write_text(commit + '\n')
-    subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--user', '--name', 'lmbook',
-                    '--display-name', 'lmbook (volume venv)'],
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.f)
-    in_venv = Path(torch.__file__).resolve().is_relative_to(Path(sys.prefix).resolve())
-    where = 'the venv' if in_venv else 'the image'
-    log(f"stage 1/4 install: lmbook {commit and commit[:10]} in {sys.prefix}; torch {torch.__version__} "
-        f"from {where}; kernel 'lmbook'")
-    return 'lmbook'
-
-# %% ../../nbs/07g_boot.ipynb #16921f82
-_RUNPOD_KEYS = ('gpu_type', 'gpu_count', 'cloud_type', 'image', 'volume_gb', 'container_disk_gb',
-                'volume_mount', 'api')
-
-def write_settings(ws:Path, s:Settings) -> Path:
-    "A `settings.ini` for the workspace `ws` (kept when it exists: it is yours to edit)."
-    p = Path(ws)/'settings.ini'
-    if p.is_file(): return p
-    d = dict(asdict(s), workspace=str(ws))
-    rows = lambda keys: [f"{k} = {d[k]}" for k in keys]
-    lm = [k for k in d if k not in _RUNPOD_KEYS]
-    p.write_text('\n'.join(['# written by `lmbook boot`; edit freely', '[lmbook]', *rows(lm), '', '[runpod]',
-                            *rows(_RUNPOD_KEYS), '']))
-    return p
-
-def stage_layout(o:BootOptions, ws:Path, log) -> Paths:
-    "Create the experiment's folders and the workspace settings; point this process and its children at them."
-    os.environ['LMBOOK_WORKSPACE'] = str(ws)
-    if o.shard_lines: os.environ['SHARD_LINES'] = str(o.shard_lines)
-    ini = write_settings(ws, load_settings())
-    os.environ['LMBOOK_SETTINGS'] = str(ini)
-    paths = paths_for(o.experiment, root=ws)
-    for d in (paths.train, paths.val, paths.tokenizer, paths.run, paths.cache, paths.hf_cache,
-              ws/'logs'): d.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault('HF_HOME', str(paths.hf_cache))
-    log(f"stage 2/4 layout: workspace {ws}, run folder {paths.run}, settings {ini}")
-    return paths
-
-# %% ../../nbs/07g_boot.ipynb #f660891b
-def cluster_torchrun_args(env:dict|None=None) -> str:
-    "torchrun rendezvous flags from a multi-node environment ('' on a single node)."
-    nodes = int(env_var('NUM_NODES', env=env) or env_var('NNODES', env=env) or 1)
-    if nodes <= 1: return ''
-    missing = [k for k in ('MASTER_ADDR', 'NODE_RANK') if not env_var(k, env=env)]
-    if missing: raise ValueError(f"{nodes} nodes but {', '.join(missing)} not set: a multi-node run needs "
-                                 "MASTER_ADDR and NODE_RANK on every node")
-    return (f"--nnodes={nodes} --node_rank={int(env_var('NODE_RANK', env=env))} "
-            f"--master_addr={env_var('MASTER_ADDR', env=env)} "
-            f"--master_port={int(env_var('MASTER_PORT', env=env) or 29500)}")
-
-# %% ../../nbs/07g_boot.ipynb #72df71a4
-def run_config(o:BootOptions):
-    "The run's config: the profile with the overrides, and the input file as its dataset."
-    return get_config(o.profile, train_overrides(o))
-
-def train_overrides(o:BootOptions) -> dict:
-    "The config overrides boot passes to training."
-    ov = dict(o.overrides)
-    if o.input: ov['dataset'] = str(Path(o.input).resolve())
-    return ov
-
-def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
-    "Wait until the first node has tokenized the data (complete token manifests) on the shared volume."
-    ready = lambda: all((read_manifest(token_dir(paths, k)) or {}).get('complete') for k in ('train', 'val'))
-    log(f"stage 3/4 data: waiting for node 0 to prepare the data in {paths.cache}")
-    t0 = time.monotonic()
-    while not ready():
-        if time.monotonic() - t0 > timeout_s: raise ValueError("node 0 did not prepare the data "
-                                                               f"in {timeout_s:.0f} s: check its "
-                                                               "log, or give each node its own data")
-        time.sleep(poll_s)
-    log("stage 3/4 data: ready")
-
-# %% ../../nbs/07g_boot.ipynb #70d7d260
-def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
-    "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
-    # nodes share the volume: node 0 prepares everything once, the others wait for it
-    if cluster_torchrun_args(env):
-        if int(env_var('NODE_RANK', env=env)):
-            return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600))
-        o = replace(o, shard=True)
-    if not o.shard:
-        log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing")
-        return
-    for f in (o.input, o.validation, o.tokenizer_json):
-        if f and not Path(f).exists(): raise FileNotFoundError(f"{f} does not exist: give an "
-                                                               "existing file on the volume")
-    cfg = run_config(o)
-    done = lambda d: (read_manifest(d) or {}).get('complete')
-    with data_lock(paths.cache, log):  # one data preparation of an experiment at a time, whoever starts it
-        if o.reuse_shards:
-            if not (done(paths.train) and done(paths.val)): raise FileNotFoundError("--reuse-shards but "
-                f"{paths.train} or {paths.val} holds no complete shards: drop --reuse-shards")
-            log(f"stage 3/4 data: reusing the shards in {paths.train} and {paths.val}")
-        elif o.validation:
-            lines = load_settings().shard_lines
-            shard_corpus(paths.train, dataset=cfg.data.dataset, mode='prod', split='train',
-                         lines_per_shard=lines, hf_cache=paths.hf_cache)
-            shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val',
-                         lines_per_shard=lines, hf_cache=paths.hf_cache)
-        pd = prepare_data(cfg, paths, tokenizer_json=Path(o.tokenizer_json) if o.tokenizer_json else None)
-    log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
-        f"{pd.vocab_size} in {pd.tokenizer_dir}")
+__all__ = ['finished_checkpoint', 'planned_steps', 'gpu_count', 'start_tensorboard', 'train_notebook', 'papermill_cmd',
+           'papermill_kernel', 'trainer_cmd', 'trainer_exit_code', 'run_outcome', 'stage_train', 'boot_alert',
+           'run_pipeline', 'add_cli', 'add_dev_cli']
 
 # %% ../../nbs/07g_boot.ipynb #7c2e88da
 def finished_checkpoint(paths:Paths, total:int|None=None) -> Path|None:
     "The run's final checkpoint (step >= `total`, default: the trainer's), if complete, else None."
     rd = RunDir(paths.run)
     if total is None and rd.meta.is_file(): total = rd.read_meta().get('total_steps')
-    # complete means its COMPLETE manifest is there, which the trainer writes after hashing every file it
-    # wrote:
-    # hashing a 1B checkpoint again here kept the pod billing ~20 s more before autokill, for no safety
-    # (autokill
-    # stops a pod with a volume; a damaged checkpoint is found and moved aside on the next resume)
-    last = latest_checkpoint(rd.checkpoints, hashes=False, warn=lambda m: None)
-    return last if last is not None and total and ckpt_step(last) >= total else None
+    # complete: its COMPLETE manifest is there and every file it lists at its size (hashing a 1B checkpoint
+    # again would keep the pod billing ~20 s more; a damaged one is found and moved aside on the next resume)
+    last = next(iter(saved_checkpoints(rd.checkpoints)), None)
+    return last if last is not None and total and step_of(last) >= total else None
 
 def planned_steps(o:BootOptions, world_size:int) -> int|None:
     "The run's total steps from its config (None for an epoch-based run: known once the data is tokenized)."
@@ -249,8 +40,9 @@ def planned_steps(o:BootOptions, world_size:int) -> int|None:
     except ValueError: return None
 
 def gpu_count() -> int:
-    "Visible CUDA GPUs (1 without any: one CPU process)."
-    return max(1, torch.cuda.device_count())
+    "Visible CUDA GPUs (1 without any: one CPU process); torch is asked only where NVIDIA's driver is."
+    if not shutil.which('nvidia-smi'): return 1
+    return max(1, importlib.import_module('torch').cuda.device_count())  # loads torch: GPUs to count
 
 # %% ../../nbs/07g_boot.ipynb #66a526d4
 def start_tensorboard(logdir:Path, port:int, log) -> subprocess.Popen|None:
@@ -282,164 +74,140 @@ def papermill_cmd(o:BootOptions, out:Path, nproc:int, kernel:str|None) -> list[s
            '-p', 'nproc', str(nproc), '-p', 'overrides', ov, '--log-output', '--no-progress-bar']
     return cmd + (['-k', kernel] if kernel else [])
 
+
+# %% ../../nbs/07g_boot.ipynb #5cc90a52
+def papermill_kernel(log) -> str:
+    "Register this virtualenv as the Jupyter kernel `lmbook`, which papermill then runs the notebook in."
+    subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--user', '--name', 'lmbook',
+                    '--display-name', 'lmbook (volume venv)'],
+                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.f)
+    return 'lmbook'
+
+def trainer_cmd(o:BootOptions, out:Path, nproc:int, installed:bool, log) -> list[str]:
+    "The command that trains on one node: `$LMBOOK_TRAIN_CMD` when set, else papermill on the notebook."
+    if (cmd := env_var('LMBOOK_TRAIN_CMD')): return shlex.split(cmd)
+    return papermill_cmd(o, out, nproc, papermill_kernel(log) if installed else None)
+
 def trainer_exit_code(out:Path, rc:int) -> int:
     "The trainer's exit code behind a failed papermill run (read from the executed notebook), else `rc`."
     if rc == 0: return 0
     txt = Path(out).read_text(errors='replace') if Path(out).is_file() else ''
-    m = re.findall(r'training exited with code (-?\d+)', txt)
-    return int(m[-1]) if m else rc
+    said = re.findall(r'training exited with code (-?\d+)|was killed by (SIG[A-Z]+)', txt)
+    if said and said[-1][1] in signal.Signals.__members__: return 128 + signal.Signals[said[-1][1]]
+    rc = int(said[-1][0]) if said else rc
+    return 128 - rc if rc < 0 else rc  # killed by a signal: 128 + its number, as a shell says it
 
 # %% ../../nbs/07g_boot.ipynb #1f713b6b
-def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, guard, **kw) -> tuple[int, str]:
-    "Run the training command in its own session, passing stops on to the trainer; (exit code, spend reason)."
+def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, **kw) -> int:
+    "Run the training command in its own session, passing a stop boot gets on to the trainer; its exit code."
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
                          start_new_session=True, **kw)
-    spent, passed, beat = '', False, 0.0
+    passed = False
     if stop: stop.training = True
     try:
         while p.poll() is None:
             if not passed and stop and stop.signum:
                 stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got")
                 passed = True
-            if not passed and guard and time.monotonic() - beat > 2:
-                beat = time.monotonic()
-                if (spent := guard.over() or ''):
-                    log(spent)
-                    stop_run(p, paths.run, log, 'the spend limit')
-                    passed = True
             time.sleep(0.2)
-        return wait_run(p, paths.run), spent
+        return wait_run(p, paths.run)
     finally:
         if stop: stop.training = False
 
+# %% ../../nbs/07g_boot.ipynb #4870ceb8
+def run_outcome(paths:Paths, rc:int, stop:StopSignals|None=None) -> tuple[str, str]:
+    "(finished, stopped or failed, why) of a training that exited `rc`, from what its run folder holds."
+    rd = RunDir(paths.run)
+    cks = saved_checkpoints(rd.checkpoints)
+    newest = cks[0].name if cks else 'none'
+    if rc == 0 and (ck := finished_checkpoint(paths)):
+        return 'finished', f"the run finished ({ck.name} complete)"
+    said = re.findall(r'stopped by SIG\w+ at step (\d+)',
+                      rd.log.read_text(errors='replace') if rd.log.is_file() else '')
+    if rc in STOPPED and said and cks and step_of(cks[0]) == int(said[-1]):
+        how = f"the {signal.Signals(stop.signum).name} boot got" if stop and stop.signum else 'a stop request'
+        return 'stopped', f"the run stopped on {how} at step {said[-1]} ({newest} complete)"
+    end = ('training returned without its final checkpoint' if rc == 0 else
+           f"the trainer was {exit_words(rc)}, as the kernel's out-of-memory killer kills (check the host's "
+           "memory)" if rc == 128 + signal.SIGKILL else f"the trainer ended ({exit_words(rc)})")
+    return 'failed', f"{end}; the newest complete checkpoint is {newest}"
+
 # %% ../../nbs/07g_boot.ipynb #773b1a8f
-def stage_train(o:BootOptions, paths:Paths, ws:Path, kernel:str|None, log, stop:StopSignals|None=None,
-                guard=None) -> tuple[int, str]:
-    "Train or resume the run; (exit code, spend guard's reason or ''): 0 when finished and saved."
+def stage_train(o:BootOptions, paths:Paths, ws:Path, log, stop:StopSignals|None=None, report:Path|None=None,
+                installed:bool=False) -> tuple[str, str, int]:
+    "Train or resume the run; (finished, stopped or failed, why, the trainer's exit code)."
     nproc, targs = o.nproc or gpu_count(), cluster_torchrun_args()
     total = planned_steps(o, nproc*int(env_var('NUM_NODES') or env_var('NNODES') or 1))
     if total and (ck := finished_checkpoint(paths, total)):
         log(f"stage 4/4 train: {o.experiment} already finished ({ck.name}): nothing to train")
-        return 0, ''
-    if guard and (spent := guard.over()):
-        log(spent)
-        return 1, spent
+        return 'finished', f"the run finished ({ck.name} complete)", 0
+    rd = RunDir(paths.run)  # where the supervisor finds the trainer should boot die
+    if report: write_json(report, dict(lock=str(rd.lock), ckpt_dir=str(rd.checkpoints), total=total))
     start_tensorboard(ws/'runs', o.tensorboard_port, log)
     # training runs in the run folder: in /workspace, the volume's lmbook/ checkout would shadow the installed
-    # package
-    # the trainer's whole environment, passed on; a failure's alert is boot's to send
-    env, spent = dict(os.environ, PYTHONUNBUFFERED='1', LMBOOK_ALERT_PARENT='1'), ''
+    # package; the trainer's whole environment is passed on; a failure's alert is boot's to send
+    env = dict(os.environ, PYTHONUNBUFFERED='1', LMBOOK_ALERT_PARENT='1')
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
+        launch_cmd = importlib.import_module('lmbook.train.launch').launch_cmd  # loads torch: several nodes
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
         for cmd in (launch_cmd(*args, prepare_only=True), launch_cmd(*args)):
-            rc, spent = _follow(cmd, paths, log, stop, guard, env=env, cwd=paths.run)
-            if rc: break
+            if (rc := _follow(cmd, paths, log, stop, env=env, cwd=paths.run)): break
+        rc = 128 - rc if rc < 0 else rc
     else:
-        out = RunDir(paths.run).notebook(time.strftime('%Y%m%d-%H%M%S', time.gmtime()))
-        log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via papermill -> {out}")
-        rc, spent = _follow(papermill_cmd(o, out, nproc, kernel), paths, log, stop, guard, env=env,
-                            cwd=paths.run)
-        rc = trainer_exit_code(out, rc)
-    if rc and stop and stop.signum: rc = 128 + stop.signum
+        out = rd.notebook(time.strftime('%Y%m%d-%H%M%S', time.gmtime()))
+        cmd = trainer_cmd(o, out, nproc, installed, log)
+        via = '$LMBOOK_TRAIN_CMD' if env_var('LMBOOK_TRAIN_CMD') else 'papermill'
+        log(f"stage 4/4 train: {o.profile} as {o.experiment} on {nproc} process(es) via {via} -> {out}")
+        rc = trainer_exit_code(out, _follow(cmd, paths, log, stop, env=env, cwd=paths.run))
     log.sync()
-    if rc == 0 and not finished_checkpoint(paths):
-        log("stage 4/4 train: training returned but the final checkpoint is missing (stopped early?): "
-            "treating the run as unfinished")
-        rc = 1
-    how = ('finished' if rc == 0 else f'stopped, exit code {rc}' if rc > 128 or spent
-           else f'failed with exit code {rc}')
-    log(f"stage 4/4 train: {how}")
-    return rc, spent
-
-# %% ../../nbs/07g_boot.ipynb #24cecd1d
-def autokill(o:BootOptions, paths:Paths, rc:int, log, env:dict|None=None, spent:str='') -> bool:
-    "Stop or terminate this pod once the run is finished, failed or over its limit; True when RunPod took it."
-    if spent: action, why, last = 'stop', spent, 'spend-limit'
-    elif rc > 128:
-        log("autokill: not firing, the run was stopped by a "
-            f"signal (exit code {rc}): the pod is being stopped")
-        return False
-    elif rc:
-        if o.on_failure == 'keep':
-            log(f"autokill: not firing, the run failed (exit code {rc}); the pod "
-                "stays up (ON_FAILURE=keep)")
-            return False
-        action, last = 'stop', 'failed'
-        why = f"the run failed (exit code {rc}); the volume keeps the run and this log"
-    elif o.prepare: action, why, last = o.autokill or 'stop', 'the data is prepared', 'data'
-    elif not o.autokill: return False
-    elif not (ck := finished_checkpoint(paths)):
-        log("autokill: not firing, no complete final checkpoint on the volume")
-        return False
-    else: action, why, last = o.autokill, f"after {ck.name}", ck.name
-    pod = env_var('RUNPOD_POD_ID', env=env)
-    if not pod:
-        log(f"autokill: not on a RunPod pod (RUNPOD_POD_ID unset): nothing to {action}")
-        return False
-    done = RunDir(paths.run).autokill
-    prev = json.loads(done.read_text()) if done.is_file() else {}
-    # this pod was started again by hand after its autokill (a pod that only prepares data stops every time)
-    if not o.prepare and (prev.get('pod'), prev.get('after')) == (pod, last):
-        log(f"autokill: not firing again: pod {pod} was already "
-            f"stopped once after {last}; stop it yourself when done")
-        return False
-    log(f"autokill: {action} pod {pod}: {why}")
-    done.write_text(json.dumps(dict(pod=pod, action=action, rc=rc, after=last, time=time.time())))
-    log.sync()
-    os.sync()
-    if stop_pod(pod, action, log, env): return True
-    log(f"autokill: could not {action} pod {pod} through RunPod's API")
-    done.unlink()
-    exit_container(log, env)
-    return False
+    outcome, why = run_outcome(paths, rc, stop)
+    log(f"stage 4/4 train: {why}")
+    return outcome, why, rc
 
 # %% ../../nbs/07g_boot.ipynb #da4b8586
-def boot_alert(o:BootOptions, paths:Paths|None, rc:int, spent:str, detail:str, log) -> bool:
-    "Tell $LMBOOK_ALERT_URL how boot ended: `spend_limit` when the guard stopped it, `failed` on a failure."
+def boot_alert(o:BootOptions, paths:Paths|None, rc:int, why:str, detail:str, log) -> bool:
+    "Tell $LMBOOK_ALERT_URL that the run failed, with `why` and its log's last line; whether it was sent."
     al = Alerts(o.experiment, o.profile, log)
-    if spent: sent = al.send('spend_limit', f"{spent}. The pod is being stopped; its volume keeps the run "
-                             "and its checkpoints.", reason=spent, exit_code=rc)
-    else:
-        run_log = RunDir(paths.run).log if paths else None
-        last = run_log if run_log and run_log.is_file() else log.path  # before training: boot's own log
-        sent = al.failed(rc, describe_exit(rc), last, detail)
+    run_log = RunDir(paths.run).log if paths else None
+    last = run_log if run_log and run_log.is_file() else log.path  # before training: boot's own log
+    sent = al.failed(rc or 1, why, last, detail)
     al.close()
     return sent
 
 # %% ../../nbs/07g_boot.ipynb #109713fa
 def run_pipeline(o:BootOptions, ws:Path, stages:tuple=(1, 2, 3, 4)) -> int:
-    "Run the boot stages against workspace `ws`, then autokill; the exit code (0: finished)."
+    "Run the boot stages against workspace `ws` and report how the run ended; the exit code (0: finished)."
     o, ws = o.checked(), Path(ws).resolve()
     node = int(env_var('NODE_RANK') or 0) if cluster_torchrun_args() else 0
-    log = BootLog(ws/'logs'/(f'boot-{o.experiment}.log' if not node
-                             else f'boot-{o.experiment}-node{node}.log'))
-    log(f"boot: {o.profile} as {o.experiment} in {ws} (stages "
-        f"{', '.join(map(str, stages))}{', autokill ' + o.autokill if o.autokill else ''}"
+    tag = f'{o.experiment}-node{node}' if node else o.experiment
+    log, report = BootLog(ws/'logs'/f'boot-{tag}.log'), outcome_path(ws, tag)
+    report.unlink(missing_ok=True)
+    log(f"boot: {o.profile} as {o.experiment} in {ws} (stages {', '.join(map(str, stages))}"
         f"{', the data only' if o.prepare else ''})")
-    paths, rc, spent, why = None, 1, '', ''
+    paths, rc, outcome, why, detail = None, 1, 'failed', '', ''
     with StopSignals() as stop:
         try:
-            kernel = stage_install(o, log) if 1 in stages else None
+            installed = stage_install(o, log) if 1 in stages else False
             paths = stage_layout(o, ws, log)
-            guard = spend_guard(process_env(), ws, log)
-            watch_spend(guard, stop, log)  # counts through the data stage too, from the pod's create time
             stage_data(o, paths, log)
-            if o.prepare: log("stage 4/4 train: skipped: this pod only prepares the data (RUN_PREPARE=1)")
-            rc, spent = (0, '') if o.prepare else stage_train(o, paths, ws, kernel, log, stop, guard)
+            if not o.prepare: outcome, why, rc = stage_train(o, paths, ws, log, stop, report, installed)
+            else:
+                log("stage 4/4 train: skipped: this pod only prepares the data (RUN_PREPARE=1)")
+                outcome, why, rc = 'prepared', 'the data is prepared', 0
         except Stopped as e:
-            log(f"boot: {e} before training; rerunning resumes where it stopped")
-            rc = 128 + e.signum
-            spent = stop.spent
+            outcome, why, rc = 'stopped', f"boot {e} before training; rerunning resumes where it stopped", 128
+            rc += e.signum
+            log(why)
         except (ValueError, FileNotFoundError, subprocess.CalledProcessError) as e:
-            log(f"error: {e}")
-            rc, why = EXIT_USER_ERROR, f"error: {e}"
+            outcome, why, rc, detail = 'failed', f"error: {e}", EXIT_USER_ERROR, f"error: {e}"
+            log(why)
         except Exception as e:  # unattended: whatever went wrong must be in the log on the volume
             log(f"error: boot failed unexpectedly:\n{traceback.format_exc()}")
-            rc, why = 1, f"boot failed unexpectedly: {type(e).__name__}: {e}"
-        stop.training = True  # from here a signal is only noted: the pod is being stopped anyway
-        if not node: boot_alert(o, paths, rc, spent, why, log)  # before the pod stops
-        if paths is not None: autokill(o, paths, rc, log, spent=spent)
+            outcome, why, rc = 'failed', f"boot failed unexpectedly: {type(e).__name__}: {e}", 1
+        stop.training = True  # from here a signal is only noted: the run has ended
+        sent = outcome == 'failed' and not node and boot_alert(o, paths, rc, why, detail, log)
+        write_json(report, dict(read_json(report), outcome=outcome, why=why, rc=rc, alerted=bool(sent)))
     log(f"boot: done, exit code {rc}")
     return rc
 
@@ -448,8 +216,6 @@ def _boot_cmd(a) -> int:
     kw = {k: v for k, v in dict(profile=a.profile, experiment=a.experiment, input=a.input).items() if v}
     if a.no_install: kw['install'] = False
     if a.no_tensorboard: kw['tensorboard_port'] = 0
-    if a.autokill: kw['autokill'] = a.autokill
-    if a.on_failure: kw['on_failure'] = a.on_failure
     o = BootOptions.from_env(**kw)
     return run_pipeline(o, Path(a.workspace) if a.workspace else workspace_root())
 
@@ -464,24 +230,20 @@ def _orchestrate_cmd(a) -> int:
                     shard_lines=a.train_shard_lines, reuse_shards=a.reuse_shards,
                         tokenizer_json=a.tokenizer_json or '',
                     overrides=parse_assignments(a.set), nproc=a.nproc or 0, install=False,
-                        tensorboard_port=a.tensorboard_port,
-                    autokill=a.autokill or '')
+                        tensorboard_port=a.tensorboard_port)
     return run_pipeline(o, ws, stages=(2, 3, 4))
 
 # %% ../../nbs/07g_boot.ipynb #24acf036
 def add_cli(sub):
     "Register `lmbook boot`."
-    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, "
-                       "data, train, autokill (reads RUN_* variables)")
+    p = sub.add_parser('boot', help="a pod's unattended pipeline: install, layout, data, train, "
+                       "and a report of how the run ended (reads RUN_* variables)")
     cli_options(p, 'profile', 'experiment')  # unset: $RUN_CONFIG and $RUN_EXPERIMENT, as on a pod
     p.add_argument('--input', help='local corpus file (default: $RUN_INPUT, else the profile dataset)')
     p.add_argument('--root', '--workspace', dest='workspace', metavar='DIR',
                    help='the workspace root (default: the configured one, /workspace on a pod)')
     p.add_argument('--no-install', action='store_true', help='skip stage 1: use this interpreter as it is')
     p.add_argument('--no-tensorboard', action='store_true')
-    p.add_argument('--autokill', choices=('stop', 'terminate'), help='default: $AUTOKILL')
-    p.add_argument('--on-failure', choices=('stop', 'keep'),
-                   help='after a failed run: stop the pod or keep it up (default: $ON_FAILURE, else stop)')
     p.set_defaults(func=_boot_cmd)
 
 # %% ../../nbs/07g_boot.ipynb #7fad1ec4
@@ -501,5 +263,4 @@ def add_dev_cli(sub):
     cli_options(p, 'set')
     p.add_argument('--nproc', type=int)
     p.add_argument('--tensorboard-port', type=int, default=0, help='start TensorBoard here (0: no)')
-    p.add_argument('--autokill', choices=('stop', 'terminate'))
     p.set_defaults(func=_orchestrate_cmd)

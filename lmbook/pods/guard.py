@@ -1,4 +1,4 @@
-"""What stops a pod and its run safely from inside: a stop passed on to the trainer (which checkpoints first), the pod stopped through `runpodctl` or the API, and a spend limit in hours or dollars.
+"""What passes a stop on to the trainer, which checkpoints first: from boot to the trainer holding the run's lock, and how boot itself turns a stop into a flag or an exception.
 
 Docs: https://lmbook.github.io/lmbook/guard.html.md"""
 
@@ -6,71 +6,12 @@ Docs: https://lmbook.github.io/lmbook/guard.html.md"""
 
 # %% ../../nbs/07d_guard.ipynb #d9f75186
 from __future__ import annotations
-import json, os, shutil, signal, socket, subprocess, threading, time
+import os, signal, socket, subprocess, threading, time
 from pathlib import Path
 from ..runlock import LOCK, lock_state
-from .api import RunPodAPI, NotFound, TransientError, check_safe
-from ..core import env_var, process_env
 
 # %% auto #0
-__all__ = ['STOP_DEADLINE_S', 'STOP_PAUSE_S', 'stop_pod', 'exit_container', 'trainer_pid', 'stop_run', 'wait_run', 'Stopped',
-           'StopSignals', 'SpendGuard', 'spend_guard', 'watch_spend']
-
-# %% ../../nbs/07d_guard.ipynb #b528e008
-STOP_DEADLINE_S = 600  # how long a stop keeps trying the API before the container exits instead
-STOP_PAUSE_S = 60      # the longest pause between two tries
-
-def _stop_once(pod_id:str, action:str, log, env:dict) -> bool|None:
-    "One try: True when RunPod took it, None when a later try may succeed, False when none will."
-    if shutil.which('runpodctl', path=env.get('PATH')):
-        r = subprocess.run(['runpodctl', 'stop' if action == 'stop' else 'remove', 'pod', pod_id],
-                           stdin=subprocess.DEVNULL,
-                           stdout=getattr(log, 'f', None), stderr=subprocess.STDOUT, env=dict(env))
-        if r.returncode == 0: return True
-        log(f"autokill: runpodctl failed (exit code {r.returncode}): trying the API with the pod's key")
-    try: RunPodAPI(env.get('RUNPOD_API_KEY') or None, tries=1).action(pod_id, action)
-    except NotFound: return True  # already gone
-    except TransientError as e:
-        log(f"autokill: {e}")
-        return None
-    except ValueError as e:
-        log(f"autokill: {e}")
-        return False
-    return True
-
-# %% ../../nbs/07d_guard.ipynb #7bc3634b
-def stop_pod(pod_id:str, # this pod ($RUNPOD_POD_ID)
-             action:str, # 'stop' (the volume and disk stay) or 'terminate'
-             log, # a `BootLog` (its file takes runpodctl's output)
-             env:dict|None=None, # the environment (PATH, RUNPOD_API_KEY, LMBOOK_STOP_DEADLINE)
-             clock=time.monotonic, sleep=time.sleep, # time, injectable for tests
-            ) -> bool:
-    "Stop or terminate `pod_id` from inside it, retried with backoff; True when RunPod took it."
-    env = process_env(env)
-    check_safe(pod_id, 'id', 'RUNPOD_POD_ID')
-    deadline = float(env_var('LMBOOK_STOP_DEADLINE', env=env) or STOP_DEADLINE_S)
-    most = float(env_var('LMBOOK_STOP_PAUSE', env=env) or STOP_PAUSE_S)
-    t0, i = clock(), 0
-    while (ok := _stop_once(pod_id, action, log, env)) is None and clock() - t0 < deadline:
-        pause = min(most, 2.0**i, max(0.0, deadline - (clock() - t0)))
-        log(f"autokill: the {action} did not go through; trying again in {pause:g} s "
-            f"({clock() - t0:.0f} of {deadline:.0f} s)")
-        sleep(pause)
-        i += 1
-    return bool(ok)
-
-# %% ../../nbs/07d_guard.ipynb #d4056dec
-def exit_container(log, env:dict|None=None) -> bool:
-    "Ask the pod's start script (PID 1) to exit, ending the container and its GPU bill; False outside one."
-    pid = int(env_var('LMBOOK_START_PID', env=env) or 0)
-    if not pid:
-        log("autokill: not under the pod's start script (LMBOOK_START_PID unset): stop the pod by hand")
-        return False
-    log(f"autokill: ending the container instead (start script pid {pid}): an exited container is EXITED, "
-        "which bills no GPU time; the volume keeps everything")
-    try: os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError: return False
-    return True
+__all__ = ['trainer_pid', 'stop_run', 'wait_run', 'Stopped', 'StopSignals']
 
 # %% ../../nbs/07d_guard.ipynb #f64e616e
 def trainer_pid(run_dir:Path) -> int|None:
@@ -111,7 +52,7 @@ class Stopped(Exception):
 class StopSignals:
     "SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; old handlers restored on exit."
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    def __init__(self): self.signum, self.training, self.old, self.spent = 0, False, {}, ''
+    def __init__(self): self.signum, self.training, self.old = 0, False, {}
     def _handler(self, signum, frame):
         self.signum = self.signum or signum
         if not self.training: raise Stopped(signum)
@@ -121,79 +62,3 @@ class StopSignals:
         return self
     def __exit__(self, *exc):
         for s, h in self.old.items(): signal.signal(s, h)
-
-# %% ../../nbs/07d_guard.ipynb #121cc606
-class SpendGuard:
-    "Whether a pod has run past its `max_hours` or cost past its `max_dollars` at `price` $/h."
-    def __init__(self, max_hours:float, max_dollars:float, price:float, ledger:Path, t0:float|None=None,
-                 clock=time.time):
-        self.max_hours, self.max_dollars, self.price, self.ledger, self.clock = (max_hours, max_dollars,
-                                                                                 price, Path(ledger), clock)
-        self.t0 = t0 if t0 is not None else clock()
-        try: d = json.loads(self.ledger.read_text())
-        except (OSError, ValueError): d = {}
-        same = d.get('t0') == self.t0  # the same container, booted again: its time is counted from t0 already
-        self.before = float(d.get('seconds_before', 0)) + (0 if same else float(d.get('seconds', 0)))
-
-    def limit_h(self) -> float|None:
-        "The hours the pod may run (None: no limit)."
-        lims = ([self.max_hours] if self.max_hours else []) + ([self.max_dollars/self.price]
-                                                               if self.max_dollars and self.price else [])
-        return min(lims) if lims else None
-
-    def hours(self) -> float:
-        "Hours this pod has run, this boot and earlier ones; recorded in the ledger."
-        s = max(0.0, self.clock() - self.t0)
-        try: self.ledger.write_text(json.dumps(dict(t0=self.t0, seconds_before=self.before, seconds=s,
-                                                    price=self.price)))
-        except OSError: pass
-        return (self.before + s)/3600
-
-    def over(self) -> str|None:
-        "Why the pod must stop now, or None."
-        lim = self.limit_h()
-        if lim is None or (h := self.hours()) < lim: return None
-        if self.max_hours and lim == self.max_hours: what = f"--max-hours {self.max_hours:g}"
-        else: what = f"--max-dollars {self.max_dollars:g} at ${self.price:.2f}/h"
-        return f"spend guard: the pod has run {h:.2f} h (~${h*self.price:.2f}), over {what}"
-
-# %% ../../nbs/07d_guard.ipynb #9a37044e
-def spend_guard(env:dict, ws:Path, log) -> SpendGuard|None:
-    "The pod's spend guard from MAX_HOURS / MAX_DOLLARS and its price; None without a limit."
-    num = lambda k: float(env_var(k, env=env) or 0)
-    hours, dollars, price = num('MAX_HOURS'), num('MAX_DOLLARS'), num('PRICE_PER_HOUR')
-    if not (hours or dollars): return None
-    pod = env_var('RUNPOD_POD_ID', '', env)
-    if dollars and pod:
-        try: price = (RunPodAPI(env_var('RUNPOD_API_KEY', env=env) or None, tries=2).pod(pod)
-                      or {}).get('cost') or price
-        except ValueError as e: log("spend guard: the pod's price is not known "
-                                    f"from the API ({e}): using ${price:.2f}/h")
-    if dollars and not price: log("spend guard: no price known (PRICE_PER_HOUR "
-                                  "unset): --max-dollars cannot be applied")
-    t0 = float(t) if (t := env_var('LMBOOK_T0', env=env)) else None
-    g = SpendGuard(hours, dollars, price, Path(ws)/'logs'/f"spend-{pod or 'local'}.json", t0)
-    if (lim := g.limit_h()): log(f"spend guard: the pod stops after a checkpoint once it has run {lim:.2f} "
-                                 f"h (${lim*price:.2f} at ${price:.2f}/h)")
-    return g
-
-# %% ../../nbs/07d_guard.ipynb #d3882018
-def watch_spend(guard:SpendGuard|None, # the pod's spend guard (None: no limit, nothing to watch)
-                stop:StopSignals, # boot's stop flags: the thread ends once training starts
-                log, # the boot log
-                every_s:float|None=None, # seconds between checks (default: $LMBOOK_GUARD_POLL, else 30)
-               ) -> threading.Thread|None:
-    "A thread that stops boot (SIGTERM, the reason in `stop.spent`) once the guard is over, until training."
-    if guard is None: return None
-    every = every_s or float(env_var('LMBOOK_GUARD_POLL') or 30)
-    def watch():
-        while not (stop.signum or stop.training):
-            time.sleep(every)
-            if not (stop.signum or stop.training) and (why := guard.over()):
-                log(why)
-                stop.spent = why
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-    t = threading.Thread(target=watch, name='spend-guard', daemon=True)
-    t.start()
-    return t

@@ -10,7 +10,7 @@ import json, math, os, re
 from pathlib import Path
 import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
-from ..config import get_config, flops_per_token, count_params, Config, with_fp8
+from ..config import get_config, flops_per_token, count_params, Config, with_fp8, apply_overrides
 from ..config import mixture_of
 from ..model.memory import HEADROOM, block_matrix_params, estimated_fit, fits, max_batch_size
 from ..runs.checkpoint import disk_plan
@@ -18,9 +18,9 @@ from ..train.optim import check_scaling, total_steps
 
 # %% auto #0
 __all__ = ['GPU_POD_VCPUS', 'CKPT_GB_S', 'throughput_rows', 'scaling_efficiency', 'expected_throughput', 'cpu_table',
-           'cpu_machine', 'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'fit_advice', 'pod_overrides',
-           'image_cuda', 'card_image', 'as_run_on', 'plan', 'format_plan', 'format_prep', 'checkpoint_cost',
-           'format_ckpt']
+           'cpu_machine', 'tokenize_rate', 'prep_speed', 'prep_plan', 'plan_sources', 'pod_overrides', 'image_cuda',
+           'card_image', 'as_run_on', 'fit_advice', 'plan', 'format_plan', 'format_prep', 'prep_sizing',
+           'checkpoint_cost', 'format_ckpt']
 
 # %% ../../nbs/07a_plan.ipynb #7863a8ac
 def throughput_rows(path:Path|None=None) -> list[dict]:
@@ -155,19 +155,6 @@ def plan_sources(cfg:Config, # the run's config
             for n, w in mixture_of(cfg.data).items()] or None
 
 # %% ../../nbs/07a_plan.ipynb #88e04459
-def fit_advice(cfg:Config, table:dict, gpu:str) -> str:
-    "What would fit instead: the smallest single card, the fewest `gpu` cards with FSDP, a smaller batch."
-    tips, on = [], lambda k: with_fp8(cfg, bool(table[k].get('fp8')))  # fp8='auto' as card `k` runs it
-    single = sorted((g['mem_gb'], g.get('secure') or 1e9, k) for k, g in table.items() if fits(on(k),
-            g['mem_gb'], 1)[0])
-    if single: tips.append(f"smallest single card that fits: --gpu '{single[0][2]}'")
-    n = next((n for n in (2, 4, 8) if fits(on(gpu), table[gpu]['mem_gb'], n, 'fsdp')[0]), None)
-    if n: tips.append(f"or --gpus {n} --set parallel=fsdp")
-    b = max_batch_size(on(gpu), table[gpu]['mem_gb'], HEADROOM)
-    if b: tips.append(f"or --set batch_size={b} "
-                      f"grad_accum={max(1, cfg.train.batch_size*cfg.train.grad_accum//b)}")
-    return '; '.join(tips) or 'no card in the price table fits it'
-
 def pod_overrides(profile:str, gpus:int, overrides:dict|None=None) -> dict:
     "`overrides` plus the `token_budget` that keeps the profile's tokens on `gpus` GPUs."
     ov = dict(overrides or {})
@@ -197,6 +184,31 @@ def as_run_on(cfg:Config, gpu:str, gpus:int, table:dict) -> Config:
     cfg = with_fp8(cfg, bool(table[gpu].get('fp8')))
     # the estimate's pick is where the fit's trials start; the trials on the card decide
     return estimated_fit(cfg, table[gpu]['mem_gb'], gpus) if cfg.train.levers.batch_fit else cfg
+
+# %% ../../nbs/07a_plan.ipynb #0bdd4510
+def fit_advice(cfg:Config, # the run's config as asked (`nproc`: `gpus`)
+               table:dict, gpu:str, gpus:int=1, cloud:str='secure') -> str:
+    "What fits on `gpus` GPUs: the cheapest card, the fastest per dollar, FSDP, a smaller micro-batch."
+    def runs(c:Config, k:str, n:int=gpus) -> Config|None:  # `c` as `plan` runs it on n x k, if that fits
+        r = as_run_on(c, k, n, table)
+        return r if fits(r, table[k]['mem_gb'], n)[0] else None
+    price = lambda k: table[k][cloud]*gpus
+    ok, tips = {k: r for k in table if table[k].get(cloud) and (r := runs(cfg, k))}, []
+    if ok:
+        cheap = min(ok, key=price)
+        tips.append(f"the cheapest card it fits: `--gpu '{cheap}'` (${price(cheap):.2f}/h)")
+        per = {k: expected_throughput(r, k, gpus, table)['tok_per_s']*3600/price(k) for k, r in ok.items()}
+        if (best := max(per, key=per.get)) != cheap:
+            tips.append(f"the fastest per dollar: `--gpu '{best}'` (~{per[best]/1e6:.0f}M tokens a dollar)")
+    fsdp = apply_overrides(cfg, dict(parallel='fsdp'))
+    if gpus > 1 and cfg.train.parallel != 'fsdp' and runs(fsdp, gpu): tips.append("`--set parallel=fsdp`")
+    n = next((n for n in (2, 4, 8) if gpus == 1 and runs(apply_overrides(fsdp, dict(nproc=n)), gpu, n)), 0)
+    if n: tips.append(f"`--gpus {n} --set parallel=fsdp`")
+    b = max_batch_size(with_fp8(cfg, bool(table[gpu].get('fp8'))), table[gpu]['mem_gb'], HEADROOM, gpus)
+    acc = max(1, cfg.train.batch_size*cfg.train.grad_accum//max(1, b))
+    if 0 < b < cfg.train.batch_size and runs(apply_overrides(cfg, dict(batch_size=b, grad_accum=acc)), gpu):
+        tips.append(f"`--set batch_size={b} grad_accum={acc}`")
+    return '; or '.join(tips) or f"no card in the price table fits it on {gpus} GPU(s)"
 
 # %% ../../nbs/07a_plan.ipynb #886d61be
 def plan(profile:str, # profile name or config file
@@ -230,10 +242,10 @@ def plan(profile:str, # profile name or config file
         raise ValueError(f"{profile} needs ~{need:.1f} GB per GPU at "
                          f"micro-batch {cfg.train.batch_size} ({gpus} "
                          f"x {gpu}, {cfg.train.parallel if gpus > 1 else 'one GPU'}) but the "
-                         f"card has {table[gpu]['mem_gb']:.1f} GB: {fit_advice(asked, table, gpu)}")
+                         f"card has {table[gpu]['mem_gb']:.1f} GB: "
+                         f"{fit_advice(asked, table, gpu, gpus, cloud)}")
     tp = expected_throughput(cfg, gpu, gpus, table)
-    tps = cfg.tokens_per_step*gpus
-    sc = cfg.train.sched
+    tps, sc = cfg.tokens_per_step*gpus, cfg.train.sched
     steps = total_steps(sc, tps, None) if not sc.epochs or sc.token_budget else None
     price = table[gpu].get(cloud)
     hours = steps*tps/tp['tok_per_s']/3600 if steps else None
@@ -294,6 +306,34 @@ def format_prep(d:dict) -> list[str]:
                 f"most {num(r['serial_tok_per_s'])} in all,",
             f"{'':9}measured on another machine ({r['machine'].split(',')[0]}, {r['date']}) and scaled",
             f"{'':9}by the pod's vCPUs; the download and the tokenizer's training come on top"]
+
+# %% ../../nbs/07a_plan.ipynb #15111f3b
+def prep_sizing(tokens:int|None, # the run's tokens (None: not known before its data is)
+                vocab_size:int, # the tokenizer's vocabulary
+                vcpus:int, # the CPU pod's vCPUs
+                ram_gb_per_vcpu:float|None, # memory a vCPU, from RunPod's catalog (None: not known)
+                volume_gb:int|None, # the network volume's size (None: not known)
+                container_gb:int, # the pod's container disk
+                rate:dict|None=None, # `tokenize_rate`
+               ) -> list[str]:
+    "Lines that size a CPU pod preparing `tokens`: vCPUs, memory, the volume's and the container's disk."
+    r = rate or tokenize_rate()
+    enough = 2**math.ceil(math.log2(r['serial_tok_per_s']/r['tok_per_s_per_core']))  # past it: no faster
+    faster = prep_speed(enough, r)/prep_speed(vcpus, r)
+    cores = (f"more than {enough} tokenize no faster: --vcpus {enough} costs less" if vcpus > enough else
+             f"{enough} would tokenize {faster:.1f}x faster" if vcpus < enough
+             else 'tokenizing runs at its one-thread bound')
+    lines = [f"sizing   vCPUs: {vcpus}: {cores}"]
+    if (ram := ram_gb_per_vcpu):
+        lines.append(f"{'':9}memory: {vcpus*ram:.0f} GB ({ram:g} GB a vCPU, RunPod's catalog)")
+    if tokens:
+        text, ids = tokens*r['text_bytes_per_token']/1e9, tokens*(2 if vocab_size <= 2**16 else 4)/1e9
+        has = f"; the volume has {volume_gb} GB" if volume_gb else ''
+        small = ': too small, grow it (runpod.io > Storage)' if volume_gb and volume_gb < text + ids else ''
+        lines.append(f"{'':9}volume: ~{text + ids:.0f} GB for the data ({text:.0f} GB of text shards, "
+                     f"{ids:.0f} GB of token ids), plus the dataset's download cache{has}{small}")
+    return lines + [f"{'':9}container disk: {container_gb} GB (the image and pip's cache; the virtualenv "
+                    "is on the volume)"]
 
 # %% ../../nbs/07a_plan.ipynb #ec5b42bf
 # lmbook's checkpoint write, hashing included, on the H100 test machine's disk (2026-11-26: 24 GB in 40-60 s)

@@ -12,15 +12,17 @@ from .api import RunPodAPI, RunPodError, CapacityError, CPU_REST_ONLY
 from . import sync as podsync, watch as podwatch
 from ..core import load_settings, package_dir, cli_options, env_var
 from ..config import parse_assignments
-from .plan import plan, format_plan, cpu_machine
+from .plan import plan, format_plan, cpu_machine, image_cuda, prep_sizing
+from ..config import get_config, total_steps
 from .runpod import (NO_PREP_VOLUME, PodSpec, SERVE_SECRET, alert_source, check_pod_args,
                                 check_repo, code_source, create_pod_retrying, format_status, pod_spec,
                                 prepare_spec, proxy_urls, request_text, resolve_env, run_git, serve_spec,
                                 serve_usage, wait_running)
 
 # %% auto #0
-__all__ = ['POD_COMMANDS', 'check_origin', 'check_available', 'add_plan_cli', 'add_create_cli', 'add_code_options',
-           'add_prepare_cli', 'add_guard_options', 'add_wait_options', 'add_pod_commands', 'add_volumes_cli', 'add_cli']
+__all__ = ['POD_COMMANDS', 'check_origin', 'check_available', 'check_cuda', 'check_cpu', 'prep_lines', 'add_plan_cli',
+           'add_create_cli', 'add_code_options', 'add_prepare_cli', 'add_guard_options', 'add_wait_options',
+           'add_pod_commands', 'add_volumes_cli', 'add_cli']
 
 # %% ../../nbs/07fa_podcli.ipynb #30b1d909
 def check_origin(checkout:Path|None=None):
@@ -53,7 +55,7 @@ def _spec_from_args(a) -> PodSpec:
     return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
                                 a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
                                 a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
-                                alert_source(a.alert_url)))
+                                alert_source(a.alert_url), a.keep))
 
 # %% ../../nbs/07fa_podcli.ipynb #a4b513b9
 def _prepare_spec_from_args(a) -> PodSpec:
@@ -86,7 +88,8 @@ def _machine(a, spec:PodSpec) -> PodSpec:
 
 # %% ../../nbs/07fa_podcli.ipynb #c644377a
 def _checked_with_api(api:RunPodAPI, spec:PodSpec):
-    "Check the volume and GPU type against the API; the pod goes to the volume's data center."
+    "Check the volume and GPU type (or CPU flavor) against the API; the pod goes to the volume's data center."
+    v = None
     if spec.volume_id:
         v = api.volume(spec.volume_id)
         if v is None: raise RunPodError(f"network volume {spec.volume_id} does not exist: `lmbook pod "
@@ -95,7 +98,8 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
             raise ValueError(f"network volume {spec.volume_id} is in {v['data_center']}, not "
                              f"{spec.data_center}: drop --data-center (the pod goes to the volume's)")
         spec.data_center = v['data_center'] or spec.data_center
-    if spec.cpu_type: return spec.validate()  # the catalog the API describes is of GPUs
+    if spec.cpu_type:  # a pod that prepares the data: checked with the CPU catalog, and sized
+        return print('\n'.join(prep_lines(spec, check_cpu(api.cpu(spec.cpu_type), spec), v and v['size'])))
     g = api.gpu(spec.gpu_type)
     if g is None: raise RunPodError(f"RunPod offers no GPU type {spec.gpu_type!r}: correct its id in "
                                     "lmbook/gpu_prices.yaml (or $LMBOOK_GPU_PRICES)")
@@ -103,7 +107,10 @@ def _checked_with_api(api:RunPodAPI, spec:PodSpec):
     if most is not None and spec.gpu_count > most: raise ValueError(f"RunPod's {spec.cloud_type} Cloud has "
         f"at most {most} x {spec.gpu_type} in one pod: use --gpus {most}")
     dcs = api.data_centers() if spec.volume_id else None  # a volume moves only to one that has volumes
-    check_available(api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type), spec, dcs=dcs)
+    cuda = image_cuda(spec.image)  # the create asks hosts for this CUDA or newer (gpu.minCudaVersion)
+    stock = api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type, cuda)
+    check_cuda(stock, cuda, spec, lambda: api.availability(spec.gpu_type, spec.gpu_count, spec.cloud_type))
+    check_available(stock, spec, dcs=dcs)
     spec.validate()
 
 # %% ../../nbs/07fa_podcli.ipynb #b42d7b0f
@@ -144,9 +151,9 @@ def _create_cmd(a) -> int:
         print(f"manifest written to {a.save}")
     env, hidden = resolve_env(spec)
     env['LMBOOK_T0'] = f"{time.time():.0f}"  # the spend guard counts from here, the image pull included
-    if not spec.env.get('AUTOKILL') and not spec.env.get('RUN_SERVE') and not spec.cpu_type:
-        print("note: without --autokill the pod keeps billing after the run ends: `lmbook pod stop POD_ID` "
-              "stops it", file=sys.stderr)
+    if spec.env.get('KEEP_POD'):
+        print("note: --keep: the pod bills after its run ends, until `lmbook pod stop POD_ID` stops it",
+              file=sys.stderr)
     if a.dry_run:
         checked = _read_only_checks(spec, hidden)
         print(spec.to_yaml())
@@ -244,6 +251,46 @@ def _volume_cmd(a) -> int:
         for v in api.volumes(): print(f"{v['id']}  {v['name']}  {v['size']} GB  {v['data_center']}")
     return 0
 
+# %% ../../nbs/07fa_podcli.ipynb #d31344da
+def check_cuda(a:dict|None, # `RunPodAPI.availability` of hosts with the image's CUDA or a newer one
+               cuda:str|None, # the CUDA the image needs ('12.8'; None: its tag does not say)
+               spec:PodSpec, # the pod about to be created
+               any_cuda, # () -> `RunPodAPI.availability` of every host, whatever its CUDA
+              ):
+    "Refuse a create the image's CUDA keeps off every free host, when hosts with an older CUDA have the card."
+    where = spec.data_center
+    level = lambda s: (s['data_centers'].get(where, 'NONE') if where else s['overall']) or 'NONE'
+    if a is None or not cuda or level(a) != 'NONE' or (b := any_cuda()) is None or level(b) == 'NONE': return
+    at = f"in {where} " if where else ''
+    raise CapacityError(f"RunPod's catalog has {spec.gpu_count} x {spec.gpu_type} free {at}only on hosts "
+                        f"whose CUDA is older than the image's CUDA {cuda} ({spec.image}): give --image "
+                        "with an older CUDA that the card can run, or choose another card")
+
+# %% ../../nbs/07fa_podcli.ipynb #0b68bed2
+def check_cpu(c:dict|None, # `RunPodAPI.cpu`: the catalog's flavor (None: it has none of that id)
+              spec:PodSpec, # the CPU pod about to be created
+             ) -> dict:
+    "Refuse a flavor or vCPU count the catalog does not offer; price the pod from it; the catalog's flavor."
+    if c is None: raise RunPodError(f"RunPod's catalog has no CPU flavor {spec.cpu_type!r}: give --cpu with "
+                                    "one it has (lmbook/cpu_prices.yaml holds estimates: correct it there)")
+    lo, hi, n = c['vcpu']['min'], c['vcpu']['max'], spec.vcpus
+    if not (lo <= n <= hi and n & (n - 1) == 0):
+        raise ValueError(f"RunPod's {spec.cpu_type} comes with {lo} to {hi} vCPUs, a power of two, not {n}: "
+                         "choose one with --vcpus")
+    if spec.env.get('MAX_DOLLARS'): spec.env['PRICE_PER_HOUR'] = f"{c['price']['securePerVcpu']*n:g}"
+    spec.validate()
+    return c
+
+# %% ../../nbs/07fa_podcli.ipynb #b2987cdb
+def prep_lines(spec:PodSpec, c:dict|None, volume_gb:int|None) -> list[str]:
+    "The sizing of a CPU pod that prepares the data of `spec`'s profile (`plan.prep_sizing`)."
+    ov = dict(p.split('=', 1) for p in spec.env.get('RUN_OVERRIDES', '').split(',') if '=' in p)
+    cfg = get_config(spec.profile, ov) if not Path(spec.profile).suffix else None
+    sc = cfg and cfg.train.sched
+    tokens = total_steps(sc, cfg.tokens_per_step)*cfg.tokens_per_step if sc and not sc.epochs else None
+    return prep_sizing(tokens, cfg.model.vocab_size if cfg else 2**16, spec.vcpus,
+                       c and c.get('ramGbPerVcpu'), volume_gb, spec.container_disk_gb)
+
 # %% ../../nbs/07fa_podcli.ipynb #db838dbe
 def add_plan_cli(pod):
     "Register `lmbook pod plan`."
@@ -333,8 +380,10 @@ def add_guard_options(p):
     "The options of `pod create` that end the pod (autokill, failure, spend limits) and that wait for it."
     p.add_argument('--autokill', nargs='?', const='auto', default='',
                    choices=('', 'auto', 'stop', 'terminate'),
-                   help='stop (or terminate) the pod once the final checkpoint is on the volume; '
-                        'bare: terminate with --volume, else stop')
+                   help='terminate the pod once the final checkpoint is on the volume, instead of stopping '
+                        'it (which every pod does after its run); bare: terminate with --volume, else stop')
+    p.add_argument('--keep', action='store_true', help='keep the pod up after its run ends, billing, until '
+                   '`lmbook pod stop` (to fetch or look); its spend cap still holds')
     add_wait_options(p)
     p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
                    'does: stop it at its spend cap, or when it stalls')

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runpod.html.md"""
 
 # %% ../../nbs/07f_runpod.ipynb #8ae11586
 from __future__ import annotations
-import base64, gzip, hashlib, json, os, re, secrets, subprocess, sys, time
+import ast, base64, gzip, hashlib, json, os, re, secrets, subprocess, sys, time
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 import yaml
@@ -16,13 +16,13 @@ from . import sync as podsync, watch as podwatch
 from ..core import load_settings, check_name, package_dir, cli_options
 from ..config import get_config, parse_assignments
 from ..core import find_gpu, gpu_table
-from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table
+from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table, image_cuda
 from ..core import env_var, process_env
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'check_env_value', 'check_not_secret', 'check_repo',
-           'PodSpec', 'resolve_env', 'run_git', 'code_source', 'start_script', 'start_command', 'pod_name',
+           'PodSpec', 'resolve_env', 'run_git', 'code_source', 'shipped', 'start_script', 'start_command', 'pod_name',
            'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec',
            'prepare_spec', 'proxy_urls', 'serve_usage', 'request_text', 'create_pod_retrying', 'wait_running',
            'format_status']
@@ -248,16 +248,34 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
                        "without them" if dirty else '')
 
 # %% ../../nbs/07f_runpod.ipynb #bbadd9f9
+def shipped(src:str) -> str:
+    "Python as the start command carries it: the same program without docstrings, annotations, `__all__`."
+    tree = ast.parse(src)
+    doc = lambda b: (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                     and isinstance(b.value.value, str))
+    for n in ast.walk(tree):
+        if isinstance(body := getattr(n, 'body', None), list) and body and doc(body[0]):
+            n.body = body[1:] or [ast.Pass()]
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n.returns = None
+            for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs: a.annotation = None
+    tree.body = [s for s in tree.body if not (isinstance(s, ast.Assign)
+                                              and getattr(s.targets[0], 'id', '') == '__all__')]
+    # ast.unparse writes every string on one line: indentation is all a line starts with
+    lines = [re.sub(r'^(    )+', lambda m: ' '*(len(m[0])//4), l) for l in ast.unparse(tree).splitlines()]
+    return '\n'.join(l for l in lines if l.strip())
+
 def start_script(script:Path|None=None) -> str:
-    "The pod start script without its comment lines (what the pod runs)."
+    "The pod start script without its comment lines, with the supervisor inside it (what the pod runs)."
     src = Path(script or package_dir()/'pod_start.sh').read_text()
-    return '\n'.join(l for l in src.splitlines() if l.strip() and not l.lstrip().startswith('#')) + '\n'
+    sh = '\n'.join(l for l in src.splitlines() if l.strip() and not l.lstrip().startswith('#')) + '\n'
+    return sh.replace('@SUPERVISOR@', shipped((package_dir()/'pods'/'supervise.py').read_text()))
 
 def start_command(script:Path|None=None) -> str:
     "The container start command: the start script, gzipped and base64-encoded, run by bash as PID 1."
-    b64 = base64.b64encode(gzip.compress(start_script(script).encode(), mtime=0)).decode()
-    cmd = (f"bash -c 'echo {b64} | base64 -d | gunzip > "
-           "/tmp/lmbook-start.sh && exec bash /tmp/lmbook-start.sh'")
+    b64 = base64.b64encode(gzip.compress(start_script(script).encode(), 9, mtime=0)).decode()
+    cmd = (f"bash -c 'T=${{TMPDIR:-/tmp}}; echo {b64} | base64 -d | gunzip > $T/lmbook-start.sh && "
+           "exec bash $T/lmbook-start.sh'")
     return check_env_value('start', cmd, limit=8192)
 
 # %% ../../nbs/07f_runpod.ipynb #4ad811fc
@@ -319,6 +337,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              max_hours:float=0, # stop the pod after a checkpoint once it has run this long (0: no limit)
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
              alert_url:str='', # LMBOOK_ALERT_URL's source: '', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
+             keep:bool=False, # the pod stays up after its run ends, billing, until `lmbook pod stop`
             ) -> PodSpec:
     "A checked `PodSpec` training `profile` as `experiment` on `gpus` x `gpu`, with Jupyter and TensorBoard."
     s = load_settings()
@@ -330,6 +349,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
                RUN_OVERRIDES=run_overrides(ov), LMBOOK_WORKSPACE='/workspace', LMBOOK_REPO=check_repo(repo),
                LMBOOK_COMMIT=commit, ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
     if autokill: env['AUTOKILL'] = autokill
+    if keep: env['KEEP_POD'] = '1'
     env |= spend_env(gpu_type, gpus, cloud_type, max_hours, max_dollars)
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')
@@ -483,8 +503,9 @@ def create_pod_retrying(api:RunPodAPI, spec:PodSpec, env:dict, tries:int=6, wait
                     if found: return found, True
                     raise RunPodError(f"{e} (gave up after {tries} tries): `lmbook pod list` shows whether "
                                       f"pod {spec.name} exists before you try again") from None
+                cuda = f", an --image older than CUDA {c}" if (c := image_cuda(spec.image)) else ''
                 raise RunPodError(f"{e} (gave up after {tries} tries): try another --gpu, fewer --gpus, "
-                                  "--cloud-type COMMUNITY (without --volume), or later") from None
+                                  f"--cloud-type COMMUNITY (without --volume){cuda}, or later") from None
             pause = wait_s*2**i
             log(f"{e}; retrying in {pause:.0f} s ({i+1}/{tries})")
             sleep(pause)

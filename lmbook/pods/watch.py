@@ -10,13 +10,14 @@ import re, shlex, subprocess, sys, time
 from dataclasses import dataclass
 from typing import Callable
 from ..core import env_var
-from .api import RunPodAPI, RunPodError
+from .api import RunPodAPI, RunPodError, TransientError, Conflict
 from .sync import ssh_target, pod_workspace, check_ssh, volume_s3
 from ..runlock import LOCK, STOP_REQUEST
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['stop_state_cmd', 'ssh_state', 'volume_state', 'trainer_channel', 'save_before_stop', 'stop_pod', 'add_stop_cli',
-           'progress_mark', 'Watcher', 'watch_pod', 'watch_options', 'add_watch_cli']
+__all__ = ['PATIENCE_S', 'stop_state_cmd', 'ssh_state', 'volume_state', 'trainer_channel', 'save_before_stop', 'send_stop',
+           'stop_pod', 'add_stop_cli', 'progress_mark', 'Watcher', 'watch_pod', 'watch_options', 'add_watch_cli']
 
 # %% ../../nbs/07e_watch.ipynb #20d3f684
 def stop_state_cmd(run:str, ask:bool=False) -> str:
@@ -98,18 +99,42 @@ def save_before_stop(pod:dict, # the pod (a `RunPodAPI.pod` view) whose trainer 
     return s.split('/')[1] if '/' in s else ''
 
 # %% ../../nbs/07e_watch.ipynb #d7caaad1
+PATIENCE_S = 600  # how long a stop from here tries an API that does not answer: as long as the pod's own
+
+def send_stop(api:RunPodAPI, pod:dict) -> bool:
+    "The API stop of `pod`, tried for ten minutes; False when it had stopped; else a line that it bills."
+    try: api.stop(pod['id'], patience=PATIENCE_S)
+    except Conflict:  # a 409: not running any more (stopped from outside, or by itself)
+        print(f"pod {pod['id']} is stopped already: nothing to do")
+        return False
+    except TransientError:
+        cost = f" at ${pod['cost']:.2f}/h" if pod.get('cost') else ''
+        raise RunPodError(f"RunPod's API did not answer for {PATIENCE_S//60} min: pod {pod['id']} may still "
+                          f"be RUNNING{cost}: `lmbook pod stop {pod['id']} --now` ends it once the API "
+                          "answers (or runpod.io > Pods > Stop)") from None
+    return True
+
 def stop_pod(api:RunPodAPI, pod:dict, now:bool=False, timeout_s:float=900, poll_s:float=5, out=None):
     "Stop `pod`: its trainer's stop checkpoint first (unless `now`, or no run on it), then the API stop."
+    if pod['status'] in ('EXITED', 'TERMINATED'):
+        return print(f"pod {pod['id']} is stopped already ({pod['status']}): nothing to do")
     if not now and pod['status'] == 'RUNNING' and pod['env'].get('RUN_EXPERIMENT'):
-        ck = save_before_stop(pod, trainer_channel(api, pod), timeout_s, poll_s, out)
+        try: ck = save_before_stop(pod, trainer_channel(api, pod), timeout_s, poll_s, out)
+        except RunPodError:  # the pod may have stopped itself once its trainer saved (its supervisor does)
+            if (p := api.pod(pod['id'])) is None or p['status'] != 'RUNNING':
+                return print(f"pod {pod['id']}: it stopped itself after its trainer's stop checkpoint")
+            raise
         print(f"pod {pod['id']}: the trainer stopped with {ck or 'no checkpoint'} complete on the volume")
-    api.stop(pod['id'])
-    print(f"pod {pod['id']}: stop sent; the GPU is released, the disks stay (and bill)")
+    if send_stop(api, pod):
+        print(f"pod {pod['id']}: stop sent; the GPU is released, the disks stay (and bill)")
 
 # %% ../../nbs/07e_watch.ipynb #de906b55
 def _stop_cmd(a) -> int:
-    api = RunPodAPI()
-    p = api.pod(a.pod_id)
+    api = RunPodAPI(patience=PATIENCE_S)  # a stop outlasts an outage as the pod's own stops do
+    try: p = api.pod(a.pod_id)
+    except TransientError: raise RunPodError(f"RunPod's API did not answer for {PATIENCE_S//60} min: pod "
+                                             f"{a.pod_id} may still be RUNNING: `lmbook pod stop {a.pod_id} "
+                                             "--now` ends it once the API answers") from None
     if p is None: raise RunPodError(f"pod {a.pod_id} does not exist: `lmbook pod list` shows your pods")
     stop_pod(api, p, a.now, a.timeout, a.poll)
     return 0
@@ -134,51 +159,79 @@ def progress_mark(lines:list[str]) -> str:
     return lines[-1].strip() if lines else ''
 
 # %% ../../nbs/07e_watch.ipynb #4dd90781
+_BILLED = re.compile(r'pod: billed ([\d.]+) h so far')  # the supervisor's ledger, in the pod's log
+
 @dataclass
 class Watcher:
     "The laptop-side limits of a pod: why it must stop, from one look at it and its log."
     max_dollars:float=0 # stop once it has cost this much (0: no limit)
-    max_hours:float=0 # stop once it has run this long (0: no limit)
+    max_hours:float=0 # stop once it has billed this long (0: no limit)
     stall_min:float=0 # stop when its log shows no progress for this long (0: never)
     mark:str='' # the newest progress seen
     since:float|None=None # when `mark` was first seen
+    blind:float|None=None # since when the log could not be read
+    ledger:tuple|None=None # (hours billed, as the pod's log last reported them, when this watch read that)
 
-    def look(self, pod:dict, lines:list[str]|None, now:float) -> str|None:
-        "Why the pod must stop now (None: let it run); `lines` is its log's tail (None: not readable)."
-        t0 = pod['env'].get('LMBOOK_T0')
-        h = (now - float(t0))/3600 if t0 else pod['uptime']/3600
-        if self.max_hours and h >= self.max_hours:
-            return f"it has run {h:.2f} h, over --max-hours {self.max_hours:g}"
-        if self.max_dollars and h*pod['cost'] >= self.max_dollars:
-            return f"it has cost ~${h*pod['cost']:.2f} ({h:.2f} h), over --max-dollars {self.max_dollars:g}"
-        mark = None if lines is None else progress_mark(lines)
-        if mark is not None and (self.since is None or mark != self.mark): self.mark, self.since = mark, now
-        if self.stall_min and self.since is not None and now - self.since >= self.stall_min*60:
-            return f"no progress for {(now - self.since)/60:.0f} min (last: {self.mark or 'an empty log'})"
+    def billed_h(self, pod:dict, lines:list[str]|None, now:float) -> float:
+        "Hours the pod has billed: its ledger's last report plus the time since, at least its uptime."
+        said = [float(m[1]) for l in lines or [] if (m := _BILLED.search(l))]
+        if said and (self.ledger is None or said[-1] != self.ledger[0]): self.ledger = (said[-1], now)
+        h = self.ledger[0] + (now - self.ledger[1])/3600 if self.ledger else 0.0
+        return max(h, pod['uptime']/3600)
+
+# %% ../../nbs/07e_watch.ipynb #82175ac0
+@patch
+def look(self:Watcher, pod:dict, lines:list[str]|None, now:float) -> str|None:
+    "Why the pod must stop now (None: let it run); `lines` is its log's tail (None: not readable)."
+    h = self.billed_h(pod, lines, now)
+    if self.max_hours and h >= self.max_hours:
+        return f"it has billed {h:.2f} h, over --max-hours {self.max_hours:g}"
+    if self.max_dollars and h*pod['cost'] >= self.max_dollars:
+        return (f"it has cost ~${h*pod['cost']:.2f} ({h:.2f} h billed), over --max-dollars "
+                f"{self.max_dollars:g}")
+    if lines is None:
+        self.blind = now if self.blind is None else self.blind
         return None
+    if self.blind is not None and self.since is not None: self.since += now - self.blind  # no evidence
+    self.blind, mark = None, progress_mark(lines)
+    if self.since is None or mark != self.mark: self.mark, self.since = mark, now
+    if self.stall_min and now - self.since >= self.stall_min*60:
+        return f"no progress for {(now - self.since)/60:.0f} min (last: {self.mark or 'an empty log'})"
+    return None
 
 # %% ../../nbs/07e_watch.ipynb #fe45b681
 def watch_pod(api:RunPodAPI, pod_id:str, w:Watcher, poll_s:float=60, save_timeout_s:float=900, out=None,
               clock=time.time, sleep=time.sleep) -> int:
     "Look at the pod every `poll_s` s until it ends, or `w` says it must stop, and then stop it."
-    out = sys.stderr if out is None else out
+    out, down = sys.stderr if out is None else out, None
     while True:
-        p = api.pod(pod_id)
+        try: p = api.pod(pod_id)
+        except TransientError:  # an outage: the pod's own guard holds meanwhile, and this watch goes on
+            down = clock() if down is None else down
+            print(f"\rpod {pod_id}: RunPod's API does not answer ({(clock() - down)/60:.0f} min): still "
+                  "watching", end='', file=out)
+            sleep(poll_s)
+            continue
+        down = None
         if p is None or p['status'] in ('EXITED', 'TERMINATED'):
             print(f"\npod {pod_id}: {p['status'] if p else 'gone'}: not billing for GPUs", file=out)
             return 0
         try: lines = api.logs(pod_id, 200) if p['status'] == 'RUNNING' else None
         except RunPodError: lines = None  # no log now: progress is judged at the next look
-        if why := w.look(p, lines, clock()):
-            print(f"\npod {pod_id}: {why}: stopping it", file=out)
-            try: stop_pod(api, p, now=why.startswith('no progress'), timeout_s=save_timeout_s, out=out)
-            except RunPodError as e:
-                print(f"pod {pod_id}: {e}; stopping it now", file=out)
-                stop_pod(api, p, now=True, out=out)
-            return 0
+        if why := w.look(p, lines, clock()): return _stop_watched(api, p, why, save_timeout_s, out)
         seen = w.mark or 'no log yet'
         print(f"\rpod {pod_id}: {p['status']}, ${p['cost']:.2f}/h, {seen}", end='', file=out)
         sleep(poll_s)
+
+def _stop_watched(api:RunPodAPI, p:dict, why:str, save_timeout_s:float, out) -> int:
+    "Stop a watched pod: with its trainer's stop checkpoint at a cap, at once for a stall (or no channel)."
+    print(f"\npod {p['id']}: {why}: stopping it", file=out)
+    try: stop_pod(api, p, now=why.startswith('no progress'), timeout_s=save_timeout_s, out=out)
+    except RunPodError as e:
+        if "did not answer" in str(e): raise
+        print(f"pod {p['id']}: {e}; stopping it now", file=out)
+        stop_pod(api, p, now=True, out=out)
+    return 0
 
 # %% ../../nbs/07e_watch.ipynb #0ba5a914
 def _watch_cmd(a) -> int:

@@ -68,8 +68,11 @@ def resolve_args(a:argparse.Namespace) -> tuple:
 def describe_exit(code:int) -> str:
     "What exit code `code` of a training process means."
     if code in EXIT_CODES: return EXIT_CODES[code]
-    if code > 128: return f"stopped by {signal.Signals(code - 128).name} after writing its checkpoint"
-    if code < 0: return f"killed by {signal.Signals(-code).name} (no checkpoint of its own)"
+    sig = code - 128 if code > 128 else -code  # 128 + a signal, as a shell reports a process a signal ended
+    if sig not in set(signal.Signals): return 'crashed: see its output'
+    if code > 128 and sig in STOP_SIGNALS:
+        return f"stopped by {signal.Signals(sig).name} after writing its checkpoint"
+    return f"killed by {signal.Signals(sig).name} (no checkpoint of its own)"
     return 'crashed: see its output'
 
 def train_process(cfg, # the resolved `Config`
@@ -300,7 +303,9 @@ def _killed(held:list[str], report:Path|None) -> TrainingExit:
                                    + _report(held, report))
 
 # %% ../../nbs/05f_launch.ipynb #bc03b295
-def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWatch|None) -> Iterator[str]:
+def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWatch|None,
+           agent:bool=True, # the process was torchrun, else the one training process
+          ) -> Iterator[str]:
     "The end of a run's process: torchrun's held lines when they say why, or `TrainingExit` with one line."
     wrote = Path(exit_file).is_file()
     code = _exit_code(rc, exit_file)
@@ -310,6 +315,11 @@ def _ended(rc:int, exit_file:str, held:list[str], report:Path|None, watch:NodeWa
         if why: raise TrainingExit(CRASHED, f"{why}: the training on this node stopped with it; the same "
                                             "command on every node resumes from the newest checkpoint"
                                             + _report(held, report))
+    if rc < 0 and not wrote and not agent:
+        hint = " (the kernel's out-of-memory killer or a kill -9)" if rc == -signal.SIGKILL else ''
+        raise TrainingExit(128 - rc, f"the training process was killed by {signal.Signals(-rc).name}{hint}, "
+                                     "without a checkpoint of its own; the same command resumes from the "
+                                     "newest checkpoint")
     if rc < 0 and not wrote:  # torchrun itself, and its workers with it (they die with their parent)
         raise TrainingExit(128 - rc, f"torchrun (this node's agent) was killed by "
                                      f"{signal.Signals(-rc).name}: its workers stopped with it, without a "
@@ -354,7 +364,7 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    yield from _ended(rc, exit_file, held, report, watch)
+    yield from _ended(rc, exit_file, held, report, watch, agent='torch.distributed.run' in cmd)
 
 # %% ../../nbs/05f_launch.ipynb #695a31ef
 def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,

@@ -10,12 +10,12 @@ import math, re
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
-from ..config import OptimConfig, ScheduleConfig, count_params
+from ..config import OptimConfig, ScheduleConfig, count_params, total_steps
 
 # %% auto #0
 __all__ = ['MUON_BATCH', 'BATCH_TOKENS', 'SLACK', 'param_groups', 'make_optimizer', 'orthogonalize', 'orthogonalize_share',
-           'orthogonalize_shared', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'total_steps', 'ScalingPlan',
-           'scaling_rules', 'scaling_table', 'plan_for', 'batch_rule', 'check_scaling']
+           'orthogonalize_shared', 'muon_groups', 'Muon', 'lr_at', 'schedule_for', 'ScalingPlan', 'scaling_rules',
+           'scaling_table', 'plan_for', 'batch_rule', 'check_scaling']
 
 # %% ../../nbs/05a_optim.ipynb #3de5f3a8
 def param_groups(model:torch.nn.Module, weight_decay:float) -> list[dict]:
@@ -179,16 +179,6 @@ def schedule_for(sc:ScheduleConfig, # the run's schedule
     "The schedule of `sc` as a function of the step."
     return lambda step: lr_at(step, total, lr, min(sc.warmup_steps, max(total - 1, 0)), sc.min_lr_ratio,
                               sc.schedule, sc.decay_frac)
-
-# %% ../../nbs/05a_optim.ipynb #e1229508
-def total_steps(sc:ScheduleConfig, tokens_per_step:int, n_train_tokens:int|None=None) -> int:
-    "Optimizer steps of the run: from `token_budget`, else `epochs`, else `max_steps`."
-    if sc.token_budget > 0: return max(1, math.ceil(sc.token_budget/tokens_per_step))
-    if sc.epochs > 0:
-        if not n_train_tokens: raise ValueError("epochs>0 needs the number of train tokens: prepare the "
-                                                "data first or set max_steps")
-        return max(1, math.ceil(sc.epochs*n_train_tokens/tokens_per_step))
-    return sc.max_steps
 
 # %% ../../nbs/05a_optim.ipynb #d1573e0f
 @dataclass

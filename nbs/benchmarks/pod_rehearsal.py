@@ -1,24 +1,31 @@
 """The pod rehearsal: the nearest thing to a real RunPod pod without RunPod. It runs the pod's exact start command
 (`lmbook.pods.runpod.start_command`) under bash as a container's PID 1 (a process group of its own), with a stand-in for
-the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (lmbook/dev/fake_runpod.py, run as a script) on 127.0.0.1 as
-RunPod. The start command clones a snapshot of this checkout at its commit, installs it into the volume's virtualenv
-and runs `lmbook boot`: volume layout, data (the built-in corpus: no download), training through papermill. Mid-run
-the container's process group gets SIGTERM, as a stop sends it; the start command runs again and must resume from
-the stop checkpoint; autokill must call the API only after the final checkpoint. It writes a JSON with: seconds from
-start command to first step, steps lost on the stop, idle seconds between the final checkpoint and the stop call.
+the image's /start.sh, a fresh folder as /workspace and the REST API v2 fake (lmbook/dev/fake_runpod.py, run as a script)
+on 127.0.0.1 as RunPod. The start command clones a snapshot of this checkout at its commit, installs it into the volume's
+virtualenv, and its supervisor runs `lmbook boot`: volume layout, data (the built-in corpus: no download), training
+through papermill. The script plays RunPod's part: a stop the API takes sends the container SIGTERM, and a resume starts
+the container again. Three containers, three endings:
+  1. mid-run the trainer is killed with SIGKILL (as the kernel's out-of-memory killer kills): the pod must stop itself
+     through the API, its boot log naming the newest checkpoint that exists, never one that does not;
+  2. resumed from that checkpoint, the run gets a stop request (`runs/<exp>/STOP`, what `lmbook pod stop` writes), the
+     laptop gone: the trainer writes a stop checkpoint at the step it reached, and the pod stops itself;
+  3. resumed from the stop checkpoint, the run finishes, and the pod stops itself once, after the final checkpoint.
+It writes a JSON with: seconds from start command to first step, the steps lost on each ending, the seconds from each
+ending to the pod's stop call, and the API calls.
 
 Standard library only: lmbook's dependencies come from a folder of wheels (--wheels), installed with --no-index into
 the volume's virtualenv, which sees the machine's torch. Fill that folder where a package index is reachable:
     bash nbs/benchmarks/pod_wheels.sh 3.11        # the GPU machine's Python version
 usage (repository root; one GPU):
-    python3 nbs/benchmarks/pod_rehearsal.py --wheels nbs/benchmarks/pod-wheels --out pod_rehearsal.json
-    python3 nbs/benchmarks/pod_rehearsal.py --tiny --wheels DIR        # the smoke profile on the CPU, ~2 minutes
+    python3 nbs/benchmarks/pod_rehearsal.py --wheels nbs/benchmarks/pod-wheels --steps 60 --stop-at 35 \
+        --set ckpt_every=30 --out pod_rehearsal.json      # runpod_1b: three 14 GB checkpoints, ~8 minutes on an H100
+    python3 nbs/benchmarks/pod_rehearsal.py --tiny --wheels DIR        # the smoke profile on the CPU, a few minutes
 It keeps only the JSON (--out, else $OUT/pod_rehearsal.json, else ./pod_rehearsal.json) and the boot log
 ($OUT/boot.log, else beside the JSON as NAME.boot.log). The work folder (the volume with its virtualenv and
-checkpoints, the snapshot, HOME, and TMPDIR: the container's own /tmp) is --work, kept, else a scratch folder removed
-when the script ends, however it ends (see scratch.py); so is the start command's /tmp/lmbook-start.sh.
+checkpoints, the snapshot, HOME, and TMPDIR: the container's own /tmp, where the start command writes its script) is
+--work, kept, else a scratch folder removed when the script ends, however it ends (see scratch.py).
 """
-import argparse, json, os, shlex, shutil, signal, subprocess, sys, time
+import argparse, json, os, shlex, shutil, signal, subprocess, sys, time, urllib.request
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratch import scratch
@@ -27,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
 IMPORTS = dict(pyyaml='yaml')
 KEY, POD, EXP = 'rpa_REHEARSALkey0000', 'podrehearsal01', 'rehearsal'
-START_SH = Path('/tmp/lmbook-start.sh')  # where the start command (lmbook.pods.runpod.start_command) writes itself
 
 
 def say(*a): print(f"[rehearsal {time.strftime('%H:%M:%S')}]", *a, flush=True)
@@ -74,14 +80,14 @@ def metrics_steps(run:Path) -> list[int]:
     return out
 
 
-def wait(cond, timeout, what, proc=None, calls=None, log=None):
-    "Poll `cond` until it holds; fail at once when PID 1 exits or the pod stops itself through the API (the guard, autokill)."
+def wait(cond, timeout, what, proc=None, calls=None, log=None, n_stops=0):
+    "Poll `cond` until it holds; fail at once when PID 1 exits or the pod stops itself through the API before its time."
     t0 = time.time()
     while time.time() - t0 < timeout:
         if (v := cond()): return v
         tail = lambda: '\n'.join(log.read_text().splitlines()[-15:]) if log and log.is_file() else ''
         if proc is not None and proc.poll() is not None: raise RuntimeError(f"PID 1 exited ({proc.returncode}) while waiting for {what}:\n{tail()}")
-        if calls is not None and any(c['method'] == 'POST' for c in api_calls(calls)):
+        if calls is not None and len(stop_calls(calls)) > n_stops:
             raise RuntimeError(f"the pod stopped itself through the API while waiting for {what}:\n{tail()}")
         time.sleep(0.2)
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
@@ -89,6 +95,50 @@ def wait(cond, timeout, what, proc=None, calls=None, log=None):
 
 def api_calls(path:Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines()] if path.is_file() else []
+
+
+def stop_calls(path:Path) -> list[dict]:
+    "The pod's own stop (or terminate) calls, the ones the API took."
+    return [c for c in api_calls(path) if c['method'] == 'POST' and c['path'].endswith('/action')
+            and (c['body'] or {}).get('action') in ('stop', 'terminate') and c['status'] == 200]
+
+
+def resume(url:str):
+    "What `lmbook pod resume` asks RunPod for: the stopped pod starts again (a new container)."
+    req = urllib.request.Request(f'{url}/v2/pods/{POD}/action', json.dumps(dict(action='start')).encode(),
+                                 {'Authorization': f'Bearer {KEY}', 'Content-Type': 'application/json'}, method='POST')
+    urllib.request.urlopen(req, timeout=30).read()
+
+
+def container(start, env, calls, log, timeout, pids) -> tuple[subprocess.Popen, int]:
+    "PID 1 of a new container, and how many stop calls were taken before it."
+    p = subprocess.Popen(start, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    pids.append(p.pid)
+    return p, len(stop_calls(calls))
+
+
+def ended(p, calls, n_stops, timeout) -> dict:
+    "Wait for the pod's stop call, then play RunPod: SIGTERM to PID 1, SIGKILL to its group after a grace; the call."
+    c = wait(lambda: (s := stop_calls(calls)) and len(s) > n_stops and s[-1], timeout, "the pod's stop call")
+    os.kill(p.pid, signal.SIGTERM)
+    try: p.wait(30)
+    except subprocess.TimeoutExpired: pass
+    try: os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError: pass
+    p.wait()
+    return c
+
+
+def saved_steps(run:Path) -> list[int]:
+    "The steps of the run's complete checkpoints, oldest first."
+    return sorted(int(c.parent.name[5:]) for c in (run/'checkpoints').glob('step_*/COMPLETE'))
+
+
+def resumes(run:Path) -> list[int]:
+    "The steps the trainer resumed at, in order (its train.log)."
+    tl = (run/'train.log').read_text() if (run/'train.log').is_file() else ''
+    return [int(s.split()[0].rstrip(')|,')) for s in tl.split('resumed at step ')[1:]]
 
 
 def main():
@@ -102,6 +152,7 @@ def main():
     ap.add_argument('--out', default=None)
     ap.add_argument('--timeout', type=float, default=900, help='seconds each phase may take')
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit('terminated by SIGTERM'))
     profile = a.profile or ('smoke' if a.tiny else 'runpod_1b')
     steps = a.steps or (40 if a.tiny else 300)
     every = max(2, steps//4)
@@ -136,45 +187,62 @@ def main():
     res = dict(date=time.strftime('%Y-%m-%d'), card=card[0], torch=card[1] if len(card) > 1 else '', profile=profile, overrides=ov, steps=steps,
                stop_at=stop_at, deps_install_s=round(deps_s, 1))
     try:
-        # 1. the first pod: start command -> first step, then a container stop mid-run
+        # 1. the first container: start command -> first step, then the trainer killed by SIGKILL mid-run
         t0 = time.time()
-        p1 = subprocess.Popen(start, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pids.append(p1.pid)
-        wait(lambda: metrics_steps(run), a.timeout, 'the first step', p1, calls, log)
+        p, n = container(start, env, calls, log, a.timeout, pids)
+        wait(lambda: metrics_steps(run), a.timeout, 'the first step', p, calls, log, n)
         res['first_step_s'] = round(time.time() - t0, 1)
         say(f"first step {res['first_step_s']} s after the start command")
-        wait(lambda: max(metrics_steps(run), default=0) >= stop_at, a.timeout, f'step {stop_at}', p1, calls, log)
-        at_signal, t_sig = max(metrics_steps(run)), time.time()
-        os.killpg(p1.pid, signal.SIGTERM)  # a container stop
-        rc1 = p1.wait(a.timeout)
-        reached = max(metrics_steps(run))  # every step completed before the container went
-        res |= dict(stop_exit_code=rc1, stop_s=round(time.time() - t_sig, 1), step_at_signal=at_signal, step_reached_before_stop=reached)
+        wait(lambda: max(metrics_steps(run), default=0) >= stop_at, a.timeout, f'step {stop_at}', p, calls, log, n)
+        trainer = json.loads((run/'.lock').read_text())['pid']
+        os.kill(trainer, signal.SIGKILL)  # as the kernel's out-of-memory killer kills
+        killed_at, t_kill = max(metrics_steps(run)), time.time()
+        c = ended(p, calls, n, a.timeout)
+        saved = saved_steps(run)
+        said = [l for l in log.read_text().splitlines() if '] pod: the trainer was killed by SIGKILL' in l]
+        res |= dict(killed_at_step=killed_at, kill_to_stop_call_s=round(c['t'] - t_kill, 1),
+                    kill_newest_checkpoint=saved[-1] if saved else None, kill_log=said[-1].split('] ', 1)[-1] if said else None)
+        named = said and (f'step_{saved[-1]:08d}' if saved else 'none') in said[-1]
+        say(f"killed at step {killed_at}; the pod stopped itself {res['kill_to_stop_call_s']} s later; log names the checkpoint: {bool(named)}")
+        # 2. resumed: a stop request (what `lmbook pod stop` writes) with nobody waiting for it
+        resume(url)
+        t0 = time.time()
+        p, n = container(start, env, calls, log, a.timeout, pids)
+        before = len(resumes(run))
+        wait(lambda: len(resumes(run)) > before, a.timeout, 'the resume', p, calls, log, n)
+        resumed1 = resumes(run)[-1]
+        target = resumed1 + max(2, every//3)
+        wait(lambda: max(metrics_steps(run), default=0) >= target, a.timeout, f'step {target}', p, calls, log, n)
+        (run/'STOP').write_text('lmbook pod stop\n')
+        t_stop = time.time()
+        c = ended(p, calls, n, a.timeout)
+        reached = max(metrics_steps(run))
         tl = (run/'train.log').read_text()
         stopped = [l for l in tl.splitlines() if 'stopped by SIGTERM at step' in l]
-        res['stop_checkpoint_step'] = int(stopped[-1].split('at step ')[1].split('/')[0]) if stopped else None
-        say(f"stopped at step {res['stop_checkpoint_step']} (reached {reached}), exit code {rc1}, in {res['stop_s']} s")
-        assert not [c for c in api_calls(calls) if c['method'] == 'POST'], 'the stopped run called the API'
-        # 2. the next pod over the same volume: resume, finish, autokill
+        stop_ck = int(stopped[-1].split('at step ')[1].split('/')[0]) if stopped else None
+        res |= dict(resumed_after_kill_at_step=resumed1, steps_lost_on_kill=killed_at - resumed1, stop_request_at_step=target,
+                    step_reached_before_stop=reached, stop_checkpoint_step=stop_ck, steps_lost_on_stop=reached - (stop_ck or 0),
+                    stop_request_to_stop_call_s=round(c['t'] - t_stop, 1))
+        say(f"resumed at {resumed1}; stop request at step {target}: checkpoint at {stop_ck} (reached {reached}); the pod stopped itself {res['stop_request_to_stop_call_s']} s later")
+        # 3. resumed again: the run finishes, and the pod stops itself once, after the final checkpoint
+        resume(url)
         t0 = time.time()
-        p2 = subprocess.Popen(start, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pids.append(p2.pid)
-        wait(lambda: 'resumed at step' in (run/'train.log').read_text().split(stopped[-1] if stopped else '\0')[-1], a.timeout, 'the resume', p2, calls, log)
-        resumed = int((run/'train.log').read_text().split('resumed at step ')[-1].split()[0].rstrip(')|,'))
-        res |= dict(resumed_at_step=resumed, steps_lost_on_stop=reached - resumed)
-        wait(lambda: max(metrics_steps(run), default=0) > resumed, a.timeout, 'the first step after the resume', p2, calls, log)
+        p, n = container(start, env, calls, log, a.timeout, pids)
+        before = len(resumes(run))
+        wait(lambda: len(resumes(run)) > before, a.timeout, 'the second resume', p, calls, log, n)
+        res['resumed_after_stop_at_step'] = resumes(run)[-1]
         res['first_step_after_resume_s'] = round(time.time() - t0, 1)
-        stop_call = wait(lambda: next((c for c in api_calls(calls) if c['method'] == 'POST' and c['path'].endswith('/action')), None),
-                         a.timeout, 'the autokill call', p2)
+        c = ended(p, calls, n, 2*a.timeout)
         final = run/'checkpoints'/f'step_{steps:08d}'/'COMPLETE'
-        res |= dict(final_checkpoint=final.is_file(), autokill_call=stop_call['body'], autokill_status=stop_call['status'])
-        res['autokill_after_final_checkpoint'] = final.is_file() and stop_call['t'] >= final.stat().st_mtime
-        res['idle_s_final_checkpoint_to_stop_call'] = round(stop_call['t'] - final.stat().st_mtime, 1) if final.is_file() else None
-        say(f"resumed at step {resumed} ({res['steps_lost_on_stop']} steps lost); autokill {stop_call['body']} "
-            f"{res['idle_s_final_checkpoint_to_stop_call']} s after the final checkpoint")
+        res |= dict(final_checkpoint=final.is_file(), final_call=c['body'], final_call_status=c['status'],
+                    stop_after_final_checkpoint=final.is_file() and c['t'] >= final.stat().st_mtime,
+                    idle_s_final_checkpoint_to_stop_call=round(c['t'] - final.stat().st_mtime, 1) if final.is_file() else None)
+        say(f"finished; the pod stopped itself {res['idle_s_final_checkpoint_to_stop_call']} s after the final checkpoint")
         res['api_calls'] = [dict(method=c['method'], path=c['path'], status=c['status'], body=c['body']) for c in api_calls(calls)]
-        res['ok'] = bool(rc1 == 143 and res['stop_checkpoint_step'] == reached == resumed and res['autokill_after_final_checkpoint']
-                         and stop_call['body'] == dict(action='stop') and len([c for c in res['api_calls'] if c['method'] == 'POST']) == 1)
-    except Exception as e:
+        res['ok'] = bool(named and not any('after writing its checkpoint' in l for l in said)
+                         and resumed1 == (saved[-1] if saved else 0) and stop_ck == reached == resumes(run)[-1]
+                         and res['stop_after_final_checkpoint'] and len(stop_calls(calls)) == 3)
+    except BaseException as e:  # a SIGTERM (a time limit) too: the JSON keeps what was measured
         res |= dict(ok=False, error=f"{type(e).__name__}: {e}")
         raise
     finally:
@@ -182,7 +250,6 @@ def main():
             try: os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError: pass
         os.killpg(fake.pid, signal.SIGTERM)
-        START_SH.unlink(missing_ok=True)
         if log.is_file(): shutil.copy(log, work/'boot.log')
         out = Path(a.out or (Path(os.environ['OUT'])/'pod_rehearsal.json' if os.environ.get('OUT') else 'pod_rehearsal.json'))
         out.parent.mkdir(parents=True, exist_ok=True)
