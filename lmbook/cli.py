@@ -124,7 +124,8 @@ COMMANDS = {  # command -> (the module that registers it, its line in `lmbook --
     'pod': ('lmbook.pods.podcli',
         'plan, create, watch and stop RunPod pods'),
     'boot': ('lmbook.pods.boot',
-        "a pod's unattended pipeline: install, layout, data, train, autokill (reads RUN_* variables)"),
+        "a pod's unattended pipeline: install, layout, data, train, and a report of how the run ended "
+        "(reads RUN_* variables)"),
     'slurm': ('lmbook.pods.slurm',
         'check a multi-node run and print (or write) its sbatch script'),
     'docs': ('lmbook.dev.docs',

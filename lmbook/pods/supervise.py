@@ -257,7 +257,7 @@ def _judge(self:Supervisor, rc:int, installed:bool) -> tuple[str, str]:
 Supervisor.judge = _judge
 
 # %% ../../nbs/07fb_supervise.ipynb #59eff9df
-def _finish(self:Supervisor, kind:str, why:str) -> int:
+def _finish_pod(self:Supervisor, kind:str, why:str) -> int:
     "End the pod as `kind` (finished, prepared, stopped, failed, spend, signal) asks; the exit code."
     self.ending = True
     if kind == 'signal':
@@ -272,7 +272,7 @@ def _finish(self:Supervisor, kind:str, why:str) -> int:
     while not (self.signum or self.spent): time.sleep(0.1)
     return 128 + self.signum if self.signum else self.end('stop', self.spent)
 
-def _end(self:Supervisor, action:str, why:str) -> int:
+def _end_pod(self:Supervisor, action:str, why:str) -> int:
     "Stop or terminate the pod until RunPod takes it, else end the container; the container's exit code."
     self.ending = True
     verb = 'terminating' if action == 'terminate' else 'stopping'
@@ -294,7 +294,7 @@ def _end(self:Supervisor, action:str, why:str) -> int:
     while not self.signum and self.clock.now() - t0 < 300: time.sleep(0.1)
     return 128 + self.signum if self.signum else 1
 
-Supervisor.finish, Supervisor.end = _finish, _end
+Supervisor.finish, Supervisor.end = _finish_pod, _end_pod
 
 # %% ../../nbs/07fb_supervise.ipynb #f8c37b58
 def _alert(self:Supervisor, kind:str, why:str, done:str):
