@@ -98,3 +98,34 @@ def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
     assert [s.n_tokens for s in open_mixture(longer.train_tokens)[0]] > [s.n_tokens for s in srcs]
     # the short run's data is a prefix of the longer one's: each source's first files
     assert all(s.n_tokens >= 3000*64 for s in open_mixture(longer.train_tokens)[0])
+
+
+def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_path, corpus, held_back, monkeypatch,
+                                                                        capsys):
+    """The background preparation finds the disk full after two train token files, while the run trains on
+    them: `lmbook train` says so in one line and exits 2 as on any user error, leaves no temporary file, and
+    the same command then continues the preparation from its whole files and the run from its checkpoint."""
+    import errno
+    from lmbook.cli import main
+    from test_faults_data import FullDisk
+    tokens = tmp_path/'cache'/'shared'/'tokens'/'train'
+    args = ['train', '-p', 'smoke', '-e', 'full', '--root', str(tmp_path), '--set', f'dataset={corpus}',
+            *[f'--set={k}={v}' for k, v in dict(TINY, max_steps=100, ckpt_every=20, eval_every=20).items()]]
+    monkeypatch.setattr(tokenizer, 'open', FullDisk(tokens, 60_000).open, raising=False)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert (len(lines) == 1 and lines[0].startswith('error: no space left on device while sharding (')
+            and 'of them tokenized)' in lines[0] and f'free space on the disk of {tmp_path} ' in lines[0]
+            and 'rerun the same command to continue' in lines[0]), err
+    assert 'Traceback' not in out + err
+    assert not [f for f in tmp_path.rglob('*') if f.name.endswith('.tmp') or '.tmp-' in f.name]
+    kept = {f: f.stat().st_ino for f in tokens.glob('*.bin')}
+    run = tmp_path/'runs'/'full'
+    assert len(kept) == 2 and 20 <= max(r['step'] for r in rows(run)) < 100  # it trained on the first two
+    monkeypatch.setattr(tokenizer, 'open', open, raising=False)
+    assert main(args) == 0
+    out, _ = capsys.readouterr()
+    assert 'resumed at step 40' in out, out[-2000:]
+    assert all(f.stat().st_ino == ino for f, ino in kept.items())  # the rerun continued from the whole files
+    assert max(r['step'] for r in rows(run)) == 100

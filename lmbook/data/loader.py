@@ -24,7 +24,8 @@ from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixtur
 
 # %% auto #0
 __all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
-           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'data_status', 'add_cli']
+           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_status',
+           'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -320,19 +321,24 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
     if follow or (background and streams(cfg)):
         if follow: return _data(paths, load_tokenizer(paths.tokenizer), lambda: time.sleep(1.0))
         _check_tokenizer(cfg, paths, tokenizer_json)  # the thread takes the data lock itself
-        prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json).start()
+        prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json,
+                           explain=lambda e: no_space_left(cfg, paths, e)).start()
         return _data(paths, prep.wait_tokenizer(), prep.more, prep)
     # one preparation at a time
     with data_lock(paths.cache, log):
         try: return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
-            # every stage keeps only whole files and resumes where it stopped: one line says it all
-            where = Path(e.filename).parent if e.filename else paths.root
-            why = e.strerror or 'no space left'
-            raise ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or "
-                             "use a bigger volume, then rerun the same command to continue from "
-                             "there") from None
+            if (err := no_space_left(cfg, paths, e)) is None: raise
+            raise err from None
+
+def no_space_left(cfg, paths, e:BaseException) -> ValueError|None:
+    "The one line of a data preparation that found its disk full (None: `e` is another error)."
+    if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)): return None
+    # every stage keeps only whole files and resumes where it stopped: one line says it all
+    where = Path(e.filename).parent if e.filename else paths.root
+    why = e.strerror or 'no space left'
+    return ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or use a "
+                      "bigger volume, then rerun the same command to continue from there")
 
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
@@ -384,8 +390,9 @@ def data_status(cfg, paths) -> str:
     except ValueError: return 'with a damaged manifest'
     if not (tm.get('complete') and vm.get('complete')):
         n = sum(len(m.get('shards', [])) for m in (tm, vm))
-        return (f"while sharding ({n} whole shards "
-                f"of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)")
+        k = sum(len(m.get('files', [])) for m in toks.values())  # a run's preparation tokenizes as it goes
+        return (f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents "
+                f"kept" + (f", {k} of them tokenized)" if k else ')'))
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer '
                                                                        '(the shards are complete)')
     for k, m in toks.items():
