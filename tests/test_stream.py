@@ -129,3 +129,19 @@ def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_pat
     assert 'resumed at step 40' in out, out[-2000:]
     assert all(f.stat().st_ino == ino for f, ino in kept.items())  # the rerun continued from the whole files
     assert max(r['step'] for r in rows(run)) == 100
+
+
+def test_lmbook_prepare_prepares_what_the_profiles_run_reads(tmp_path, corpus, monkeypatch, capsys):
+    "`lmbook prepare -p PROFILE` stops at the windows its run reads, saying so; `--all` then prepares the rest."
+    from lmbook.cli import main
+    monkeypatch.setenv('SHARD_LINES', '100')
+    args = ['prepare', '-p', 'smoke', '-e', 'prep', '--root', str(tmp_path), '-q', '--set', f'dataset={corpus}',
+            'vocab_size=512', 'block_size=64', 'batch_size=8', 'max_steps=50', 'eval_steps=2']
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert 'what a run of smoke reads, 25,600 train tokens and 16 validation windows' in out, out
+    m = read_manifest(tmp_path/'cache'/'shared'/'tokens'/'train')
+    # of the 25 shards, those that hold the run's windows and the tokenizer's sample (4 characters a token)
+    assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6, m['files']
+    assert main([*args, '--all']) == 0
+    assert read_manifest(tmp_path/'cache'/'shared'/'tokens'/'train')['complete']

@@ -25,7 +25,7 @@ from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixtur
 # %% auto #0
 __all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
            'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_status',
-           'add_cli']
+           'run_need', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -402,14 +402,24 @@ def data_status(cfg, paths) -> str:
     return 'after its last stage (the data is complete)'
 
 
+# %% ../../nbs/02d_loader.ipynb #0e6b3077
+def run_need(cfg) -> tuple[int|None, int]:
+    "Train windows (None: all, a run set by epochs) and validation windows a run of `cfg` reads on one process."
+    from lmbook.train.runstart import data_need  # the rule's owner: the run's start (it imports this module)
+    return data_need(cfg, 1)
+
+
 # %% ../../nbs/02d_loader.ipynb #873821a5
 def _prepare_cmd(args) -> int:
     s = load_settings()
     profile = nonblank(args.profile, 'profile') or s.profile
     cfg = get_config(profile, parse_assignments(args.set))
     paths = paths_for(resolve_experiment(args.experiment, profile), s, root=args.root)
+    need, val_need = (None, 0) if args.all else run_need(cfg)
+    if need is not None: print(f"data: preparing what a run of {profile} reads, {need*cfg.model.block_size:,} "
+                               f"train tokens and {val_need:,} validation windows (--all: the whole corpus)")
     try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'),
-                           log=print)
+                           log=print, need=need, val_need=val_need)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
         print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
               file=sys.stderr)
@@ -425,5 +435,6 @@ def add_cli(sub):
     "Add the `prepare` command to an argparse subparsers object."
     a = sub.add_parser('prepare', help="shard, train the tokenizer and tokenize for a profile's data config")
     cli_options(a, 'profile', 'experiment', 'set', 'root', 'tokenizer_json', 'quiet')
+    a.add_argument('--all', action='store_true', help="the whole corpus, not only what the profile's run reads")
     a.set_defaults(func=_prepare_cmd)
     return a
