@@ -145,3 +145,27 @@ def test_lmbook_prepare_prepares_what_the_profiles_run_reads(tmp_path, corpus, m
     assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6, m['files']
     assert main([*args, '--all']) == 0
     assert read_manifest(tmp_path/'cache'/'shared'/'tokens'/'train')['complete']
+
+
+def test_the_pods_data_stage_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
+    """Boot's data stage (RUN_SHARD=1, or a pod of `lmbook pod prepare`) stops at the run's windows, saying so,
+    and another node waits for those; RUN_PREPARE=all prepares all of the corpus."""
+    from lmbook.pods.stages import BootOptions, stage_data, wait_for_data
+    monkeypatch.setenv('SHARD_LINES', '100')
+    ov = dict(dataset=str(corpus), vocab_size=512, block_size=64, batch_size=8, max_steps=50, eval_steps=2)
+    o, paths, said = BootOptions.from_env(dict(RUN_CONFIG='smoke', RUN_EXPERIMENT='pod', RUN_PREPARE='1'),
+                                          overrides=ov), paths_for('pod', root=tmp_path), []
+    stage_data(o, paths, said.append, env={})
+    assert any('preparing what the run reads, 25,600 train tokens and 16 validation windows' in l for l in said)
+    assert any(l.startswith('data: ') and 'train tokens of the 25,600 the run reads' in l for l in said), said
+    m = read_manifest(token_dir(paths, 'train'))
+    assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6
+    waited = []  # a second node on the same volume: what the run reads is there
+    wait_for_data(paths, waited.append, timeout_s=5, poll_s=0.1, need=(400, 16), block_size=64)
+    assert waited[-1] == 'stage 3/4 data: ready'
+    with pytest.raises(ValueError, match='node 0 did not prepare'):  # not all of the corpus, though
+        wait_for_data(paths, waited.append, timeout_s=0.3, poll_s=0.1)
+    o = BootOptions.from_env(dict(RUN_CONFIG='smoke', RUN_EXPERIMENT='pod', RUN_PREPARE='all'), overrides=ov)
+    assert o.prepare and o.prepare_all and o.shard
+    stage_data(o, paths, said.append, env={})
+    assert read_manifest(token_dir(paths, 'train'))['complete']
