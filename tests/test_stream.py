@@ -169,3 +169,26 @@ def test_the_pods_data_stage_prepares_what_the_run_reads(tmp_path, corpus, monke
     assert o.prepare and o.prepare_all and o.shard
     stage_data(o, paths, said.append, env={})
     assert read_manifest(token_dir(paths, 'train'))['complete']
+
+
+def _two_nodes(rank, port, ws):
+    "Rank `rank` as the first process of node `rank`: who prepares, on one volume and on two."
+    import torch.distributed as dist
+    from lmbook.data.loader import data_leader
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+    same = data_leader(Path(ws)/'cache', rank, 0)  # both nodes' workspace at the same path
+    own = data_leader(Path(ws)/f'node{rank}'/'cache', rank, 0)  # each node's workspace at its own path
+    (Path(ws)/f'rank{rank}.json').write_text(json.dumps([same, own]))
+    dist.destroy_process_group()
+
+
+def test_another_node_follows_node_0_on_a_shared_volume(tmp_path):
+    """A node that sees node 0's data folder at the same path leaves the preparation to node 0 (its processes
+    follow the shards as they appear); a node whose workspace is elsewhere prepares its own."""
+    import socket, torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_nodes, (port, str(tmp_path)), nprocs=2)
+    assert [json.loads((tmp_path/f'rank{r}.json').read_text()) for r in (0, 1)] == [[True, True], [False, True]]
+    assert not list(tmp_path.rglob('.node0-*'))  # node 0's marks are gone

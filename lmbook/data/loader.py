@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
-from ..config import get_config, mixture_of, parse_assignments
+from ..config import get_config, mixture_of, parse_assignments, total_steps
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER
@@ -24,8 +24,8 @@ from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixtur
 
 # %% auto #0
 __all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
-           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_status',
-           'run_need', 'add_cli']
+           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_leader',
+           'data_status', 'run_need', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -376,6 +376,22 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=
     return _data(paths, prep.tk)
 
 
+# %% ../../nbs/02d_loader.ipynb #d554df78
+def data_leader(cache:Path, # the experiment's cache folder (`Paths.cache`), as this node sees it
+                rank:int, local_rank:int) -> bool:
+    "Whether this process prepares its node's data: node 0's first, or a node's first that has its own."
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()): return local_rank == 0
+    mark = [f'.node0-{os.getpid()}-{time.time_ns()}' if rank == 0 else None]
+    if rank == 0:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        (Path(cache)/mark[0]).touch()
+    dist.broadcast_object_list(mark, src=0)
+    shared = (Path(cache)/mark[0]).is_file()  # node 0's folder is this node's too
+    dist.barrier()
+    if rank == 0: (Path(cache)/mark[0]).unlink(missing_ok=True)
+    return local_rank == 0 and (rank == 0 or not shared)
+
 # %% ../../nbs/02d_loader.ipynb #5ad79ff8
 def data_status(cfg, paths) -> str:
     "How far the data preparation of `cfg` in `paths` got, read from the manifests on disk."
@@ -403,10 +419,13 @@ def data_status(cfg, paths) -> str:
 
 
 # %% ../../nbs/02d_loader.ipynb #0e6b3077
-def run_need(cfg) -> tuple[int|None, int]:
-    "Train windows (None: all, a run set by epochs) and validation windows a run of `cfg` reads on one process."
-    from lmbook.train.runstart import data_need  # the rule's owner: the run's start (it imports this module)
-    return data_need(cfg, 1)
+def run_need(cfg, world_size:int=1) -> tuple[int|None, int]:
+    "Train windows a run of `cfg` on `world_size` processes reads (None: all, a run set by epochs); validation ones."
+    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
+    tps = cfg.tokens_per_step*world_size
+    train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
+    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
+    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
 
 
 # %% ../../nbs/02d_loader.ipynb #873821a5
@@ -416,8 +435,9 @@ def _prepare_cmd(args) -> int:
     cfg = get_config(profile, parse_assignments(args.set))
     paths = paths_for(resolve_experiment(args.experiment, profile), s, root=args.root)
     need, val_need = (None, 0) if args.all else run_need(cfg)
-    if need is not None: print(f"data: preparing what a run of {profile} reads, {need*cfg.model.block_size:,} "
-                               f"train tokens and {val_need:,} validation windows (--all: the whole corpus)")
+    if need is not None: print(f"data: preparing what a run of {profile} reads, "
+                               f"{need*cfg.model.block_size:,} train tokens and {val_need:,} validation "
+                               "windows (--all: the whole corpus)")
     try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'),
                            log=print, need=need, val_need=val_need)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
@@ -435,6 +455,7 @@ def add_cli(sub):
     "Add the `prepare` command to an argparse subparsers object."
     a = sub.add_parser('prepare', help="shard, train the tokenizer and tokenize for a profile's data config")
     cli_options(a, 'profile', 'experiment', 'set', 'root', 'tokenizer_json', 'quiet')
-    a.add_argument('--all', action='store_true', help="the whole corpus, not only what the profile's run reads")
+    a.add_argument('--all', action='store_true', help="the whole corpus, not only what the profile's "
+                   "run reads")
     a.set_defaults(func=_prepare_cmd)
     return a
