@@ -100,8 +100,8 @@ def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
     assert all(s.n_tokens >= 3000*64 for s in open_mixture(longer.train_tokens)[0])
 
 
-def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_path, corpus, held_back, monkeypatch,
-                                                                        capsys):
+def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_path, corpus, held_back,
+                                                                        monkeypatch, capsys):
     """The background preparation finds the disk full after two train token files, while the run trains on
     them: `lmbook train` says so in one line and exits 2 as on any user error, leaves no temporary file, and
     the same command then continues the preparation from its whole files and the run from its checkpoint."""
@@ -132,10 +132,11 @@ def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_pat
 
 
 def test_lmbook_prepare_prepares_what_the_profiles_run_reads(tmp_path, corpus, monkeypatch, capsys):
-    "`lmbook prepare -p PROFILE` stops at the windows its run reads, saying so; `--all` then prepares the rest."
+    "`lmbook prepare -p PROFILE` stops at the windows its run reads, saying so; `--all` prepares the rest."
     from lmbook.cli import main
     monkeypatch.setenv('SHARD_LINES', '100')
-    args = ['prepare', '-p', 'smoke', '-e', 'prep', '--root', str(tmp_path), '-q', '--set', f'dataset={corpus}',
+    args = ['prepare', '-p', 'smoke', '-e', 'prep', '--root', str(tmp_path), '-q', '--set',
+            f'dataset={corpus}',
             'vocab_size=512', 'block_size=64', 'batch_size=8', 'max_steps=50', 'eval_steps=2']
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -148,15 +149,15 @@ def test_lmbook_prepare_prepares_what_the_profiles_run_reads(tmp_path, corpus, m
 
 
 def test_the_pods_data_stage_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
-    """Boot's data stage (RUN_SHARD=1, or a pod of `lmbook pod prepare`) stops at the run's windows, saying so,
-    and another node waits for those; RUN_PREPARE=all prepares all of the corpus."""
+    """Boot's data stage (RUN_SHARD=1, or a pod of `lmbook pod prepare`) stops at the run's windows, saying
+    so, and another node waits for those; RUN_PREPARE=all prepares all of the corpus."""
     from lmbook.pods.stages import BootOptions, stage_data, wait_for_data
     monkeypatch.setenv('SHARD_LINES', '100')
     ov = dict(dataset=str(corpus), vocab_size=512, block_size=64, batch_size=8, max_steps=50, eval_steps=2)
     o, paths, said = BootOptions.from_env(dict(RUN_CONFIG='smoke', RUN_EXPERIMENT='pod', RUN_PREPARE='1'),
                                           overrides=ov), paths_for('pod', root=tmp_path), []
     stage_data(o, paths, said.append, env={})
-    assert any('preparing what the run reads, 25,600 train tokens and 16 validation windows' in l for l in said)
+    assert any('what the run reads, 25,600 train tokens and 16 validation windows' in l for l in said)
     assert any(l.startswith('data: ') and 'train tokens of the 25,600 the run reads' in l for l in said), said
     m = read_manifest(token_dir(paths, 'train'))
     assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6
@@ -190,5 +191,6 @@ def test_another_node_follows_node_0_on_a_shared_volume(tmp_path):
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     mp.spawn(_two_nodes, (port, str(tmp_path)), nprocs=2)
-    assert [json.loads((tmp_path/f'rank{r}.json').read_text()) for r in (0, 1)] == [[True, True], [False, True]]
+    got = [json.loads((tmp_path/f'rank{r}.json').read_text()) for r in (0, 1)]
+    assert got == [[True, True], [False, True]]
     assert not list(tmp_path.rglob('.node0-*'))  # node 0's marks are gone

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 import numpy as np
 import torch
+import torch.distributed as dist
 from fastcore.basics import patch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
 from ..config import get_config, mixture_of, parse_assignments, total_steps
@@ -380,7 +381,6 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=
 def data_leader(cache:Path, # the experiment's cache folder (`Paths.cache`), as this node sees it
                 rank:int, local_rank:int) -> bool:
     "Whether this process prepares its node's data: node 0's first, or a node's first that has its own."
-    import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()): return local_rank == 0
     mark = [f'.node0-{os.getpid()}-{time.time_ns()}' if rank == 0 else None]
     if rank == 0:
@@ -420,7 +420,7 @@ def data_status(cfg, paths) -> str:
 
 # %% ../../nbs/02d_loader.ipynb #0e6b3077
 def run_need(cfg, world_size:int=1) -> tuple[int|None, int]:
-    "Train windows a run of `cfg` on `world_size` processes reads (None: all, a run set by epochs); validation ones."
+    "Train windows a run of `cfg` on `world_size` processes reads (None: all: epochs), and validation ones."
     sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
     tps = cfg.tokens_per_step*world_size
     train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
