@@ -30,8 +30,9 @@ after the checkpoint are replaced by the resumed ones). The data preparation is 
 
 GPU, from the repo root, at runpod_1b for 20 minutes and more of training per arm (600 steps of 131k tokens, the
 off arm ~2.3 s a step): call the same command until `complete` is true (about 3 calls on two GPUs, about 6 on one):
-    PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --steps 600 --eval-every 50 --work cache/e2e \\
-        --out ${OUT:-.}
+    PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --steps 600 --eval-every 50 \\
+        --work cache/end_to_end --out ${OUT:-.}
+(--work: in the checkout's ignored cache/, which the machine keeps from one call to the next.)
 CPU, to check the script itself (under a minute):
     PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --profile smoke --dataset builtin --steps 20 \\
         --eval-every 10 --out /tmp/e2e
@@ -114,6 +115,7 @@ def arm_after(st:dict, arm:str, run:Path, ended:dict, steps:int):
         if ended['pre_train_s'] is None: s['unfinished_s'] += ended['wall_s']
     elif ended['pre_train_s'] is not None: s['restart_s'].append(ended['pre_train_s'])
     s['done'] = ended['exit'] == 0 and max((r['step'] for r in rows(run)), default=-1) >= steps
+    if s['done']: shutil.rmtree(run/'checkpoints', ignore_errors=True)  # its disk, for the other arm's
 
 
 def summary(a, st:dict, runs:dict, work:Path) -> dict:
