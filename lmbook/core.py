@@ -87,7 +87,7 @@ ENV = {  # every environment variable lmbook reads -> what it means
     'WANDB_MODE': "online, offline or disabled: W&B's mode for a run whose `wandb_mode` is empty",
     'RUN_OVERRIDES': "a pod's config overrides, name=value,...",
     'RUN_SHARD': "1: a pod shards the corpus and trains the tokenizer before training",
-    'RUN_PREPARE': "1: a pod only prepares the data (shards, tokenizer, tokens), then stops itself",
+    'RUN_PREPARE': "1: a pod only prepares what its run reads, then stops itself (all: the whole corpus)",
     'RUN_INPUT': "a pod's training text (files or a dataset)",
     'RUN_VALIDATION': "a pod's validation text",
     'RUN_NPROC': "processes a pod trains with (default: its GPUs)",

@@ -23,13 +23,18 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
     'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
     'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '4',
-                   '--eval-every', '2', '--set', SMALL, '--out', '{out}'],
+                   '--eval-every', '2', '--set', SMALL, '--out', '{out}.d'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', str(MINUTES), '--set', SMALL,
                       '--out', '{out}'],
 }
 
 
-@pytest.mark.parametrize('name', SCRIPTS)
+E2E = {'profile', 'steps', 'prepare_s', 'on', 'off', 'target', 'together', 'complete', 'calls', 'arms',
+       'validations', 'logs', 'off_seconds_to_target', 'on_seconds_to_target', 'on_over_off', 'card',
+       'gpus_per_arm', 'torch', 'date'}  # end_to_end.py's JSON, after one call or several
+
+
+@pytest.mark.parametrize('name', [n for n in SCRIPTS if n != 'end_to_end'])  # its own test below
 def test_script_leaves_tmpdir_empty(name, tmp_path):
     out = tmp_path/'out.json'
     script, *args = SCRIPTS[name]
@@ -39,13 +44,37 @@ def test_script_leaves_tmpdir_empty(name, tmp_path):
     res = json.loads(out.read_text())
     assert res
     assert not list((tmp_path/'tmp').iterdir())
-    if name == 'end_to_end':  # both arms ran; the off arm's final loss is the target, which it reached last
-        assert res['on_exit'] == res['off_exit'] == 0, res['logs']
-        assert res['target'] == res['validations']['off'][-1][1] and res['off_seconds_to_target'] > 0
-        assert [v[0] for v in res['validations']['on']] == [0, 2, 4]
     if name == 'graceful_stop':  # the stop request loses no step; the hard kill at most the interval
         assert res['stop_steps_lost'] == 0 and res['stop_exit_code'] == 143, res
         assert res['kill_seconds_lost'] <= MINUTES*60 + 5, res
+
+
+def test_end_to_end_goes_on_across_calls(tmp_path):
+    """A call whose budget ends at once stops the off arm at its first step, after a checkpoint; the next call
+    with the same --out resumes it and runs the on arm: the JSON of one long call, the off arm's clock
+    counting its start-up once, the same losses as the on arm's uninterrupted run (on the CPU the levers
+    change nothing)."""
+    script, *args = SCRIPTS['end_to_end']
+    cmd = [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]]
+    env = _env(tmp_path)
+    first = subprocess.run([*cmd, '--budget-s', '60', '--stop-s', '60'], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
+    assert set(res) == E2E and not res['complete'] and res['arms']['off']['exits'] == [143], res['arms']
+    assert res['arms']['on']['starts'] == 0 and list(tmp_path.glob('tmp/lmbook-end-to-end-*/ws/runs/e2e-off'))
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
+    assert set(res) == E2E and res['complete'] and len(res['calls']) == 2
+    off, on = res['arms']['off'], res['arms']['on']
+    assert off['exits'] == [143, 0] and len(off['restart_s']) == 1 and on['exits'] == [0], res['arms']
+    v = res['validations']
+    assert [r[:2] for r in v['off']] == [r[:2] for r in v['on']] and [r[0] for r in v['off']] == [0, 2, 4]
+    assert v['off'][0][2] == off['startup_s'] and [r[2] for r in v['off']] == sorted(r[2] for r in v['off'])
+    # the off arm's final loss is the target, which it reached last
+    assert res['target'] == v['off'][-1][1] and res['off_seconds_to_target'] == v['off'][-1][2] > 0
+    assert not list((tmp_path/'tmp').iterdir())  # the work folder goes once the comparison is complete
 
 
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):

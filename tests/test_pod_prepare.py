@@ -36,6 +36,9 @@ def test_the_cpu_pod_keeps_the_contract_and_only_prepares(fake, capsys):
     assert run(capsys, *prepare(fake, '--terminate', '--cpu', 'cpu5c', '--vcpus', '32'))[0] == 0
     body = posts(fake)[-1][2]
     assert body['cpu'] == dict(id='cpu5c', vcpuCount=32) and body['env']['AUTOKILL'] == 'terminate'
+    assert body['env']['RUN_PREPARE'] == '1'  # what the run reads; --all: all of the corpus
+    fake.pods.clear()
+    assert run(capsys, *prepare(fake, '--all'))[0] == 0 and posts(fake)[-1][2]['env']['RUN_PREPARE'] == 'all'
     assert violations({'$ref': 'CreatePodRequest'}, body) == []
     # a training pod on the volume afterwards has another name, so it is created beside the stopped one
     assert body['name'].startswith('fw-2b-prep-')

@@ -98,3 +98,99 @@ def test_a_mixture_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
     assert [s.n_tokens for s in open_mixture(longer.train_tokens)[0]] > [s.n_tokens for s in srcs]
     # the short run's data is a prefix of the longer one's: each source's first files
     assert all(s.n_tokens >= 3000*64 for s in open_mixture(longer.train_tokens)[0])
+
+
+def test_a_disk_that_fills_while_preparing_in_the_background_is_one_line(tmp_path, corpus, held_back,
+                                                                        monkeypatch, capsys):
+    """The background preparation finds the disk full after two train token files, while the run trains on
+    them: `lmbook train` says so in one line and exits 2 as on any user error, leaves no temporary file, and
+    the same command then continues the preparation from its whole files and the run from its checkpoint."""
+    import errno
+    from lmbook.cli import main
+    from test_faults_data import FullDisk
+    tokens = tmp_path/'cache'/'shared'/'tokens'/'train'
+    args = ['train', '-p', 'smoke', '-e', 'full', '--root', str(tmp_path), '--set', f'dataset={corpus}',
+            *[f'--set={k}={v}' for k, v in dict(TINY, max_steps=100, ckpt_every=20, eval_every=20).items()]]
+    monkeypatch.setattr(tokenizer, 'open', FullDisk(tokens, 60_000).open, raising=False)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert (len(lines) == 1 and lines[0].startswith('error: no space left on device while sharding (')
+            and 'of them tokenized)' in lines[0] and f'free space on the disk of {tmp_path} ' in lines[0]
+            and 'rerun the same command to continue' in lines[0]), err
+    assert 'Traceback' not in out + err
+    assert not [f for f in tmp_path.rglob('*') if f.name.endswith('.tmp') or '.tmp-' in f.name]
+    kept = {f: f.stat().st_ino for f in tokens.glob('*.bin')}
+    run = tmp_path/'runs'/'full'
+    assert len(kept) == 2 and 20 <= max(r['step'] for r in rows(run)) < 100  # it trained on the first two
+    monkeypatch.setattr(tokenizer, 'open', open, raising=False)
+    assert main(args) == 0
+    out, _ = capsys.readouterr()
+    assert 'resumed at step 40' in out, out[-2000:]
+    assert all(f.stat().st_ino == ino for f, ino in kept.items())  # the rerun continued from the whole files
+    assert max(r['step'] for r in rows(run)) == 100
+
+
+def test_lmbook_prepare_prepares_what_the_profiles_run_reads(tmp_path, corpus, monkeypatch, capsys):
+    "`lmbook prepare -p PROFILE` stops at the windows its run reads, saying so; `--all` prepares the rest."
+    from lmbook.cli import main
+    monkeypatch.setenv('SHARD_LINES', '100')
+    args = ['prepare', '-p', 'smoke', '-e', 'prep', '--root', str(tmp_path), '-q', '--set',
+            f'dataset={corpus}',
+            'vocab_size=512', 'block_size=64', 'batch_size=8', 'max_steps=50', 'eval_steps=2']
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert 'what a run of smoke reads, 25,600 train tokens and 16 validation windows' in out, out
+    m = read_manifest(tmp_path/'cache'/'shared'/'tokens'/'train')
+    # of the 25 shards, those that hold the run's windows and the tokenizer's sample (4 characters a token)
+    assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6, m['files']
+    assert main([*args, '--all']) == 0
+    assert read_manifest(tmp_path/'cache'/'shared'/'tokens'/'train')['complete']
+
+
+def test_the_pods_data_stage_prepares_what_the_run_reads(tmp_path, corpus, monkeypatch):
+    """Boot's data stage (RUN_SHARD=1, or a pod of `lmbook pod prepare`) stops at the run's windows, saying
+    so, and another node waits for those; RUN_PREPARE=all prepares all of the corpus."""
+    from lmbook.pods.stages import BootOptions, stage_data, wait_for_data
+    monkeypatch.setenv('SHARD_LINES', '100')
+    ov = dict(dataset=str(corpus), vocab_size=512, block_size=64, batch_size=8, max_steps=50, eval_steps=2)
+    o, paths, said = BootOptions.from_env(dict(RUN_CONFIG='smoke', RUN_EXPERIMENT='pod', RUN_PREPARE='1'),
+                                          overrides=ov), paths_for('pod', root=tmp_path), []
+    stage_data(o, paths, said.append, env={})
+    assert any('what the run reads, 25,600 train tokens and 16 validation windows' in l for l in said)
+    assert any(l.startswith('data: ') and 'train tokens of the 25,600 the run reads' in l for l in said), said
+    m = read_manifest(token_dir(paths, 'train'))
+    assert not m['complete'] and stream.train_windows(m, 64) >= 400 and len(m['files']) <= 6
+    waited = []  # a second node on the same volume: what the run reads is there
+    wait_for_data(paths, waited.append, timeout_s=5, poll_s=0.1, need=(400, 16), block_size=64)
+    assert waited[-1] == 'stage 3/4 data: ready'
+    with pytest.raises(ValueError, match='node 0 did not prepare'):  # not all of the corpus, though
+        wait_for_data(paths, waited.append, timeout_s=0.3, poll_s=0.1)
+    o = BootOptions.from_env(dict(RUN_CONFIG='smoke', RUN_EXPERIMENT='pod', RUN_PREPARE='all'), overrides=ov)
+    assert o.prepare and o.prepare_all and o.shard
+    stage_data(o, paths, said.append, env={})
+    assert read_manifest(token_dir(paths, 'train'))['complete']
+
+
+def _two_nodes(rank, port, ws):
+    "Rank `rank` as the first process of node `rank`: who prepares, on one volume and on two."
+    import torch.distributed as dist
+    from lmbook.data.loader import data_leader
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=2)
+    same = data_leader(Path(ws)/'cache', rank, 0)  # both nodes' workspace at the same path
+    own = data_leader(Path(ws)/f'node{rank}'/'cache', rank, 0)  # each node's workspace at its own path
+    (Path(ws)/f'rank{rank}.json').write_text(json.dumps([same, own]))
+    dist.destroy_process_group()
+
+
+def test_another_node_follows_node_0_on_a_shared_volume(tmp_path):
+    """A node that sees node 0's data folder at the same path leaves the preparation to node 0 (its processes
+    follow the shards as they appear); a node whose workspace is elsewhere prepares its own."""
+    import socket, torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    mp.spawn(_two_nodes, (port, str(tmp_path)), nprocs=2)
+    got = [json.loads((tmp_path/f'rank{r}.json').read_text()) for r in (0, 1)]
+    assert got == [[True, True], [False, True]]
+    assert not list(tmp_path.rglob('.node0-*'))  # node 0's marks are gone

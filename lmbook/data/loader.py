@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Callable
 import numpy as np
 import torch
+import torch.distributed as dist
 from fastcore.basics import patch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
-from ..config import get_config, mixture_of, parse_assignments
+from ..config import get_config, mixture_of, parse_assignments, total_steps
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER
@@ -24,7 +25,8 @@ from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixtur
 
 # %% auto #0
 __all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
-           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'data_status', 'add_cli']
+           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_leader',
+           'data_status', 'run_need', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -320,19 +322,24 @@ def prepare_data(cfg, paths, progress:bool=False, tokenizer_json:Path|None=None,
     if follow or (background and streams(cfg)):
         if follow: return _data(paths, load_tokenizer(paths.tokenizer), lambda: time.sleep(1.0))
         _check_tokenizer(cfg, paths, tokenizer_json)  # the thread takes the data lock itself
-        prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json).start()
+        prep = Preparation(cfg, paths, need, val_need, log, tokenizer_json,
+                           explain=lambda e: no_space_left(cfg, paths, e)).start()
         return _data(paths, prep.wait_tokenizer(), prep.more, prep)
     # one preparation at a time
     with data_lock(paths.cache, log):
         try: return _prepare(cfg, paths, progress, tokenizer_json, need, val_need, log)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT): raise
-            # every stage keeps only whole files and resumes where it stopped: one line says it all
-            where = Path(e.filename).parent if e.filename else paths.root
-            why = e.strerror or 'no space left'
-            raise ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or "
-                             "use a bigger volume, then rerun the same command to continue from "
-                             "there") from None
+            if (err := no_space_left(cfg, paths, e)) is None: raise
+            raise err from None
+
+def no_space_left(cfg, paths, e:BaseException) -> ValueError|None:
+    "The one line of a data preparation that found its disk full (None: `e` is another error)."
+    if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)): return None
+    # every stage keeps only whole files and resumes where it stopped: one line says it all
+    where = Path(e.filename).parent if e.filename else paths.root
+    why = e.strerror or 'no space left'
+    return ValueError(f"{why.lower()} {data_status(cfg, paths)}: free space on the disk of {where} or use a "
+                      "bigger volume, then rerun the same command to continue from there")
 
 
 # %% ../../nbs/02d_loader.ipynb #8d4ee3e6
@@ -370,6 +377,21 @@ def _prepare(cfg, paths, progress:bool, tokenizer_json:Path|None, need:int|None=
     return _data(paths, prep.tk)
 
 
+# %% ../../nbs/02d_loader.ipynb #d554df78
+def data_leader(cache:Path, # the experiment's cache folder (`Paths.cache`), as this node sees it
+                rank:int, local_rank:int) -> bool:
+    "Whether this process prepares its node's data: node 0's first, or a node's first that has its own."
+    if not (dist.is_available() and dist.is_initialized()): return local_rank == 0
+    mark = [f'.node0-{os.getpid()}-{time.time_ns()}' if rank == 0 else None]
+    if rank == 0:
+        Path(cache).mkdir(parents=True, exist_ok=True)
+        (Path(cache)/mark[0]).touch()
+    dist.broadcast_object_list(mark, src=0)
+    shared = (Path(cache)/mark[0]).is_file()  # node 0's folder is this node's too
+    dist.barrier()
+    if rank == 0: (Path(cache)/mark[0]).unlink(missing_ok=True)
+    return local_rank == 0 and (rank == 0 or not shared)
+
 # %% ../../nbs/02d_loader.ipynb #5ad79ff8
 def data_status(cfg, paths) -> str:
     "How far the data preparation of `cfg` in `paths` got, read from the manifests on disk."
@@ -384,8 +406,9 @@ def data_status(cfg, paths) -> str:
     except ValueError: return 'with a damaged manifest'
     if not (tm.get('complete') and vm.get('complete')):
         n = sum(len(m.get('shards', [])) for m in (tm, vm))
-        return (f"while sharding ({n} whole shards "
-                f"of {tm.get('docs', 0) + vm.get('docs', 0):,} documents kept)")
+        k = sum(len(m.get('files', [])) for m in toks.values())  # a run's preparation tokenizes as it goes
+        return (f"while sharding ({n} whole shards of {tm.get('docs', 0) + vm.get('docs', 0):,} documents "
+                f"kept" + (f", {k} of them tokenized)" if k else ')'))
     if not (Path(paths.tokenizer)/'tokenizer.json').is_file(): return ('while making the tokenizer '
                                                                        '(the shards are complete)')
     for k, m in toks.items():
@@ -395,14 +418,28 @@ def data_status(cfg, paths) -> str:
     return 'after its last stage (the data is complete)'
 
 
+# %% ../../nbs/02d_loader.ipynb #0e6b3077
+def run_need(cfg, world_size:int=1) -> tuple[int|None, int]:
+    "Train windows a run of `cfg` on `world_size` processes reads (None: all: epochs), and validation ones."
+    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
+    tps = cfg.tokens_per_step*world_size
+    train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
+    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
+    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
+
+
 # %% ../../nbs/02d_loader.ipynb #873821a5
 def _prepare_cmd(args) -> int:
     s = load_settings()
     profile = nonblank(args.profile, 'profile') or s.profile
     cfg = get_config(profile, parse_assignments(args.set))
     paths = paths_for(resolve_experiment(args.experiment, profile), s, root=args.root)
+    need, val_need = (None, 0) if args.all else run_need(cfg)
+    if need is not None: print(f"data: preparing what a run of {profile} reads, "
+                               f"{need*cfg.model.block_size:,} train tokens and {val_need:,} validation "
+                               "windows (--all: the whole corpus)")
     try: pd = prepare_data(cfg, paths, not args.quiet, nonblank(args.tokenizer_json, 'tokenizer-json'),
-                           log=print)
+                           log=print, need=need, val_need=val_need)
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; every stage resumes where it stopped
         print(f"\ninterrupted {data_status(cfg, paths)}: rerun the same command to continue from there",
               file=sys.stderr)
@@ -418,5 +455,7 @@ def add_cli(sub):
     "Add the `prepare` command to an argparse subparsers object."
     a = sub.add_parser('prepare', help="shard, train the tokenizer and tokenize for a profile's data config")
     cli_options(a, 'profile', 'experiment', 'set', 'root', 'tokenizer_json', 'quiet')
+    a.add_argument('--all', action='store_true', help="the whole corpus, not only what the profile's "
+                   "run reads")
     a.set_defaults(func=_prepare_cmd)
     return a

@@ -44,8 +44,11 @@ class Preparation:
                  log:Callable|None=None, # where progress lines go
                  tokenizer_json:Path|None=None, # a tokenizer.json to adopt
                  progress:bool=False, # progress bars (the command line)
-                 every_s:float=30.0): # seconds between progress lines
+                 every_s:float=30.0, # seconds between progress lines
+                 # what an error becomes for the user in the background (a full disk: one line; None: itself)
+                 explain:Callable[[BaseException], BaseException|None]|None=None):
         self.cfg, self.paths, self.need, self.val_need, self.tj = cfg, paths, need, val_need, tokenizer_json
+        self.explain = explain or (lambda e: None)
         self.say, self.progress, self.every_s = log or (lambda *a, **k: None), progress, every_s
         self.T, self.tk, self.tms, self.error = cfg.model.block_size, None, {}, None
         self.finished, self.stopping, self.enough, self.told, self.version = False, False, False, False, 0
@@ -64,8 +67,8 @@ def run(self:Preparation):
     try:
         with data_lock(self.paths.cache, self.say): self._run()
     except BaseException as e:
-        with self.cond: self.error = e
         if self.thread is None: raise
+        with self.cond: self.error = self.explain(e) or e  # raised where the run waits for data
     finally:
         with self.cond:
             self.finished = True

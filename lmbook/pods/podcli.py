@@ -70,7 +70,8 @@ def _prepare_spec_from_args(a) -> PodSpec:
     if warn: print(warn, file=sys.stderr)
     return prepare_spec(a.profile, a.experiment, a.volume, a.cpu, a.vcpus, a.image, parse_assignments(a.set),
                         a.terminate, a.hf_token or '', parse_assignments(a.env), a.data_center or '', repo,
-                        commit, a.on_failure, a.max_hours, a.max_dollars, alert_source(a.alert_url))
+                        commit, a.on_failure, a.max_hours, a.max_dollars, alert_source(a.alert_url),
+                        a.all)
 
 def _serve_spec_from_args(a, gpu:str, gpus:int) -> PodSpec:
     "The endpoint pod of `pod create --serve EXPORT`."
@@ -370,6 +371,8 @@ def add_prepare_cli(pod):
                    "one: the volume's virtualenv serves both)")
     p.add_argument('--data-center', help="data center id (default: the volume's)")
     add_code_options(p)
+    p.add_argument('--all', action='store_true', help="all of the corpus, not only what the profile's run "
+                   'reads (RUN_PREPARE=all)')
     p.add_argument('--terminate', action='store_true', help='terminate the pod once the data is ready, '
                    'instead of stopping it (the volume keeps the data)')
     add_wait_options(p)

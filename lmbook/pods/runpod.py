@@ -180,7 +180,7 @@ def _check_machine(self:PodSpec):
         raise ValueError(f"a CPU pod has vCPUs and no GPU (gpu_type {self.gpu_type!r}, gpu_count "
                          f"{self.gpu_count}, vcpus {self.vcpus}): fix the manifest, or make it again")
     if not self.volume_id: raise ValueError(NO_PREP_VOLUME)
-    if self.env.get('RUN_PREPARE') != '1':
+    if self.env.get('RUN_PREPARE') not in ('1', 'all'):
         raise ValueError("lmbook's CPU pods only prepare a run's data: env RUN_PREPARE must be 1 "
                          "(lmbook pod prepare sets it)")
 
@@ -429,13 +429,15 @@ def prepare_spec(profile:str, # profile name, or a config file path on the volum
                  on_failure:str='stop', # after a failed preparation: 'stop' the pod or 'keep' it up
                  max_hours:float=0, max_dollars:float=0, # the spend guard (0: no limit)
                  alert_url:str='', # LMBOOK_ALERT_URL's source: '', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
+                 all_data:bool=False, # all of the corpus (RUN_PREPARE=all), not only what the run reads
                 ) -> PodSpec:
     "A checked `PodSpec` of a CPU pod that prepares the data of `experiment` on the volume, then stops."
     if not volume_id: raise ValueError(NO_PREP_VOLUME)
     check_name(experiment)
     cpu, vcpus = cpu_machine(cpu, vcpus)
     check_pod_args(profile, overrides, 'terminate' if terminate else '', on_failure, max_hours, max_dollars)
-    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_PREPARE='1', RUN_SHARD='1',
+    env = dict(RUN_CONFIG=profile, RUN_EXPERIMENT=experiment, RUN_PREPARE='all' if all_data else '1',
+               RUN_SHARD='1',
                RUN_OVERRIDES=run_overrides(dict(overrides or {})), LMBOOK_WORKSPACE='/workspace',
                LMBOOK_REPO=check_repo(repo), LMBOOK_COMMIT=commit, ON_FAILURE=on_failure,
                PYTHONUNBUFFERED='1')

@@ -40,6 +40,7 @@ class BootOptions:
     install: bool = True          # stage 1 (False: use this interpreter as it is)
     tensorboard_port: int = 6006  # TENSORBOARD_PORT (0 : no TensorBoard)
     prepare: bool = False         # RUN_PREPARE=1: prepare the data, then report it prepared
+    prepare_all: bool = False     # RUN_PREPARE=all: all of the corpus, not only what the run reads
 
     @classmethod
     def from_env(cls, env:dict|None=None, **kw) -> 'BootOptions':
@@ -56,7 +57,7 @@ class BootOptions:
                 shard_lines=num('SHARD_LINES'), overrides={k.strip(): v.strip() for k, v in ov.items()},
                     nproc=num('RUN_NPROC'),
                 tensorboard_port=num('TENSORBOARD_PORT') if get('TENSORBOARD_PORT') else 6006,
-                prepare=get('RUN_PREPARE') == '1')
+                prepare=get('RUN_PREPARE') in ('1', 'all'), prepare_all=get('RUN_PREPARE') == 'all')
         return replace(o, **kw).checked()
 
 # %% ../../nbs/07fc_stages.ipynb #aeb72128
@@ -183,10 +184,16 @@ def train_overrides(o:BootOptions) -> dict:
     if o.input: ov['dataset'] = str(Path(o.input).resolve())
     return ov
 
-def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
-    "Wait until the first node has tokenized the data (complete token manifests) on the shared volume."
-    token_dir = importlib.import_module('lmbook.data.tokenizer').token_dir  # loads the tokenizer library
-    ready = lambda: all((read_manifest(token_dir(paths, k)) or {}).get('complete') for k in ('train', 'val'))
+def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5,
+                  need:tuple[int|None, int]=(None, 0), # train and validation windows (None: all of the data)
+                  block_size:int=1): # tokens a window (its `block_size`)
+    "Wait until the first node has tokenized what the run reads, or all of the data, on the shared volume."
+    stream = importlib.import_module('lmbook.data.stream')  # loads the tokenizer library
+    def ready() -> bool:
+        tm, vm = ((read_manifest(stream.token_dir(paths, k)) or {}) for k in ('train', 'val'))
+        if tm.get('complete') and vm.get('complete'): return True
+        return (need[0] is not None and stream.train_windows(tm, block_size) >= need[0]
+                and (vm.get('complete') or stream.train_windows(vm, block_size) >= need[1]))
     log(f"stage 3/4 data: waiting for node 0 to prepare the data in {paths.cache}")
     t0 = time.monotonic()
     while not ready():
@@ -199,10 +206,13 @@ def wait_for_data(paths:Paths, log, timeout_s:float=6*3600, poll_s:float=5):
 # %% ../../nbs/07fc_stages.ipynb #70d7d260
 def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
     "Shard, tokenizer, tokens (RUN_SHARD=1, and always on node 0 of several), or leave it to the trainer."
-    # nodes share the volume: node 0 prepares everything once, the others wait for it
+    # nodes share the volume: node 0 prepares what the run reads once, the others wait for it
     if cluster_torchrun_args(env):
         if int(env_var('NODE_RANK', env=env)):
-            return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600))
+            cfg, loader = run_config(o), importlib.import_module('lmbook.data.loader')
+            return wait_for_data(paths, log, float(env_var('LMBOOK_DATA_WAIT', env=env) or 6*3600),
+                                 need=(None, 0) if o.prepare_all else loader.run_need(cfg),
+                                 block_size=cfg.model.block_size)
         o = replace(o, shard=True)
     if not o.shard:
         log("stage 3/4 data: skipped (RUN_SHARD=0): the trainer prepares whatever data is missing")
@@ -223,7 +233,12 @@ def stage_data(o:BootOptions, paths:Paths, log, env:dict|None=None):
                          lines_per_shard=lines, hf_cache=paths.hf_cache)
             shard_corpus(paths.val, dataset=str(Path(o.validation).resolve()), mode='prod', split='val',
                          lines_per_shard=lines, hf_cache=paths.hf_cache)
-        prepare_data = importlib.import_module('lmbook.data.loader').prepare_data  # loads torch: data to make
-        pd = prepare_data(cfg, paths, tokenizer_json=Path(o.tokenizer_json) if o.tokenizer_json else None)
+        loader = importlib.import_module('lmbook.data.loader')  # loads torch: data to make
+        need, val_need = (None, 0) if o.prepare_all else loader.run_need(cfg)
+        if need is not None: log(f"stage 3/4 data: preparing what the run reads, "
+                                 f"{need*cfg.model.block_size:,} train tokens and {val_need:,} validation "
+                                 "windows (RUN_PREPARE=all: all of the corpus)")
+        tj = Path(o.tokenizer_json) if o.tokenizer_json else None
+        pd = loader.prepare_data(cfg, paths, tokenizer_json=tj, log=log, need=need, val_need=val_need)
     log(f"stage 3/4 data: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} validation tokens, vocabulary "
         f"{pd.vocab_size} in {pd.tokenizer_dir}")

@@ -15,7 +15,7 @@ from ..core import pick_device, seed_everything
 from ..config import Config, apply_overrides, flat_config, load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
-from ..data.loader import TokenLoader, prepare_data, streams, val_batches
+from ..data.loader import TokenLoader, prepare_data, streams, val_batches, data_leader, run_need
 from ..data.stream import nothing_more
 from ..model.gpt import GPT, doc_mask
 from ..model.lora import add_lora
@@ -488,22 +488,17 @@ class RunStart:
 
 def data_need(cfg:Config, world_size:int) -> tuple[int|None, int]:
     "Train windows a run of `cfg` reads (None: its length is in epochs: all of them), and validation windows."
-    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
-    tps = cfg.tokens_per_step*world_size
-    train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
-    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
-    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
+    return run_need(cfg, world_size)  # the data's rule, which `lmbook prepare` and a pod's data stage use too
 
 def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
-    "The run's data, prepared by each node's local rank 0 (one corpus: in the background); the others follow."
+    "The run's data, prepared by a node's local rank 0 (one corpus: in the background); the others follow."
     need, val_need = data_need(cfg, info.world_size)
     stream = need is not None  # the other ranks then read what rank 0's background preparation writes
-    barrier()
-    if info.local_rank == 0: prepared = prepare_run(cfg, paths, log, init, examples, need, val_need, stream)
+    lead = data_leader(paths.cache, info.rank, info.local_rank)  # nodes sharing node 0's folder follow it
+    if lead: prepared = prepare_run(cfg, paths, log, init, examples, need, val_need, stream)
     barrier()
     follow = stream and streams(cfg) and not cfg.data.sft_data
-    if info.local_rank != 0: prepared = prepare_run(cfg, paths, None, init, examples, need, val_need,
-                                                    follow=follow)
+    if not lead: prepared = prepare_run(cfg, paths, None, init, examples, need, val_need, follow=follow)
     return prepared
 
 # %% ../../nbs/05d_runstart.ipynb #53304350
