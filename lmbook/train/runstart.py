@@ -22,7 +22,8 @@ from ..model.lora import add_lora
 from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
 from ..model.levers import fp8_support
 from ..distributed import DistInfo, all_reduce, barrier
-from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
+from ..runs.checkpoint.formats import list_checkpoints
+from ..runs.checkpoint.resume import SHAPE_DEFAULTS, SHAPE_KEYS
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import SFTLoader, pack, read_sft, sft_source, sft_val_batches, split_examples
 from ..runs.sample import base_ref, load_model

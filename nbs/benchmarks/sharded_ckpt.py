@@ -60,7 +60,8 @@ def timed(fn) -> float:
 def measure(cfg, t, info, folder:Path, fmt:str, mode:str, repeats:int) -> dict:
     "Save the state `repeats` times in `fmt` and `mode`, then resume from it; rank 0's figures."
     from lmbook.config import config_dict
-    from lmbook.runs.checkpoint import Checkpointer, list_checkpoints
+    from lmbook.runs.checkpoint.formats import list_checkpoints
+    from lmbook.runs.checkpoint.checkpointer import Checkpointer
     log = print if info.is_main else quiet
     ck = Checkpointer(folder, every=1, keep=1, background=mode == 'background', info=info, log=log, fmt=fmt)
     state, done = dict(tokens=0, config=config_dict(cfg)), []
