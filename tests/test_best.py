@@ -4,7 +4,7 @@ import contextlib, errno, hashlib, json, os, shutil, subprocess
 from pathlib import Path
 import pytest
 from lmbook.cli import main
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint
 from lmbook.runs.checkpoint.space import disk_plan, state_bytes

@@ -3,7 +3,7 @@ pickle payload."""
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from conftest import rows
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch_cmd

@@ -3,7 +3,7 @@ and resume."""
 import json, os, signal, subprocess, time
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from conftest import rows
 from lmbook.distributed import check_parallel
 

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from lmbook.core import paths_for
 from lmbook.rundir import RunDir
-from lmbook.config import get_config, config_dict
+from lmbook.config import config_dict
+from lmbook.profiles import get_config
 from lmbook.runs.checkpoint.formats import tokenizer_ref
 from lmbook.runs.checkpoint.writer import save_checkpoint
 from lmbook.data.tokenizer import train_bpe, save_bundle

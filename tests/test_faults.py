@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import rows, lmbook_cmd
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch_cmd
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step

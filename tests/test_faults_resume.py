@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import rows, lmbook_cmd
 from lmbook.cli import main
-from lmbook.config import get_config, field_index
+from lmbook.config import field_index
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 from lmbook.runs.checkpoint.resume import FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, read_checkpoint

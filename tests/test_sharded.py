@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from conftest import rows
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.distributed import check_parallel
 from lmbook.train.launch import launch
 from lmbook.train.trainer import train

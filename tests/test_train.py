@@ -3,7 +3,8 @@ divergence."""
 import hashlib, json, tomllib
 from pathlib import Path
 import pytest
-from lmbook.config import get_config, flat_config, to_toml
+from lmbook.config import flat_config
+from lmbook.profiles import get_config, to_toml
 from lmbook.core import sha256_file
 from lmbook.train.trainer import train, NonFiniteError
 from lmbook.runs.checkpoint.formats import list_checkpoints

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import cli_options, default_experiment, pick_device, sha256_file
-from ..config import at_least, between, config_from_dict
+from ..config import at_least, between
+from ..overrides import config_from_dict
 from ..data.tokenizer import SPECIAL_TOKENS
 from ..model.gpt import GPT, KVCache
 from ..model.lora import add_lora, load_adapters, merge_lora, merge_lora_state

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import pick_device, seed_everything
-from ..config import Config, apply_overrides, flat_config, load_config_file, with_fp8
+from ..config import Config, flat_config
+from ..overrides import apply_overrides
+from ..profiles import load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, streams, val_batches

@@ -14,7 +14,8 @@ import torch
 from ..runs.checkpoint import formats as ckpt
 from ..core import paths_for, pick_device, environment_info, peak_flops, check_writable
 from ..core import on_runpod, EXIT_FINISHED
-from ..config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
+from ..config import Config, config_dict, flops_per_token, count_params
+from ..profiles import save_config, to_toml
 from ..runlock import RunLock, RunLocked, take_stop_request
 from fastcore.basics import patch
 from ..data.tokenizer import load_tokenizer

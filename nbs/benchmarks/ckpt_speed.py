@@ -48,7 +48,7 @@ def disk_speed(folder:Path, gb:float) -> dict:
 def state(profile:str) -> tuple[dict, dict, int]:
     "(weights, AdamW's full state dict, bytes) of `profile`'s model, as CPU tensors that hold memory."
     import torch
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.model.gpt import GPT
     cfg = get_config(profile)
     with torch.device('meta'): names = {k: (v.shape, v.dtype) for k, v in GPT(cfg.model).state_dict().items()}
