@@ -531,7 +531,7 @@ def run_nodes(row:Row, ws:Path, out:Path) -> dict:
 
 def run_guard(row:Row, ws:Path, out:Path) -> dict:
     "The hardware check on the card: one that fits passes; one over its memory is refused in one line, first."
-    fits = subprocess.run([sys.executable, '-c', 'from lmbook.config import get_config; '
+    fits = subprocess.run([sys.executable, '-c', 'from lmbook.profiles import get_config; '
                            'from lmbook.train.launch import check_hardware; '
                            "print(check_hardware(get_config('runpod_2b'), 'runpod_2b'))"],
                           cwd=ROOT, env=child_env(ws), capture_output=True, text=True, timeout=300)

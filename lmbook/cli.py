@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse, importlib, json, sys
 from pathlib import Path
 from .core import cli_options, one_line_warnings, EXIT_INTERRUPTED, EXIT_USER_ERROR
-from .config import PROFILES, count_params, flops_per_token
+from .config import count_params, flops_per_token
+from .profiles import PROFILES
 
 # %% auto #0
 __all__ = ['COMMANDS', 'profile_rows', 'format_profiles', 'render_readme', 'add_cli', 'add_dev_cli', 'register', 'build_parser',

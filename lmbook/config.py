@@ -1,4 +1,4 @@
-"""Plain dataclass configs, profiles as functions, flat overrides, and the TOML/YAML a run directory starts with.
+"""Plain dataclass configs in sections: every field with its range, resume rule and help; each found by its bare name; parameters and FLOPs counted from the shape alone.
 
 Docs: https://lmbook.github.io/lmbook/config.html.md"""
 
@@ -6,26 +6,17 @@ Docs: https://lmbook.github.io/lmbook/config.html.md"""
 
 # %% ../nbs/01_config.ipynb #ec2b06d0
 from __future__ import annotations
-import copy, dataclasses, difflib, functools, json, math, re
+import dataclasses, difflib, functools, math, re
 from dataclasses import dataclass, field, fields, asdict
-from pathlib import Path
-from typing import Any, Callable, Iterable
-import yaml
-from .rundir import RunDir
-try: import tomllib
-except ImportError: import tomli as tomllib
+from typing import Any
 
 # %% auto #0
-__all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'RANGES',
-           'SOURCE_NAMES', 'SOURCE_PREFIXES', 'GPT2_TOKENIZERS', 'PROFILES', 'Range', 'at_least', 'above', 'between',
-           'one_of', 'cfield', 'is_section', 'value_fields', 'field_ranges', 'ModelConfig', 'DataConfig', 'OptimConfig',
-           'ScheduleConfig', 'total_steps', 'CheckpointConfig', 'EvalConfig', 'LoggingConfig', 'LeversConfig',
-           'FinetuneConfig', 'TrainConfig', 'Config', 'config_sections', 'field_index', 'section_of', 'did_you_mean',
-           'apply_overrides', 'validate', 'source_parts', 'parse_sources', 'mixture_of', 'check_sources',
-           'sources_text', 'config_fields', 'resume_rules', 'cuda_values', 'field_help', 'field_option', 'fields_table',
-           'field_values', 'parse_assignments', 'parse_overrides', 'count_params', 'flops_per_token', 'profile',
-           'gpu_levers', 'with_fp8', 'smoke', 'm3_medium', 'gpt2_124m', 'runpod_1b', 'runpod_2b', 'runpod_4b',
-           'config_dict', 'flat_config', 'config_from_dict', 'to_toml', 'save_config', 'load_config_file', 'get_config']
+__all__ = ['FLAG', 'MAX_SEED', 'RESUME_RULES', 'MODEL_RANGES', 'HUB_ID', 'DATA_RANGES', 'TRAIN_RANGES', 'SECTIONS', 'Range',
+           'at_least', 'above', 'between', 'one_of', 'cfield', 'is_section', 'value_fields', 'field_ranges',
+           'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'total_steps', 'CheckpointConfig',
+           'EvalConfig', 'LoggingConfig', 'LeversConfig', 'FinetuneConfig', 'TrainConfig', 'Config', 'config_sections',
+           'field_index', 'section_of', 'did_you_mean', 'config_fields', 'resume_rules', 'cuda_values', 'config_dict',
+           'flat_config', 'count_params', 'flops_per_token']
 
 # %% ../nbs/01_config.ipynb #99b63870
 @dataclass(frozen=True)
@@ -163,8 +154,8 @@ MODEL_RANGES = field_ranges(ModelConfig)
 _TEXT = r'\S(.*\S)?'  # a non-empty text without surrounding whitespace
 _DATASET = Range(pattern=_TEXT, hint="a name or path (not empty, no surrounding spaces)")
 _DATASET_CONFIG = Range(pattern=f'({_TEXT})?', hint="'' or a config name without surrounding spaces")
-_HUB_ID = r'[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?'  # one part of a Hub id
-_TOKENIZER = Range(pattern=f'({_HUB_ID}/)?{_HUB_ID}|',
+HUB_ID = r'[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?'  # one part of a Hub id
+_TOKENIZER = Range(pattern=f'({HUB_ID}/)?{HUB_ID}|',
                    hint="'' or a Hub model id such as gpt2 or openai-community/gpt2")
 _SOURCES = Range(pattern=f'({_TEXT})?', hint="'' or SOURCE:WEIGHT entries separated by commas")
 _SFT_DATA = Range(pattern=f'({_TEXT})?', hint="'' or the path of a .jsonl or .json file, or hf:ID of a "
@@ -466,141 +457,7 @@ def did_you_mean(name:str, choices) -> str:
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ''
 
-# %% ../nbs/01_config.ipynb #42f89c41
-_TYPES = dict(int=int, float=float, str=str, bool=bool)
-
-def _coerce(name:str, value, typ:str):
-    t = _TYPES[typ]
-    if isinstance(value, str) and t is not str:  # from a command line
-        if t is bool:
-            if value.lower() in ('1', 'true', 'yes', 'on'): return True
-            if value.lower() in ('0', 'false', 'no', 'off'): return False
-        else:
-            try: return t(float(value)) if t is int and float(value).is_integer() else t(value)
-            except ValueError: pass
-        raise ValueError(f"{name}={value!r} is not a valid {typ}")
-    if t is float and isinstance(value, int) and not isinstance(value, bool): return float(value)
-    if not isinstance(value, t) or (t is int and isinstance(value, bool)):
-        raise ValueError(f"{name}={value!r} has type {type(value).__name__}, expected {typ}")
-    return value
-
-def apply_overrides(cfg:Config, overrides:dict) -> Config:
-    "A copy of `cfg` with flat `overrides` (field name -> value) applied and type-checked."
-    idx = field_index()
-    cfg = copy.deepcopy(cfg)  # every section copied: the caller's config stays as it was
-    for k, v in overrides.items():
-        if k not in idx:
-            raise ValueError(f"unknown config key {k!r}{did_you_mean(k, idx)}; valid keys: "
-                             f"{', '.join(sorted(idx))}")
-        sec, typ = idx[k]
-        setattr(section_of(cfg, sec), k, _coerce(k, v, typ))
-    validate(cfg)
-    return cfg
-
-# %% ../nbs/01_config.ipynb #98958396
-RANGES = {**MODEL_RANGES, **DATA_RANGES, **TRAIN_RANGES}  # every field's allowed values
-
-def validate(cfg:Config) -> Config:
-    "Raise a one-line `ValueError` naming the field for a config that cannot train."
-    for k, (sec, _) in field_index().items():
-        if err := RANGES[k].error(k, getattr(section_of(cfg, sec), k)): raise ValueError(err)
-    m = cfg.model
-    if m.n_embd % m.n_head: raise ValueError(f"n_embd={m.n_embd} must be divisible by n_head={m.n_head}")
-    if m.n_head % m.kv_heads: raise ValueError(f"n_head={m.n_head} must be "
-                                               f"divisible by n_kv_head={m.kv_heads}")
-    if m.arch == 'llama' and m.head_dim % 2: raise ValueError("RoPE needs an even head size, got "
-                                                              f"n_embd/n_head={m.head_dim}")
-    if m.bias and m.arch != 'gpt2': raise ValueError("bias=True is published GPT-2's layout: set "
-                                                     f"arch='gpt2', or bias=False for arch={m.arch!r}")
-    if m.arch == 'gpt2' and (m.qkv_bias or m.rope_scaling):
-        raise ValueError("qkv_bias and rope_scaling belong to arch='llama' "
-                         "(gpt2 has learned positions and biases everywhere)")
-    check_sources(cfg.data)
-    ft, ev = cfg.train.finetune, cfg.train.eval
-    if ft.quant != 'none' and not ft.lora_rank:
-        raise ValueError(f"quant={ft.quant} freezes a 4-bit base for LoRA: set lora_rank (e.g. 16)")
-    if ev.sample_prompts and (len(ev.sample_prompts) > 4000 or any(not q.strip()
-                                                                   for q in ev.sample_prompts.split('|'))):
-        raise ValueError(f"sample_prompts={ev.sample_prompts[:60]!r} needs non-empty prompts separated by "
-                         "'|' (4000 characters at most), e.g. 'Once upon a time|The'")
-    return cfg
-
-# %% ../nbs/01_config.ipynb #5d5f9a14
-SOURCE_NAMES = ('builtin', 'pysource', 'fineweb')  # sources named by one word
-SOURCE_PREFIXES = ('corpus', 'nanogpt', 'hf')      # sources named PREFIX:WHAT
-GPT2_TOKENIZERS = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')  # Hub models with GPT-2's vocabulary
-_HUB_SOURCE = re.compile(f'{_HUB_ID}/{_HUB_ID}(@[^@:,\\s]+)?')
-_SOURCE_KINDS = ("builtin, pysource, fineweb, a Hub id (owner/name[@config]), hf:NAME, corpus:PATH or "
-                 "nanogpt:PATH")
-
-def source_parts(name:str) -> tuple[str, str]:
-    "(kind, what it names) of a source of a mixture, e.g. ('corpus', 'my_text/'); one line if it is unknown."
-    kind, sep, what = name.partition(':')
-    if sep and kind in SOURCE_PREFIXES:
-        if not what.strip(): raise ValueError(f"source {name!r} names nothing after '{kind}:': give a "
-                                              f"{'Hub id' if kind == 'hf' else 'path'}")
-        return kind, what
-    if name in SOURCE_NAMES: return name, ''
-    if _HUB_SOURCE.fullmatch(name): return 'hf', name
-    raise ValueError(f"unknown source {name!r} in sources: use {_SOURCE_KINDS}")
-
-# %% ../nbs/01_config.ipynb #5d42663c
-def _entry(e:str) -> tuple[str, str]:
-    "(source, weight text) of one `SOURCE:WEIGHT` entry."
-    if not e.strip(): raise ValueError("sources has an empty entry (a doubled or trailing comma): remove it")
-    if ':' not in e: raise ValueError(f"sources entry {e.strip()!r} has no weight: write SOURCE:WEIGHT, e.g. "
-                                      "pysource:0.2")
-    name, _, w = e.strip().rpartition(':')
-    return name.strip(), w.strip()
-
-def _weight(name:str, w) -> float:
-    "The weight `w` (a text, or a table's number) of source `name`, refused unless finite and > 0."
-    try: v = float(w) if isinstance(w, str) else w
-    except ValueError: v = None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"sources entry {name}:{w} does not end in a weight: write SOURCE:WEIGHT, e.g. "
-                         "pysource:0.2")
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"sources: {name} has weight {w}; a weight is a finite number > 0 (leave a "
-                         "source out instead of 0)")
-    return float(v)
-
-def parse_sources(spec:str|dict) -> dict[str, float]:
-    "Source -> weight (normalised to sum 1) of a `sources` text or `[data.sources]` table; one-line errors."
-    items = spec.items() if isinstance(spec, dict) else [_entry(e) for e in spec.split(',')]
-    out, seen = {}, {}
-    for name, w in items:
-        w = _weight(name, w)
-        kind, what = source_parts(name)
-        key = (kind, str(Path(what).expanduser()) if kind in ('corpus', 'nanogpt') else what)
-        if key in seen: raise ValueError(f"sources names one source twice ({seen[key]!r} and {name!r}): "
-                                         "give it once, with the sum of the weights")
-        seen[key], out[name] = name, w
-    total = sum(out.values())
-    return {k: v/total for k, v in out.items()}
-
-# %% ../nbs/01_config.ipynb #42606e37
-def mixture_of(d:DataConfig) -> dict[str, float]:
-    "The sources and weights a data config trains on: `sources`, a `nanogpt:PATH` dataset, or none ({})."
-    if d.sources: return parse_sources(d.sources)
-    return {d.dataset: 1.0} if d.dataset.startswith('nanogpt:') else {}
-
-def check_sources(d:DataConfig):
-    "Refuse a bad `sources`, or nanoGPT token files with a tokenizer other than GPT-2's, in one line."
-    gpt2 = [n for n in mixture_of(d) if source_parts(n)[0] == 'nanogpt']
-    if gpt2 and d.tokenizer.removeprefix('openai-community/') not in GPT2_TOKENIZERS:
-        raise ValueError(f"{gpt2[0]} holds GPT-2 token ids (nanoGPT's prepare.py): set tokenizer=gpt2 (now "
-                         f"{d.tokenizer!r})")
-
-def sources_text(table:dict) -> str:
-    "The `sources` text of a `[data.sources]` table of source = weight."
-    for k in table:
-        if ',' in k: raise ValueError(f"[data.sources] key {k!r} holds a comma, which separates sources: "
-                                      "rename that path")
-    parse_sources(table)
-    return ','.join(f"{k}:{v}" for k, v in table.items())
-
-# %% ../nbs/01_config.ipynb #1701c782
+# %% ../nbs/01_config.ipynb #c2635d5b
 def config_fields() -> dict[str, dataclasses.Field]:
     "Every config field by name, in section order (model, data, train, train.optim, ...)."
     return {f.name: f for cls in config_sections().values() for f in fields(cls) if not is_section(f)}
@@ -613,60 +470,18 @@ def cuda_values() -> dict[str, tuple]:
     "Field name -> its values that take a code path of their own on CUDA, which the GPU check runs each of."
     return {k: f.metadata['cuda'] for k, f in config_fields().items() if f.metadata['cuda']}
 
-def field_help(name:str) -> str:
-    "The help text of config field `name`, with the values it may take."
-    f = config_fields()[name]
-    return f"{f.metadata['help']} ({f.metadata['allowed']})"
+# %% ../nbs/01_config.ipynb #950d683d
+def config_dict(cfg:Config) -> dict:
+    "`cfg` as nested dicts: `{'model': {...}, 'data': {...}, 'train': {..., 'optim': {...}, ...}}`."
+    return asdict(cfg)
 
-def field_option(p, # an argparse parser
-                 name:str, # the config field
-                 *flags:str, # the option's flags (default: --name-with-dashes)
-                 **kw) -> None:
-    "Add an option for config field `name` to `p`, its type, choices and help taken from the field."
-    f = config_fields()[name]
-    m = f.metadata
-    if 'action' not in kw:
-        kw.setdefault('type', _TYPES[f.type])
-        if m['allowed'].choices: kw.setdefault('choices', m['allowed'].choices)
-    kw.setdefault('help', m['help'])
-    kw.setdefault('default', None)
-    p.add_argument(*(flags or ('--' + name.replace('_', '-'),)), dest=name, **kw)
-
-# %% ../nbs/01_config.ipynb #7bc51e74
-def fields_table(section:str) -> str:
-    "A Markdown table of the fields of `section` ('model', 'train', 'train.optim', ...) with their facts."
-    rows = ['| field | default | values | on resume | what it is |', '|---|---|---|---|---|']
-    for f in fields(config_sections()[section]):
-        if is_section(f): continue
-        m = f.metadata
-        cells = [f"`{f.name}`", f"`{f.default!r}`", str(m['allowed']), m['resume'], m['help']]
-        rows.append('| ' + ' | '.join(x.replace('|', '&#124;') for x in cells) + ' |')
-    return '\n'.join(rows)
-
-def field_values(a, # parsed arguments
-                 names:Iterable[str], # the config fields `field_option` made options for
-                ) -> dict:
-    "The overrides those options hold: field -> value, for each one given."
-    return {n: v for n in names if (v := getattr(a, n, None)) is not None and v is not False}
-
-# %% ../nbs/01_config.ipynb #714b8dc5
-def parse_assignments(items:list[str]) -> dict[str, str]:
-    "`['lr=3e-4', 'n_layer=4']` -> `{'lr': '3e-4', 'n_layer': '4'}`, typed later by `apply_overrides`."
+def flat_config(d:dict) -> dict:
+    "Field name -> value of a config dict: sectioned (`config_dict`), or a run's from before the sections."
     out = {}
-    for it in items or []:
-        if '=' not in it: raise ValueError(f"override {it!r} must look like name=value, e.g. lr=3e-4")
-        k, v = it.split('=', 1)
-        out[k.strip()] = v.strip()
+    for k, v in d.items():
+        if isinstance(v, dict): out.update(flat_config(v))
+        else: out[k] = v
     return out
-
-def parse_overrides(s:str) -> dict:
-    "`'a=1,b=x'` -> `{'a': '1', 'b': 'x'}` (values typed later by the config)."
-    parts = []
-    for p in (s or '').split(','):
-        # a value with commas: lora_targets=q,v
-        if '=' not in p and parts and p.strip(): parts[-1] += ',' + p.strip()
-        elif p.strip(): parts.append(p.strip())
-    return parse_assignments(parts)
 
 # %% ../nbs/01_config.ipynb #19407375
 def count_params(m:ModelConfig, embeddings:bool=True) -> int:
@@ -686,171 +501,3 @@ def count_params(m:ModelConfig, embeddings:bool=True) -> int:
 def flops_per_token(m:ModelConfig) -> float:
     "Model FLOPs per trained token: 6N + 12*n_layer*n_embd*block_size (N without position embeddings)."
     return 6*count_params(m, embeddings=False) + 12*m.n_layer*m.n_embd*m.block_size
-
-# %% ../nbs/01_config.ipynb #0cf28966
-PROFILES: dict[str, Callable[[], Config]] = {}
-
-def profile(fn:Callable[[], Config]) -> Callable[[], Config]:
-    "Register `fn` as a profile under its name."
-    PROFILES[fn.__name__] = fn
-    return fn
-
-# %% ../nbs/01_config.ipynb #78c6d6f8
-def gpu_levers(fp8:str='auto') -> LeversConfig:
-    "The levers of the profiles of 1B parameters and more: the largest micro-batch, float8 as `fp8` says."
-    return LeversConfig(fp8=fp8, batch_fit=True)
-
-def with_fp8(cfg:Config, runs_fp8:bool, # whether the card (and torchao) run float8 matmuls
-            ) -> Config:
-    "`cfg` with `fp8='auto'` made what it means: 'tensorwise' where float8 runs, else 'off'."
-    if cfg.train.levers.fp8 != 'auto': return cfg
-    return apply_overrides(cfg, {'fp8': 'tensorwise' if runs_fp8 else 'off'})
-
-# %% ../nbs/01_config.ipynb #8e44b3d5
-@profile
-def smoke() -> Config:
-    "CPU, a few minutes: a 2-layer model on the built-in corpus."
-    return Config(ModelConfig(vocab_size=4096, block_size=128, n_layer=2, n_head=4, n_embd=128),
-                  DataConfig(take=0, val_ratio=0.05),
-                  TrainConfig(batch_size=16, device='cpu', optim=OptimConfig(lr=3e-3),
-                              sched=ScheduleConfig(max_steps=300, warmup_steps=30),
-                              eval=EvalConfig(eval_every=50, eval_steps=8),
-                              logging=LoggingConfig(log_every=10),
-                              checkpoint=CheckpointConfig(ckpt_every=100, ckpt_minutes=0),
-                              levers=LeversConfig(compile='false')))
-
-@profile
-def m3_medium() -> Config:
-    "~22M parameters: the largest profile that trains usefully on a laptop or one small GPU."
-    return Config(ModelConfig(vocab_size=8192, block_size=512, n_layer=11, n_head=6, n_embd=384),
-                  DataConfig(), TrainConfig(batch_size=32, optim=OptimConfig(lr=1e-3),
-                                            sched=ScheduleConfig(max_steps=5000, warmup_steps=200),
-                                            eval=EvalConfig(eval_every=250)))
-
-@profile
-def gpt2_124m() -> Config:
-    "GPT-2 small: nanoGPT's bias-free shape and GPT-2's tokenizer, so losses compare with published ones."
-    return Config(ModelConfig(arch='gpt2', vocab_size=50304, block_size=1024, n_layer=12, n_head=12,
-                              n_embd=768),
-                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT', tokenizer='gpt2'),
-                  TrainConfig(batch_size=64, grad_accum=8, optim=OptimConfig(lr=6e-4),
-                              sched=ScheduleConfig(max_steps=19073, warmup_steps=715),
-                              eval=EvalConfig(eval_every=250)))
-
-@profile
-def runpod_1b() -> Config:
-    "~1.2B parameters for one 80 GB GPU."
-    return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=32, n_kv_head=8,
-                              n_embd=2048),
-                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=16, grad_accum=8, optim=OptimConfig(lr=3e-4),
-                              sched=ScheduleConfig(max_steps=20000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500), levers=gpu_levers(fp8='off')))
-
-# %% ../nbs/01_config.ipynb #d147044e
-@profile
-def runpod_2b() -> Config:
-    "~2B parameters: hidden 2560, 24 layers, 40 heads."
-    return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=24, n_head=40, n_embd=2560),
-                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=8, grad_accum=16, optim=OptimConfig(lr=2e-4),
-                              sched=ScheduleConfig(max_steps=30000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
-
-@profile
-def runpod_4b() -> Config:
-    "~4B parameters: hidden 3072, 32 layers, 48 heads; micro-batch 2 fits one 80 GB card (76 GB measured)."
-    return Config(ModelConfig(vocab_size=32768, block_size=1024, n_layer=32, n_head=48, n_embd=3072),
-                  DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
-                  TrainConfig(batch_size=2, grad_accum=64, optim=OptimConfig(lr=1.5e-4),
-                              sched=ScheduleConfig(max_steps=40000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
-
-# %% ../nbs/01_config.ipynb #39b44042
-def config_dict(cfg:Config) -> dict:
-    "`cfg` as nested dicts: `{'model': {...}, 'data': {...}, 'train': {..., 'optim': {...}, ...}}`."
-    return asdict(cfg)
-
-def flat_config(d:dict) -> dict:
-    "Field name -> value of a config dict: sectioned (`config_dict`), or a run's from before the sections."
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict): out.update(flat_config(v))
-        else: out[k] = v
-    return out
-
-def _gather(d:dict, path:str, idx:dict, secs:dict, out:dict):
-    "Put the values of table `path` of `d` into `out`, refusing a key outside its section or given twice."
-    for k, v in d.items():
-        p = f"{path}.{k}" if path else k
-        if isinstance(v, dict) and k not in idx:  # a table of fields; a field may be a table ([data.sources])
-            if p not in secs: raise ValueError(f"unknown config section [{p}]{did_you_mean(p, secs)}; "
-                                               f"sections: {', '.join(secs)}")
-            _gather(v, p, idx, secs, out)
-            continue
-        if p in secs: raise ValueError(f"{k} is the section [{p}], not a value: give it a table of fields")
-        home = idx[k][0] if k in idx else path
-        if path and home != path and not home.startswith(path + '.'):
-            raise ValueError(f"{k} belongs in [{home}], not [{path}]: move it there")
-        if k in out: raise ValueError(f"{k} is given twice: keep one")
-        out[k] = v
-
-def config_from_dict(d:dict, base:Config|None=None) -> Config:
-    "A `Config` from sectioned (`[train.optim]`), older flat (`[train]`) or bare keys, over `base`."
-    flat = {}
-    _gather(d, '', field_index(), config_sections(), flat)
-    if isinstance(flat.get('sources'), dict): flat['sources'] = sources_text(flat['sources'])
-    return apply_overrides(base or Config(), flat)
-
-# %% ../nbs/01_config.ipynb #ad948fa2
-def _toml_value(v) -> str:
-    if isinstance(v, bool): return 'true' if v else 'false'
-    if isinstance(v, (int, float)): return repr(v)
-    return json.dumps(str(v))
-
-def _toml_lines(d:dict, prefix:str):
-    for sec, tbl in d.items():
-        yield f"[{prefix}{sec}]"
-        yield from (f"{k} = {_toml_value(v)}" for k, v in tbl.items() if not isinstance(v, dict))
-        yield ''
-        yield from _toml_lines({k: v for k, v in tbl.items() if isinstance(v, dict)}, f"{prefix}{sec}.")
-
-def to_toml(d:dict) -> str:
-    "TOML text of a dict of tables of scalars; a table's own tables follow its values (`[train.optim]`)."
-    return '\n'.join(_toml_lines(d, ''))
-
-# %% ../nbs/01_config.ipynb #7231d46d
-def save_config(cfg:Config, run_dir:Path) -> tuple[Path, Path]:
-    "Write `training.toml` and `training.yaml` into `run_dir`."
-    rd = RunDir(run_dir)
-    rd.path.mkdir(parents=True, exist_ok=True)
-    d = config_dict(cfg)
-    rd.config.write_text(to_toml(d))
-    rd.config_yaml.write_text(yaml.safe_dump(d, sort_keys=False))
-    return rd.config, rd.config_yaml
-
-def load_config_file(path:Path) -> Config:
-    "A `Config` from a TOML, YAML or JSON file."
-    path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"config file {path} does not exist")
-    txt = path.read_text()
-    try:
-        if path.suffix == '.toml': d = tomllib.loads(txt)
-        elif path.suffix in ('.yaml', '.yml'): d = yaml.safe_load(txt) or {}
-        elif path.suffix == '.json': d = json.loads(txt)
-        else: raise ValueError(f"config file {path} must end in .toml, .yaml, .yml or .json")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(d, dict): raise ValueError(f"config file {path} must hold a mapping of sections")
-    try: return config_from_dict(d)
-    except ValueError as e: raise ValueError(f"config file {path}: {e}") from None
-
-# %% ../nbs/01_config.ipynb #d278ee79
-def get_config(profile:str, overrides:dict|None=None) -> Config:
-    "The config of a profile name (or config file path) with flat `overrides` applied."
-    if profile in PROFILES: cfg = PROFILES[profile]()
-    elif Path(profile).suffix in ('.toml', '.yaml', '.yml', '.json'): cfg = load_config_file(Path(profile))
-    else:
-        raise ValueError(f"unknown profile {profile!r}{did_you_mean(profile, PROFILES)}; choose one of "
-                         f"{', '.join(PROFILES)} or give a .toml/.yaml config file")
-    return apply_overrides(cfg, overrides or {})

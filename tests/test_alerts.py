@@ -5,7 +5,7 @@ import http.server, json, os, signal, socket, threading, time
 from pathlib import Path
 import pytest
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.runs.alert import Alerts, alert_shape
 from lmbook.train import trainer
 from lmbook.train.launch import alert_failure, alerting, run_training, start_run, train_process, TrainingExit

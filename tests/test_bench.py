@@ -67,7 +67,7 @@ def test_bench_under_torchrun_ddp(tmp_path):
 
 
 def test_memory_estimate_shape():
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.model.memory import estimate_memory, max_batch_size
     c = get_config('runpod_2b')
     est = [estimate_memory(c, b)['total_gb'] for b in (1, 8, 16)]

@@ -4,10 +4,11 @@ import contextlib, errno, hashlib, json, os, shutil, subprocess
 from pathlib import Path
 import pytest
 from lmbook.cli import main
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
-from lmbook.runs.checkpoint import (list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan,
-                                    state_bytes)
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint
+from lmbook.runs.checkpoint.space import disk_plan, state_bytes
+from lmbook.runs.checkpoint.writer import prune_checkpoints
 from lmbook.train.runstart import build_trainable
 from lmbook.runs.sample import load_model
 from conftest import lmbook_cmd, rows

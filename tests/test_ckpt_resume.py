@@ -3,11 +3,11 @@ pickle payload."""
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from conftest import rows
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch_cmd
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 from lmbook.core import sha256_file
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,

@@ -173,7 +173,7 @@ def test_what_the_readme_says_of_the_tests_is_true():
 def test_the_first_hour_fine_tune_reads_one_checkpoint_and_holds_out_enough(tmp_path, monkeypatch):
     """The README's first-hour fine-tune: every command after it reads the same checkpoint of the fine-tuned
     run, and its data holds out enough records for the validation loss (and so `:best`) to mean something."""
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.data.sft import split_examples
     hour = (ROOT/'README.md').read_text().split('## The first hour', 1)[1].split('\n## ', 1)[0]
     ft = re.search(r'lmbook finetune .*-e (\S+)', hour)

@@ -3,8 +3,12 @@ anything is written."""
 import math
 from dataclasses import fields
 import pytest, yaml
-from lmbook.config import RANGES, field_index, get_config, Range, config_sections, config_fields, is_section
-from lmbook.config import config_dict, config_from_dict, flat_config, load_config_file, save_config, to_toml
+from lmbook.config import field_index, Range, config_sections, config_fields, is_section
+from lmbook.overrides import RANGES
+from lmbook.profiles import get_config
+from lmbook.config import config_dict, flat_config
+from lmbook.overrides import config_from_dict
+from lmbook.profiles import load_config_file, save_config, to_toml
 from lmbook.cli import main
 
 IDX = field_index()
@@ -76,7 +80,7 @@ def test_train_with_any_bad_value_writes_nothing(workspace, capsys, monkeypatch)
     import lmbook.train.launch
     monkeypatch.setattr(lmbook.train.launch, 'train', lambda *a,
                         **k: pytest.fail('a bad value reached the trainer'))
-    from lmbook.config import parse_assignments
+    from lmbook.overrides import parse_assignments
     seen = set()
     for k, v in CASES:
         # as the command line reads it

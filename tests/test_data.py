@@ -214,7 +214,7 @@ def test_cli_commands(corpus, workspace, capsys):
 
 def test_prepare_data_smoke_profile(tmp_path):
     "prepare_data on the smoke profile: builtin corpus, idempotent, loader-ready."
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.core import paths_for
     cfg = get_config('smoke', {'take': 800, 'vocab_size': 600})
     paths = paths_for('smoke-t', root=tmp_path)

@@ -3,7 +3,7 @@ and resume."""
 import json, os, signal, subprocess, time
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from conftest import rows
 from lmbook.distributed import check_parallel
 
@@ -13,7 +13,7 @@ def _fsdp_cpu_ok():
 FSDP_CPU = pytest.mark.skipif(not _fsdp_cpu_ok(), reason='FSDP2 on the CPU needs torch >= 2.6')
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch_cmd, launch
-from lmbook.runs.checkpoint import list_checkpoints
+from lmbook.runs.checkpoint.formats import list_checkpoints
 
 # global batch 8 sequences: 1 process x batch 4 x grad_accum 2, or 2 processes x batch 4
 TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2, log_every=1,

@@ -7,7 +7,7 @@ import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
 from lmbook.train.launch import launch_cmd
-from lmbook.runs.checkpoint import list_checkpoints
+from lmbook.runs.checkpoint.formats import list_checkpoints
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                 reason='needs 2 CUDA GPUs')

@@ -3,7 +3,7 @@ file, bad files, offline, two ranks."""
 import json
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from conftest import lmbook_cmd, rows
 

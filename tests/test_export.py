@@ -7,8 +7,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 from lmbook.core import paths_for
 from lmbook.rundir import RunDir
-from lmbook.config import get_config, config_dict
-from lmbook.runs.checkpoint import save_checkpoint, tokenizer_ref
+from lmbook.config import config_dict
+from lmbook.profiles import get_config
+from lmbook.runs.checkpoint.formats import tokenizer_ref
+from lmbook.runs.checkpoint.writer import save_checkpoint
 from lmbook.data.tokenizer import train_bpe, save_bundle
 from lmbook.model.gpt import GPT
 from lmbook.runs.sample import load_model

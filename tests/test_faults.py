@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import rows, lmbook_cmd
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch_cmd
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step, CheckpointSpaceError
-import lmbook.runs.checkpoint as ckpt_mod
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.formats import CheckpointSpaceError
+import lmbook.runs.checkpoint.writer as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
             log_every=1, max_steps=12, warmup_steps=3, ckpt_every=4, keep_ckpts=2, tensorboard=False)
@@ -143,9 +144,10 @@ def test_prepare_only_does_not_train(ws):
 def test_background_checkpoints_do_not_stall(ws, monkeypatch):
     """With ckpt_async a slow write runs beside training; the stall is the snapshot; a stop still waits for
     the write."""
-    real = ckpt_mod.write_checkpoint
+    from lmbook.runs.checkpoint import checkpointer  # where a background save calls the writer
+    real = checkpointer.write_checkpoint
     def slow(*a, **k): time.sleep(1.0); return real(*a, **k)
-    monkeypatch.setattr(ckpt_mod, 'write_checkpoint', slow)
+    monkeypatch.setattr(checkpointer, 'write_checkpoint', slow)
     res = train(cfg(max_steps=12, ckpt_async=True), 'async', root=ws, log=quiet([]))
     t = res['checkpoints']
     assert [c['step'] for c in t] == [4, 8, 12]

@@ -4,7 +4,7 @@ import os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 
 PM = str(Path(sys.executable).parent/'papermill')
 OVERRIDES = ('take=2000,batch_size=4,block_size=64,n_embd=64,n_head=2,eval_every=4,eval_steps=2,log_every=1,'

@@ -6,12 +6,12 @@ import pytest
 import torch
 from conftest import rows, lmbook_cmd
 from lmbook.cli import main
-from lmbook.config import get_config, field_index
+from lmbook.config import field_index
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
-from lmbook.runs.checkpoint import (FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, list_checkpoints,
-                                    verify_checkpoint, read_checkpoint,
-                               ckpt_step)
-import lmbook.runs.checkpoint as ckpt_mod
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.resume import FREE_KEYS, FIXED_KEYS, SHAPE_KEYS, RESET_KEYS, read_checkpoint
+import lmbook.runs.checkpoint.writer as ckpt_mod
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_steps=2,
             log_every=1, max_steps=4, warmup_steps=2, ckpt_every=4, keep_ckpts=2, tensorboard=False)

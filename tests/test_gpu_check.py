@@ -4,7 +4,9 @@ GPU."""
 import importlib.util, sys
 from conftest import ROOT
 import pytest
-from lmbook.config import cuda_values, get_config, apply_overrides, Config, config_dict, flat_config
+from lmbook.config import cuda_values, Config, config_dict, flat_config
+from lmbook.overrides import apply_overrides
+from lmbook.profiles import get_config
 
 spec = importlib.util.spec_from_file_location('gpu_check', ROOT/'.ci'/'gpu.py')
 gpu = sys.modules['gpu_check'] = importlib.util.module_from_spec(spec); spec.loader.exec_module(gpu)

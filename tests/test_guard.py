@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from lmbook.cli import main
-from lmbook.config import get_config, parse_overrides
+from lmbook.overrides import parse_overrides
+from lmbook.profiles import get_config
 from lmbook.core import gpu_table
 from lmbook.model.memory import fit_verdict
 import lmbook.train.launch as launch

@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 transformers = pytest.importorskip('transformers')
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
-from lmbook.config import Config, apply_overrides
+from lmbook.config import Config
+from lmbook.overrides import apply_overrides
 from lmbook.model.gpt import GPT
 from lmbook.runs.export import hf_config, hf_state_dict
 from lmbook.model.hfimport import hf_model_config, hf_init_model

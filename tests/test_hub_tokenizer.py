@@ -9,7 +9,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 from lmbook.cli import main
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.core import paths_for
 from lmbook.data.loader import prepare_data
 from lmbook.data.tokenizer import EOT, CHAT_TOKENS, load_tokenizer, open_tokens, hub_tokenizer_json, token_dir

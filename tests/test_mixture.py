@@ -10,7 +10,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 from lmbook.cli import main
-from lmbook.config import get_config, load_config_file
+from lmbook.profiles import get_config, load_config_file
 from lmbook.core import paths_for
 from lmbook.data.loader import open_loader, prepare_data, val_batches, write_token_dir
 from lmbook.data.mixture import (GPT2_EOT, MixtureLoader, SourceTokens, doc_starts, draw_sources,

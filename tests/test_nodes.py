@@ -6,9 +6,10 @@ import os, re, socket, signal, subprocess, sys, threading, time
 from pathlib import Path
 import pytest
 from conftest import rows
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.distributed import check_parallel
-from lmbook.runs.checkpoint import is_sharded, latest_checkpoint, list_checkpoints
+from lmbook.runs.checkpoint.formats import is_sharded, list_checkpoints
+from lmbook.runs.checkpoint.resume import latest_checkpoint
 from lmbook.train.trainer import train
 
 

@@ -2,7 +2,7 @@
 torchrun matching one process."""
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.train.launch import launch
 from lmbook.distributed import check_parallel

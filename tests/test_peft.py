@@ -8,7 +8,8 @@ transformers = pytest.importorskip('transformers')
 peft = pytest.importorskip('peft')
 from transformers import AutoModelForCausalLM
 from peft import PeftModel
-from lmbook.config import apply_overrides, Config
+from lmbook.config import Config
+from lmbook.overrides import apply_overrides
 from lmbook.model.hfimport import hf_model_config, hf_init_model, hf_tokenizer
 from lmbook.dev.fixtures import tiny_llama
 from lmbook.runs.export import write_peft_adapter

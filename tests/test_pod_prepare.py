@@ -99,7 +99,7 @@ def test_the_plan_prices_preparing_the_data_on_both_pods(capsys):
 def test_a_prepare_pod_prepares_the_data_then_stops_itself(api, tmp_path):
     """The start command with RUN_PREPARE=1, as a container's PID 1: install, layout, data, no training, then
     the pod stops itself through the (fake) API; the training pod that follows finds the data done."""
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.core import paths_for
     from lmbook.data.loader import prepare_data, data_status
     corpus = tmp_path/'corpus.txt'

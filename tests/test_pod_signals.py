@@ -3,7 +3,7 @@ the terminal."""
 import json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 
 EXE = str(Path(sys.executable).parent/'lmbook')
 TINY = ['take=2000', 'batch_size=4', 'block_size=64', 'n_embd=64', 'n_head=2', 'eval_every=50',

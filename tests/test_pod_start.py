@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.pods.runpod import start_command
-from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = 'rpa_PODSCOPEDkey42'

@@ -107,7 +107,7 @@ def test_pod_stop_waits_for_the_stop_checkpoint_then_stops_the_pod(pod, ws, caps
     """A trainer on the pod's volume gets the stop request over SSH, writes its checkpoint, and only then is
     the pod stopped."""
     from test_pod_signals import train
-    from lmbook.runs.checkpoint import list_checkpoints, verify_checkpoint, ckpt_step
+    from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
     FAKE['api'].add_pod('podGS', name='gs-1', env=dict(RUN_EXPERIMENT='gs'))
     os.environ['LMBOOK_POD_WORKSPACE'] = str(ws)  # restored by the fixture's monkeypatch
     p = train(ws, 'gs')

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 import pytest
 import torch
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.runs.sample import load_model, generate, sample_run
 from conftest import lmbook_cmd

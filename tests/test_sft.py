@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.core import paths_for
 from lmbook.train.trainer import train
 from lmbook.model.gpt import GPT
@@ -284,7 +284,7 @@ def test_eval_scores_a_fine_tuned_run_on_its_own_validation_examples(pre):
     pretraining set's."""
     root, data = pre
     res = finetune('pre', data, 'ft-eval', FT, root=root, log=quiet)
-    from lmbook.config import load_config_file
+    from lmbook.profiles import load_config_file
     # packed examples see only themselves
     assert load_config_file(paths_for('ft-eval', root=root).run/'training.toml').train.levers.doc_mask
     r = lmbook_cmd('eval', 'ft-eval', '--root', root, '--device', 'cpu', '--json', '--no-hellaswag')
@@ -304,7 +304,7 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     assert r.returncode == 0, r.stderr[-2000:]
     note = [l for l in r.stdout.splitlines() if l.startswith('note: the fine-tuning data packs into')]
     assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
-    from lmbook.config import load_config_file
+    from lmbook.profiles import load_config_file
     c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
     assert c.sched.max_steps == 3 and 1 <= c.batch_size < 16
     assert str(c.batch_size) == note[0].rsplit(' ', 1)[1]
@@ -325,7 +325,7 @@ def test_finetune_takes_the_training_road(pre, monkeypatch):
     `train` would."""
     import lmbook.train.launch as launch
     from lmbook.cli import main
-    from lmbook.config import load_config_file
+    from lmbook.profiles import load_config_file
     root, data = pre
     seen = {}
     monkeypatch.setattr(launch, 'run_training', lambda profile, experiment, ov,

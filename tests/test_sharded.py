@@ -7,15 +7,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from conftest import rows
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.distributed import check_parallel
 from lmbook.train.launch import launch
 from lmbook.train.trainer import train
 from lmbook.train.eval import evaluate
 from lmbook.config import ModelConfig
 from lmbook.model.gpt import GPT
-from lmbook.runs.checkpoint import (MODEL_SHARDS, OPTIM_SHARDS, Checkpointer, CheckpointSpaceError,
-                                    is_sharded, latest_checkpoint, read_shards, verify_checkpoint)
+from lmbook.runs.checkpoint.formats import MODEL_SHARDS, OPTIM_SHARDS, CheckpointSpaceError, is_sharded
+from lmbook.runs.checkpoint.formats import read_shards, verify_checkpoint
+from lmbook.runs.checkpoint.resume import latest_checkpoint
+from lmbook.runs.checkpoint.checkpointer import Checkpointer
 from lmbook.runs.find import find_checkpoint
 from lmbook.runs.sample import load_model, generate
 from lmbook.runs.export import export_hf

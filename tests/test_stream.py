@@ -3,7 +3,7 @@ batches as on data prepared beforehand, prepares only what it reads, and resumes
 import itertools, json, threading, time
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.core import paths_for
 from lmbook.data.corpus import builtin_docs
 from lmbook.data.loader import prepare_data

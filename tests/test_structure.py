@@ -10,7 +10,7 @@ from lmbook.rundir import RUN_FILES, BEST
 
 PKG, NBS = ROOT/'lmbook', ROOT/'nbs'
 GENERATED = {'_modidx'}  # nbdev writes it: the index of every symbol's page
-MAX_LINE, MAX_FUNCTION = 110, 50
+MAX_LINE, MAX_FUNCTION, MAX_MODULE = 110, 50, 600
 # The chapters, bottom to top: a module imports from its own chapter or from one below it. The foundation
 # (lmbook/*.py but the command line) sits under every chapter; `cli` sits on top of them all.
 CHAPTERS = ['data', 'model', 'runs', 'train', 'serve', 'pods', 'dev']
@@ -49,7 +49,8 @@ def notebooks() -> dict[str, str]:
 def resolve(here:str, node:ast.ImportFrom) -> list[str]:
     "The lmbook modules an `ImportFrom` in module `here` names, relative or absolute."
     if node.level:
-        pkg = here.split('.') if here in CHAPTERS or here == '__init__' else here.split('.')[:-1]
+        package = here in CHAPTERS or getattr(modules().get(here), 'name', '') == '__init__.py'
+        pkg = here.split('.') if package or here == '__init__' else here.split('.')[:-1]
         if here == '__init__': pkg = []
         base = pkg[:len(pkg) - node.level + 1]
         mod = '.'.join(base + ([node.module] if node.module else []))
@@ -158,6 +159,19 @@ def test_readable_width_and_length():
                                                                           ast.AsyncFunctionDef))
             and f.end_lineno - f.lineno + 1 > MAX_FUNCTION}
     assert not long, f"functions over {MAX_FUNCTION} lines: {long}"
+
+
+def long_modules(mods:dict[str, Path]) -> dict[str, int]:
+    "Modules over MAX_MODULE lines, with their length: a subject that big is a folder of modules."
+    return {m: n for m, p in mods.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE}
+
+
+def test_no_module_over_600_lines(tmp_path):
+    "No module of the package over 600 lines (nbdev's index aside); the check sees one that is."
+    assert not long_modules(modules()), f"modules over {MAX_MODULE} lines: {long_modules(modules())}"
+    (tmp_path/'big.py').write_text('x = 1\n'*(MAX_MODULE + 1))
+    (tmp_path/'ok.py').write_text('x = 1\n'*MAX_MODULE)
+    assert long_modules({'big': tmp_path/'big.py', 'ok': tmp_path/'ok.py'}) == {'big': MAX_MODULE + 1}
 
 
 def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):

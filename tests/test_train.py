@@ -3,10 +3,12 @@ divergence."""
 import hashlib, json, tomllib
 from pathlib import Path
 import pytest
-from lmbook.config import get_config, flat_config, to_toml
+from lmbook.config import flat_config
+from lmbook.profiles import get_config, to_toml
 from lmbook.core import sha256_file
 from lmbook.train.trainer import train, NonFiniteError
-from lmbook.runs.checkpoint import list_checkpoints, check_compatible
+from lmbook.runs.checkpoint.formats import list_checkpoints
+from lmbook.runs.checkpoint.resume import check_compatible
 from conftest import rows
 
 # tiny and fast: 2 layers of width 64 on 64-token windows; the data is a slice of the built-in corpus
@@ -111,8 +113,8 @@ def test_sample_from_run(ws):
 def test_checkpoints_on_time(ws, monkeypatch):
     """With `ckpt_minutes`, a checkpoint is due once that much wall time has passed, whatever `ckpt_every`
     says; the start warns when a write is measured slower than the interval."""
-    from lmbook.runs import checkpoint
-    monkeypatch.setattr(checkpoint, 'write_seconds', lambda folder, nbytes: 120.0)  # a slow volume
+    from lmbook.runs.checkpoint import checkpointer
+    monkeypatch.setattr(checkpointer, 'write_seconds', lambda folder, nbytes: 120.0)  # a slow volume
     log = []
     res = train(cfg(max_steps=3, ckpt_every=100, ckpt_minutes=1e-9, keep_ckpts=5), 'on-time', root=ws,
                 log=quiet(log))

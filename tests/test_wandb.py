@@ -4,7 +4,7 @@ same W&B run id; the run ends by printing the `wandb sync` command that uploads 
 import json, shlex, struct
 from pathlib import Path
 import pytest
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.runs.metrics import wandb_start
 from lmbook.train.trainer import train
 from conftest import rows

@@ -2,7 +2,8 @@
 start, and every start records where its seconds went."""
 import os
 from pathlib import Path
-from lmbook.config import apply_overrides, get_config
+from lmbook.overrides import apply_overrides
+from lmbook.profiles import get_config
 from lmbook.core import paths_for
 from lmbook.distributed import DistInfo
 from lmbook.rundir import RunDir

@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 from fastcore.basics import patch
 from ..core import cli_options, load_settings, nonblank, paths_for, resolve_experiment, EXIT_INTERRUPTED
-from ..config import get_config, mixture_of, parse_assignments, total_steps
+from ..config import total_steps
+from ..overrides import mixture_of, parse_assignments
+from ..profiles import get_config
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER

@@ -13,7 +13,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 from ..core import load_settings
-from ..config import Config, DataConfig, SOURCE_NAMES, mixture_of, source_parts
+from ..config import Config, DataConfig
+from ..overrides import SOURCE_NAMES, mixture_of, source_parts
 from ..runlock import data_lock
 from .corpus import input_files
 from .prepare import FINEWEB, RAMP, read_manifest, shard_corpus, shard_docs, write_manifest

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import Callable
 from ..core import gpu_table
-from ..config import Config, ModelConfig, apply_overrides, count_params, with_fp8
+from ..config import Config, ModelConfig, count_params
+from ..overrides import apply_overrides
+from ..profiles import with_fp8
 from .gpt import liger_flce
 
 # %% auto #0

@@ -10,7 +10,8 @@ import importlib, os, re, shlex, shutil, signal, socket, subprocess, sys, time, 
 from pathlib import Path
 from ..core import load_settings, workspace_root, package_dir, cli_options, Paths, EXIT_USER_ERROR
 from ..core import env_var
-from ..config import parse_assignments, total_steps
+from ..config import total_steps
+from ..overrides import parse_assignments
 from ..runs.alert import Alerts, STOPPED
 from .guard import stop_run, wait_run, StopSignals, Stopped
 from .supervise import saved_checkpoints, step_of, outcome_path, read_json, write_json, exit_words

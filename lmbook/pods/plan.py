@@ -10,10 +10,12 @@ import json, math, os, re
 from pathlib import Path
 import yaml
 from ..core import package_dir, load_settings, gpu_table, find_gpu
-from ..config import get_config, flops_per_token, count_params, Config, with_fp8, apply_overrides
-from ..config import mixture_of
+from ..config import flops_per_token, count_params, Config
+from ..overrides import apply_overrides
+from ..profiles import get_config, with_fp8
+from ..overrides import mixture_of
 from ..model.memory import HEADROOM, block_matrix_params, estimated_fit, fits, max_batch_size
-from ..runs.checkpoint import disk_plan
+from ..runs.checkpoint.space import disk_plan
 from ..train.optim import check_scaling, total_steps
 
 # %% auto #0

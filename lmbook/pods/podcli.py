@@ -11,9 +11,10 @@ from pathlib import Path
 from .api import RunPodAPI, RunPodError, CapacityError, CPU_REST_ONLY
 from . import sync as podsync, watch as podwatch
 from ..core import load_settings, package_dir, cli_options, env_var
-from ..config import parse_assignments
+from ..overrides import parse_assignments
 from .plan import plan, format_plan, cpu_machine, image_cuda, prep_sizing
-from ..config import get_config, total_steps
+from ..config import total_steps
+from ..profiles import get_config
 from .runpod import (NO_PREP_VOLUME, PodSpec, SERVE_SECRET, alert_source, check_pod_args,
                                 check_repo, code_source, create_pod_retrying, format_status, pod_spec,
                                 prepare_spec, proxy_urls, request_text, resolve_env, run_git, serve_spec,

@@ -14,7 +14,8 @@ from .api import (RunPodAPI, RunPodError, CapacityError, TransientError, check_s
                            rest_body, SAFE_VALUES, CPU_REST_ONLY)
 from . import sync as podsync, watch as podwatch
 from ..core import load_settings, check_name, package_dir, cli_options
-from ..config import get_config, parse_assignments
+from ..overrides import parse_assignments
+from ..profiles import get_config
 from ..core import find_gpu, gpu_table
 from .plan import plan, format_plan, pod_overrides, card_image, cpu_machine, cpu_table, image_cuda
 from ..core import env_var, process_env

@@ -10,7 +10,9 @@ import argparse, re, shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..core import check_name, cli_options, find_gpu, gpu_table, load_settings
-from ..config import Config, count_params, get_config, parse_assignments
+from ..config import Config, count_params
+from ..overrides import parse_assignments
+from ..profiles import get_config
 from ..runlock import STOP_REQUEST
 from ..model.memory import fits
 from ..train.optim import check_scaling, total_steps

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 from ..core import load_settings, paths_for, check_name, git_commit, package_dir
 from ..core import Settings, Paths
-from ..config import get_config
+from ..profiles import get_config
 from ..runlock import data_lock
 from ..data.prepare import read_manifest, shard_corpus
 from ..core import env_var

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json, math
 from pathlib import Path
 from ..core import paths_for, check_name, check_writable
-from ..config import load_config_file
+from ..profiles import load_config_file
 from .metrics import read_metrics
 from ..core import gpu_table, find_gpu
 from ..rundir import RunDir

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..core import paths_for, sha256_file
 from ..config import did_you_mean
 from ..data.tokenizer import load_tokenizer
-from .checkpoint import CheckpointError, MODEL_SHARDS, list_checkpoints, verify_checkpoint
+from .checkpoint.formats import CheckpointError, MODEL_SHARDS, list_checkpoints, verify_checkpoint
 from ..rundir import BEST, RunDir
 
 # %% auto #0

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import cli_options, default_experiment, pick_device, sha256_file
-from ..config import at_least, between, config_from_dict
+from ..config import at_least, between
+from ..overrides import config_from_dict
 from ..data.tokenizer import SPECIAL_TOKENS
 from ..model.gpt import GPT, KVCache
 from ..model.lora import add_lora, load_adapters, merge_lora, merge_lora_state
-from .checkpoint import SHAPE_KEYS, load_weights
+from .checkpoint.resume import SHAPE_KEYS, load_weights
 from .find import best_base, experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import END, chat_prompt, sft_source, split_examples
 from ..data.chatdata import chat_records

@@ -10,8 +10,10 @@ import argparse, datetime, gc, json, os, platform, statistics, sys, time
 from pathlib import Path
 import torch
 from ..core import peak_flops, pick_device, cli_options, EXIT_USER_ERROR
-from ..config import Config, get_config, count_params, flops_per_token, parse_assignments
-from ..config import apply_overrides
+from ..config import Config, count_params, flops_per_token
+from ..overrides import parse_assignments
+from ..profiles import get_config
+from ..overrides import apply_overrides
 from ..data.loader import TokenLoader, val_batches
 from ..model.gpt import keep_apart
 from ..model.memory import estimate_memory

@@ -9,8 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 from ..core import check_name, cli_options, paths_for, EXIT_DIVERGED
-from ..config import Config, apply_overrides, config_from_dict, parse_assignments, parse_overrides
-from ..config import config_dict, field_option, field_values, to_toml
+from ..config import Config
+from ..overrides import apply_overrides, config_from_dict, parse_assignments, parse_overrides
+from ..config import config_dict
+from ..overrides import field_option, field_values
+from ..profiles import to_toml
 from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
 from ..data.chatdata import data_value

@@ -13,8 +13,10 @@ from typing import Callable, Iterator
 import torch
 from ..core import cli_options, load_settings, nonblank, paths_for, pick_device, resolve_experiment
 from ..core import EXIT_CODES, EXIT_DIVERGED, EXIT_FINISHED, EXIT_USER_ERROR, one_line_warnings
-from ..config import get_config, parse_assignments, field_option, field_values, PROFILES
-from ..config import config_sections, field_index, with_fp8
+from ..overrides import parse_assignments, field_option, field_values
+from ..profiles import get_config, PROFILES
+from ..config import config_sections, field_index
+from ..profiles import with_fp8
 from ..distributed import NodeWatch, check_parallel, cleanup_distributed, rendezvous_of
 from ..distributed import set_parent_death_signal
 from ..runs.metrics import RunLog

@@ -10,7 +10,9 @@ import functools, html, io, json, os, socket, sys, time
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
-from ..config import get_config, Config, did_you_mean, field_index, parse_overrides, section_of
+from ..config import Config, did_you_mean, field_index, section_of
+from ..overrides import parse_overrides
+from ..profiles import get_config
 from ..runlock import pid_alive
 from ..runs.metrics import format_duration, read_metrics, format_row
 from .launch import TrainingExit

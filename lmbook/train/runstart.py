@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Callable
 import torch
 from ..core import pick_device, seed_everything
-from ..config import Config, apply_overrides, flat_config, load_config_file, with_fp8
+from ..config import Config, flat_config
+from ..overrides import apply_overrides
+from ..profiles import load_config_file, with_fp8
 from ..runlock import data_lock
 from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
 from ..data.loader import TokenLoader, prepare_data, streams, val_batches, data_leader, run_need
@@ -22,7 +24,8 @@ from ..model.lora import add_lora
 from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
 from ..model.levers import fp8_support
 from ..distributed import DistInfo, all_reduce, barrier
-from ..runs.checkpoint import SHAPE_DEFAULTS, SHAPE_KEYS, list_checkpoints
+from ..runs.checkpoint.formats import list_checkpoints
+from ..runs.checkpoint.resume import SHAPE_DEFAULTS, SHAPE_KEYS
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import SFTLoader, pack, read_sft, sft_source, sft_val_batches, split_examples
 from ..runs.sample import base_ref, load_model

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
-from ..runs import checkpoint as ckpt
+from ..runs.checkpoint import formats as ckpt
 from ..core import paths_for, pick_device, environment_info, peak_flops, check_writable
 from ..core import on_runpod, EXIT_FINISHED
-from ..config import Config, config_dict, save_config, to_toml, flops_per_token, count_params
+from ..config import Config, config_dict, flops_per_token, count_params
+from ..profiles import save_config, to_toml
 from ..runlock import RunLock, RunLocked, take_stop_request
 from fastcore.basics import patch
 from ..data.tokenizer import load_tokenizer
@@ -23,7 +24,7 @@ from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
 from ..runs.metrics import disk_full, no_space, wandb_args
 from ..runs.alert import Alerts, watch_stall
-from ..runs.checkpoint import Checkpointer
+from ..runs.checkpoint.checkpointer import Checkpointer
 from ..runs.mirror import Mirror
 from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error

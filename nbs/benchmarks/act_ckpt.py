@@ -38,7 +38,7 @@ def main():
     cuda_allocator_defaults()
     import torch
     from lmbook.train.bench import measure, format_rows
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.distributed import DistInfo
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}
     def write(r):

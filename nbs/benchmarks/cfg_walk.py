@@ -2,7 +2,8 @@
 
 A profile hook sees every call into an `lmbook` function that takes the run's `Config` (positionally or by
 keyword). A call whose module differs from its caller's is a step into that module; a module's visits are its
-steps in. Steps into `lmbook.config` itself (the config's own home) are counted apart. A second count also takes
+steps in. Steps into the config's own home (`lmbook.config`, `lmbook.overrides`, `lmbook.profiles`) are counted
+apart. A second count also takes
 calls given one of its sections (`ModelConfig`, `DataConfig`, `TrainConfig` and its own), such as a model's own `cfg`.
     python nbs/benchmarks/cfg_walk.py [--steps 3] [--json OUT]
 The workspace is a scratch folder removed when the script ends (see scratch.py).
@@ -42,9 +43,11 @@ def walk(argv:list[str]) -> dict:
     return dict(first_step=summary(steps[:marks['first']]), end=summary(steps),
                 first_step_sections=summary(wide[:marks['wide']]), end_sections=summary(wide))
 
+CONFIG_HOME = ('lmbook.config', 'lmbook.overrides', 'lmbook.profiles')  # the config's own modules
+
 def summary(steps:list) -> dict:
     "Modules crossed, steps in, and visits per module (those into `lmbook.config` counted apart)."
-    outside = [s for s in steps if s[1] != 'lmbook.config']
+    outside = [s for s in steps if s[1] not in CONFIG_HOME]
     visits = collections.Counter(m for _, m, _ in outside)
     return dict(modules=len(visits), steps=len(outside), config_steps=len(steps) - len(outside),
                 max_visits=max(visits.values(), default=0), visits=dict(visits.most_common()),

@@ -31,7 +31,7 @@ GPU = dict(dataset='builtin', dataset_config='', take=0, batch_size=8, grad_accu
 
 def one(mode:str, profile:str, overrides:dict, steps:int, every:int, root:Path) -> dict:
     "Train one mode in this process; return its timings."
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.train.trainer import train
     ov = dict(overrides, max_steps=steps, log_every=1, eval_every=10**6, sample_every=0, keep_ckpts=1, tensorboard=False,
               ckpt_every=every if mode != 'none' else 10**6, ckpt_async=mode == 'async')

@@ -48,7 +48,7 @@ def disk_speed(folder:Path, gb:float) -> dict:
 def state(profile:str) -> tuple[dict, dict, int]:
     "(weights, AdamW's full state dict, bytes) of `profile`'s model, as CPU tensors that hold memory."
     import torch
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.model.gpt import GPT
     cfg = get_config(profile)
     with torch.device('meta'): names = {k: (v.shape, v.dtype) for k, v in GPT(cfg.model).state_dict().items()}
@@ -65,7 +65,8 @@ def before(tmp:Path, snap:dict) -> None:
     import torch
     from safetensors.torch import save_file
     from lmbook.core import sha256_file
-    from lmbook.runs.checkpoint import _fsync, dedupe
+    from lmbook.runs.checkpoint.formats import dedupe
+    from lmbook.runs.checkpoint.writer import _fsync
     weights, aliases = dedupe(snap['model'])
     save_file(weights, tmp/'model.safetensors', metadata=dict(aliases=json.dumps(aliases)))
     _fsync(tmp/'model.safetensors')
@@ -76,7 +77,7 @@ def before(tmp:Path, snap:dict) -> None:
 
 def write(folder:Path, snap:dict, step:int, old:bool=False) -> float:
     "Seconds `write_checkpoint` takes for `snap` (with the old writer in place of its own: `old`)."
-    import lmbook.runs.checkpoint as ck
+    import lmbook.runs.checkpoint.writer as ck
     keep = ck._write_full
     if old: ck._write_full = before
     try:
@@ -96,7 +97,7 @@ def main():
     ap.add_argument('--out', type=Path)
     a = ap.parse_args()
     import statistics, torch
-    from lmbook.runs.checkpoint import ckpt_name, rng_state, verify_checkpoint
+    from lmbook.runs.checkpoint.formats import ckpt_name, rng_state, verify_checkpoint
     folder = a.dir or scratch('lmbook-ckpt-speed-', Path(__file__).resolve().parents[2])
     folder.mkdir(parents=True, exist_ok=True)
     res = dict(profile=a.profile, date=time.strftime('%Y-%m-%d'), torch=torch.__version__,

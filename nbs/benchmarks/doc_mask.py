@@ -34,7 +34,7 @@ def packed_batch(B, T, vocab, doc_len, eot, g, device):
 
 def speed(a, write):
     import torch, torch._dynamo
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.model.gpt import GPT, doc_mask, create_block_mask
     cuda = torch.cuda.is_available() and not a.tiny
     dev = 'cuda' if cuda else 'cpu'
@@ -98,7 +98,7 @@ def val_losses(run, root, device):
 
 def loss(a, write):
     import torch
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.runs.metrics import read_metrics
     from lmbook.data.sft import builtin_chat, write_jsonl
     from lmbook.train.finetune import finetune

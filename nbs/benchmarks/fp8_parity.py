@@ -62,7 +62,7 @@ def main():
     if not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
     from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from time_to_loss import run
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false') if a.tiny else {}
     cfg = get_config(a.profile, dict(batch_size=a.batch_size, grad_accum=a.grad_accum, max_steps=a.steps, warmup_steps=max(1, a.steps//10),

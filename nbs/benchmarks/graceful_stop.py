@@ -32,7 +32,7 @@ def steps(run:Path) -> list[int]:
 
 def complete(run:Path) -> dict[int, float]:
     "Step -> time its checkpoint became COMPLETE, for every complete checkpoint of the run."
-    from lmbook.runs.checkpoint import ckpt_step, list_checkpoints
+    from lmbook.runs.checkpoint.formats import ckpt_step, list_checkpoints
     return {ckpt_step(c): (c/'COMPLETE').stat().st_mtime for c in list_checkpoints(run/'checkpoints')
             if (c/'COMPLETE').is_file()}
 

@@ -1,7 +1,7 @@
 "Where a training step's GPU time goes, by kernel kind and top kernels: python3 nbs/benchmarks/kernel_profile.py PROFILE NAME=VALUE ..."
 import sys, torch
 from torch.profiler import profile, ProfilerActivity
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.train.bench import make_step, synthetic_batches
 
 prof_name, sets = sys.argv[1], dict(a.split('=', 1) for a in sys.argv[2:])

@@ -48,7 +48,7 @@ def main():
     cuda_allocator_defaults()
     import torch
     from lmbook.train.bench import measure, format_rows
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     import tokens
     t0 = time.time()
     train, val = tokens.prepare(a.workspace or scratch('levers-'), 'levers', a.dataset, 1 if a.tiny else a.mb)

@@ -65,7 +65,7 @@ def main():
     if a.prepare: return
     from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from time_to_loss import run
     tiny = dict(n_layer=2, n_embd=64, n_head=2, n_kv_head=2, block_size=64, device='cpu', compile='false',
                 **({'fp8': 'off'} if sets.get('fp8') else {})) if a.tiny else {}

@@ -17,7 +17,7 @@ CPU, to check the script itself: PYTHONPATH=$PWD python3 nbs/benchmarks/muon_ste
 import argparse, json, os, statistics, time
 import torch
 import torch.distributed as dist
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.model.gpt import GPT
 from lmbook.train.optim import Muon, make_optimizer, muon_groups, orthogonalize
 

@@ -167,7 +167,7 @@ def run_parity(folder:Path, rec:Path, device:str, quant:bool) -> dict:
     import torch, torch.nn.functional as F
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
     from peft import PeftModel, prepare_model_for_kbit_training
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.runs.export import write_peft_adapter
     from lmbook.model.hfimport import new_token_rows
     cfg, steps = get_config(str(rec/'training.toml')), json.loads((rec/'steps.json').read_text())

@@ -9,7 +9,7 @@ On a CPU, something small: `--profiles smoke --lengths 32 127 --dtype float32 --
 """
 import argparse, json, time
 import torch
-from lmbook.config import get_config
+from lmbook.profiles import get_config
 from lmbook.model.gpt import GPT
 from lmbook.runs.sample import generate, inference_device
 

@@ -36,7 +36,7 @@ def quiet(*a): pass
 def build(profile:str, sets:dict, info):
     "The profile's model sharded with FSDP2 over this job's processes, after one AdamW step (its moments exist)."
     import torch
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.model.gpt import GPT
     from lmbook.train.step import make_trainable, train_step
     cfg = get_config(profile, dict(dict(batch_size=1, grad_accum=1, compile='false', device=info.device), **sets,
@@ -60,7 +60,8 @@ def timed(fn) -> float:
 def measure(cfg, t, info, folder:Path, fmt:str, mode:str, repeats:int) -> dict:
     "Save the state `repeats` times in `fmt` and `mode`, then resume from it; rank 0's figures."
     from lmbook.config import config_dict
-    from lmbook.runs.checkpoint import Checkpointer, list_checkpoints
+    from lmbook.runs.checkpoint.formats import list_checkpoints
+    from lmbook.runs.checkpoint.checkpointer import Checkpointer
     log = print if info.is_main else quiet
     ck = Checkpointer(folder, every=1, keep=1, background=mode == 'background', info=info, log=log, fmt=fmt)
     state, done = dict(tokens=0, config=config_dict(cfg)), []
@@ -93,7 +94,8 @@ def main():
     ap.add_argument('--out', default=None, help='append the JSON rows to this file too')
     a = ap.parse_args()
     import torch
-    from lmbook.config import count_params, parse_assignments
+    from lmbook.config import count_params
+    from lmbook.overrides import parse_assignments
     from lmbook.core import environment_info
     from lmbook.distributed import init_distributed, cleanup_distributed, barrier
     info = init_distributed('cuda' if torch.cuda.is_available() else 'cpu')

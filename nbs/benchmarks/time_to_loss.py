@@ -82,7 +82,7 @@ def main():
     a = ap.parse_args()
     from lmbook.train.step import cuda_allocator_defaults
     cuda_allocator_defaults()
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     import tokens
     t0 = time.time()
     train, val = tokens.prepare(a.workspace or scratch('time-to-loss-'), 'ttl', a.dataset, 1 if a.tiny else a.mb)

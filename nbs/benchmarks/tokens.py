@@ -34,7 +34,7 @@ def source_corpus(out:Path, max_mb:float=40) -> Path:
 
 def prepare(ws:Path, exp:str, dataset:str='sources', max_mb:float=40) -> tuple[Path, Path]:
     "Train and validation token folders of `dataset` in workspace `ws`."
-    from lmbook.config import get_config
+    from lmbook.profiles import get_config
     from lmbook.core import paths_for
     from lmbook.data.loader import prepare_data
     if dataset == 'sources': dataset = str(source_corpus(Path(ws)/'corpus'/f'sources-{max_mb:g}MB.jsonl', max_mb))
