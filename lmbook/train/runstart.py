@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
 # %% ../../nbs/05d_runstart.ipynb #534a0b58
 from __future__ import annotations
-import functools, gc, json, time
+import dataclasses, functools, gc, json, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -204,7 +204,8 @@ def settle(cfg:Config, # the config as given
         changes.extend(rows)
         cfg, now = new, after
         said.clear()
-    record(apply_overrides(cfg, dict(init_from=init.init_from)), 'the checkpoint folder it names')
+    ft = dataclasses.replace(cfg.train.finetune, init_from=init.init_from)  # the other fields left unchecked
+    record(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, finetune=ft)), 'the checkpoint it names')
     record(resolve_fp8(cfg, info.device, said.append))  # before the fit: fp8 frees memory
     if cfg.train.levers.batch_fit:
         new, how = fitted_config(cfg, init, run_dir, info, said.append, cache)
