@@ -132,7 +132,8 @@ def test_init_from_a_checkpoint_older_than_the_bias_option(pre):
     (old/'COMPLETE').write_text(json.dumps(man))
     cfg = finetune_config(str(old), data, FT, root)
     assert cfg.model.bias is False
-    init_model(cfg, check_init(cfg, find_init(str(old), root)))  # before: "is a model of shape ... bias=None, but this config has ... bias=False"
+    # before: "is a model of shape ... bias=None, but this config has ... bias=False"
+    init_model(cfg, check_init(cfg, find_init(str(old), root)))
 
 
 def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
