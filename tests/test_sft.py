@@ -359,7 +359,8 @@ def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
     from lmbook.train import inputs
     from lmbook.data import sft
     root, data = pre
-    found, checked = counter(monkeypatch, inputs.init_checkpoint), counter(monkeypatch, inputs.check_init_shape)
+    found = counter(monkeypatch, inputs.init_checkpoint)
+    checked = counter(monkeypatch, inputs.check_init_shape)
     read = counter(monkeypatch, sft.read_sft)
     finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
     assert (found[0], checked[0], read[0]) == (1, 1, 1)

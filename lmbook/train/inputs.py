@@ -218,20 +218,20 @@ def prepare_run(cfg:Config, # the run's config
                 info:DistInfo|None=None, # this process's place (None: alone, all of the data prepared now)
                ):
     "A run's data (`prepare_data`'s, or an `SFTData`): a node's local rank 0 prepares it, the others follow."
-    if info is None: return _prepare(cfg, paths, init, log, examples)
+    if info is None: return _prepare_rank(cfg, paths, init, log, examples)
     need, val_need = data_need(cfg, info.world_size)
     stream = need is not None  # the other ranks then read what rank 0's background preparation writes
     barrier()
-    if info.local_rank == 0: prepared = _prepare(cfg, paths, init, log, examples, need, val_need, stream)
+    if info.local_rank == 0: prepared = _prepare_rank(cfg, paths, init, log, examples, need, val_need, stream)
     barrier()
     if info.local_rank != 0:
         follow = stream and streams(cfg) and not cfg.data.sft_data
-        prepared = _prepare(cfg, paths, init, None, examples, need, val_need, follow=follow)
+        prepared = _prepare_rank(cfg, paths, init, None, examples, need, val_need, follow=follow)
     return prepared
 
 # %% ../../nbs/05cb_inputs.ipynb #6c7fa639
-def _prepare(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None, need:int|None=None,
-             val_need:int=0, background:bool=False, follow:bool=False):
+def _prepare_rank(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None, need:int|None=None,
+                  val_need:int=0, background:bool=False, follow:bool=False):
     "`prepare_run` on one process: a corpus `background` while the run trains, or `follow`ing another's."
     if follow: return prepare_data(cfg, paths, follow=True)
     stream = background and streams(cfg) and not cfg.data.sft_data

@@ -205,7 +205,8 @@ def settle(cfg:Config, # the config as given
         cfg, now = new, after
         said.clear()
     ft = dataclasses.replace(cfg.train.finetune, init_from=init.init_from)  # the other fields left unchecked
-    record(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, finetune=ft)), 'the checkpoint it names')
+    tc = dataclasses.replace(cfg.train, finetune=ft)
+    record(dataclasses.replace(cfg, train=tc), 'the checkpoint it names')
     record(resolve_fp8(cfg, info.device, said.append))  # before the fit: fp8 frees memory
     if cfg.train.levers.batch_fit:
         new, how = fitted_config(cfg, init, run_dir, info, said.append, cache)
