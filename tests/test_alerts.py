@@ -8,7 +8,7 @@ from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.profiles import get_config
 from lmbook.runs.alert import Alerts, alert_shape
 from lmbook.train import trainer
-from lmbook.train.launch import alert_failure, alerting, run_training, start_run, train_process, TrainingExit
+from lmbook.train.launch import alert_failure, alerting, launch, spawn, TrainingExit
 from test_pod_start import KEY, container, pid1, volume_venv, wait_for
 from test_runpod import create, fake, one_line_error, run
 
@@ -120,7 +120,7 @@ def test_a_run_sends_started_and_finished_once_and_writes_the_url_nowhere(hook, 
 def test_divergence_is_sent_once_and_is_no_failure(hook, ws):
     c = cfg(max_steps=20, max_nonfinite=3)
     c.train.optim.lr = 1e4  # absurd (get_config refuses lr >= 1, so set it directly)
-    assert alerting(lambda: train_process(c, 'diverged', ws, profile='smoke'), 'diverged', ws) == 3
+    assert launch(c, 'smoke', 'diverged', {}, root=ws, checked=True) == 3
     assert hook.events() == ['started', 'diverged']
     assert 'non-finite for 3 steps in a row' in hook.one('diverged')['text']
 
@@ -148,7 +148,7 @@ def test_a_crash_in_lmbook_train_is_sent_as_failed_with_the_last_log_line(hook, 
     step = trainer.train_step
     monkeypatch.setattr(trainer, 'train_step', crash)
     with pytest.raises(RuntimeError, match='boom'):
-        start_run(cfg(), 'smoke', 'crashes', {}, root=ws)
+        launch(cfg(), 'smoke', 'crashes', {}, root=ws)
     assert hook.events() == ['started', 'failed']
     f = hook.one('failed')
     log = (ws/'runs'/'crashes'/'train.log').read_text().strip().splitlines()
@@ -158,7 +158,7 @@ def test_a_crash_in_lmbook_train_is_sent_as_failed_with_the_last_log_line(hook, 
 
 def test_a_failed_subprocess_is_sent_once_by_its_launcher(hook, ws, monkeypatch):
     with pytest.raises(TrainingExit) as e:
-        run_training('smoke', 'no-init', dict(TINY, init_from='no-such-run'), root=ws, out=lambda l: None)
+        for _ in spawn('smoke', 'no-init', dict(TINY, init_from='no-such-run'), root=ws): pass
     assert e.value.code == 2 and hook.events() == ['failed']
     f = hook.one('failed')
     assert f['exit_code'] == 2 and f['detail'].startswith("error: init_from='no-such-run'")

@@ -10,6 +10,7 @@ from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint
 from lmbook.runs.checkpoint.space import disk_plan, state_bytes
 from lmbook.runs.checkpoint.writer import prune_checkpoints
 from lmbook.train.runstart import build_trainable
+from lmbook.train.inputs import Init
 from lmbook.runs.sample import load_model
 from conftest import lmbook_cmd, rows
 
@@ -172,7 +173,7 @@ def four(ws):
 def test_disk_plan_is_what_a_run_writes(four):
     """The sizes a run logs at its start, counted from its model and optimizer, are those of the checkpoints
     it writes."""
-    t = build_trainable(four_cfg())
+    t = build_trainable(four_cfg(), Init())
     plan = disk_plan(*state_bytes(t.raw, t.optimizer), keep=2)
     assert (plan.step == pytest.approx(four['step_bytes'], rel=0.03)
             and plan.best == pytest.approx(four['best_bytes'], rel=0.03))

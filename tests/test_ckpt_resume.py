@@ -6,7 +6,7 @@ import pytest, torch
 from lmbook.profiles import get_config
 from conftest import rows
 from lmbook.train.trainer import train
-from lmbook.train.launch import launch_cmd
+from lmbook.train.launch import worker_cmd
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 from lmbook.core import sha256_file
 
@@ -16,7 +16,7 @@ TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_ev
 def quiet(lines): return lambda *a, **k: lines.append(' '.join(map(str, a)))
 
 def start(ws, exp, **kw):
-    cmd = launch_cmd('smoke', exp, {**TINY, **kw}, root=ws)
+    cmd = worker_cmd('smoke', exp, {**TINY, **kw}, root=ws)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
 
 def wait_for_step(proc, step, out):

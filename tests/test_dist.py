@@ -12,7 +12,7 @@ def _fsdp_cpu_ok():
     except ValueError: return False
 FSDP_CPU = pytest.mark.skipif(not _fsdp_cpu_ok(), reason='FSDP2 on the CPU needs torch >= 2.6')
 from lmbook.train.trainer import train
-from lmbook.train.launch import launch_cmd, launch
+from lmbook.train.launch import worker_cmd, spawn
 from lmbook.runs.checkpoint.formats import list_checkpoints
 
 # global batch 8 sequences: 1 process x batch 4 x grad_accum 2, or 2 processes x batch 4
@@ -21,13 +21,13 @@ TINY = dict(take=2000, block_size=64, n_embd=64, n_head=2, eval_every=4, eval_st
 def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss') is not None}
 
 def start(ws, exp, nproc=2, **kw):
-    return subprocess.Popen(launch_cmd('smoke', exp, {**TINY, **kw}, nproc=nproc, root=ws),
+    return subprocess.Popen(worker_cmd('smoke', exp, {**TINY, **kw}, nproc=nproc, root=ws),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True)
 
 def run(ws, exp, **kw):
     "Through `launch`, as the train notebook does: a plain process prepares the data, then torchrun trains."
-    out = ''.join(launch('smoke', exp, {**TINY, **kw}, nproc=2, root=ws))
+    out = ''.join(spawn('smoke', exp, {**TINY, **kw}, nproc=2, root=ws))
     assert out.index('data ready') < out.index('2 process(es)')
     return out
 
@@ -98,4 +98,4 @@ def test_sigterm_to_torchrun(ws):
 @pytest.mark.skipif(_fsdp_cpu_ok(), reason='only torch < 2.6 refuses FSDP2 on the CPU')
 def test_fsdp_on_cpu_refused_before_start_on_old_torch(ws):
     with pytest.raises(ValueError, match='FSDP2 on the CPU needs torch >= 2.6'):
-        launch_cmd('smoke', 'old-torch', dict(TINY, parallel='fsdp'), nproc=2)
+        worker_cmd('smoke', 'old-torch', dict(TINY, parallel='fsdp'), nproc=2)

@@ -6,7 +6,7 @@ runs/gpu-kill/kill_resume.json."""
 import json, os, random, signal, subprocess, time
 from pathlib import Path
 import pytest, torch
-from lmbook.train.launch import launch_cmd
+from lmbook.train.launch import worker_cmd
 from lmbook.runs.checkpoint.formats import list_checkpoints
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -22,7 +22,7 @@ def losses(run): return {r['step']: r['loss'] for r in rows(run) if r.get('loss'
 
 def start(ws, exp):
     env = dict(os.environ, HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1')
-    return subprocess.Popen(launch_cmd('smoke', exp, CFG, nproc=2, root=ws), stdout=subprocess.PIPE,
+    return subprocess.Popen(worker_cmd('smoke', exp, CFG, nproc=2, root=ws), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, start_new_session=True)
 
 def workers(exp, ws):

@@ -7,7 +7,7 @@ import torch
 from conftest import rows, lmbook_cmd
 from lmbook.profiles import get_config
 from lmbook.train.trainer import train
-from lmbook.train.launch import launch_cmd
+from lmbook.train.launch import worker_cmd
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint, ckpt_step
 from lmbook.runs.checkpoint.formats import CheckpointSpaceError
 import lmbook.runs.checkpoint.writer as ckpt_mod
@@ -33,7 +33,7 @@ def test_closed_stdout_keeps_training(ws):
 
 def test_second_trainer_refused(ws):
     "Two trainers on one experiment: the second is refused in one line naming the first; the first goes on."
-    a = subprocess.Popen(launch_cmd('smoke', 'locked', {**TINY, 'max_steps': 500, 'ckpt_every': 100},
+    a = subprocess.Popen(worker_cmd('smoke', 'locked', {**TINY, 'max_steps': 500, 'ckpt_every': 100},
                                     root=ws),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in a.stdout:

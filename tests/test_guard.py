@@ -28,7 +28,7 @@ def one_error_line(capsys) -> str:
 
 
 def test_a_2b_profile_on_a_cpu_is_refused_before_any_work(workspace, capsys, monkeypatch):
-    monkeypatch.setattr(launch, 'run_training', lambda *a, **k: pytest.fail('torchrun started'))
+    monkeypatch.setattr(launch, 'spawn', lambda *a, **k: pytest.fail('torchrun started'))
     for extra in ([], ['--nproc', '2']):  # before torchrun too
         assert main(['train', '-p', 'runpod_2b', '-e', 'big', '--set', 'device=cpu', *extra]) == 2
         err = one_error_line(capsys)
@@ -40,7 +40,7 @@ def test_a_2b_profile_on_a_cpu_is_refused_before_any_work(workspace, capsys, mon
 def test_force_gets_past_the_check(workspace, capsys, monkeypatch):
     "`--force` (and the notebook's `force` parameter) reaches the run as force=true; nothing trains here."
     seen = []
-    monkeypatch.setattr(launch, 'train_process', lambda cfg, *a, **k: seen.append(cfg) or 0)
+    monkeypatch.setattr(launch, 'train', lambda cfg, *a, **k: seen.append(cfg) or {})
     assert main(['train', '-p', 'runpod_2b', '-e', 'big', '--set', 'device=cpu', '--force']) == 0
     assert seen[0].train.force and seen[0].model.n_embd == 2560
     out = capsys.readouterr().out
@@ -50,10 +50,10 @@ def test_force_gets_past_the_check(workspace, capsys, monkeypatch):
 
 
 def test_launch_checks_before_it_starts_anything(workspace):
-    "The train notebook's road: `launch` refuses at its first line; forced, its first line is the note."
+    "The train notebook's road: `spawn` refuses at its first line; forced, its first line is the note."
     with pytest.raises(ValueError, match='lmbook pod plan --profile runpod_2b'):
-        next(launch.launch('runpod_2b', 'big', dict(device='cpu')))
-    lines = launch.launch('runpod_2b', 'big', dict(device='cpu', force=True))
+        next(launch.spawn('runpod_2b', 'big', dict(device='cpu')))
+    lines = launch.spawn('runpod_2b', 'big', dict(device='cpu', force=True))
     assert next(lines).startswith('note: force=true')
     lines.close()  # before the first process starts
     assert written(workspace) == []

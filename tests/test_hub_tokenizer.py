@@ -134,12 +134,12 @@ def test_nanogpt_bins_with_the_hub_tokenizer(workspace, hub, tmp_path):
     assert json.loads((p.tokenizer/'meta.json').read_text())['hub_id'] == 'gpt2'
 
 
-def test_training_starts_from_published_gpt2(workspace, hub, capsys):
-    """init_from=hf:gpt2 loads the cached published weights exactly (step-0 model == the import); shape and
-    tokenizer are checked before any data is written."""
+def test_training_starts_from_published_gpt2(workspace, hub, capsys, monkeypatch):
+    """init_from=hf:gpt2 loads the cached published weights exactly (step-0 model == the import), reading them
+    once; shape and tokenizer are checked before any data is written."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from lmbook.train.runstart import init_model
+    from lmbook.train.inputs import check_init, find_init, init_model
     from lmbook.model.hfimport import gpt2_from_hf
     tok, path = hub('models--gpt2')
     torch.manual_seed(0)
@@ -152,12 +152,17 @@ def test_training_starts_from_published_gpt2(workspace, hub, capsys):
     shape = dict(arch='gpt2', bias=True, vocab_size=320, block_size=64, n_layer=2, n_head=2, n_embd=32,
                  tokenizer='gpt2', init_from='hf:gpt2')
     cfg = get_config('smoke', shape)
-    ours, (_, sd) = init_model(cfg), gpt2_from_hf('gpt2', vocab_size=320)
+    ours = init_model(cfg, check_init(cfg, find_init('hf:gpt2')))
+    sd = gpt2_from_hf('gpt2', vocab_size=320)[1]
     assert all(torch.equal(ours.state_dict()[k], v) for k, v in sd.items())
     sets = [f'{k}={v}' for k,
             v in {**shape, 'take': 200, 'max_steps': 2, 'eval_every': 2, 'eval_steps': 1, 'batch_size': 2,
                                      'tensorboard': False, 'device': 'cpu'}.items()]
+    from lmbook.train import inputs
+    loads = []
+    monkeypatch.setattr(inputs, 'gpt2_from_hf', lambda *a, **k: loads.append(a) or gpt2_from_hf(*a, **k))
     assert main(['train', '-p', 'smoke', '-e', 'from-gpt2', '-s', *sets]) == 0
+    assert len(loads) == 1, loads  # the weights the check read are the model's (they were read twice)
     for bad, says in (('n_layer=3', 'is a model of shape'),
                       ('tokenizer=', 'needs that model\'s tokenizer: set tokenizer=gpt2')):
         assert main(['train', '-p', 'smoke', '-e', 'bad-gpt2', '-s', *sets, bad]) == 2

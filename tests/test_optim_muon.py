@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from lmbook.profiles import get_config
 from lmbook.train.trainer import train
-from lmbook.train.launch import launch
+from lmbook.train.launch import spawn
 from lmbook.distributed import check_parallel
 from conftest import rows
 
@@ -39,7 +39,7 @@ def test_muon_trains_and_resumes_exactly(ws, single):
 
 @pytest.mark.parametrize('parallel', ['ddp', pytest.param('fsdp', marks=FSDP_CPU)])
 def test_muon_two_processes_match_one(ws, single, parallel):
-    out = ''.join(launch('smoke', f'muon-{parallel}', {**TINY, 'parallel': parallel, 'deterministic': False},
+    out = ''.join(spawn('smoke', f'muon-{parallel}', {**TINY, 'parallel': parallel, 'deterministic': False},
                          nproc=2, root=ws))
     assert '2 process(es)' in out, out[-2000:]
     got = losses(Path(ws)/'runs'/f'muon-{parallel}')

@@ -14,7 +14,7 @@ from lmbook.runs.sample import load_model
 from lmbook.runs.find import find_checkpoint
 from lmbook.data.tokenizer import load_tokenizer, train_bpe
 from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
-from lmbook.train.runstart import init_model, resolve_init
+from lmbook.train.inputs import check_init, find_init, init_model, resolve_init
 from lmbook.data.sft import read_sft, pack, render_chat, builtin_chat, write_jsonl, chat_prompt
 from lmbook.data.chatdata import record_messages
 from conftest import lmbook_cmd, rows
@@ -105,7 +105,7 @@ def test_init_from_loads_weights_only_and_refuses_another_shape(pre):
     root, data = pre
     cfg = finetune_config('pre', data, FT, root)
     paths = paths_for('ft-init', root=root)
-    m = init_model(*resolve_init(cfg, paths, paths.run))
+    m = init_model(cfg, resolve_init(cfg, paths, paths.run))
     src = load_model('pre', root).model.state_dict()
     assert all(torch.equal(v, src[k]) for k, v in m.state_dict().items())
     with pytest.raises(ValueError) as e:
@@ -132,7 +132,8 @@ def test_init_from_a_checkpoint_older_than_the_bias_option(pre):
     (old/'COMPLETE').write_text(json.dumps(man))
     cfg = finetune_config(str(old), data, FT, root)
     assert cfg.model.bias is False
-    init_model(cfg)  # before: "is a model of shape ... bias=None, but this config has ... bias=False"
+    # before: "is a model of shape ... bias=None, but this config has ... bias=False"
+    init_model(cfg, check_init(cfg, find_init(str(old), root)))
 
 
 def test_lora_resume_is_bit_exact_base_frozen_and_export_matches(pre):
@@ -302,7 +303,7 @@ def test_small_file_fine_tunes_with_a_batch_it_fills(pre):
     r = lmbook_cmd('finetune', '--init-from', 'pre', '--data', small, '-e', 'ft-small', '--root', root,
                    '--max-steps', '3', '--batch-size', '16', '--set', 'eval_steps=1', 'ckpt_async=false')
     assert r.returncode == 0, r.stderr[-2000:]
-    note = [l for l in r.stdout.splitlines() if l.startswith('note: the fine-tuning data packs into')]
+    note = [l for l in r.stdout.splitlines() if 'the fine-tuning data packs into' in l]
     assert len(note) == 1 and 'less than one batch of 1x16: batch_size ' in note[0], r.stdout
     from lmbook.profiles import load_config_file
     c = load_config_file(paths_for('ft-small', root=root).run/'training.toml').train
@@ -328,8 +329,8 @@ def test_finetune_takes_the_training_road(pre, monkeypatch):
     from lmbook.profiles import load_config_file
     root, data = pre
     seen = {}
-    monkeypatch.setattr(launch, 'run_training', lambda profile, experiment, ov,
-                        **kw: seen.update(profile=profile, **kw))
+    monkeypatch.setattr(launch, 'spawn', lambda profile, experiment, ov,
+                        **kw: seen.update(profile=profile, **kw) or (l for l in ()))
     assert main(['finetune', '--init-from', 'pre', '--data', str(data), '-e', 'ft-road', '--root', str(root),
                  '--nproc', '2', '--lora-rank', '4', '--max-steps', '3']) == 0
     cfg = load_config_file(Path(seen['profile']))
@@ -355,11 +356,11 @@ def counter(monkeypatch, fn) -> list:
 
 def test_a_finetune_resolves_its_init_and_reads_its_data_once(pre, monkeypatch):
     "One fine-tune finds its init checkpoint once, checks its shape once and reads the fine-tuning file once."
-    from lmbook.train import runstart
+    from lmbook.train import inputs
     from lmbook.data import sft
     root, data = pre
-    found, checked = counter(monkeypatch, runstart.init_checkpoint), counter(monkeypatch,
-                                                                             runstart.check_init_shape)
+    found = counter(monkeypatch, inputs.init_checkpoint)
+    checked = counter(monkeypatch, inputs.check_init_shape)
     read = counter(monkeypatch, sft.read_sft)
     finetune('pre', data, 'ft-once', dict(FT, max_steps=1, ckpt_every=1, eval_every=1), root=root, log=quiet)
     assert (found[0], checked[0], read[0]) == (1, 1, 1)

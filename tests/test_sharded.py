@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from conftest import rows
 from lmbook.profiles import get_config
 from lmbook.distributed import check_parallel
-from lmbook.train.launch import launch
+from lmbook.train.launch import spawn
 from lmbook.train.trainer import train
 from lmbook.train.eval import evaluate
 from lmbook.config import ModelConfig
@@ -38,7 +38,7 @@ def quiet(*a): pass
 
 def two(ws, exp, **kw) -> str:
     "A run of `exp` under torchrun with 2 FSDP2 processes; its output."
-    out = ''.join(launch('smoke', exp, {**TINY, **kw}, nproc=2, root=ws))
+    out = ''.join(spawn('smoke', exp, {**TINY, **kw}, nproc=2, root=ws))
     assert '2 process(es)' in out, out[-3000:]
     return out
 

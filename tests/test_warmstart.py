@@ -8,8 +8,9 @@ from lmbook.core import paths_for
 from lmbook.distributed import DistInfo
 from lmbook.rundir import RunDir
 from lmbook.runs.metrics import RunLog
+from lmbook.train.inputs import Init
 from lmbook.train.runstart import fitted_config
-from lmbook.train.trainer import setup_run, train
+from lmbook.train.trainer import train
 from lmbook.train.warmstart import FIT_CACHE, fit_file, fit_key, shared_cache
 
 TINY = dict(take=2000, batch_size=4, block_size=64, n_embd=64, n_head=2, max_steps=4, warmup_steps=2,
@@ -21,8 +22,8 @@ def test_second_start_skips_the_fit(tmp_path):
     cfg, card = get_config('smoke', dict(batch_size=2, grad_accum=8)), 'made-up card, 40960 MiB'
     cache, tried = shared_cache(paths_for('a', root=tmp_path), FIT_CACHE), []
     fits = lambda c: tried.append(c.train.batch_size) or 10 + 4*c.train.batch_size <= 40
-    fit = lambda c, card=card, run='a': fitted_config(c, tmp_path/'runs'/run, DistInfo(), print, cache=cache,
-                                                      fits=fits, card=card)
+    fit = lambda c, card=card, run='a': fitted_config(c, Init(), tmp_path/'runs'/run, DistInfo(), print,
+                                                      cache=cache, fits=fits, card=card)
     first, how = fit(cfg)
     assert (first.train.batch_size, first.train.grad_accum, how) == (4, 4, 'fitted') and tried
     assert fit_file(cache, fit_key(cfg, 1, card)).is_file()
@@ -39,10 +40,10 @@ def test_compile_cache_in_the_workspace(tmp_path, monkeypatch):
     import lmbook.train.trainer as trainer
     class Stop(Exception): pass
     def stop(*a, **k): raise Stop(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))  # where the model would compile
-    monkeypatch.setattr(trainer, 'run_start', stop)
+    monkeypatch.setattr(trainer, 'build', stop)
     monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR', raising=False)
     def cache_dir(exp, **kw):
-        try: setup_run(get_config('smoke', dict(TINY, **kw)), exp, tmp_path, RunLog(lambda *a: None))
+        try: train(get_config('smoke', dict(TINY, **kw)), exp, tmp_path, RunLog(lambda *a: None))
         except Stop as e: return e.args[0]
     assert cache_dir('c', compile='true') == str(tmp_path.resolve()/'cache'/'_compile')
     monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR')

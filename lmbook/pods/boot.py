@@ -150,9 +150,9 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, log, stop:StopSignals|None=
     env = dict(os.environ, PYTHONUNBUFFERED='1', LMBOOK_ALERT_PARENT='1')
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
-        launch_cmd = importlib.import_module('lmbook.train.launch').launch_cmd  # loads torch: several nodes
+        worker_cmd = importlib.import_module('lmbook.train.launch').worker_cmd  # loads torch: several nodes
         args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
-        for cmd in (launch_cmd(*args, prepare_only=True), launch_cmd(*args)):
+        for cmd in (worker_cmd(*args, prepare_only=True), worker_cmd(*args)):
             if (rc := _follow(cmd, paths, log, stop, env=env, cwd=paths.run)): break
         rc = 128 - rc if rc < 0 else rc
     else:

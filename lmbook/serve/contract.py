@@ -16,7 +16,7 @@ from ..data.tokenizer import SPECIAL_TOKENS
 # %% auto #0
 __all__ = ['FIELDS', 'MAX_CHOICES', 'MAX_LOGPROBS', 'MASK64', 'ApiError', 'fields_of', 'check_fields', 'fields_table', 'number',
            'flag', 'stop_strings', 'logit_bias', 'logprob_count', 'include_usage', 'vocab_facts', 'too_long',
-           'check_text', 'prompt_ids', 'message_text', 'chat_text', 'prompt_list', 'Ask', 'read_ask', 'kind_of',
+           'check_text', 'prompt_ids', 'message_text', 'messages_prompt', 'prompt_list', 'Ask', 'read_ask', 'kind_of',
            'choice_seed', 'jobs_of']
 
 # %% ../../nbs/06ba_contract.ipynb #9a9c1361
@@ -215,7 +215,7 @@ def message_text(m, i:int, tokenizer, context:int) -> str:
         c = '\n'.join(p['text'] for p in c)
     return f"{ROLES[role]}{check_text(tokenizer, c, context, f'messages[{i}].content')}{END}"
 
-def chat_text(tokenizer, messages, context:int) -> str:
+def messages_prompt(tokenizer, messages, context:int) -> str:
     "The prompt text of OpenAI-style `messages` in lmbook's chat format, ending with the assistant's tag."
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list of {role, content}", param='messages')
@@ -279,7 +279,7 @@ def read_ask(s:Served, body, chat:bool, context:int) -> Ask:
     n, stream = number(body, 'n', 1, MAX_CHOICES, 1, whole=True), flag(body, 'stream')
     best = number(body, 'best_of', n, MAX_CHOICES, n, whole=True)
     if stream and best > n: raise ApiError(400, "best_of > n cannot be streamed", param='best_of')
-    prompts = ([(prompt_ids(s.tokenizer, chat_text(s.tokenizer, body.get('messages'), context), context,
+    prompts = ([(prompt_ids(s.tokenizer, messages_prompt(s.tokenizer, body.get('messages'), context), context,
                             'messages'), '')] if chat else prompt_list(s, body.get('prompt'), context))
     if len(prompts)*best > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x {best} choices: {MAX_CHOICES} at most", param='n')

@@ -22,6 +22,7 @@ from ..model.levers import lever_report
 from ..distributed import DistInfo, all_reduce, dist_env, init_distributed
 from .step import cuda_allocator_defaults, resolve_compile, train_step
 from .runstart import build_trainable, fit_batch, resolve_fp8
+from .inputs import check_init, find_init
 from ..core import env_var
 
 # %% auto #0
@@ -68,7 +69,8 @@ def make_step(cfg:Config, # the config to train
             old = getattr(icfg, k)
             setattr(icfg, k, str(v).lower() in ('1', 'true') if isinstance(old, bool) else type(old)(v))
     custom = compiled and compile_mode != 'default'
-    t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, info)
+    init = check_init(cfg, find_init(cfg.train.finetune.init_from))  # the weights the run would start from
+    t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, init, info)
     if custom:
         keep_apart()  # as make_trainable does before compiling
         if compile_mode == 'regional':
@@ -258,7 +260,8 @@ def _fit(args) -> int:
     cfg = get_config(args.profile, parse_assignments(args.set))
     info = init_distributed(pick_device(cfg.train.device))
     say = print if info.is_main else (lambda *a: None)
-    f = fit_batch(resolve_fp8(cfg, info.device, say), info, say)
+    init = check_init(cfg, find_init(cfg.train.finetune.init_from))
+    f = fit_batch(resolve_fp8(cfg, info.device, say), init, info, say)
     if info.is_main: print(f"--set batch_size={f.train.batch_size} grad_accum={f.train.grad_accum}")
     return 0
 

@@ -8,18 +8,17 @@ Docs: https://lmbook.github.io/lmbook/finetune.html.md"""
 from __future__ import annotations
 from pathlib import Path
 from typing import Callable
-from ..core import check_name, cli_options, paths_for, EXIT_DIVERGED
-from ..config import Config
-from ..overrides import apply_overrides, config_from_dict, parse_assignments, parse_overrides
-from ..config import config_dict
-from ..overrides import field_option, field_values
+from ..core import check_name, cli_options, paths_for
+from ..config import Config, config_dict
+from ..overrides import apply_overrides, config_from_dict, field_option, field_values
+from ..overrides import parse_assignments, parse_overrides
 from ..profiles import to_toml
 from ..runs.find import run_of
 from ..model.hfimport import hf_model_config, hf_tokenizer
 from ..data.chatdata import data_value
-from .runstart import Init, check_init, find_init, read_init_sft
-from .trainer import NonFiniteError, exit_code, train
-from .launch import alerting, check_hardware, detach_option, start_run, torchrun_option
+from .inputs import Init, check_init, find_init, read_init_sft
+from .trainer import train
+from .launch import check_hardware, detach_option, launch, torchrun_option
 
 # %% auto #0
 __all__ = ['FINETUNE', 'FINETUNE_PARAMS', 'HUB_FINETUNE', 'PUBLISHED_PARAMS', 'OPTIONS', 'finetune_overrides', 'finetune_config',
@@ -108,7 +107,7 @@ def checked(init_from:str, data:str|Path, experiment:str, overrides:dict|None=No
     if init.kind == 'lmbook' and paths_for(experiment, root=root).run == run_of(init.path):
         raise ValueError(f"experiment {experiment!r} is the init run "
                          "itself: give the fine-tuned run a new name")
-    check_init(cfg, init)
+    init = check_init(cfg, init)  # GPT-2's weights read here, once
     if note := check_hardware(cfg): log(note)  # before the records are read and tokenized
     # read once; a bad record fails before any folder is made
     examples = read_init_sft(cfg, init, root, log, paths_for(experiment, root=root).hf_cache)
@@ -136,21 +135,16 @@ PUBLISHED_PARAMS = dict(
 OPTIONS = ('lora_rank', 'lora_alpha', 'lora_targets', 'quant', 'max_steps', 'batch_size', 'nproc', 'parallel',
            'sft_split', 'sft_columns', 'force')
 
-def _train_here(cfg:Config, experiment:str, root:Path|None, init:Init, examples:list) -> int:
-    "Train the fine-tuning run in this process; its exit code."
-    try: return exit_code(train(cfg, experiment, root=root, init=init, examples=examples))
-    except NonFiniteError: return EXIT_DIVERGED
-
 def finetune_cmd(init_from:str, data:str|Path, experiment:str, overrides:dict, root:Path|None=None,
                  detached:bool=False, torchrun_args:str='') -> int:
-    "`lmbook finetune`: the checks, then training here, under torchrun or in the background (`start_run`)."
+    "`lmbook finetune`: the checks, then `launch` (here with the checked `Init`, under torchrun or detached)."
     cfg, init, examples = checked(init_from, data, experiment, overrides, root)
-    if cfg.train.nproc == 1 and not (detached or torchrun_args):
-        return alerting(lambda: _train_here(cfg, experiment, root, init, examples), experiment, root)
+    # the config the workers of torchrun or a detached run read
     path = paths_for(experiment, root=root).cache/'finetune.toml'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_toml(config_dict(cfg)))
-    return start_run(cfg, str(path), experiment, {}, root, detached, torchrun_args, checked=True)
+    return launch(cfg, str(path), experiment, {}, root, detached, torchrun_args, checked=True, init=init,
+                  examples=examples)
 
 # %% ../../nbs/05g_finetune.ipynb #ae034cd3
 def add_cli(sub):

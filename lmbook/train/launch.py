@@ -6,8 +6,8 @@ Docs: https://lmbook.github.io/lmbook/launch.html.md"""
 
 # %% ../../nbs/05f_launch.ipynb #381d873c
 from __future__ import annotations
-import argparse, json, os, platform, re, shlex, signal, socket, subprocess, sys, tempfile, textwrap, threading
-import time
+import argparse, contextlib, json, os, platform, re, shlex, signal, socket, subprocess, sys, tempfile
+import textwrap, threading, time
 from pathlib import Path
 from typing import Callable, Iterator
 import torch
@@ -24,7 +24,7 @@ from ..model.memory import fit_verdict
 from ..model.levers import fp8_support
 from .step import cuda_allocator_defaults
 from ..runs.alert import Alerts
-from .runstart import prepare_run
+from .inputs import prepare_run, resolve_init
 from .trainer import NonFiniteError, STOP_SIGNALS, choose_run_dir, exit_code, train
 from ..runlock import RunLock
 from ..rundir import RunDir
@@ -32,9 +32,9 @@ from ..core import env_var
 
 # %% auto #0
 __all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit',
-           'train_process', 'main', 'alert_failure', 'alerting', 'node_rank', 'launch_cmd', 'free_ram_gb',
-           'device_memory', 'check_hardware', 'node_label', 'launch', 'TrainingExit', 'killed_rank', 'run_training',
-           'detach', 'train_epilog', 'detach_option', 'start_run', 'add_cli']
+           'main', 'alert_failure', 'alerting', 'node_rank', 'worker_cmd', 'free_ram_gb', 'device_memory',
+           'check_hardware', 'node_label', 'spawn', 'TrainingExit', 'killed_rank', 'detach', 'train_epilog',
+           'detach_option', 'launch', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -77,19 +77,22 @@ def describe_exit(code:int) -> str:
     return f"killed by {signal.Signals(sig).name} (no checkpoint of its own)"
     return 'crashed: see its output'
 
-def train_process(cfg, # the resolved `Config`
-                  experiment:str, root:Path|None=None, prepare_only:bool=False,
-                  profile:str='', # the profile it came from (the `started` alert names it)
-                 ) -> int:
-    "Prepare the data, or train, in this process; return the exit code (`EXIT_CODES`). User errors raise."
+def _in_process(cfg, # the resolved `Config`
+                experiment:str, root:Path|None=None,
+                profile:str='', # the profile it came from (the `started` alert names it)
+                prepare_only:bool=False, # only prepare the data
+                init=None, # the `Init`, found and checked by the caller (None: found by `build`)
+                examples:list|None=None, # the fine-tuning examples, read by the caller (None: by `build`)
+               ) -> int:
+    "In this process, the training one: `train` `cfg`, or prepare its data; the exit code. User errors raise."
     if prepare_only:
-        say = RunLog()
+        say, paths = RunLog(), paths_for(experiment, root=root)
         # says so when it waits for another preparation
-        pd = prepare_run(cfg, paths_for(experiment, root=root), say)
+        pd = prepare_run(cfg, paths, resolve_init(cfg, paths, paths.run), say)
         say(f"data ready: {pd.n_train_tokens:,} train and {pd.n_val_tokens:,} "
             f"validation tokens, vocabulary {pd.vocab_size}")
         return 0
-    try: return exit_code(train(cfg, experiment, root=root, profile=profile))
+    try: return exit_code(train(cfg, experiment, root=root, init=init, examples=examples, profile=profile))
     except NonFiniteError: return EXIT_DIVERGED
 
 def _say_error(e:Exception):
@@ -98,13 +101,13 @@ def _say_error(e:Exception):
 
 # %% ../../nbs/05f_launch.ipynb #bd7566ef
 def main(argv:list[str]|None=None) -> int:
-    "Entry point of one training process, plain or a torchrun worker; local rank 0 records its exit code."
+    "In each training process `spawn` starts (plain or torchrun's); local rank 0 records the exit code."
     one_line_warnings()
     a = train_args(argparse.ArgumentParser(prog='lmbook-train-worker')).parse_args(argv)
     rc = None
     try:
         cfg, profile, experiment, _ = resolve_args(a)
-        rc = train_process(cfg, experiment, a.root, a.prepare_only, profile)
+        rc = _in_process(cfg, experiment, a.root, profile, a.prepare_only)
     except (ValueError, FileNotFoundError) as e:
         if int(env_var('LOCAL_RANK', '0')) == 0: _say_error(e)  # once on each node
         rc = EXIT_USER_ERROR
@@ -153,10 +156,10 @@ def node_rank(torchrun_args:str|list) -> int:
     return 0
 
 # %% ../../nbs/05f_launch.ipynb #5f6fec5e
-def launch_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
+def worker_cmd(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
                root:Path|None=None,
                torchrun_args:str|list='', prepare_only:bool=False) -> list[str]:
-    "The command line that trains `profile` as experiment `experiment` (or only prepares its data)."
+    "The command line of the training process(es) that train `profile` as `experiment` (or prepare its data)."
     overrides = dict(overrides or {})
     if nproc is not None: overrides['nproc'] = nproc
     cfg = get_config(profile, overrides)
@@ -226,7 +229,7 @@ def node_label(torchrun_args:str|list) -> str:
     return f"node {node_rank(torchrun_args)}" if given else socket.gethostname()
 
 # %% ../../nbs/05f_launch.ipynb #d8d65613
-def launch(profile:str, # profile name or config file
+def spawn(profile:str, # profile name or config file
            experiment:str, # experiment name
            overrides:dict|None=None, # flat config overrides
            nproc:int|None=None, # processes per node (default: the config's `nproc`)
@@ -238,8 +241,8 @@ def launch(profile:str, # profile name or config file
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
            checked:bool=False, # the caller ran `check_hardware` already
           ) -> Iterator[str]:
-    "Run the training in a subprocess, yielding its output lines; `TrainingExit` (alerted) when it fails."
-    cmd = launch_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
+    "In the launching process: start training process(es), yield their lines; `TrainingExit` if it fails."
+    cmd = worker_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     if not (prepare_only or checked):  # before any work
         ov = dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc)))
         if note := check_hardware(get_config(profile, ov), profile, torchrun_args): yield note
@@ -247,7 +250,7 @@ def launch(profile:str, # profile name or config file
     e = dict(os.environ, PYTHONUNBUFFERED='1', PET_SIGNALS_TO_HANDLE=TORCHRUN_SIGNALS, **(env or {}))
     cmds = [] if prepare_only else [cmd]
     if 'torch.distributed.run' in cmd or prepare_only:
-        cmds.insert(0, launch_cmd(profile, experiment, overrides, nproc, root, prepare_only=True))
+        cmds.insert(0, worker_cmd(profile, experiment, overrides, nproc, root, prepare_only=True))
     report, last, rdzv = RunDir(paths_for(experiment, root=root).run).log, '', rendezvous_of(torchrun_args)
     try:
         for c in cmds:
@@ -368,21 +371,6 @@ def _stream(cmd:list[str], env:dict, grace_s:float, forward_signals:bool=False,
                 proc.wait()
     yield from _ended(rc, exit_file, held, report, watch, agent='torch.distributed.run' in cmd)
 
-# %% ../../nbs/05f_launch.ipynb #695a31ef
-def run_training(profile:str, experiment:str, overrides:dict|None=None, nproc:int|None=None,
-                 root:Path|None=None,
-                 torchrun_args:str|list='', env:dict|None=None, out=print, prepare_only:bool=False,
-                     forward_signals:bool=False, checked:bool=False) -> int:
-    "`launch` and print every line; on Ctrl-C / an interrupted cell stop the run cleanly, then re-raise."
-    gen = launch(profile, experiment, overrides, nproc, root, torchrun_args, env, prepare_only=prepare_only,
-                 forward_signals=forward_signals, checked=checked)
-    try:
-        for line in gen: out(line.rstrip('\n'))
-    except KeyboardInterrupt:
-        gen.close()
-        raise
-    return 0
-
 # %% ../../nbs/05f_launch.ipynb #e138cd59
 def detach(cfg, # the resolved `Config`
            profile:str, # profile name or config file
@@ -432,13 +420,15 @@ def detach_option(p):
                    'closing the terminal does not stop it')
 
 # %% ../../nbs/05f_launch.ipynb #7486f0f7
-def start_run(cfg, # the resolved `Config`
-              profile:str, # what the worker reads it from again: a profile name or a config file
-              experiment:str, overrides:dict, root:Path|None=None, detached:bool=False, torchrun_args:str='',
-              prepare_only:bool=False,
-              checked:bool=False, # the caller ran `check_hardware` already
-             ) -> int:
-    "Train `cfg` here, under torchrun or in the background, as `lmbook train` and `lmbook finetune` do."
+def launch(cfg, # the resolved `Config`
+           profile:str, # what the worker reads it from again: a profile name or a config file
+           experiment:str, overrides:dict, root:Path|None=None, detached:bool=False, torchrun_args:str='',
+           prepare_only:bool=False,
+           checked:bool=False, # the caller ran `check_hardware` already
+           init=None, # the `Init` the caller found and checked (`lmbook finetune`), for a run in this process
+           examples:list|None=None, # the fine-tuning examples, read by the caller, for a run in this process
+          ) -> int:
+    "In the command's process (`lmbook train`/`finetune`): train `cfg` here, under torchrun or detached."
     if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
         if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
     if detached:
@@ -450,17 +440,20 @@ def start_run(cfg, # the resolved `Config`
               f"  stop it:    kill {pid}   (it writes a checkpoint first; the same command resumes)")
         return EXIT_FINISHED
     if cfg.train.nproc == 1 and not torchrun_args:
-        return alerting(lambda: train_process(cfg, experiment, root, prepare_only, profile), experiment, root,
-                        profile)
-    try:
-        run_training(profile, experiment, overrides, root=root, torchrun_args=torchrun_args,
-                     prepare_only=prepare_only, forward_signals=True, checked=True)
+        return alerting(lambda: _in_process(cfg, experiment, root, profile, prepare_only, init, examples),
+                        experiment, root, profile)
+    try:  # closed on Ctrl-C: the run is stopped cleanly first
+        lines = spawn(profile, experiment, overrides, root=root, torchrun_args=torchrun_args,
+                      prepare_only=prepare_only, forward_signals=True, checked=True)
+        with contextlib.closing(lines):
+            for line in lines: print(line.rstrip('\n'), flush=True)
     except TrainingExit as e:
         # the run's own lines said the rest
         if e.why or (e.code not in (EXIT_USER_ERROR, EXIT_DIVERGED) and e.code <= 128): _say_error(e)
         return e.code
     return EXIT_FINISHED
 
+# %% ../../nbs/05f_launch.ipynb #c381e9c7
 def add_cli(sub):
     "Register `lmbook train`."
     p = train_args(sub.add_parser('train', help='train a profile (auto-resumes; --nproc N uses torchrun)',
@@ -469,5 +462,5 @@ def add_cli(sub):
     detach_option(p)
     def run(a) -> int:
         cfg, profile, experiment, ov = resolve_args(a)
-        return start_run(cfg, profile, experiment, ov, a.root, a.detach, a.torchrun_args, a.prepare_only)
+        return launch(cfg, profile, experiment, ov, a.root, a.detach, a.torchrun_args, a.prepare_only)
     p.set_defaults(func=run)

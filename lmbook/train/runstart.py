@@ -1,4 +1,4 @@
-"""The start of every run, pretraining and fine-tuning alike: the weights it starts from (`init_from`), its data, its loaders, its model ready to train, and the micro-batch that fits the card.
+"""The build stage of every run, pretraining and fine-tuning alike, in each training process: its `Init` and data (`inputs`), the config it trains (each change to the one given recorded), its model and loaders, made once each into a `Run`.
 
 Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
@@ -6,322 +6,38 @@ Docs: https://lmbook.github.io/lmbook/runstart.html.md"""
 
 # %% ../../nbs/05d_runstart.ipynb #534a0b58
 from __future__ import annotations
-import dataclasses, functools, gc, json, os, shutil, tempfile, time
+import dataclasses, functools, gc, json, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 import torch
 from ..core import pick_device, seed_everything
-from ..config import Config, flat_config
+from ..config import Config, config_dict, flat_config
 from ..overrides import apply_overrides
 from ..profiles import load_config_file, with_fp8
-from ..runlock import data_lock
-from ..data.tokenizer import HUB_ALIASES, hub_names, load_tokenizer
-from ..data.loader import TokenLoader, prepare_data, streams, val_batches, data_leader, run_need
-from ..data.stream import nothing_more
-from ..model.gpt import GPT, doc_mask
-from ..model.lora import add_lora
+from ..model.gpt import doc_mask
 from ..model.memory import batch_choices, estimate_memory, max_batch_size, search_batch
 from ..model.levers import fp8_support
-from ..distributed import DistInfo, all_reduce, barrier
-from ..runs.checkpoint.formats import list_checkpoints
-from ..runs.checkpoint.resume import SHAPE_DEFAULTS, SHAPE_KEYS
-from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
-from ..data.sft import SFTLoader, pack, read_sft, sft_source, sft_val_batches, split_examples
-from ..runs.sample import base_ref, load_model
-from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder
-from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
+from ..distributed import DistInfo, all_reduce
+from ..runs.checkpoint.formats import list_checkpoints, tokenizer_ref
 from .optim import schedule_for, total_steps
 from .step import Trainable, is_oom, make_trainable, train_step
+from .validation import Validator, hellaswag_examples, train_evals
+from .inputs import Init, fit_sft_batch, init_model, lora_base, prepare_run, resolve_init, run_loaders
 from ..rundir import RunDir
-from ..data.loader import open_loader
 from ..data.mixture import MixtureLoader, mixture_report
 from .warmstart import FIT_CACHE, StartClock, cached_fit, card_name, fit_file, fit_key, save_fit
 from .warmstart import shared_cache
 
 # %% auto #0
-__all__ = ['HUB_INIT', 'INIT_KINDS', 'init_checkpoint', 'shape_of', 'check_init_shape', 'hub_init', 'hub_llama', 'hub_init_state',
-           'Init', 'find_init', 'check_init', 'init_tokenizer', 'read_init_sft', 'init_model', 'adopt_init_tokenizer',
-           'SFTData', 'prepare_run', 'sft_data', 'run_loaders', 'resolve_init', 'lora_base', 'fit_sft_batch',
-           'build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'newest_state', 'keep_tokens_per_step',
-           'resolve_fp8', 'RunStart', 'data_need', 'run_start']
-
-# %% ../../nbs/05d_runstart.ipynb #a9fbfacb
-def init_checkpoint(init_from:str, # experiment name, run folder or checkpoint folder
-                    root:Path|None=None, # workspace root
-                   ) -> tuple[Path, dict]:
-    "The checkpoint folder `init_from` names and its state.json."
-    try: ck = find_checkpoint(init_from, root)
-    except FileNotFoundError as e: raise FileNotFoundError(f"init_from={init_from!r}: {e}") from None
-    return ck, json.loads((ck/'state.json').read_text())
-
-def shape_of(m) -> str:
-    "The shape fields of a model config (object or dict) as 'arch=llama n_layer=2 ...'."
-    # older checkpoints lack some keys
-    get = (lambda k: m.get(k, SHAPE_DEFAULTS.get(k))) if isinstance(m, dict) else (lambda k: getattr(m, k))
-    return ' '.join(f"{k}={get(k)}" for k in SHAPE_KEYS)
-
-def check_init_shape(cfg:Config, state:dict, ck:Path):
-    "Refuse a config whose model shape differs from the init checkpoint's, naming both shapes."
-    old = state.get('config', {}).get('model', {})
-    if shape_of(old) != shape_of(cfg.model):
-        raise ValueError(f"init_from {ck} is a model of shape {shape_of(old)}, but this config has "
-                         f"{shape_of(cfg.model)}: "
-                         "use the init run's model settings (lmbook finetune does)")
-
-# %% ../../nbs/05d_runstart.ipynb #b1e0c7a2
-HUB_INIT = 'hf:'  # prefix of an init_from that names published weights in the Hugging Face cache
-
-def hub_init(init_from:str) -> str:
-    "The Hub id in an `init_from` such as 'hf:gpt2', else ''."
-    return init_from[len(HUB_INIT):] if init_from.startswith(HUB_INIT) else ''
-
-def hub_llama(init_from:str) -> Path|None:
-    "The folder of the Llama-family model an `init_from` like 'hf:meta-llama/Llama-2-7b-hf' names, else None."
-    name = hub_init(init_from)
-    if not name or name in HUB_ALIASES or name.startswith('openai-community/'): return None
-    folder = hf_folder(name)
-    return folder if hf_kind(folder) in HF_TYPES else None
-
-def hub_init_state(cfg:Config) -> dict:
-    "The state dict of the published GPT-2 that `init_from` names, refused unless `cfg` fits it."
-    init_from = cfg.train.finetune.init_from
-    name = hub_init(init_from)
-    if not name: raise ValueError(f"init_from={init_from!r} does not name Hub weights "
-                                  f"({HUB_INIT}ID, e.g. {HUB_INIT}gpt2)")
-    if cfg.data.sft_data:
-        raise ValueError("fine-tuning data needs an lmbook run to start from: train from "
-                         f"init_from={init_from} first, "
-                         "then fine-tune that run (lmbook finetune --init-from EXP)")
-    if cfg.data.tokenizer not in hub_names(name):
-        raise ValueError(f"init_from={init_from} needs that model's tokenizer: set "
-                         f"tokenizer={name} (now {cfg.data.tokenizer!r})")
-    m, sd = gpt2_from_hf(name, vocab_size=cfg.model.vocab_size)
-    if shape_of(m) != shape_of(cfg.model):
-        raise ValueError(f"init_from={init_from} is a model of shape {shape_of(m)}, but this "
-                         f"config has {shape_of(cfg.model)}: "
-                         "set those values (GPT-2 small is gpt2_124m with bias=true)")
-    return sd
-
-# %% ../../nbs/05d_runstart.ipynb #fec9e734
-INIT_KINDS = ('none', 'lmbook', 'gpt2', 'llama')  # what an `init_from` can name
-
-@dataclass(frozen=True)
-class Init:
-    "What a run's weights start from, resolved once: its kind, what `init_from` said, and what was found."
-    kind: str = 'none'        # one of INIT_KINDS
-    source: str = ''          # the `init_from` as given
-    path: Path|None = None    # the checkpoint folder (lmbook) or the model folder (llama)
-    state: dict|None = dataclasses.field(default=None, repr=False)  # the checkpoint's state.json (lmbook)
-
-    @property
-    def init_from(self) -> str:
-        "The `init_from` the run records: the checkpoint folder found, else `source`."
-        return str(self.path) if self.kind == 'lmbook' else self.source
-
-def find_init(init_from:str, # '', an experiment, run folder or checkpoint folder, or hf:ID
-              root:Path|None=None, # workspace root
-             ) -> Init:
-    "The `Init` that `init_from` names, its checkpoint's `state.json` read once."
-    if not init_from: return Init()
-    if folder := hub_llama(init_from): return Init('llama', init_from, folder)
-    if hub_init(init_from): return Init('gpt2', init_from)
-    ck, state = init_checkpoint(init_from, root)
-    return Init('lmbook', init_from, ck, state)
-
-# %% ../../nbs/05d_runstart.ipynb #06f15ad5
-def check_init(cfg:Config, init:Init):
-    "Refuse a config that its `Init` cannot start (shape, tokenizer, fine-tuning data), before any writing."
-    if init.kind == 'none' and cfg.data.sft_data:
-        raise ValueError(f"sft_data={cfg.data.sft_data!r} needs init_from: name the pretrained run to "
-                         "fine-tune (lmbook finetune --init-from EXP)")
-    if init.kind == 'lmbook': check_init_shape(cfg, init.state, init.path)
-    if init.kind == 'gpt2': hub_init_state(cfg)  # reads the weights to check shape and tokenizer
-    if init.kind == 'llama': check_hf_shape(cfg, init.path, hf_tokenizer(init.path)[0].vocab_size)
-
-def init_tokenizer(init:Init, root:Path|None=None):
-    "The tokenizer the weights of an lmbook or Llama-family `init` were trained with."
-    if init.kind == 'llama': return hf_tokenizer(init.path)[0]
-    return find_tokenizer(init.path, init.state, experiment_of(run_of(init.path)), root)
-
-def read_init_sft(cfg:Config, init:Init, root:Path|None=None, log:Callable|None=None,
-                  hf_cache:Path|None=None) -> list:
-    "The examples of `cfg.data.sft_data` in the tokens of `init`, every record checked: read once a run."
-    return read_sft(sft_source(cfg), init_tokenizer(init, root), cfg.model.block_size, log, hf_cache)
-
-# %% ../../nbs/05d_runstart.ipynb #6609495e
-def init_model(cfg:Config, # the run's config
-               init:Init|None=None, # what its weights start from (None: found and checked here)
-               device:str='cpu') -> torch.nn.Module:
-    "The GPT of `cfg` on `device`, with the weights of its `Init` and LoRA adapters when asked."
-    ft = cfg.train.finetune
-    if init is None:
-        init = find_init(ft.init_from)
-        check_init(cfg, init)
-    if init.kind == 'llama':
-        # built on the meta device, each weight placed (4-bit) as it is read
-        return hf_init_model(cfg, init.path, device)
-    # made where it trains: a 4B model's init takes a minute on a CPU
-    with torch.device(device): model = GPT(cfg.model)
-    if init.kind == 'gpt2':
-        with torch.no_grad(): model.load_state_dict(hub_init_state(cfg))
-    if init.kind == 'lmbook':
-        # building the source model draws no numbers from this run's streams
-        with torch.random.fork_rng(devices=[]):
-            src = load_model(init.path, device='cpu', tokenizer=False).model
-        with torch.no_grad(): model.load_state_dict(src.state_dict())
-    if ft.quant != 'none':
-        raise ValueError(f"quant={ft.quant} loads a published model 4-bit as it is read: "
-                         "use init_from=hf:PATH_OR_ID")
-    if ft.lora_rank: add_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_targets)
-    return model
-
-# %% ../../nbs/05d_runstart.ipynb #6bee2f97
-def adopt_init_tokenizer(ck:Path, state:dict, tok_dir:Path, root:Path|None=None):
-    "Copy the tokenizer checkpoint `ck` was trained with into `tok_dir`; return it loaded."
-    src = find_tokenizer(ck, state, experiment_of(run_of(ck)), root)
-    tok_dir, src_dir = Path(tok_dir), Path(src.path).parent
-    if (tok_dir/'tokenizer.json').is_file():
-        have = load_tokenizer(tok_dir)
-        if have.sha256 != src.sha256:
-            raise ValueError(f"{tok_dir} already holds another tokenizer than the one {ck} was trained "
-                             "with: fine-tune as a new experiment")
-        return have
-    tok_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{tok_dir.name}.tmp-', dir=tok_dir.parent))
-    try:
-        for f in src_dir.iterdir():
-            if f.is_file(): shutil.copy2(f, tmp/f.name)
-        if tok_dir.exists(): shutil.rmtree(tok_dir)  # an empty or partial folder
-        os.replace(tmp, tok_dir)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    return load_tokenizer(tok_dir)
-
-# %% ../../nbs/05d_runstart.ipynb #6827fbbb
-@dataclass
-class SFTData:
-    "A packed fine-tuning set, ready for `run_loaders`."
-    tokenizer_dir: Path   # the tokenizer bundle (copied from the init run)
-    vocab_size: int       # its vocabulary
-    eot_id: int           # id of <|endoftext|>
-    train: tuple          # (inputs, targets) rows of the train examples
-    val: tuple            # (inputs, targets) rows of the validation examples
-    n_train_tokens: int   # tokens in the train rows
-    n_val_tokens: int     # tokens in the validation rows
-    n_examples: int       # examples read
-
-# %% ../../nbs/05d_runstart.ipynb #67add43c
-def prepare_run(cfg:Config, # the run's config
-                paths, # its `Paths`
-                log:Callable|None=None, # where progress lines go
-                init:Init|None=None, # what its weights start from (None: found and checked here)
-                examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
-                need:int|None=None, # train windows the run reads (None: all of the corpus)
-                val_need:int=0, # validation windows it reads
-                background:bool=False, # tokenize the corpus while the run trains (`loader.prepare_data`)
-                follow:bool=False, # another process of the node prepares in the background
-               ):
-    "The data of a run: `prepare_data`'s for pretraining, or an `SFTData`; with an init, its tokenizer first."
-    if init is None:
-        init = find_init(cfg.train.finetune.init_from, paths.root)
-        check_init(cfg, init)
-    if follow: return prepare_data(cfg, paths, follow=True)
-    stream = background and streams(cfg) and not cfg.data.sft_data
-    # one data preparation of an experiment at a time (a background one holds the lock in its thread)
-    with data_lock(paths.cache, log):
-        if not stream: return _prepare_run(cfg, paths, init, log, examples, need, val_need)
-        if init.kind in ('lmbook', 'llama'): _init_tokenizer(init, paths)
-    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need, background=True)
-
-# %% ../../nbs/05d_runstart.ipynb #6c7fa639
-def _init_tokenizer(init:Init, paths):
-    "Copy the tokenizer an lmbook or Llama-family `init` was trained with into the run's tokenizer folder."
-    if init.kind == 'llama': return adopt_hf_tokenizer(init.path, paths.tokenizer)
-    return adopt_init_tokenizer(init.path, init.state, paths.tokenizer, paths.root)
-
-def _prepare_run(cfg:Config, paths, init:Init, log:Callable|None, examples:list|None, need:int|None=None,
-                 val_need:int=0):
-    if init.kind in ('none', 'gpt2'): return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
-    # every line checked before anything is written
-    if cfg.data.sft_data and examples is None: examples = read_init_sft(cfg, init, paths.root, log,
-                                                                       paths.hf_cache)
-    tk = _init_tokenizer(init, paths)
-    if cfg.data.sft_data: return sft_data(cfg, paths, examples, tk)
-    return prepare_data(cfg, paths, log=log, need=need, val_need=val_need)
-
-def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
-    "The packed `SFTData` of `examples`, tokenized by the run's tokenizer `tk`."
-    tr, va = split_examples(examples, cfg.data.val_ratio, cfg.data.data_seed)
-    train, val = pack(tr, cfg.model.block_size, tk.eot_id), pack(va, cfg.model.block_size, tk.eot_id)
-    return SFTData(Path(paths.tokenizer), tk.vocab_size, tk.eot_id, train, val, train[0].numel(),
-                   val[0].numel(), len(examples))
-
-
-# %% ../../nbs/05d_runstart.ipynb #80b99559
-def run_loaders(cfg:Config, prepared, info) -> tuple:
-    "(train loader, validation batches) of this rank for `prepared` data of either kind."
-    tc, bs, n_val = cfg.train, cfg.model.block_size, cfg.train.eval.eval_steps
-    if isinstance(prepared, SFTData):
-        return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
-                sft_val_batches(*prepared.val, tc.batch_size, n_val, info.rank, info.world_size))
-    # tokens prepared for this run alone (a corpus stopped at what it reads) are read as they are
-    more = lambda d: prepared.more or nothing_more(d)
-    return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed,
-                        more=more(prepared.train_tokens)),
-            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size,
-                        more=more(prepared.val_tokens)))
-
-
-# %% ../../nbs/05d_runstart.ipynb #078c711a
-def resolve_init(cfg:Config, paths, run_dir:Path, init:Init|None=None) -> tuple[Config, Init]:
-    "The run's `Init` (found and checked, unless its caller did), and `cfg` recording what it found."
-    if init is None:
-        init = _found(cfg, paths, run_dir)
-        check_init(cfg, init)
-    ft = dataclasses.replace(cfg.train.finetune, init_from=init.init_from)
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, finetune=ft)), init
-
-def _found(cfg:Config, paths, run_dir:Path) -> Init:
-    "`find_init`, or no init for a resumed run whose init run is gone: its own checkpoint has the weights."
-    ft = cfg.train.finetune
-    try: return find_init(ft.init_from, paths.root)
-    except FileNotFoundError as e:
-        if hub_init(ft.init_from): raise
-        # the run's own checkpoint replaces the weights, unless it holds only adapters
-        if ft.lora_rank: raise FileNotFoundError(f"{e}; a LoRA run's checkpoints hold only its "
-                                                 "adapters, so its base must be there: restore it")
-        resuming = cfg.train.checkpoint.auto_resume and list_checkpoints(RunDir(run_dir).checkpoints)
-        if resuming: return Init()
-        raise
-
-def lora_base(cfg:Config, init:Init) -> dict|None:
-    "What a LoRA run's checkpoints record of its base (`sample.base_ref`)."
-    if not cfg.train.finetune.lora_rank or init.kind == 'none': return None
-    folder = hf_gpt2_folder(hub_init(init.source)) if init.kind == 'gpt2' else init.path
-    return base_ref(init.init_from, folder)
-
-# %% ../../nbs/05d_runstart.ipynb #afc2f278
-def fit_sft_batch(cfg:Config, # the run's config
-                  prepared, # what `prepare_run` returned (only an `SFTData` is looked at)
-                  world_size:int=1, # processes sharing each batch
-                  log:Callable|None=None, # where the one line about a lowered batch_size goes
-                 ) -> Config:
-    "`cfg` with a `batch_size` that a small fine-tuning set fills, else `cfg` as it is."
-    if not isinstance(prepared, SFTData): return cfg
-    rows, B = len(prepared.train[0]), cfg.train.batch_size
-    if rows >= B*world_size: return cfg
-    if rows < world_size:
-        raise ValueError(f"the fine-tuning data packs into {rows} row(s), fewer than "
-                         f"the {world_size} processes: add examples or use fewer processes")
-    b = rows//world_size
-    if log:
-        log(f"note: the fine-tuning data packs into {rows} row(s) of {cfg.model.block_size} "
-            f"tokens, less than one batch of {world_size}x{B}: batch_size {b}")
-    return apply_overrides(cfg, dict(batch_size=b))
+__all__ = ['build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'newest_state', 'keep_tokens_per_step', 'resolve_fp8',
+           'settle', 'change_lines', 'Run', 'build']
 
 # %% ../../nbs/05d_runstart.ipynb #52192cbe
-def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None,
-                    init:Init|None=None, # what its weights start from (None: found and checked here)
+def build_trainable(cfg:Config, # the run's config
+                    init:Init, # what its weights start from, checked (`inputs.check_init`)
+                    info:DistInfo|None=None, # this process's place (default: alone, on the config's device)
+                    parallel:str|None=None, # 'ddp' or 'fsdp' (default: the config's)
                    ) -> Trainable:
     "The model of `cfg` (its `Init`'s weights, LoRA adapters when configured) ready to train on this process."
     info = info or DistInfo(device=pick_device(cfg.train.device))
@@ -330,14 +46,14 @@ def build_trainable(cfg:Config, info:DistInfo|None=None, parallel:str|None=None,
 
 # %% ../../nbs/05d_runstart.ipynb #215bfb32
 def fits_card(cfg:Config, # the config to try, at its batch_size
+              init:Init, # the run's `Init`
               info:DistInfo, # this process's place (a CUDA device)
               headroom:float=0.05, # fraction of the card's memory the trial must leave unused
-              init:Init|None=None, # the run's `Init`
              ) -> bool:
     "Whether two optimizer steps of `cfg` run on every rank's GPU within `1 - headroom` of its memory."
     dev, t, xy = info.device, None, None
     try:
-        t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), info, init=init)
+        t = build_trainable(apply_overrides(cfg, {'grad_accum': 1}), init, info)
         x = torch.randint(0, cfg.model.vocab_size, (cfg.train.batch_size, cfg.model.block_size + 1),
                           device=dev)
         # contiguous, as the loader's batches are: the run's compilation then finds this trial's graphs cached
@@ -358,10 +74,10 @@ def fits_card(cfg:Config, # the config to try, at its batch_size
 
 # %% ../../nbs/05d_runstart.ipynb #df4d2572
 def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest micro-batch tried
+              init:Init, # the run's `Init` (for the trials)
               info:DistInfo, # this process's place
               log:Callable=print, # where the one line about the choice goes
               fits:Callable[[Config], bool]|None=None, # trial of a config (default: `fits_card` on this GPU)
-              init:Init|None=None, # the run's `Init` (for the trials)
               mem_gb:float|None=None, # a GPU's memory (default: this GPU's); None with `fits`: no estimate
               seen:dict|None=None, # filled with what the trials found ('seen'), when they ran
              ) -> Config:
@@ -371,7 +87,7 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
         if not info.device.startswith('cuda'):
             log(f"batch_fit: trials need a CUDA GPU; keeping batch_size {tc.batch_size}")
             return cfg
-        fits, mem_gb = (lambda c: fits_card(c, info, init=init)), torch.cuda.mem_get_info(info.device)[1]/1e9
+        fits, mem_gb = (lambda c: fits_card(c, init, info)), torch.cuda.mem_get_info(info.device)[1]/1e9
     if mem_gb: est = max_batch_size(cfg, mem_gb, world_size=info.world_size)
     choices, tried = batch_choices(cfg), {}
     def trial(b):
@@ -395,10 +111,10 @@ def fit_batch(cfg:Config, # the run's config; its batch_size is the smallest mic
 
 # %% ../../nbs/05d_runstart.ipynb #70f5e1c3
 def fitted_config(cfg:Config, # the run's config, `fp8` resolved
+                  init:Init, # the run's `Init` (for the trials)
                   run_dir:Path, # its run folder: a resumed run keeps its first start's micro-batch
                   info:DistInfo, # this process's place
                   log:Callable, # where the line about the choice goes
-                  init:Init|None=None, # the run's `Init` (for the trials)
                   cache:Path|None=None, # the workspace's `cache/_fit` (None: fit every time)
                   fits:Callable[[Config], bool]|None=None, # trial of a config (default: on this GPU)
                   card:str|None=None, # the card in the cache's key (default: `card_name` of the device)
@@ -420,7 +136,7 @@ def fitted_config(cfg:Config, # the run's config, `fp8` resolved
             f"({fit_file(cache, key)}: delete it to fit again)")
         return apply_overrides(cfg, dict(batch_size=b, grad_accum=acc)), 'cached'
     t0, seen = time.time(), {}
-    out = fit_batch(cfg, info, log, fits, init, seen=seen)
+    out = fit_batch(cfg, init, info, log, fits, seen=seen)
     if key and 'seen' in seen and info.is_main: save_fit(cache, key, out, seen['seen'], time.time() - t0)
     return out, 'fitted' if 'seen' in seen else 'kept'
 
@@ -470,75 +186,119 @@ def resolve_fp8(cfg:Config, # the run's config
                 "fp8=auto: tensorwise (float8 matmuls on this card)")
     return with_fp8(cfg, not why)
 
+# %% ../../nbs/05d_runstart.ipynb #1905b301
+def settle(cfg:Config, # the config as given
+           init:Init, # what its weights start from
+           data, # its prepared data (a small fine-tuning set lowers the batch)
+           run_dir:Path, # its run folder (a resumed run keeps its micro-batch and tokens a step)
+           info:DistInfo, # this process's place
+           cache:Path|None=None, # the workspace's micro-batch answers (`warmstart.FIT_CACHE`; None: none)
+           clock:StartClock|None=None, # times the micro-batch fit
+           log:Callable|None=None, # where a line that changes nothing goes (the fit kept its batch)
+          ) -> tuple[Config, list[tuple]]:
+    "The config the run trains, from the one given, and each change made: (key, given, used, why), in order."
+    changes, said, now = [], [], flat_config(config_dict(cfg))
+    def record(new:Config, why:str=''):  # one change of the config, with what its maker said
+        nonlocal cfg, now
+        after, why = flat_config(config_dict(new)), '; '.join(said) or why
+        rows = [(k, v, after[k], why) for k, v in now.items() if after.get(k) != v]
+        if said and not rows and log: log(why)
+        changes.extend(rows)
+        cfg, now = new, after
+        said.clear()
+    ft = dataclasses.replace(cfg.train.finetune, init_from=init.init_from)  # the other fields left unchecked
+    tc = dataclasses.replace(cfg.train, finetune=ft)
+    record(dataclasses.replace(cfg, train=tc), 'the checkpoint it names')
+    record(resolve_fp8(cfg, info.device, said.append))  # before the fit: fp8 frees memory
+    if cfg.train.levers.batch_fit:
+        new, how = fitted_config(cfg, init, run_dir, info, said.append, cache)
+        if clock: clock.lap('fit', how)
+        record(new, f"batch_fit: {how}")
+    record(keep_tokens_per_step(cfg, run_dir, info.world_size, said.append))  # on another process count
+    record(fit_sft_batch(cfg, data, info.world_size, said.append))  # a small fine-tuning file
+    return cfg, changes
+
+def change_lines(changes:list[tuple]) -> list[str]:
+    "The changes of `settle` as a short block: one line a reason, its keys 'given -> used'."
+    if not changes: return []
+    by = {}
+    for k, given, used, why in changes: by.setdefault(why, []).append(f"{k} {given!r} -> {used!r}")
+    return ([f"config: {len(changes)} change(s) to the one given"]
+            + [f"  {', '.join(kv)}: {why.removeprefix('note: ')}" for why, kv in by.items()])
+
 # %% ../../nbs/05d_runstart.ipynb #499c8f30
 @dataclass
-class RunStart:
-    "What a run has before its first step, each part made once."
-    cfg: Config              # the config it trains: init_from resolved, micro-batch fitted
-    init: Init               # what its weights started from
-    prepared: object         # its data: `prepare_data`'s, or an `SFTData`
-    t: Trainable             # its model, wrapped, with its optimizer
-    loader: object           # this rank's train loader
-    val: list                # this rank's fixed validation batches
-    total: int               # optimizer steps of the whole run
-    tokens_per_step: int     # over all ranks
-    base: dict|None = None   # a LoRA run's base, as its checkpoints record it (rank 0)
+class Run:
+    "A run ready for its first step: where it runs, and each part `build` made for it, once."
+    cfg: Config                  # the config it trains (`changes`: how it differs from the one given)
+    changes: list                # (key, given, used, why) of each change `settle` made, in order
+    dir: Path                    # the run folder
+    info: DistInfo               # this process's place
+    init: Init                   # what its weights started from
+    data: object                 # its data: `prepare_data`'s, or an `SFTData`
+    t: Trainable                 # its model, wrapped, with its optimizer and autocast
+    loader: object               # this rank's train loader
+    validator: Validator         # when to validate, on this rank's fixed validation batches
+    total: int                   # optimizer steps of the whole run
+    tokens_per_step: int         # over all ranks
+    log: Callable                # progress lines (rank 0; a no-op elsewhere)
+    base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`inputs.lora_base`)
+    clock: StartClock|None = None  # where this start's seconds went, until the end of its first step
 
-    @property
+    @functools.cached_property
     def sched(self) -> Callable:
         "Step -> learning rate over the whole run."
         return schedule_for(self.cfg.train.sched, self.cfg.train.optim.lr, self.total)
 
-def data_need(cfg:Config, world_size:int) -> tuple[int|None, int]:
-    "Train windows a run of `cfg` reads (None: its length is in epochs: all of them), and validation windows."
-    return run_need(cfg, world_size)  # the data's rule, which `lmbook prepare` and a pod's data stage use too
+    @property
+    def tok_dir(self) -> Path:
+        "The tokenizer bundle."
+        return Path(self.data.tokenizer_dir)
 
-def _prepared(cfg:Config, paths, info:DistInfo, init:Init, log:Callable|None, examples:list|None):
-    "The run's data, prepared by a node's local rank 0 (one corpus: in the background); the others follow."
-    need, val_need = data_need(cfg, info.world_size)
-    stream = need is not None  # the other ranks then read what rank 0's background preparation writes
-    lead = data_leader(paths.cache, info.rank, info.local_rank)  # nodes sharing node 0's folder follow it
-    if lead: prepared = prepare_run(cfg, paths, log, init, examples, need, val_need, stream)
-    barrier()
-    follow = stream and streams(cfg) and not cfg.data.sft_data
-    if not lead: prepared = prepare_run(cfg, paths, None, init, examples, need, val_need, follow=follow)
-    return prepared
+    @functools.cached_property
+    def tok_ref(self) -> dict|None:
+        "The tokenizer's path and hash, stored in checkpoints."
+        return tokenizer_ref(self.tok_dir)
+
+    @property
+    def prep(self):
+        "The data preparation going on while it trains (`stream.Preparation`), or None."
+        return getattr(self.data, 'prep', None)
 
 # %% ../../nbs/05d_runstart.ipynb #53304350
-def run_start(cfg:Config, # the run's config, as the user gave it
-              paths, # its `Paths`
-              run_dir:Path, # its run folder (a resumed run's checkpoints are there)
-              info:DistInfo, # this process's place
-              log:Callable|None=None, # progress lines (rank 0)
-              init:Init|None=None, # what its weights start from, already checked (None: found here)
-              examples:list|None=None, # its fine-tuning examples, already read (None: read here)
-              clock:StartClock|None=None, # times each part ('data', 'fit', 'model', 'loaders')
-             ) -> RunStart:
-    "What a run needs before its first step: `Init`, data, micro-batch, model and loaders, each made once."
+def build(cfg:Config, # the run's config, as the user gave it
+          paths, # its `Paths`
+          run_dir:Path, # its run folder (a resumed run's checkpoints are there)
+          info:DistInfo, # this process's place
+          log:Callable=print, # progress lines (rank 0; a no-op elsewhere)
+          init:Init|None=None, # what its weights start from, found and checked (None: found here)
+          examples:list|None=None, # its fine-tuning examples, read and checked (None: read here)
+          clock:StartClock|None=None, # times each part ('data', 'fit', 'model', 'loaders')
+         ) -> Run:
+    "In each training process: the run's `Init`, data, config (`settle`), model and loaders, made once each."
     clock = clock or StartClock()
-    cfg, init = resolve_init(cfg, paths, run_dir, init)
-    prepared = _prepared(cfg, paths, info, init, log, examples)
+    hellaswag = hellaswag_examples(cfg.train.eval, paths.root)  # before the data: a missing file stops it now
+    if init is None: init = resolve_init(cfg, paths, run_dir)
+    data = prepare_run(cfg, paths, init, log, examples, info)
     clock.lap('data')
-    cfg = resolve_fp8(cfg, info.device, log if info.is_main else None)  # before the fit: fp8 frees memory
-    if cfg.train.levers.batch_fit:
-        cfg, how = fitted_config(cfg, run_dir, info, log or print, init, shared_cache(paths, FIT_CACHE))
-        clock.lap('fit', how)
-    cfg = keep_tokens_per_step(cfg, run_dir, info.world_size, log)  # resumed on another process count
-    cfg = fit_sft_batch(cfg, prepared, info.world_size, log)  # a small fine-tuning file
-    if prepared.vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"the tokenizer has {prepared.vocab_size} tokens but "
-                         f"vocab_size={cfg.model.vocab_size}: set vocab_size={prepared.vocab_size}")
+    cfg, changes = settle(cfg, init, data, run_dir, info, shared_cache(paths, FIT_CACHE), clock, log)
+    for line in change_lines(changes): log(line)
+    if data.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {data.vocab_size} tokens but "
+                         f"vocab_size={cfg.model.vocab_size}: set vocab_size={data.vocab_size}")
     tps = cfg.tokens_per_step*info.world_size
-    total = total_steps(cfg.train.sched, tps, prepared.n_train_tokens)
+    total = total_steps(cfg.train.sched, tps, data.n_train_tokens)
     seed_everything(cfg.train.seed)
     base = lora_base(cfg, init) if info.is_main else None  # hashing the base once is enough
-    t = build_trainable(cfg, info, init=init)
+    t = build_trainable(cfg, init, info)
     if cfg.train.levers.doc_mask:
-        t.mask_fn = functools.partial(doc_mask, sep_id=prepared.eot_id, backend=cfg.model.attn_backend)
+        t.mask_fn = functools.partial(doc_mask, sep_id=data.eot_id, backend=cfg.model.attn_backend)
     clock.lap('model')
-    loader, val = run_loaders(cfg, prepared, info)  # token windows, or packed fine-tuning rows
-    if log and isinstance(loader, MixtureLoader):  # what each source gives the run
+    loader, val = run_loaders(cfg, data, info)  # token windows, or packed fine-tuning rows
+    if isinstance(loader, MixtureLoader):  # what each source gives the run
         for line in mixture_report(loader, total*tps): log(line)
     clock.lap('loaders')
-    return RunStart(cfg, init, prepared, t, loader, val, total, tps, base)
-
+    ev = cfg.train.eval
+    evals = train_evals(data.tokenizer_dir, hellaswag, ev.hellaswag_every)
+    validator = Validator(val, ev.eval_every, total, evals)
+    return Run(cfg, changes, run_dir, info, init, data, t, loader, validator, total, tps, log, base, clock)

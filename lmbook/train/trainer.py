@@ -30,15 +30,16 @@ from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
 from .step import resolve_compile
 from .warmstart import StartClock, use_compile_cache
-from .runstart import Init, run_start
-from .validation import Validator, hellaswag_examples, mean_loss, train_evals
+from .inputs import Init
+from .runstart import Run, build
+from .validation import mean_loss
 from ..rundir import RunDir
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['STOP_SIGNALS', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'Run', 'setup_run', 'record_start', 'StepLog',
-           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'start_run', 'check_base',
-           'log_step', 'save_if_due', 'log_startup', 'run_steps', 'alert_started', 'alert_finished', 'end_preparation']
+__all__ = ['STOP_SIGNALS', 'StopFlag', 'agree_stop', 'choose_run_dir', 'lock_run', 'join', 'record_start', 'StepLog',
+           'NonFiniteError', 'exit_code', 'diverged', 'finish', 'Progress', 'train', 'begin', 'check_base', 'log_step',
+           'save_if_due', 'log_startup', 'run_steps', 'alert_started', 'alert_finished', 'end_preparation', 'loop']
 
 # %% ../../nbs/05e_trainer.ipynb #b66e4aea
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)  # each: checkpoint, then exit
@@ -86,65 +87,26 @@ def lock_run(run_dir:Path, info:DistInfo, log:Callable) -> RunLock|None:
         raise err or RunLocked(f"rank 0 could not lock {run_dir}")
     return lock
 
-# %% ../../nbs/05e_trainer.ipynb #6545dabb
-@dataclass
-class Run:
-    "A run ready for its first step."
-    cfg: Config                  # the resolved config
-    dir: Path                    # the run folder
-    info: DistInfo               # this process's place
-    t: Trainable                 # model, optimizer, autocast
-    loader: object               # the train `TokenLoader`
-    validator: Validator         # when to validate, on the fixed validation batches of this rank
-    tok_dir: Path                # the tokenizer bundle
-    tok_ref: dict|None           # its path and hash, stored in checkpoints
-    total: int                   # optimizer steps of the whole run
-    tokens_per_step: int         # over all ranks
-    sched: Callable              # step -> learning rate
-    n_train_tokens: int          # tokens in the train split
-    log: Callable                # progress lines (rank 0; a no-op elsewhere)
-    lock: RunLock|None = None    # the run folder's lock (rank 0)
-    base: dict|None = None       # a LoRA run's base, as its checkpoints record it (`runstart.lora_base`)
-    clock: StartClock|None = None  # where this start's seconds went, until the end of its first step
-    prep: object = None          # the data preparation going on while it trains (`stream.Preparation`)
-
 # %% ../../nbs/05e_trainer.ipynb #e9bbe307
 def _quiet(*a, **k): pass
 
-def _join(tc) -> DistInfo:
-    "This process's place in the job, with the determinism `tc` asks for."
+def join(cfg:Config, # the run's config
+         experiment:str, # names the run folder runs/<experiment>
+         root:Path|None, # workspace root (default: from settings)
+         log:Callable, # where rank 0's lines go
+        ) -> tuple[DistInfo, object, Path, RunLock|None]:
+    "In each training process: join the job, then choose and lock the run folder; (info, paths, dir, lock)."
+    tc = cfg.train
     cuda_allocator_defaults()
     info = init_distributed(pick_device(tc.device))
     if tc.deterministic:
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS's condition for determinism
         torch.use_deterministic_algorithms(True)
-    return info
-
-def setup_run(cfg:Config, experiment:str, root:Path|None, log:RunLog, init:Init|None=None,
-              examples:list|None=None, clock:StartClock|None=None) -> Run:
-    "Everything before the first step of `cfg` as `experiment`; `init` and `examples`: already made once."
-    clock = clock or StartClock()
-    info = _join(cfg.train)
-    say = log if info.is_main else _quiet
     paths = paths_for(experiment, root=root)
     # before anything compiles: a start on a new pod with the same volume finds the kernels compiled
-    if resolve_compile(cfg.train.levers.compile, info.device): use_compile_cache(paths)
-    run_dir = choose_run_dir(paths.run, cfg.train.checkpoint.auto_resume)
-    lock = lock_run(run_dir, info, say)
-    try:
-        if info.is_main: log.open(RunDir(run_dir).log)
-        hellaswag = hellaswag_examples(cfg.train.eval, root)  # before the data: a missing file stops it now
-        clock.lap('setup')
-        s = run_start(cfg, paths, run_dir, info, say, init, examples, clock)
-        tc, tok = s.cfg.train, s.prepared.tokenizer_dir
-        ev = tc.eval
-        val = Validator(s.val, ev.eval_every, s.total, train_evals(tok, hellaswag, ev.hellaswag_every))
-    except BaseException:
-        if lock: lock.release()
-        raise
-    return Run(s.cfg, run_dir, info, s.t, s.loader, val, tok, ckpt.tokenizer_ref(tok), s.total,
-               s.tokens_per_step, s.sched, s.prepared.n_train_tokens, say, lock, s.base, clock,
-               getattr(s.prepared, 'prep', None))
+    if resolve_compile(tc.levers.compile, info.device): use_compile_cache(paths)
+    run_dir = choose_run_dir(paths.run, tc.checkpoint.auto_resume)
+    return info, paths, run_dir, lock_run(run_dir, info, log if info.is_main else _quiet)
 
 # %% ../../nbs/05e_trainer.ipynb #0f87a5b0
 def _price_env() -> float|None:
@@ -173,10 +135,11 @@ def record_start(r:Run, step:int, resumed:dict|None, experiment:str) -> Path:
     meta = dict(environment_info(), experiment=experiment, run_dir=str(r.dir), world_size=r.info.world_size,
                 parallel=tc.parallel if r.info.distributed else 'none', total_steps=r.total,
                     tokens_per_step=r.tokens_per_step,
-                n_params=count_params(r.cfg.model), n_train_tokens=r.n_train_tokens,
+                n_params=count_params(r.cfg.model), n_train_tokens=r.data.n_train_tokens,
                 resumed_from=str(resumed['path']) if resumed else None, config=str(path.relative_to(r.dir)),
                 on_runpod=on_runpod(), gpu_price_per_hour=_price_env(),
                 levers=lever_report(r.cfg, r.info.device, r.t.fp8),
+                config_changes=[list(c) for c in r.changes],
                 started=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))
     rd.write_meta(meta)
     return path
@@ -299,7 +262,7 @@ def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
                 parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage,
                 **({'base': r.base} if r.base else {}))
 
-def train(cfg:Config, # the resolved config
+def train(cfg:Config, # the config as given (`Run.changes`: what the run changes in it)
           experiment:str, # names the run folder runs/<experiment> and the data folders
           root:Path|None=None, # workspace root (default: from settings)
           log:Callable=print, # where progress lines go (rank 0), besides train.log
@@ -307,25 +270,29 @@ def train(cfg:Config, # the resolved config
           examples:list|None=None, # the fine-tuning examples, read and checked (None: from `sft_data`)
           profile:str='', # the profile it came from, which the `started` alert names
          ) -> dict:
-    "Train `cfg` into the run folder of `experiment`; resume it when it has a checkpoint."
+    "In each training process: `join`, `build`, then `loop` (`begin`, the steps, `finish`); the result."
     clock = StartClock()  # the start-up is timed from here to the end of the first step
     rlog = log if isinstance(log, RunLog) else RunLog(console if log is print else log)
     try:
-        r = setup_run(cfg, experiment, root, rlog, init, examples, clock)
-        try: return _train(r, experiment, profile)
-        except OSError as e:  # a write of the run's own files (config, meta.json) on a full disk: one line
-            if disk_full(e): raise no_space('its files', r.dir, e) from None
-            raise
+        info, paths, run_dir, lock = join(cfg, experiment, root, rlog)
+        try:
+            if info.is_main: rlog.open(RunDir(run_dir).log)
+            clock.lap('setup')
+            r = build(cfg, paths, run_dir, info, rlog if info.is_main else _quiet, init, examples, clock)
+            try: return loop(r, experiment, profile)
+            except OSError as e:  # a write of the run's files (config, meta.json) on a full disk: one line
+                if disk_full(e): raise no_space('its files', r.dir, e) from None
+                raise
         finally:
-            if r.lock: r.lock.release()
+            if lock: lock.release()
             rlog.close()
     except (RuntimeError, MemoryError) as e:  # making the model or a step: one line with the fixes
         if is_oom(e): raise oom_error(e, cfg.train.batch_size) from None
         raise
 
 # %% ../../nbs/05e_trainer.ipynb #0a2a04b1
-def start_run(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
-    "Resume from the newest good checkpoint (or start at step 0), record this start, open the metrics."
+def begin(r:Run, ck:Checkpointer, experiment:str) -> tuple[dict|None, Progress, MetricsLogger]:
+    "In each training process: resume the newest checkpoint or begin at step 0; record it, open metrics."
     tc, info, t = r.cfg.train, r.info, r.t
     resume = tc.checkpoint.auto_resume
     resumed = ck.resume(t.model, t.optimizer, config_dict(r.cfg), r.tok_ref) if resume else None
@@ -469,13 +436,14 @@ def _best_line(ck:Checkpointer) -> str:
     return f"{head}, not written (see the warning above); {held}"
 
 # %% ../../nbs/05e_trainer.ipynb #fbb52517
-def _train(r:Run, experiment:str, profile:str='') -> dict:
+def loop(r:Run, experiment:str, profile:str='') -> dict:
+    "In each training process: `begin` the built run, its steps (`run_steps`), `finish`; the result."
     tc, cc = r.cfg.train, r.cfg.train.checkpoint
     ck = Checkpointer.from_config(RunDir(r.dir).checkpoints, cc, r.info, r.log)
     mirror = (Mirror(cc.mirror, experiment, RunDir(r.dir).mirror, r.log) if cc.mirror and r.info.is_main
               else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
-    resumed, p, metrics = start_run(r, ck, experiment)
+    resumed, p, metrics = begin(r, ck, experiment)
     if r.clock: r.clock.lap('resume' if resumed else 'run files')
     slog = StepLog(r, metrics)
     # a resumed run validates at its next due step: `best/` keeps the best val_loss so far on disk

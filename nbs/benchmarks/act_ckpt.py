@@ -35,6 +35,7 @@ def main():
     a = ap.parse_args()
     from lmbook.train.step import cuda_allocator_defaults
     from lmbook.train.runstart import fit_batch
+    from lmbook.train.inputs import Init
     cuda_allocator_defaults()
     import torch
     from lmbook.train.bench import measure, format_rows
@@ -63,7 +64,7 @@ def main():
         dev = 'cpu' if a.tiny else 'cuda:0'
         said, t = [], time.time()
         fake = (lambda c: c.train.batch_size <= 16) if a.tiny else None
-        f = fit_batch(cfg, DistInfo(device=dev), said.append, fits=fake)
+        f = fit_batch(cfg, Init(), DistInfo(device=dev), said.append, fits=fake)
         r = dict(label=label, profile=profile, overrides=ov, batch_size=f.train.batch_size, grad_accum=f.train.grad_accum,
                  said=said, fit_s=round(time.time() - t, 1), card=torch.cuda.get_device_name() if dev != 'cpu' else 'cpu',
                  torch=torch.__version__, date=time.strftime('%Y-%m-%d'))

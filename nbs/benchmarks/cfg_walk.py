@@ -5,7 +5,11 @@ keyword). A call whose module differs from its caller's is a step into that modu
 steps in. Steps into the config's own home (`lmbook.config`, `lmbook.overrides`, `lmbook.profiles`) are counted
 apart. A second count also takes
 calls given one of its sections (`ModelConfig`, `DataConfig`, `TrainConfig` and its own), such as a model's own `cfg`.
-    python nbs/benchmarks/cfg_walk.py [--steps 3] [--json OUT]
+A third looks inside one module (`--module`, default the run's build stage, `lmbook.train.runstart`): its visits
+are the calls of its functions given the run's `Config` from anywhere, its own calls included (a nested function
+or a lambda counts with the function that defines it), and its hand-offs the calls its functions make into
+other modules' functions given the config or a section (`lmbook.config` included): each climbs back into it.
+    python nbs/benchmarks/cfg_walk.py [--steps 3] [--module lmbook.train.runstart] [--json OUT]
 The workspace is a scratch folder removed when the script ends (see scratch.py).
 """
 import argparse, collections, json, sys
@@ -19,12 +23,17 @@ def config_arg(frame, kinds) -> bool:
     n = co.co_argcount + co.co_kwonlyargcount
     return any(isinstance(frame.f_locals.get(v), kinds) for v in co.co_varnames[:n])
 
-def walk(argv:list[str]) -> dict:
+def nested(code) -> bool:
+    "Whether `code` is a nested function or a lambda: part of the function that defines it."
+    return '<locals>' in getattr(code, 'co_qualname', '') or code.co_name.startswith('<')
+
+def walk(argv:list[str], module:str='lmbook.train.runstart') -> dict:
     "Run `lmbook` with `argv` under the hook; the steps into modules before the first optimizer step and in all."
     from lmbook import config
     from lmbook.cli import main
     parts = tuple(config.config_sections().values())
     steps, wide, marks = [], [], {}
+    inside = dict(visits=collections.Counter(), handoffs=collections.Counter())
     def hook(frame, event, arg):
         if event != 'call': return
         mod = frame.f_globals.get('__name__', '')
@@ -33,6 +42,9 @@ def walk(argv:list[str]) -> dict:
         whole, part = config_arg(frame, config.Config), config_arg(frame, parts)
         if not (whole or part): return
         caller = frame.f_back.f_globals.get('__name__', '') if frame.f_back else ''
+        if mod == module and whole and not nested(frame.f_code): inside['visits'][frame.f_code.co_name] += 1
+        if caller == module and mod != module:
+            inside['handoffs'][f"{mod.removeprefix('lmbook.')}.{frame.f_code.co_name}"] += 1
         if caller == mod: return
         if whole: steps.append((caller, mod, frame.f_code.co_name))
         wide.append((caller, mod, frame.f_code.co_name))
@@ -41,7 +53,10 @@ def walk(argv:list[str]) -> dict:
     finally: sys.setprofile(None)
     assert rc == 0, f"lmbook {' '.join(argv)} exited {rc}"
     return dict(first_step=summary(steps[:marks['first']]), end=summary(steps),
-                first_step_sections=summary(wide[:marks['wide']]), end_sections=summary(wide))
+                first_step_sections=summary(wide[:marks['wide']]), end_sections=summary(wide),
+                module=dict(name=module, visits=sum(inside['visits'].values()),
+                            handoffs=sum(inside['handoffs'].values()), visited=dict(inside['visits']),
+                            handed=dict(inside['handoffs'])))
 
 CONFIG_HOME = ('lmbook.config', 'lmbook.overrides', 'lmbook.profiles')  # the config's own modules
 
@@ -56,12 +71,15 @@ def summary(steps:list) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--steps', type=int, default=3, help='optimizer steps of the smoke run')
+    ap.add_argument('--module', default='lmbook.train.runstart', help='the module whose visits are counted')
     ap.add_argument('--json', default='', help='also write the result (with the call path) here')
     a = ap.parse_args()
     root = scratch('cfg-walk-')
     res = walk(['train', '-p', 'smoke', '-e', 'walk', '--root', str(root),
-                '--set', f'max_steps={a.steps}', 'eval_every=2', 'ckpt_every=2', 'tensorboard=false'])
-    for k, r in res.items():
+                '--set', f'max_steps={a.steps}', 'eval_every=2', 'ckpt_every=2', 'tensorboard=false'], a.module)
+    m = res['module']
+    print(f"{m['name']}: {m['visits']} visits {m['visited']}; {m['handoffs']} hand-offs out {m['handed']}")
+    for k, r in ((k, r) for k, r in res.items() if k != 'module'):
         print(f"{k}: {r['modules']} modules, {r['steps']} steps in (and {r['config_steps']} into lmbook.config), "
               f"at most {r['max_visits']} visits: {r['visits']}")
     if a.json: Path(a.json).write_text(json.dumps(res, indent=1))
