@@ -215,7 +215,7 @@ def prepare_run(cfg:Config, # the run's config
                 examples:list|None=None, # its fine-tuning examples, when already read (`read_init_sft`)
                 info:DistInfo|None=None, # this process's place (None: alone, all of the data prepared now)
                ):
-    "A run's data (`prepare_data`'s, or an `SFTData`): one process a data folder prepares it, the others follow."
+    "A run's data (`prepare_data`'s or an `SFTData`): one process a data folder prepares it."
     if info is None: return _prepare_rank(cfg, paths, init, log, examples)
     need, val_need = data_need(cfg, info.world_size)
     stream = need is not None  # the other ranks then read what rank 0's background preparation writes
