@@ -9,7 +9,7 @@ from lmbook.train.trainer import train
 from lmbook.runs.checkpoint import (list_checkpoints, verify_checkpoint, prune_checkpoints, disk_plan,
                                     state_bytes)
 from lmbook.train.runstart import build_trainable
-from lmbook.runs.sample import load_model
+from lmbook.runs.load import load_model
 from conftest import lmbook_cmd, rows
 
 # five documents and 200 steps at a constant, high lr: validation loss bottoms out early, then rises

@@ -11,7 +11,7 @@ from lmbook.config import get_config, config_dict
 from lmbook.runs.checkpoint import save_checkpoint, tokenizer_ref
 from lmbook.data.tokenizer import train_bpe, save_bundle
 from lmbook.model.gpt import GPT
-from lmbook.runs.sample import load_model
+from lmbook.runs.load import load_model
 from lmbook.runs import export
 from lmbook.model import hfimport
 from conftest import lmbook_cmd

@@ -17,7 +17,8 @@ from lmbook.model.gpt import GPT
 from lmbook.runs.checkpoint import (MODEL_SHARDS, OPTIM_SHARDS, Checkpointer, CheckpointSpaceError,
                                     is_sharded, latest_checkpoint, read_shards, verify_checkpoint)
 from lmbook.runs.find import find_checkpoint
-from lmbook.runs.sample import load_model, generate
+from lmbook.model.generate import generate
+from lmbook.runs.load import load_model
 from lmbook.runs.export import export_hf
 
 def _fsdp_cpu_ok():
