@@ -142,7 +142,7 @@ def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, 
     from lmbook.cli import main
     served = []
     monkeypatch.setattr(docs, 'build_docs', lambda checkout, out: (tmp_path, []))
-    monkeypatch.setattr(docs, 'serve', lambda site, port: served.append(site))
+    monkeypatch.setattr(docs, 'serve_site', lambda site, port: served.append(site))
     (tmp_path/'index.html').write_text('')
     assert main(['docs', '--out', str(tmp_path), '--serve', '--rebuild']) == 0
     out = capsys.readouterr().out
