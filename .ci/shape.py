@@ -14,7 +14,7 @@ def module_name(path) -> str:
 
 
 def modules() -> dict:
-    "Every module of the package, the chapters' too, by dotted name (nbdev's `_modidx` and empty files aside)."
+    "Every module of the package, the chapters' too, by dotted name (nbdev's `_modidx`, empty files aside)."
     return {module_name(p): p for p in sorted(PKG.rglob('*.py'))
             if p.stem != '_modidx' and '__pycache__' not in p.parts and p.read_text().strip()}
 
