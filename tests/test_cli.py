@@ -190,7 +190,7 @@ def test_the_first_hour_fine_tune_reads_one_checkpoint_and_holds_out_enough(tmp_
 
 
 def test_the_wheel_leaves_the_developer_tools_out():
-    """pyproject.toml builds a wheel without `lmbook.dev` (its modules and its data) and with every chapter; in
+    """pyproject.toml builds a wheel without `lmbook.dev` (modules and data) and with every chapter; in
     a clone the tools still import, and a wheel's `lmbook docs` says where to run it (nbs/09_cli.ipynb)."""
     import tomllib
     from setuptools import find_packages
