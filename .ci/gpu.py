@@ -200,7 +200,7 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     "The exported folder, read by transformers on CUDA, gives lmbook's logits (and peft's adapters too)."
     import torch
     from transformers import AutoModelForCausalLM
-    from lmbook.runs.sample import load_model
+    from lmbook.runs.load import load_model
     os.environ['LMBOOK_WORKSPACE'] = str(ws)
     lm = load_model(f'{exp_name}:best', ws, DEVICE)
     ids = torch.tensor([lm.tokenizer.encode('What does abs do in Python?')], device=DEVICE)
@@ -223,7 +223,8 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
 def run_sample(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook sample` on CUDA (a plain run and a QLoRA one); KV-cache decoding gives the no-cache tokens."
     import torch
-    from lmbook.runs.sample import load_model, generate
+    from lmbook.model.generate import generate
+    from lmbook.runs.load import load_model
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
         p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples',
                    '2', log=out/f'{row.name}-{src}.log')

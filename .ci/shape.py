@@ -1,5 +1,5 @@
-"""The package's shape: modules, lines, longest function, and the files `cfg` crosses from `lmbook train` to
-the first optimizer step."""
+"""The package's shape: modules (the chapters' sub-packages included), lines, longest function, and the files
+`cfg` crosses from `lmbook train` to the first optimizer step."""
 import argparse, ast, json, os, re, sys, tempfile
 from pathlib import Path
 
@@ -7,8 +7,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT/'lmbook'
 
 
+def module_name(path) -> str:
+    "A file's dotted module name inside lmbook: `train.trainer`, `data` for `data/__init__.py`."
+    parts = list(Path(path).relative_to(PKG).with_suffix('').parts)
+    return '.'.join(parts[:-1] if parts[-1] == '__init__' and len(parts) > 1 else parts)
+
+
 def modules() -> dict:
-    return {p.stem: p for p in sorted(PKG.glob('*.py')) if p.stem not in ('__init__', '_modidx')}
+    "Every module of the package, the chapters' too, by dotted name (nbdev's `_modidx`, empty files aside)."
+    return {module_name(p): p for p in sorted(PKG.rglob('*.py'))
+            if p.stem != '_modidx' and '__pycache__' not in p.parts and p.read_text().strip()}
 
 
 def notebook_order() -> dict:
@@ -16,7 +24,17 @@ def notebook_order() -> dict:
     out = {}
     for i, nb in enumerate(sorted((ROOT/'nbs').glob('*.ipynb'))):
         m = re.search(r'#\|\s*default_exp\s+(\S+)', nb.read_text())
-        if m: out[m.group(1).replace('\\n', '').strip('"')] = i
+        if m: out[m.group(1).replace('\\n', '').strip('"').removesuffix('.__init__')] = i
+    return out
+
+
+def nbdev_lines(path) -> set:
+    "Lines nbdev writes itself, held to no width: the module docstring and `__all__`."
+    tree, out = ast.parse(path.read_text()), set()
+    for n in tree.body:
+        doc = isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+        names = isinstance(n, ast.Assign) and any(getattr(x, 'id', '') == '__all__' for x in n.targets)
+        if (doc and n is tree.body[0]) or names: out |= set(range(n.lineno, n.end_lineno + 1))
     return out
 
 
@@ -26,7 +44,8 @@ def figures() -> dict:
     funcs = [(n.end_lineno - n.lineno + 1, f'{m}.{n.name}') for m, p in mods.items()
              for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    wide = sum(len(l) > 110 for p in mods.values() for l in p.read_text().splitlines())
+    wide = sum(len(l) > 110 for p in mods.values() for i, l in enumerate(p.read_text().splitlines(), 1)
+               if i not in nbdev_lines(p))
     return dict(modules=len(mods), lines=lines, longest_function=max(funcs), lines_over_110=wide,
                 functions_over_50=sum(n > 50 for n, _ in funcs))
 
@@ -37,7 +56,7 @@ class _Found(Exception): pass
 def _lmbook_caller(frame):
     f = frame.f_back
     while f is not None and not f.f_code.co_filename.startswith(str(PKG)): f = f.f_back
-    return Path(f.f_code.co_filename).stem if f is not None else 'cli'
+    return module_name(f.f_code.co_filename) if f is not None else 'cli'
 
 
 def cfg_path(argv:list) -> dict:
@@ -57,7 +76,7 @@ def cfg_path(argv:list) -> dict:
         # the config's own methods
         if args and co.co_varnames[0] == 'self' and isinstance(args[0], kinds): return
         if any(carries(a) for a in args):
-            caller, callee = _lmbook_caller(frame), Path(co.co_filename).stem
+            caller, callee = _lmbook_caller(frame), module_name(co.co_filename)
             if caller != callee: calls.append((caller, callee, co.co_name))
     sys.setprofile(prof)
     try: main(argv)

@@ -6,15 +6,15 @@ Docs: https://lmbook.github.io/lmbook/cli.html.md"""
 
 # %% ../nbs/09_cli.ipynb #78ecc4c9
 from __future__ import annotations
-import argparse, importlib, json, sys
+import argparse, importlib, importlib.util, json, sys
 from pathlib import Path
 from .core import cli_options, one_line_warnings, EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .config import count_params, flops_per_token
 from .profiles import PROFILES
 
 # %% auto #0
-__all__ = ['COMMANDS', 'profile_rows', 'format_profiles', 'render_readme', 'add_cli', 'add_dev_cli', 'register', 'build_parser',
-           'main']
+__all__ = ['COMMANDS', 'profile_rows', 'format_profiles', 'render_readme', 'add_cli', 'add_dev_cli', 'register', 'missing',
+           'build_parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #c15a441b
 def profile_rows() -> list[dict]:
@@ -172,6 +172,15 @@ def register(sub, module:str) -> list[str]:
         if hasattr(mod, fn): getattr(mod, fn)(sub)
     return [c for c in sub.choices if c not in before]
 
+def missing(command:str|None) -> str|None:
+    "The one-line error for a command whose module this install lacks (the developers' tools), else None."
+    module = COMMANDS.get(command, (None,))[0]
+    try: found = module is None or importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError: found = False  # its package (lmbook.dev) is not installed at all
+    return None if found else (f"`lmbook {command}` is a developer's tool, which the wheel leaves out "
+                               f"({module}): run it from a clone of lmbook's repository "
+                               "(pip install -e . in it)")
+
 def build_parser(command:str|None=None, # register only this command's module; the others are listed by name
                  light:bool=False, # as `main` builds it: import at most `command`'s module
                 ) -> argparse.ArgumentParser:
@@ -183,7 +192,7 @@ def build_parser(command:str|None=None, # register only this command's module; t
     wanted = {COMMANDS[command][0]} if light and command in COMMANDS else set() if light else None
     for name, (module, help) in COMMANDS.items():
         if name in sub.choices: continue
-        if wanted is None or module in wanted: register(sub, module)
+        if (wanted is None or module in wanted) and not missing(name): register(sub, module)
         else: sub.add_parser(name, help=help, add_help=False)
     return ap
 
@@ -192,7 +201,11 @@ def main(argv:list[str]|None=None) -> int:
     "Run the `lmbook` command; a user's mistake prints one `error:` line and exits 2, Ctrl-C exits 130."
     argv = sys.argv[1:] if argv is None else list(argv)
     one_line_warnings()
-    ap = build_parser(next((a for a in argv if not a.startswith('-')), None), light=True)
+    command = next((a for a in argv if not a.startswith('-')), None)
+    if err := missing(command):
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    ap = build_parser(command, light=True)
     args = ap.parse_args(argv)
     if not getattr(args, 'func', None):
         ap.print_help()

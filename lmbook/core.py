@@ -6,9 +6,8 @@ Docs: https://lmbook.github.io/lmbook/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e7c86c04
 from __future__ import annotations
-import configparser, hashlib, importlib, importlib.util, os, random, re, subprocess, sys, tempfile, warnings
+import configparser, hashlib, os, random, re, subprocess, sys, tempfile, warnings
 from dataclasses import dataclass, fields
-from typing import Callable
 from pathlib import Path
 import yaml
 import lmbook
@@ -20,7 +19,7 @@ __all__ = ['SETTINGS_ENV', 'ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERR
            'load_settings', 'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment',
            'resolve_experiment', 'cli_options', 'one_line_warnings', 'Paths', 'paths_for', 'check_writable',
            'seed_everything', 'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops', 'gpu_table',
-           'find_gpu', 'moved_names']
+           'find_gpu']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -408,17 +407,3 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
     raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one "
                      f"of {short} (the table is lmbook/gpu_prices.yaml)")
-
-# %% ../nbs/00_core.ipynb #e2c82fbe
-def moved_names(package:str, # the chapter that was a module, e.g. 'lmbook.data'
-                new:str, # the module its names live in now, e.g. 'lmbook.data.prepare'
-               ) -> Callable:
-    "A chapter's `__getattr__`: an old `package.name` import finds `new.name`, with a deprecation warning."
-    def __getattr__(name:str):
-        if name.startswith('__') or importlib.util.find_spec(f'{package}.{name}'): raise AttributeError(name)
-        mod = importlib.import_module(new)  # loaded only for an old import
-        if not hasattr(mod, name): raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        warnings.warn(f"{package}.{name} moved to {new}.{name}; the old path goes in the next release",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(mod, name)
-    return __getattr__

@@ -11,7 +11,7 @@ from lmbook.runs.checkpoint.space import disk_plan, state_bytes
 from lmbook.runs.checkpoint.writer import prune_checkpoints
 from lmbook.train.runstart import build_trainable
 from lmbook.train.inputs import Init
-from lmbook.runs.sample import load_model
+from lmbook.runs.load import load_model
 from conftest import lmbook_cmd, rows
 
 # five documents and 200 steps at a constant, high lr: validation loss bottoms out early, then rises

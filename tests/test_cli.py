@@ -142,7 +142,7 @@ def test_docs_serve_after_a_build_does_not_tell_to_serve(tmp_path, monkeypatch, 
     from lmbook.cli import main
     served = []
     monkeypatch.setattr(docs, 'build_docs', lambda checkout, out: (tmp_path, []))
-    monkeypatch.setattr(docs, 'serve', lambda site, port: served.append(site))
+    monkeypatch.setattr(docs, 'serve_site', lambda site, port: served.append(site))
     (tmp_path/'index.html').write_text('')
     assert main(['docs', '--out', str(tmp_path), '--serve', '--rebuild']) == 0
     out = capsys.readouterr().out
@@ -187,3 +187,17 @@ def test_the_first_hour_fine_tune_reads_one_checkpoint_and_holds_out_enough(tmp_
     d = get_config('smoke').data
     train, val = split_examples(recs, d.val_ratio, d.data_seed)
     assert len(val) >= 5 and len(train) >= 100, (len(train), len(val))
+
+
+def test_the_wheel_leaves_the_developer_tools_out():
+    """pyproject.toml builds a wheel without `lmbook.dev` (modules and data) and with every chapter; in
+    a clone the tools still import, and a wheel's `lmbook docs` says where to run it (nbs/09_cli.ipynb)."""
+    import tomllib
+    from setuptools import find_packages
+    st = tomllib.loads((ROOT/'pyproject.toml').read_text())['tool']['setuptools']
+    pkgs = find_packages(str(ROOT), **st['packages']['find'])
+    chapters = {'lmbook.data', 'lmbook.model', 'lmbook.runs', 'lmbook.train', 'lmbook.serve', 'lmbook.pods'}
+    assert chapters <= set(pkgs) and not [p for p in pkgs if p.startswith('lmbook.dev')], pkgs
+    assert st['exclude-package-data']['lmbook'] == ['dev/*']
+    assert not [f for f in st['package-data']['lmbook'] if f.startswith('dev/')]
+    import lmbook.dev.docs  # noqa: F401 (a clone has them)

@@ -9,9 +9,9 @@ os.environ.setdefault('HF_DATASETS_OFFLINE', '1')
 
 from lmbook.data.prepare import (shard_corpus, shard_docs, read_manifest, _route_val, add_cli as data_cli,
                                  source_kind)
+from lmbook.chatformat import CHAT_TOKENS, EOT
 from lmbook.data.tokenizer import (ensure_tokenizer, tokenize_split, load_tokenizer, open_tokens, read_header,
-                                   EOT,
-                              CHAT_TOKENS, add_cli as tok_cli, token_dir)
+                                   add_cli as tok_cli, token_dir)
 from lmbook.data.loader import TokenLoader, val_batches, prepare_data, token_files
 
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "

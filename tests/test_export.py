@@ -13,7 +13,7 @@ from lmbook.runs.checkpoint.formats import tokenizer_ref
 from lmbook.runs.checkpoint.writer import save_checkpoint
 from lmbook.data.tokenizer import train_bpe, save_bundle
 from lmbook.model.gpt import GPT
-from lmbook.runs.sample import load_model
+from lmbook.runs.load import load_model
 from lmbook.runs import export
 from lmbook.model import hfimport
 from conftest import lmbook_cmd

@@ -5,7 +5,8 @@ import json, subprocess, sys
 from pathlib import Path
 import pytest
 from lmbook.data.prepare import shard_corpus
-from lmbook.data.tokenizer import train_bpe, save_bundle, SPECIAL_TOKENS
+from lmbook.chatformat import SPECIAL_TOKENS
+from lmbook.data.tokenizer import train_bpe, save_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent/'nbs'/'benchmarks'))
 from long_line import write_long_line

@@ -88,7 +88,7 @@ def test_qlora_finetune_then_export_bf16(tmp_path, workspace):
     import subprocess, sys
     from conftest import lmbook_cmd, ROOT
     from lmbook.data.sft import builtin_chat, write_jsonl
-    from lmbook.runs.sample import load_model
+    from lmbook.runs.load import load_model
     subprocess.run([sys.executable, str(ROOT/'nbs/benchmarks/tiny_llama.py'), str(tmp_path/'tiny')],
                    check=True)
     write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
@@ -123,7 +123,7 @@ def test_lora_checkpoint_resume_and_peft_round_trip(tmp_path, workspace):
     from conftest import lmbook_cmd
     from lmbook.dev.fixtures import tiny_llama
     from lmbook.data.sft import builtin_chat, write_jsonl
-    from lmbook.runs.sample import load_model
+    from lmbook.runs.load import load_model
     tiny_llama(tmp_path/'tiny'); write_jsonl(builtin_chat()[:30], tmp_path/'chat.jsonl')
     args = ['finetune', '--init-from', f"hf:{tmp_path/'tiny'}", '--data', tmp_path/'chat.jsonl', '-e', 'l',
             '--lora-rank', 4,

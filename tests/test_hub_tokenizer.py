@@ -12,7 +12,8 @@ from lmbook.cli import main
 from lmbook.profiles import get_config
 from lmbook.core import paths_for
 from lmbook.data.loader import prepare_data
-from lmbook.data.tokenizer import EOT, CHAT_TOKENS, load_tokenizer, open_tokens, hub_tokenizer_json, token_dir
+from lmbook.chatformat import EOT, CHAT_TOKENS
+from lmbook.data.tokenizer import load_tokenizer, open_tokens, hub_tokenizer_json, token_dir
 
 
 def bpe_json(path:Path, size:int=0):

@@ -534,3 +534,31 @@ def test_a_card_whose_free_hosts_run_an_older_cuda_is_refused_up_front(fake, cap
     assert posts(fake) == []
     q = [p for m, p, b in fake.calls('GET') if p.startswith('/v2/catalog/gpus/')]
     assert q, fake.requests
+
+
+def interface_gaps(cls) -> list[str]:
+    "What backend `cls` lacks of `Backend`: a method not implemented, or one whose parameters differ."
+    import inspect
+    from lmbook.pods.api import Backend
+    params = lambda f: [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+    return [f"{cls.__name__}.{m}{inspect.signature(getattr(cls, m))} vs Backend.{m}"
+            f"{inspect.signature(getattr(Backend, m))}" if m not in cls.__abstractmethods__
+            else f"{cls.__name__}.{m} missing" for m in sorted(Backend.__abstractmethods__)
+            if m in cls.__abstractmethods__ or params(getattr(cls, m)) != params(getattr(Backend, m))]
+
+
+def test_both_backends_implement_the_whole_interface():
+    """Each backend implements every method of `Backend` with the interface's parameters (names, kinds,
+    defaults), and is made as `RunPodAPI` makes it: `(key, hidden)`."""
+    import inspect
+    from lmbook.pods.api import BACKENDS, Backend
+    assert len(Backend.__abstractmethods__) == 13 and set(BACKENDS) == {'rest', 'graphql'}
+    for name, cls in BACKENDS.items():
+        assert issubclass(cls, Backend) and cls.name == name
+        assert not interface_gaps(cls), interface_gaps(cls)
+        inspect.signature(cls).bind(KEY, set())
+    class Wrong(Backend):  # the check sees a changed parameter and a missing method
+        def pods(self, all_pods=True): return []
+    gaps = interface_gaps(Wrong)
+    assert gaps[0] == 'Wrong.action missing'
+    assert any(g.startswith('Wrong.pods(self, all_pods=True)') for g in gaps), gaps

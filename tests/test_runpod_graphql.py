@@ -3,14 +3,15 @@ GraphQL server on 127.0.0.1."""
 import re
 from pathlib import Path
 import pytest
-from fake_runpod import FakeRunPod, serve
+from lmbook.dev.fake_graphql import FakeGraphQL
+from lmbook.dev.fake_runpod import serve
 from test_runpod import bare_remote, remotes_in, run, one_line_error, HEAD, KEY, HF
 
 
 @pytest.fixture
 def gql(monkeypatch, tmp_path):
     import runpod
-    f = FakeRunPod(KEY)
+    f = FakeGraphQL(KEY)
     srv, url = serve(f)
     for k, v in dict(RUNPOD_API_BASE_URL=url, RUNPOD_API_KEY=KEY, HF_TOKEN=HF, LMBOOK_RUNPOD_API='graphql',
                      LMBOOK_WORKSPACE=str(tmp_path/'ws')).items():

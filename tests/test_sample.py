@@ -6,7 +6,9 @@ import pytest
 import torch
 from lmbook.profiles import get_config
 from lmbook.train.trainer import train
-from lmbook.runs.sample import load_model, generate, sample_run
+from lmbook.model.generate import generate
+from lmbook.runs.load import load_model
+from lmbook.runs.sample import sample_run
 from conftest import lmbook_cmd
 
 TINY = dict(take=2000, vocab_size=512, batch_size=4, block_size=64, n_embd=64, n_head=2, eval_every=4,
@@ -134,7 +136,7 @@ def test_huge_max_new_tokens_capped_and_streamed(ws, run):
 def test_stream_ends_on_whole_characters():
     """Tokens that split a character (here one token a byte) are held until it is whole: no broken character
     mid-stream."""
-    from lmbook.runs.sample import TextStream
+    from lmbook.model.generate import TextStream
     class ByteTok:
         eot_id = 0
         def decode(self, ids): return bytes(ids).decode('utf-8', 'replace')

@@ -10,12 +10,13 @@ from lmbook.core import paths_for
 from lmbook.train.trainer import train
 from lmbook.model.gpt import GPT
 from lmbook.model.lora import add_lora
-from lmbook.runs.sample import load_model
+from lmbook.runs.load import load_model
 from lmbook.runs.find import find_checkpoint
 from lmbook.data.tokenizer import load_tokenizer, train_bpe
 from lmbook.train.finetune import finetune, finetune_config, FINETUNE_PARAMS
 from lmbook.train.inputs import check_init, find_init, init_model, resolve_init
-from lmbook.data.sft import read_sft, pack, render_chat, builtin_chat, write_jsonl, chat_prompt
+from lmbook.chatformat import chat_prompt
+from lmbook.data.sft import read_sft, pack, render_chat, builtin_chat, write_jsonl
 from lmbook.data.chatdata import record_messages
 from conftest import lmbook_cmd, rows
 

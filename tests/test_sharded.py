@@ -19,7 +19,8 @@ from lmbook.runs.checkpoint.formats import read_shards, verify_checkpoint
 from lmbook.runs.checkpoint.resume import latest_checkpoint
 from lmbook.runs.checkpoint.checkpointer import Checkpointer
 from lmbook.runs.find import find_checkpoint
-from lmbook.runs.sample import load_model, generate
+from lmbook.model.generate import generate
+from lmbook.runs.load import load_model
 from lmbook.runs.export import export_hf
 
 def _fsdp_cpu_ok():

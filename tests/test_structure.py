@@ -338,3 +338,37 @@ def test_long_cells_hold_one_definition(tmp_path):
     nb = dict(cells=[why, cell], metadata={}, nbformat=4, nbformat_minor=5)
     (tmp_path/'a.ipynb').write_text(json.dumps(nb))
     assert long_cells(tmp_path) == []
+
+
+# Names every command module defines on purpose: `cli.register` looks each one up by name in the module that
+# owns a command, and `main` is what `python -m` runs.
+HOOKS = {'add_cli', 'add_dev_cli', 'main'}
+
+
+def top_definitions(path:Path) -> list[tuple[str, int]]:
+    """(name, line) of each public function and class defined at the top of `path`; a `@patch`ed function is a
+    method of the class it names, not a module's name."""
+    patched = lambda n: any(getattr(d, 'id', getattr(getattr(d, 'func', None), 'id', '')) == 'patch'
+                            for d in n.decorator_list)
+    return [(n.name, n.lineno) for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and not n.name.startswith('_') and not patched(n)]
+
+
+def test_one_definition_per_name():
+    """No two modules define a function or class of the same public name (the command hooks aside), so a
+    name in a traceback, a docs link or an import says which one it is; `_private` names are each module's."""
+    where = {}
+    for m, p in modules().items():
+        for name, line in top_definitions(p):
+            if name not in HOOKS: where.setdefault(name, []).append(f"{m}:{line}")
+    twice = {n: ms for n, ms in where.items() if len(ms) > 1}
+    said = '\n'.join(f"{n}: {', '.join(ms)}" for n, ms in sorted(twice.items()))
+    assert not twice, "names defined in more than one module:\n" + said
+
+
+def test_the_name_check_sees_a_second_definition(tmp_path):
+    p = tmp_path/'x.py'
+    p.write_text("from fastcore.basics import patch\ndef f(): pass\nclass C: pass\n@patch\n"
+                 "def f(self:C): pass\ndef _g(): pass\nasync def h(): pass\n")
+    assert top_definitions(p) == [('f', 2), ('C', 3), ('h', 7)]

@@ -12,16 +12,14 @@ from pathlib import Path
 from typing import Iterator
 from ..core import env_var
 from .prepare import hf_env
-from .tokenizer import SPECIAL_TOKENS
+from ..chatformat import SPECIAL_TOKENS
 
 # %% auto #0
-__all__ = ['CHAT_ROLES', 'FORMATS', 'FORMAT_NAMES', 'FIELDS', 'MESSAGE_ROLES', 'SHAREGPT_ROLES', 'HUB_DATA', 'MIXABLE',
-           'record_format', 'record_messages', 'parse_columns', 'map_columns', 'file_records', 'ChatSource',
-           'chat_source', 'data_value', 'hub_records', 'source_records', 'chat_records']
+__all__ = ['FORMATS', 'FORMAT_NAMES', 'FIELDS', 'MESSAGE_ROLES', 'SHAREGPT_ROLES', 'HUB_DATA', 'MIXABLE', 'record_format',
+           'record_messages', 'parse_columns', 'map_columns', 'file_records', 'ChatSource', 'chat_source', 'data_value',
+           'hub_records', 'source_records', 'chat_records']
 
 # %% ../../nbs/02da_chatdata.ipynb #04448897
-CHAT_ROLES = ('system', 'user', 'assistant')  # the roles of a conversation's turns
-
 # format -> the fields that mark its records, in the order a record is tested
 FORMATS = dict(messages=('messages',), sharegpt=('conversations',), alpaca=('instruction', 'output'),
                prompt=('prompt', 'response'))

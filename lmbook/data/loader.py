@@ -21,7 +21,8 @@ from ..profiles import get_config
 from ..runlock import data_lock
 from .prepare import shard_corpus, read_manifest, write_manifest
 from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_split, token_dir, HEADER
-from .tokenizer import MAGIC, SPECIAL_TOKENS, VERSION, hub_tokenizer_json, load_tokenizer, write_tokens
+from ..chatformat import SPECIAL_TOKENS
+from .tokenizer import MAGIC, VERSION, hub_tokenizer_json, load_tokenizer, write_tokens
 from .stream import Preparation
 from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixture, prepare_mixture
 

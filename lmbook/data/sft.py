@@ -12,15 +12,12 @@ from typing import Callable
 import numpy as np
 import torch
 from ..config import Config
-from .chatdata import CHAT_ROLES, ChatSource, chat_records, chat_source, record_messages
+from ..chatformat import END, ROLES
+from .chatdata import ChatSource, chat_records, chat_source, record_messages
 
 # %% auto #0
-__all__ = ['ROLES', 'END', 'render_chat', 'chat_prompt', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'split_examples',
-           'sft_source', 'sft_val_rows', 'builtin_chat', 'write_jsonl']
-
-# %% ../../nbs/02e_sft.ipynb #e17b6ee7
-ROLES = {r: f'<|{r}|>' for r in CHAT_ROLES}  # role -> its reserved token
-END = '<|end|>'  # closes every turn
+__all__ = ['render_chat', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'split_examples', 'sft_source', 'sft_val_rows',
+           'builtin_chat', 'write_jsonl']
 
 # %% ../../nbs/02e_sft.ipynb #ebdafaa5
 def _encode_head(tokenizer, text:str, n:int) -> list[int]:
@@ -52,11 +49,6 @@ def render_chat(messages:list[dict], # turns from `record_messages`
     ids.append(tokenizer.eot_id)
     mask.append(int(messages[-1]['role'] == 'assistant'))
     return ids, mask
-
-def chat_prompt(prompt:str, system:str='') -> str:
-    "The text that asks a fine-tuned model for its answer to `prompt` (what `lmbook sample` should be given)."
-    return (f"{ROLES['system']}{system}{END}" if system
-            else '') + f"{ROLES['user']}{prompt}{END}{ROLES['assistant']}"
 
 # %% ../../nbs/02e_sft.ipynb #17a8b2af
 def read_sft(source:ChatSource|str|Path, # a .jsonl or .json file, hf:ID, or a `ChatSource`

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers, decoders, trainers
+from ..chatformat import EOT, SPECIAL_TOKENS
 from ..core import cli_options, load_settings, paths_for, resolve_experiment
 from ..runlock import data_lock
 from .prepare import shard_docs, read_manifest, write_manifest, check_shards, unescape_doc, MANIFEST
@@ -19,16 +20,11 @@ from .prepare import claim_folder
 from ..core import env_var
 
 # %% auto #0
-__all__ = ['EOT', 'CHAT_TOKENS', 'SPECIAL_TOKENS', 'BPE_BYTES', 'CHARS_PER_TOKEN', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER',
-           'DTYPES', 'TOKENIZE_DOCS', 'TOKENIZE_BYTES', 'Tokenizer', 'new_bpe', 'bpe_sample', 'train_bpe',
-           'save_bundle', 'load_tokenizer', 'hub_names', 'hub_caches', 'hub_offline', 'hub_file', 'hub_tokenizer_json',
-           'adopt_tokenizer', 'ensure_tokenizer', 'token_dtype', 'stream_tokens', 'write_tokens', 'read_header',
-           'open_tokens', 'shard_lines', 'encode_stream', 'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
-
-# %% ../../nbs/02c_tokenizer.ipynb #f3b30909
-EOT = '<|endoftext|>'
-CHAT_TOKENS = ['<|system|>', '<|user|>', '<|assistant|>', '<|end|>']
-SPECIAL_TOKENS = [EOT, *CHAT_TOKENS]
+__all__ = ['BPE_BYTES', 'CHARS_PER_TOKEN', 'HUB_ALIASES', 'MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'TOKENIZE_DOCS',
+           'TOKENIZE_BYTES', 'Tokenizer', 'new_bpe', 'bpe_sample', 'train_bpe', 'save_bundle', 'load_tokenizer',
+           'hub_names', 'hub_caches', 'hub_offline', 'hub_file', 'hub_tokenizer_json', 'adopt_tokenizer',
+           'ensure_tokenizer', 'token_dtype', 'stream_tokens', 'write_tokens', 'read_header', 'open_tokens',
+           'shard_lines', 'encode_stream', 'encode_docs', 'tokenize_split', 'token_dir', 'add_cli']
 
 # %% ../../nbs/02c_tokenizer.ipynb #a8730d66
 class Tokenizer:

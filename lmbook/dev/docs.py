@@ -13,7 +13,7 @@ import yaml
 # %% auto #0
 __all__ = ['DOCS_FILE_RE', 'CHAPTER_TITLES', 'SITE_DATA', 'STAMP', 'is_page', 'process_notebooks', 'output_file', 'rewrite_links',
            'sidebar', 'stage_site', 'markdown_copies', 'offline_css', 'member_links', 'source_page', 'local_sources',
-           'build_docs', 'docs_inputs', 'site_folder', 'site_current', 'serve', 'add_cli']
+           'build_docs', 'docs_inputs', 'site_folder', 'site_current', 'serve_site', 'add_cli']
 
 # %% ../../nbs/08a_docs.ipynb #0f0cd2c6
 # the pages: nbdev-docs --file-re DOCS_FILE_RE
@@ -276,7 +276,7 @@ def site_current(checkout:Path='.', out:Path|None=None) -> bool:
     except (OSError, ValueError, KeyError, TypeError): return False
 
 # %% ../../nbs/08a_docs.ipynb #7e040256
-def serve(site:Path, port:int=8000, host:str='127.0.0.1'):
+def serve_site(site:Path, port:int=8000, host:str='127.0.0.1'):
     "Serve the folder `site` over http until interrupted."
     httpd = http.server.ThreadingHTTPServer((host, port),
                                             functools.partial(http.server.SimpleHTTPRequestHandler,
@@ -301,7 +301,7 @@ def add_cli(sub):
             out = site_folder(a.checkout, a.out)
             print(f"{out} is up to date with the notebooks: serving it as it is (--rebuild builds it again)",
                   flush=True)
-            serve(out, a.port)
+            serve_site(out, a.port)
             return 0
         out, warns = build_docs(a.checkout, a.out)
         for w in warns: print(f"warning: {w}", file=sys.stderr)
@@ -309,6 +309,6 @@ def add_cli(sub):
         # served now, or how to serve it
         print(f"{n} pages in {out}" + ('' if a.serve else f"; open it over http: lmbook docs --serve (or "
                                        f"python -m http.server -d {out})"), flush=True)
-        if a.serve: serve(out, a.port)
+        if a.serve: serve_site(out, a.port)
         return 0
     p.set_defaults(func=run)

@@ -13,10 +13,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer, models
 from ..config import Config, ModelConfig
-from ..data.tokenizer import EOT, SPECIAL_TOKENS, Tokenizer, hub_file, load_tokenizer, save_bundle
+from ..chatformat import END, EOT, SPECIAL_TOKENS
+from ..data.tokenizer import Tokenizer, hub_file, load_tokenizer, save_bundle
 from .gpt import GPT, rope_cache
 from .lora import LoRALinear, add_lora, quantize
-from ..data.sft import END
 
 # %% auto #0
 __all__ = ['HF_TYPES', 'find_hf_model', 'hf_tokenizer_json', 'hf_gpt2_folder', 'gpt2_from_hf', 'hf_folder', 'unsupported',

@@ -7,6 +7,7 @@ Docs: https://lmbook.github.io/lmbook/api.html.md"""
 # %% ../../nbs/07b_api.ipynb #86988bec
 from __future__ import annotations
 import json, os, re, time, urllib.error, urllib.parse, urllib.request
+from abc import ABC, abstractmethod
 import requests
 from ..core import load_settings
 from .plan import image_cuda
@@ -15,8 +16,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SAFE_VALUES', 'STATUSES', 'CPU_REST_ONLY', 'BACKENDS', 'RunPodError', 'CapacityError', 'NotFound', 'Conflict',
-           'TransientError', 'RateLimited', 'masked', 'check_safe', 'pod_view', 'problem_error', 'rest_body', 'RestV2',
-           'sse_lines', 'gql_view', 'GraphQL', 'RunPodAPI']
+           'TransientError', 'RateLimited', 'masked', 'check_safe', 'pod_view', 'problem_error', 'Backend', 'rest_body',
+           'RestV2', 'sse_lines', 'gql_view', 'GraphQL', 'RunPodAPI']
 
 # %% ../../nbs/07b_api.ipynb #c06b0c1f
 class RunPodError(ValueError): "A RunPod API call failed (one-line message)."
@@ -94,6 +95,39 @@ def problem_error(status:int, body:bytes|str, retry_after:str|None=None,
                                          f"{'; '.join(errs[:3]) or detail}")
     return RunPodError(f"RunPod API error ({status}): {detail}")
 
+# %% ../../nbs/07b_api.ipynb #6b4810de
+class Backend(ABC):
+    "What `RunPodAPI` asks of a backend: one call each, no retries (`RunPodAPI` retries), `RunPodError`s."
+    name = ''  # the settings' `api` that picks it: 'rest' or 'graphql'
+    @abstractmethod
+    def pods(self) -> list[dict]: "Every pod of the account, each as `pod_view` shows it."
+    @abstractmethod
+    def pod(self, pod_id:str) -> dict|None: "Pod `pod_id` as `pod_view` shows it (None: no such pod)."
+    @abstractmethod
+    def gpu(self, gpu_id:str) -> dict|None: "The catalog's GPU type `gpu_id` (None: it has none)."
+    @abstractmethod
+    def cpu(self, cpu_id:str) -> dict|None: "The catalog's CPU flavor `cpu_id` (None: it has none)."
+    @abstractmethod
+    def availability(self, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
+        "`count` x `gpu_id` free now: {'overall', 'data_centers'} (None: this backend cannot tell)."
+    @abstractmethod
+    def create_pod(self, spec, env:dict) -> dict: "Create the pod `spec` describes, with `env`; the new pod."
+    @abstractmethod
+    def action(self, pod_id:str, action:str) -> dict|None: "Send `start`, `stop`, `restart` or `terminate`."
+    @abstractmethod
+    def volumes(self) -> list[dict]: "The account's network volumes: id, name, size, data_center."
+    @abstractmethod
+    def volume(self, vol_id:str) -> dict|None: "Network volume `vol_id` (None: no such volume)."
+    @abstractmethod
+    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict: "A new network volume."
+    @abstractmethod
+    def data_centers(self) -> list[dict]|None: "Data centers: id, and whether it has volumes (None: unknown)."
+    @abstractmethod
+    def ssh_keys(self) -> list[str]|None: "The account's SSH public keys (None: not known)."
+    @abstractmethod
+    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+        "The last `tail` lines of the pod's log (then new ones with `follow`), each given to `out`."
+
 # %% ../../nbs/07b_api.ipynb #f00f1a0f
 def rest_body(spec, env:dict) -> dict:
     "The REST v2 `CreatePodRequest` for a pod spec (`lmbook.pods.runpod.PodSpec`) and its resolved `env`."
@@ -119,110 +153,91 @@ def _rest_machine(spec) -> dict:
     if cuda := image_cuda(spec.image): gpu['minCudaVersion'] = cuda
     return dict(gpu=gpu)
 
+# %% ../../nbs/07b_api.ipynb #8757b517
+def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
+                                      data_center=v.get('dataCenter', ''))
+
 # %% ../../nbs/07b_api.ipynb #b4b67f81
-class RestV2:
+class RestV2(Backend):
     "RunPod's REST API v2 at `$RUNPOD_API_BASE_URL/v2` (default https://api.runpod.io)."
     name = 'rest'
     def __init__(self, key:str, hidden:set, timeout:float=60):
         self.key, self.hidden, self.timeout = key, hidden, timeout
         self.base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io').rstrip('/') + '/v2'
 
-# %% ../../nbs/07b_api.ipynb #7e1c17a9
-@patch
-def call(self:RestV2, method:str, path:str, body:dict|None=None) -> dict|None:
-    data = json.dumps(body).encode() if body is not None else None
-    hdr = {'Authorization': f'Bearer {self.key}',
-           'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
-    req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdr)
-    try:
-        with urllib.request.urlopen(req, timeout=self.timeout) as r: txt = r.read()
-        return json.loads(txt) if txt.strip() else None
-    except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(),
-                                                            e.headers.get('Retry-After'),
-                                                                self.hidden) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise TransientError(f"no usable answer from the RunPod API at {self.base} "
-                             f"({type(e).__name__}): check the network and retry") from None
+    def call(self, method:str, path:str, body:dict|None=None) -> dict|None:
+        data = json.dumps(body).encode() if body is not None else None
+        hdr = {'Authorization': f'Bearer {self.key}',
+               'Accept': 'application/json'} | ({'Content-Type': 'application/json'} if data else {})
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=hdr)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r: txt = r.read()
+            return json.loads(txt) if txt.strip() else None
+        except urllib.error.HTTPError as e: raise problem_error(e.code, e.read(),
+                                                                e.headers.get('Retry-After'),
+                                                                    self.hidden) from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                                 f"({type(e).__name__}): check the network and retry") from None
 
-@patch
-def _get(self:RestV2, path:str) -> dict|None:
-    try: return self.call('GET', path)
-    except NotFound: return None
+    def _get(self, path:str) -> dict|None:
+        try: return self.call('GET', path)
+        except NotFound: return None
 
-@patch
-def pods(self:RestV2) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
+    def pods(self) -> list[dict]: return [pod_view(p) for p in self.call('GET', '/pods')['pods']]
 
-# %% ../../nbs/07b_api.ipynb #4732fc31
-@patch
-def pod(self:RestV2, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
+    def pod(self, pod_id:str) -> dict|None: return (p := self._get(f'/pods/{pod_id}')) and pod_view(p)
 
-@patch
-def gpu(self:RestV2, gpu_id:str) -> dict|None:
-    return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
+    def gpu(self, gpu_id:str) -> dict|None:
+        return self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe=''))
 
-@patch
-def cpu(self:RestV2, cpu_id:str) -> dict|None:
-    return self._get('/catalog/cpus/' + urllib.parse.quote(cpu_id, safe=''))
+    def cpu(self, cpu_id:str) -> dict|None:
+        return self._get('/catalog/cpus/' + urllib.parse.quote(cpu_id, safe=''))
 
-@patch
-def availability(self:RestV2, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
-    q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud)
-                               | (dict(minCudaVersion=min_cuda) if min_cuda else {}))
-    g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
-    return g and dict(overall=g.get('availability'),
-                      data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
+    def availability(self, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
+        q = urllib.parse.urlencode(dict(include='AVAILABILITY', product='POD', count=count, cloud=cloud)
+                                   | (dict(minCudaVersion=min_cuda) if min_cuda else {}))
+        g = self._get('/catalog/gpus/' + urllib.parse.quote(gpu_id, safe='') + '?' + q)
+        return g and dict(overall=g.get('availability'),
+                          data_centers={d['id']: d['availability'] for d in g.get('dataCenters') or []})
 
-@patch
-def create_pod(self:RestV2, spec, env:dict) -> dict:
-    return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
+    def create_pod(self, spec, env:dict) -> dict:
+        return pod_view(self.call('POST', '/pods', rest_body(spec, env)))
 
-@patch
-def action(self:RestV2, pod_id:str, action:str) -> dict|None:
-    p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
-    return p and pod_view(p)
+    def action(self, pod_id:str, action:str) -> dict|None:
+        p = self.call('POST', f'/pods/{pod_id}/action', dict(action=action))
+        return p and pod_view(p)
 
-# %% ../../nbs/07b_api.ipynb #94d936d3
-@patch
-def volumes(self:RestV2) -> list[dict]: return [_vol(v) for v in self.call('GET',
-                                                                    '/network-volumes')['networkVolumes']]
+    def volumes(self) -> list[dict]: return [_vol(v) for v in self.call('GET',
+                                                                        '/network-volumes')['networkVolumes']]
 
-@patch
-def volume(self:RestV2,
-           vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
+    def volume(self,
+               vol_id:str) -> dict|None: return (v := self._get(f'/network-volumes/{vol_id}')) and _vol(v)
 
-@patch
-def create_volume(self:RestV2, name:str, size_gb:int, data_center:str) -> dict:
-    return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb),
-                                                           dataCenter=data_center)))
+    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
+        return _vol(self.call('POST', '/network-volumes', dict(name=name, size=int(size_gb),
+                                                               dataCenter=data_center)))
 
-@patch
-def data_centers(self:RestV2) -> list[dict]:
-    return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
-            '/catalog/datacenters')['dataCenters']]
+    def data_centers(self) -> list[dict]:
+        return [dict(id=d['id'], volumes=bool(d.get('networkVolumeTypes'))) for d in self.call('GET',
+                '/catalog/datacenters')['dataCenters']]
 
-@patch
-def ssh_keys(self:RestV2) -> list[str]: return self.call('GET', '/account/ssh-keys')['keys']
+    def ssh_keys(self) -> list[str]: return self.call('GET', '/account/ssh-keys')['keys']
 
-# %% ../../nbs/07b_api.ipynb #31c370ec
-@patch
-def logs(self:RestV2, pod_id:str, tail:int, follow:bool, out) -> list[str]:
-    q = urllib.parse.urlencode(dict(tail=int(tail)))
-    req = urllib.request.Request(f"{self.base}/pods/{pod_id}/logs?{q}", method='GET', headers={
-        'Authorization': f'Bearer {self.key}', 'Accept': 'text/event-stream'})
-    lines = []
-    try:
-        with urllib.request.urlopen(req, timeout=None if follow else 10) as r: sse_lines(r, lines, out)
-    except TimeoutError: pass  # the backfill is over: the stream only waits for new lines now
-    except urllib.error.HTTPError as e:
-        raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise TransientError(f"no usable answer from the RunPod API at {self.base} "
-                             f"({type(e).__name__}): check the network and retry") from None
-    return lines
-
-# %% ../../nbs/07b_api.ipynb #8757b517
-def _vol(v:dict) -> dict: return dict(id=v['id'], name=v.get('name', ''), size=v.get('size'),
-                                      data_center=v.get('dataCenter', ''))
+    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+        q = urllib.parse.urlencode(dict(tail=int(tail)))
+        req = urllib.request.Request(f"{self.base}/pods/{pod_id}/logs?{q}", method='GET', headers={
+            'Authorization': f'Bearer {self.key}', 'Accept': 'text/event-stream'})
+        lines = []
+        try:
+            with urllib.request.urlopen(req, timeout=None if follow else 10) as r: sse_lines(r, lines, out)
+        except TimeoutError: pass  # the backfill is over: the stream only waits for new lines now
+        except urllib.error.HTTPError as e:
+            raise problem_error(e.code, e.read(), e.headers.get('Retry-After'), self.hidden) from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise TransientError(f"no usable answer from the RunPod API at {self.base} "
+                                 f"({type(e).__name__}): check the network and retry") from None
+        return lines
 
 # %% ../../nbs/07b_api.ipynb #26e72876
 def sse_lines(stream, lines:list, out=None) -> list[str]:
@@ -259,119 +274,100 @@ CPU_REST_ONLY = ("lmbook creates a CPU pod through RunPod's REST API v2 only: dr
                  "LMBOOK_RUNPOD_API=graphql (or api = graphql in settings.ini)")
 
 # %% ../../nbs/07b_api.ipynb #8dbb932b
-class GraphQL:
+class GraphQL(Backend):
     "RunPod's GraphQL API through the `runpod` SDK (`POST $RUNPOD_API_BASE_URL/graphql`)."
     name = 'graphql'
     def __init__(self, key:str, hidden:set):
         import runpod  # lazy: the SDK pulls in many packages, and only this backend needs it
         runpod.api_key, self.rp, self.hidden = key, runpod, hidden
 
-# %% ../../nbs/07b_api.ipynb #2a236b0b
-@patch
-def _call(self:GraphQL, fn, *args, **kw):
-    from runpod import error  # optional backend: the runpod SDK (GraphQL)
-    try: return fn(*args, **kw)
-    except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check "
-                                                        "RUNPOD_API_KEY (or `runpod config`)") from None
-    except error.QueryError as e:
-        msg = masked(str(e.message or e).splitlines()[0], self.hidden)
-        if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
-        raise RunPodError(f"RunPod API error: {msg}") from None
-    except (requests.RequestException, json.JSONDecodeError) as e:
-        base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
-        raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
-                             "check the network and retry") from None
-    except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
-                                                         f"(missing {e})") from None
+    def _call(self, fn, *args, **kw):
+        from runpod import error  # optional backend: the runpod SDK (GraphQL)
+        try: return fn(*args, **kw)
+        except error.AuthenticationError: raise RunPodError("RunPod rejected the API key: check "
+                                                            "RUNPOD_API_KEY (or `runpod config`)") from None
+        except error.QueryError as e:
+            msg = masked(str(e.message or e).splitlines()[0], self.hidden)
+            if _CAPACITY.search(msg): raise CapacityError(f"RunPod: {msg}") from None
+            raise RunPodError(f"RunPod API error: {msg}") from None
+        except (requests.RequestException, json.JSONDecodeError) as e:
+            base = env_var('RUNPOD_API_BASE_URL', 'https://api.runpod.io')
+            raise TransientError(f"no usable answer from the RunPod API at {base} ({type(e).__name__}): "
+                                 "check the network and retry") from None
+        except (KeyError, TypeError) as e: raise RunPodError("unexpected answer from the RunPod API "
+                                                             f"(missing {e})") from None
 
-# %% ../../nbs/07b_api.ipynb #4919a206
-@patch
-def _gql(self:GraphQL, query:str) -> dict:
-    from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
-    r = self._call(run_graphql_query, query)
-    if not isinstance(r, dict) or not isinstance(r.get('data'), dict):
-        raise TransientError("RunPod's GraphQL API answered without `data`: a passing failure on its "
-                             "side, or RUNPOD_API_BASE_URL is not its address")
-    return r['data']
+    def _gql(self, query:str) -> dict:
+        from runpod.api.graphql import run_graphql_query  # optional backend: the runpod SDK (GraphQL)
+        r = self._call(run_graphql_query, query)
+        if not isinstance(r, dict) or not isinstance(r.get('data'), dict):
+            raise TransientError("RunPod's GraphQL API answered without `data`: a passing failure on its "
+                                 "side, or RUNPOD_API_BASE_URL is not its address")
+        return r['data']
 
-@patch
-def pods(self:GraphQL) -> list[dict]:
-    q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
-    return [gql_view(p) for p in self._gql(q)['myself']['pods']]
+    def pods(self) -> list[dict]:
+        q = f'query {{ myself {{ pods {{ {_POD_FIELDS} }} }} }}'
+        return [gql_view(p) for p in self._gql(q)['myself']['pods']]
 
-@patch
-def pod(self:GraphQL, pod_id:str) -> dict|None:
-    p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
-    return p and gql_view(p)
+    def pod(self, pod_id:str) -> dict|None:
+        p = self._gql(f'query {{ pod(input: {{podId: "{pod_id}"}}) {{ {_POD_FIELDS} {_RUNTIME} }} }}')['pod']
+        return p and gql_view(p)
 
-@patch
-def gpu(self:GraphQL, gpu_id:str) -> dict|None:
-    return dict(id=gpu_id)  # the SDK's create checks the type itself
+    def gpu(self, gpu_id:str) -> dict|None:
+        return dict(id=gpu_id)  # the SDK's create checks the type itself
 
-@patch
-def cpu(self:GraphQL, cpu_id:str) -> dict|None: raise ValueError(CPU_REST_ONLY)
+    def cpu(self, cpu_id:str) -> dict|None: raise ValueError(CPU_REST_ONLY)
 
-# %% ../../nbs/07b_api.ipynb #596dc4ae
-@patch
-# the catalog's stock is a REST v2 query
-def availability(self:GraphQL, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> None: return None
+    # the catalog's stock is a REST v2 query
+    def availability(self, gpu_id:str, count:int, cloud:str, min_cuda:str|None=None) -> dict|None:
+        return None
 
-@patch
-def create_pod(self:GraphQL, spec, env:dict) -> dict:
-    if getattr(spec, 'cpu_type', ''): raise ValueError(CPU_REST_ONLY)
-    try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
-                        gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
-                        gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
-                        container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
-                        ports=spec.ports, volume_mount_path=spec.volume_mount, env=env,
-                        network_volume_id=spec.volume_id or None,
-                        data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True,
-                        min_vcpu_count=spec.min_vcpu or 1, min_memory_in_gb=spec.min_memory_gb or 1,
-                        template_id=spec.template_id or None)
-    except RunPodError: raise
-    except ValueError as e:  # the SDK's own check of the GPU type
-        if 'GPU' not in str(e): raise
-        raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
-    return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
+    def create_pod(self, spec, env:dict) -> dict:
+        if getattr(spec, 'cpu_type', ''): raise ValueError(CPU_REST_ONLY)
+        try: p = self._call(self.rp.create_pod, name=spec.name, image_name=spec.image,
+                            gpu_type_id=spec.gpu_type, cloud_type=spec.cloud_type,
+                            gpu_count=spec.gpu_count, volume_in_gb=0 if spec.volume_id else spec.volume_gb,
+                            container_disk_in_gb=spec.container_disk_gb, docker_args=spec.start,
+                            ports=spec.ports, volume_mount_path=spec.volume_mount, env=env,
+                            network_volume_id=spec.volume_id or None,
+                            data_center_id=spec.data_center or None, support_public_ip=True, start_ssh=True,
+                            min_vcpu_count=spec.min_vcpu or 1, min_memory_in_gb=spec.min_memory_gb or 1,
+                            template_id=spec.template_id or None)
+        except RunPodError: raise
+        except ValueError as e:  # the SDK's own check of the GPU type
+            if 'GPU' not in str(e): raise
+            raise NotFound(f"RunPod offers no GPU type {spec.gpu_type!r}") from None
+        return gql_view(dict(p, name=spec.name, desiredStatus='CREATED', gpuCount=spec.gpu_count))
 
-# %% ../../nbs/07b_api.ipynb #908ca1ee
-@patch
-def action(self:GraphQL, pod_id:str, action:str):
-    if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
-                                              "use `lmbook pod stop` then `lmbook pod "
-                                              "resume`, or the REST API (api = rest)")
-    if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
-            or {}).get('gpu_count') or 1))
-    return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
+    def action(self, pod_id:str, action:str) -> dict|None:
+        if action == 'restart': raise RunPodError("RunPod's GraphQL API has no restart: "
+                                                  "use `lmbook pod stop` then `lmbook pod "
+                                                  "resume`, or the REST API (api = rest)")
+        if action == 'start': return self._call(self.rp.resume_pod, pod_id, int((self.pod(pod_id)
+                or {}).get('gpu_count') or 1))
+        return self._call(dict(stop=self.rp.stop_pod, terminate=self.rp.terminate_pod)[action], pod_id)
 
-@patch
-def volumes(self:GraphQL) -> list[dict]:
-    return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
-            for v in self._call(self.rp.get_user)['networkVolumes']]
+    def volumes(self) -> list[dict]:
+        return [dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
+                for v in self._call(self.rp.get_user)['networkVolumes']]
 
-@patch
-def volume(self:GraphQL, vol_id:str) -> dict|None:
-    return next((v for v in self.volumes() if v['id'] == vol_id), None)
+    def volume(self, vol_id:str) -> dict|None:
+        return next((v for v in self.volumes() if v['id'] == vol_id), None)
 
-@patch
-def create_volume(self:GraphQL, name:str, size_gb:int, data_center:str) -> dict:
-    q = (f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, '
-         f'dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}')
-    v = self._gql(q)['createNetworkVolume']
-    return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
+    def create_volume(self, name:str, size_gb:int, data_center:str) -> dict:
+        q = (f'mutation {{ createNetworkVolume(input: {{name: "{name}", size: {int(size_gb)}, '
+             f'dataCenterId: "{data_center}"}}) {{ id name size dataCenterId }} }}')
+        v = self._gql(q)['createNetworkVolume']
+        return dict(id=v['id'], name=v['name'], size=v['size'], data_center=v['dataCenterId'])
 
-# %% ../../nbs/07b_api.ipynb #cfa23c4f
-@patch
-# not asked over GraphQL: the volume's own data center is checked instead
-def data_centers(self:GraphQL) -> list[dict]|None: return None
+    # not asked over GraphQL: the volume's own data center is checked instead
+    def data_centers(self) -> list[dict]|None: return None
 
-@patch
-def ssh_keys(self:GraphQL) -> None: return None  # not known over GraphQL
+    def ssh_keys(self) -> list[str]|None: return None  # not known over GraphQL
 
-@patch
-def logs(self:GraphQL, pod_id:str, tail:int, follow:bool, out) -> list[str]:
-    raise RunPodError("RunPod's GraphQL API has no pod logs: use the REST API (api = rest), or "
-                      "the log on the volume over SSH")
+    def logs(self, pod_id:str, tail:int, follow:bool, out) -> list[str]:
+        raise RunPodError("RunPod's GraphQL API has no pod logs: use the REST API (api = rest), or "
+                          "the log on the volume over SSH")
 
 # %% ../../nbs/07b_api.ipynb #fc9b26df
 BACKENDS = dict(rest=RestV2, graphql=GraphQL)

@@ -13,9 +13,8 @@ from safetensors.torch import save_file
 from ..core import check_writable, cli_options
 from ..config import ModelConfig
 from ..model.lora import LoRALinear, lora_parts, lora_state, merge_lora
-from ..data.tokenizer import EOT
-from ..data.sft import END
-from .sample import load_model, is_chat
+from ..chatformat import END, EOT
+from .load import load_model, is_chat
 from ..core import env_var
 
 # %% auto #0

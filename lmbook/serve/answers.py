@@ -11,7 +11,7 @@ from fastcore.basics import patch
 from .engine import STOPPED, Job, Served
 from .decoding import StopText
 from .contract import ApiError, Ask, vocab_facts
-from ..runs.sample import TextStream
+from ..model.generate import TextStream
 
 # %% auto #0
 __all__ = ['detok', 'Reader', 'byte_alphabet', 'token_bytes', 'token_text', 'token_names', 'logprobs_of', 'head', 'chunk',

@@ -10,8 +10,9 @@ import json, sys
 from typing import Callable, Iterable
 import torch
 from ..core import cli_options
-from ..data.sft import ROLES, END
-from ..runs.sample import load_model, generate, is_chat, stop_ids, clean_text
+from ..chatformat import ROLES, END
+from ..model.generate import clean_text, generate, stop_ids
+from ..runs.load import is_chat, load_model
 
 # %% auto #0
 __all__ = ['conversation_ids', 'reply', 'chat', 'add_cli']

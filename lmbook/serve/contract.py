@@ -9,9 +9,8 @@ from __future__ import annotations
 import functools, json, re
 from dataclasses import dataclass
 from .engine import Job, Served
-from ..runs.sample import stop_ids
-from ..data.sft import ROLES, END
-from ..data.tokenizer import SPECIAL_TOKENS
+from ..model.generate import stop_ids
+from ..chatformat import END, ROLES, SPECIAL_TOKENS
 
 # %% auto #0
 __all__ = ['FIELDS', 'MAX_CHOICES', 'MAX_LOGPROBS', 'MASK64', 'ApiError', 'fields_of', 'check_fields', 'fields_table', 'number',

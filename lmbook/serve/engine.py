@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import torch
 from ..model.gpt import KVCache
-from ..runs.sample import inference_device, is_chat, load_model
+from ..runs.load import inference_device, is_chat, load_model
 from .decoding import MASK32, adjust_logits, sample_rows, token_logprobs
 from .steps import Decoder, Prefiller, prefill_kernels
 from ..model.hfimport import hf_init_model, hf_model_config, hf_tokenizer

@@ -14,7 +14,7 @@ from ..data.loader import val_batches
 from ..model.gpt import doc_mask
 from ..distributed import cleanup_distributed, init_distributed
 from ..data.sft import sft_val_batches, sft_val_rows
-from ..runs.sample import inference_device, load_model
+from ..runs.load import inference_device, load_model
 from .validation import bits_per_byte, hellaswag_accuracy, load_hellaswag, token_byte_lengths
 from .lmeval import hellaswag_task, run_tasks
 from ..rundir import RunDir

@@ -24,7 +24,7 @@ from ..runs.checkpoint.formats import list_checkpoints
 from ..runs.checkpoint.resume import SHAPE_DEFAULTS, SHAPE_KEYS
 from ..runs.find import experiment_of, find_checkpoint, find_tokenizer, run_of
 from ..data.sft import SFTLoader, pack, read_sft, sft_source, sft_val_batches, split_examples
-from ..runs.sample import base_ref, load_model
+from ..runs.load import base_ref, load_model
 from ..model.hfimport import HF_TYPES, adopt_hf_tokenizer, check_hf_shape, gpt2_from_hf, hf_folder
 from ..model.hfimport import hf_gpt2_folder, hf_init_model, hf_kind, hf_tokenizer
 from .optim import total_steps

@@ -15,7 +15,8 @@ try:  # an optional dependency: pip install 'lmbook[eval]'
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError: lm_eval, TemplateLM = None, object
 from ..config import did_you_mean
-from ..runs.sample import load_model, generate
+from ..model.generate import generate
+from ..runs.load import load_model
 from .step import autocast
 from ..rundir import RunDir
 

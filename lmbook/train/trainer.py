@@ -26,7 +26,8 @@ from ..runs.metrics import disk_full, no_space, wandb_args
 from ..runs.alert import Alerts, watch_stall
 from ..runs.checkpoint.checkpointer import Checkpointer
 from ..runs.mirror import Mirror
-from ..runs.sample import prompts_for, sample_texts, write_samples, is_chat
+from ..runs.load import is_chat
+from ..runs.sample import prompts_for, sample_texts, write_samples
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
 from .step import resolve_compile
 from .warmstart import StartClock, use_compile_cache

@@ -84,7 +84,7 @@ def val_losses(run, root, device):
     import functools, torch
     from lmbook.train.validation import bits_per_byte, token_byte_lengths
     from lmbook.model.gpt import doc_mask
-    from lmbook.runs.sample import load_model
+    from lmbook.runs.load import load_model
     from lmbook.data.sft import sft_val_rows
     lm = load_model(run, root, device)
     x, y = sft_val_rows(lm.config, lm.tokenizer)

@@ -1,4 +1,4 @@
-"""Generation speed with and without the KV cache (`lmbook.runs.sample.generate`), one JSON line per row.
+"""Generation speed with and without the KV cache (`lmbook.model.generate.generate`), one JSON line per row.
 
 Randomly initialised models of the profiles' shapes, greedy decoding from a one-token prompt, so both
 paths produce the same tokens (checked). On a GPU:
@@ -11,7 +11,8 @@ import argparse, json, time
 import torch
 from lmbook.profiles import get_config
 from lmbook.model.gpt import GPT
-from lmbook.runs.sample import generate, inference_device
+from lmbook.model.generate import generate
+from lmbook.runs.load import inference_device
 
 def timed(model, n, cache, device, batch):
     x = torch.zeros(batch, 1, dtype=torch.long, device=device)

@@ -68,7 +68,7 @@ def stand_in(engine, text_share:float, gpu_ms:float):
     logits = torch.randn(len(engine.slots), WIDTH, generator=g)*0.5
     if text_share >= 1: logits[:, n_text:] = -float('inf')
     else: logits[:, n_text:] += math.log(n_text/(WIDTH - n_text)*(1 - text_share)/text_share)
-    from lmbook.runs.sample import stop_ids
+    from lmbook.model.generate import stop_ids
     logits[:, stop_ids(engine.s.tokenizer, True)] = -float('inf')  # no answer ends before its max_tokens
 
     due, back = [0.0], [None]  # when the emulated device finishes the step launched last; when its sync returned
