@@ -7,7 +7,7 @@ from lmbook.cli import main
 from lmbook.profiles import get_config
 from lmbook.train.trainer import train
 from lmbook.runs.checkpoint.formats import list_checkpoints, verify_checkpoint
-from lmbook.runs.checkpoint.space import disk_plan, state_bytes
+from lmbook.runs.checkpoint.space import disk_plan, saved_bytes
 from lmbook.runs.checkpoint.writer import prune_checkpoints
 from lmbook.train.runstart import build_trainable
 from lmbook.train.inputs import Init
@@ -174,7 +174,7 @@ def test_disk_plan_is_what_a_run_writes(four):
     """The sizes a run logs at its start, counted from its model and optimizer, are those of the checkpoints
     it writes."""
     t = build_trainable(four_cfg(), Init())
-    plan = disk_plan(*state_bytes(t.raw, t.optimizer), keep=2)
+    plan = disk_plan(*saved_bytes(t.raw, t.optimizer), keep=2)
     assert (plan.step == pytest.approx(four['step_bytes'], rel=0.03)
             and plan.best == pytest.approx(four['best_bytes'], rel=0.03))
     said = [l for l in four['lines'] if l.startswith('disk: ')]

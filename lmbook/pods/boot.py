@@ -16,7 +16,7 @@ from ..runs.alert import Alerts, STOPPED
 from .guard import stop_run, wait_run, StopSignals, Stopped
 from .supervise import saved_checkpoints, step_of, outcome_path, read_json, write_json, exit_words
 from .stages import BootOptions, BootLog, stage_install, stage_layout, stage_data
-from .stages import cluster_torchrun_args, run_config, train_overrides
+from .stages import cluster_torchrun_args, run_config, boot_overrides
 from ..rundir import RunDir
 
 # %% auto #0
@@ -69,7 +69,7 @@ def train_notebook() -> Path:
 
 def papermill_cmd(o:BootOptions, out:Path, nproc:int, kernel:str|None) -> list[str]:
     "The papermill call that trains `o` into `out`."
-    ov = ','.join(f'{k}={v}' for k, v in train_overrides(o).items())
+    ov = ','.join(f'{k}={v}' for k, v in boot_overrides(o).items())
     cmd = [sys.executable, '-m', 'papermill', str(train_notebook()), str(out), '-p', 'profile', o.profile,
            '-p', 'experiment', o.experiment,
            '-p', 'nproc', str(nproc), '-p', 'overrides', ov, '--log-output', '--no-progress-bar']
@@ -151,7 +151,7 @@ def stage_train(o:BootOptions, paths:Paths, ws:Path, log, stop:StopSignals|None=
     if targs:
         log(f"stage 4/4 train: {o.profile} as {o.experiment}, {nproc} GPU(s) on this node, torchrun {targs}")
         worker_cmd = importlib.import_module('lmbook.train.launch').worker_cmd  # loads torch: several nodes
-        args = (o.profile, o.experiment, train_overrides(o), nproc, ws, targs)
+        args = (o.profile, o.experiment, boot_overrides(o), nproc, ws, targs)
         for cmd in (worker_cmd(*args, prepare_only=True), worker_cmd(*args)):
             if (rc := _follow(cmd, paths, log, stop, env=env, cwd=paths.run)): break
         rc = 128 - rc if rc < 0 else rc

@@ -19,7 +19,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TORCHAO', 'BootOptions', 'BootLog', 'torchao_for', 'install_float8', 'stage_install', 'write_settings',
-           'stage_layout', 'cluster_torchrun_args', 'run_config', 'train_overrides', 'wait_for_data', 'stage_data']
+           'stage_layout', 'cluster_torchrun_args', 'run_config', 'boot_overrides', 'wait_for_data', 'stage_data']
 
 # %% ../../nbs/07fc_stages.ipynb #a04fc27b
 @dataclass
@@ -176,9 +176,9 @@ def cluster_torchrun_args(env:dict|None=None) -> str:
 # %% ../../nbs/07fc_stages.ipynb #72df71a4
 def run_config(o:BootOptions):
     "The run's config: the profile with the overrides, and the input file as its dataset."
-    return get_config(o.profile, train_overrides(o))
+    return get_config(o.profile, boot_overrides(o))
 
-def train_overrides(o:BootOptions) -> dict:
+def boot_overrides(o:BootOptions) -> dict:
     "The config overrides boot passes to training."
     ov = dict(o.overrides)
     if o.input: ov['dataset'] = str(Path(o.input).resolve())

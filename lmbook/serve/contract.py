@@ -13,8 +13,8 @@ from ..model.generate import stop_ids
 from ..chatformat import END, ROLES, SPECIAL_TOKENS
 
 # %% auto #0
-__all__ = ['FIELDS', 'MAX_CHOICES', 'MAX_LOGPROBS', 'MASK64', 'ApiError', 'fields_of', 'check_fields', 'fields_table', 'number',
-           'flag', 'stop_strings', 'logit_bias', 'logprob_count', 'include_usage', 'vocab_facts', 'too_long',
+__all__ = ['FIELDS', 'MAX_CHOICES', 'MAX_LOGPROBS', 'MASK64', 'ApiError', 'fields_of', 'check_fields', 'request_fields_table',
+           'number', 'flag', 'stop_strings', 'logit_bias', 'logprob_count', 'include_usage', 'vocab_facts', 'too_long',
            'check_text', 'prompt_ids', 'message_text', 'messages_prompt', 'prompt_list', 'Ask', 'read_ask', 'kind_of',
            'choice_seed', 'jobs_of']
 
@@ -101,7 +101,7 @@ def check_fields(body:dict, chat:bool):
         if kind == 'refused' and v not in nothing:
             raise ApiError(400, f"{k} is not supported: {what}", 'unsupported_field', k)
 
-def fields_table() -> str:
+def request_fields_table() -> str:
     "The table of fields as Markdown."
     rows = ['| field | endpoint | lmbook | what it does | asks nothing |', '|---|---|---|---|---|']
     for k, (where, kind, what, nothing) in FIELDS.items():

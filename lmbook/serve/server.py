@@ -20,7 +20,7 @@ try:  # the [serve] extra: without it every other command runs, and `need_web` s
 except ImportError: uvicorn = None
 
 # %% auto #0
-__all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'Mailbox', 'Inbox', 'mailbox', 'gone', 'read_all', 'authorize', 'read_json',
+__all__ = ['WEB_MISSING', 'GRACE_MARGIN', 'need_web', 'Mailbox', 'Inbox', 'mailbox', 'gone', 'read_all', 'authorize', 'read_body',
            'busy', 'complete', 'say_failed', 'failed', 'events', 'models', 'health', 'page_html', 'page', 'make_app',
            'check_bind', 'bind', 'http_server', 'background', 'runpod_handler', 'worker_error', 'start_runpod',
            'add_cli', 'run_serve']
@@ -118,7 +118,7 @@ async def _capped(request, limit:int) -> bytes|None:
         elif n > 64*limit: break
     return bytes(buf) if n <= limit else None
 
-async def read_json(request) -> dict:
+async def read_body(request) -> dict:
     "The JSON body: 413 over the size limit, read to its end so the client hears the answer; 408 if too slow."
     st = request.app.state
     try: body = await asyncio.wait_for(_capped(request, st.max_body), st.read_timeout)
@@ -137,7 +137,7 @@ def busy(e:Busy, stopped:bool) -> ApiError:
 async def complete(request):
     "POST /v1/completions and /v1/chat/completions."
     authorize(request)
-    body, st = await read_json(request), request.app.state
+    body, st = await read_body(request), request.app.state
     chat, s = request.url.path.rstrip('/').endswith('chat/completions'), st.engine.s
     a = request.state.ask = read_ask(s, body, chat, st.engine.ctx)
     jobs = jobs_of(s, a)

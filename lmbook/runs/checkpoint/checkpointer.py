@@ -16,7 +16,7 @@ from ...config import CheckpointConfig, flat_config
 from ...distributed import DistInfo, all_reduce
 from ...rundir import BEST
 from .formats import ckpt_name, full_state, load_full_state, load_shards
-from .space import check_space, checkpoint_bytes, disk_plan, held_bytes, state_bytes
+from .space import check_space, checkpoint_bytes, disk_plan, held_bytes, saved_bytes
 from .space import DiskPlan, write_seconds
 from .writer import cpu_copy, move_damaged, prune_checkpoints, snapshot, start_shards
 from .writer import write_checkpoint
@@ -259,7 +259,7 @@ def _write_best(self:Checkpointer, step:int, snap:dict, state:dict, val_loss:flo
 @patch
 def log_plan(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> DiskPlan:
     "Log the disk this run's checkpoints need and the free space there, warning when it is short (rank 0)."
-    plan = disk_plan(*state_bytes(model, optimizer), self.keep, self.info.world_size)
+    plan = disk_plan(*saved_bytes(model, optimizer), self.keep, self.info.world_size)
     if not self.info.is_main: return plan
     at = self.dir
     while not at.exists(): at = at.parent

@@ -15,7 +15,7 @@ from .formats import CheckpointSpaceError, ckpt_name, is_dtensor, kept_checkpoin
 from .formats import list_checkpoints
 
 # %% auto #0
-__all__ = ['checkpoint_bytes', 'space_error', 'check_space', 'out_of_space', 'DiskPlan', 'state_bytes', 'disk_plan', 'held_bytes',
+__all__ = ['checkpoint_bytes', 'space_error', 'check_space', 'out_of_space', 'DiskPlan', 'saved_bytes', 'disk_plan', 'held_bytes',
            'write_seconds']
 
 # %% ../../../nbs/04bb_space.ipynb #69b490a2
@@ -91,7 +91,7 @@ class DiskPlan:
 def _size(b:int) -> str: return f"{b/1e9:.2f} GB" if b >= 1e9 else f"{b/1e6:.1f} MB"
 
 # %% ../../../nbs/04bb_space.ipynb #7745261f
-def state_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple[int, int]:
+def saved_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple[int, int]:
     "Bytes of the weights a checkpoint of `model` saves and of `optimizer`'s state once it has stepped."
     size = lambda t: t.numel()*t.element_size()
     saved = {id(v): v for v in model.state_dict(keep_vars=True).values()}.values()  # tied weights once
@@ -104,7 +104,7 @@ def state_bytes(model:torch.nn.Module, optimizer:torch.optim.Optimizer) -> tuple
     # 96 and 270: about the bytes a tensor takes besides its data in safetensors and in torch.save
     return sum(size(t) + 96 for t in saved), optim
 
-def disk_plan(weights:int, # bytes of the weights a checkpoint saves (`state_bytes`; 4 per fp32 parameter)
+def disk_plan(weights:int, # bytes of the weights a checkpoint saves (`saved_bytes`; 4 per fp32 parameter)
               optim:int, # bytes of the optimizer state it saves (AdamW: 8 per fp32 parameter)
               keep:int=2, # keep_ckpts
               ranks:int=1, # processes: a file of RNG and loader state each
