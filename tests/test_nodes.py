@@ -10,6 +10,7 @@ from lmbook.profiles import get_config
 from lmbook.distributed import check_parallel
 from lmbook.runs.checkpoint.formats import is_sharded
 from lmbook.runs.checkpoint.resume import latest_checkpoint
+from lmbook.runlock import LOCK, lock_state
 from lmbook.train.trainer import train
 
 
@@ -89,6 +90,11 @@ def test_killing_one_nodes_agent_ends_both_in_a_line_each_then_one_process_resum
     ck = latest_checkpoint(Path(ws)/'runs'/exp/'checkpoints', warn=lambda m: None)
     at = int(ck.name[5:])
     assert at >= 4 and is_sharded(ck)
+    # node 0's training process may still be closing after its agent returned: the rerun waits for its lock
+    lock, t0 = Path(ws)/'runs'/exp/LOCK, time.time()
+    while lock_state(lock)[0] is not None and lock_state(lock)[1] is None and time.time() - t0 < 30:
+        time.sleep(0.2)
+    assert lock_state(lock)[1] is not None or lock_state(lock)[0] is None, lock.read_text()
     # one process, one node: the 2 nodes' parts resharded, grad_accum 2 keeps the 512 tokens a step
     log = []
     train(get_config('smoke', {**TINY, 'max_steps': at + 2}), exp, root=ws,
