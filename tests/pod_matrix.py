@@ -6,11 +6,12 @@ install, a failed data stage) while the API answers, is down 3 minutes from the 
 never answers. The bench plays RunPod's part too: a pod the API stopped gets SIGTERM, then its processes are
 killed; a container whose PID 1 exits leaves its pod EXITED. Every pod-side wait runs LMBOOK_TIME_SCALE = 60
 times faster, and so does the fake's clock: three minutes of outage take three seconds."""
-import json, os, shlex, signal, subprocess, sys, sysconfig, threading, time
+import json, os, shlex, signal, subprocess, sys, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.pods.runpod import start_command
+from test_pod_start import volume_venv  # the volume's virtualenv, as the start-command tests make it
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 60                       # pod seconds a wall second
@@ -23,20 +24,6 @@ ENDINGS = ('finished', 'failed', 'SIGKILL of the trainer', 'boot crashes', 'STOP
 APIS = ('answering', 'down 3 min', 'down for good')
 LIMIT_MIN = {'answering': 2, 'down 3 min': 3 + 2, 'down for good': 10 + 2}  # billed minutes after the end
 GRACE_S = 10                     # pod seconds RunPod gives a stopped container before it kills it
-
-
-def volume_venv(path:Path) -> Path:
-    "A virtualenv standing in for the volume's: it sees this environment's packages, lmbook at this checkout."
-    if (path/'bin'/'lmbook').exists(): return path
-    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
-    site = next(path.glob('lib/python*/site-packages'))
-    (site/'lmbook-dev.pth').write_text(sysconfig.get_paths()['purelib'] + '\n' + str(ROOT) + '\n')
-    (path/'bin'/'lmbook').write_text(f"#!{path}/bin/python\nimport sys\nfrom lmbook.cli import "
-                                     "main\nsys.exit(main())\n")
-    (path/'bin'/'lmbook').chmod(0o755)
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout
-    (path/'lmbook-commit').write_text(head)  # installed at this commit: boot does not install it again
-    return path
 
 
 def alive(pid:int) -> bool:

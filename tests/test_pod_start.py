@@ -17,7 +17,8 @@ TINY = ('max_steps=500,batch_size=2,block_size=32,n_layer=1,n_embd=32,n_head=2,v
 
 def volume_venv(path):
     """A virtualenv standing in for the volume's (/workspace/venvs/lmbook): it sees this environment's
-    packages, and lmbook is at HEAD."""
+    packages, and lmbook is at HEAD. Made once: a second call finds it."""
+    if (path/'bin'/'lmbook').exists(): return path
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(path)], check=True)
     site = next(path.glob('lib/python*/site-packages'))
     (site/'lmbook-dev.pth').write_text(sysconfig.get_paths()['purelib'] + '\n' + str(ROOT) + '\n')
