@@ -132,3 +132,25 @@ def test_each_script_sets_up_on_a_bare_machine(bare, tmp_path):
         err = [l for l in r.stderr.splitlines() if l.strip()]
         assert (r.returncode == 1 and len(err) == 1 and 'gpu-wheels' in err[0]
                 and err[0].startswith(f'error: no {missing} for this Python')), (r.stdout, r.stderr[-2000:])
+
+
+def test_pod_rehearsal_installs_what_the_pod_path_imports():
+    """The rehearsal's virtualenv (a machine's torch and nothing else of lmbook's) gets every dependency of
+    lmbook that the pod's start path, the trainer and the RunPod fake import: `NEEDS` in pod_rehearsal.py, all
+    downloaded by pod_wheels.sh. A dependency missing from it stopped a GPU rehearsal in its first minute."""
+    import ast, tomllib
+    src = (BENCH/'pod_rehearsal.py').read_text()
+    needs = next(ast.literal_eval(n.value) for n in ast.parse(src).body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'NEEDS')
+    fetched = re.search(r'--platform linux_x86_64 \\\n\s*(.+)\n', (BENCH/'pod_wheels.sh').read_text()).group(1).split()
+    assert set(needs) <= set(fetched), f"pod_wheels.sh does not download {set(needs) - set(fetched)}"
+    deps = tomllib.loads((ROOT/'pyproject.toml').read_text())['project']['dependencies']
+    names = {re.match(r'[\w.-]+', d).group(0).lower() for d in deps}
+    imports = {dict(pyyaml='yaml').get(n, n): n for n in names}
+    mods = ['lmbook.cli', 'lmbook.pods.runpod', 'lmbook.pods.boot', 'lmbook.pods.supervise', 'lmbook.train.trainer',
+            'lmbook.train.runnb', 'lmbook.dev.fake_runpod']
+    code = f"import sys\nfor m in {mods!r}: __import__(m)\nprint(' '.join(sorted({{k.split('.')[0] for k in sys.modules}})))"
+    loaded = set(subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True)
+                 .stdout.split())
+    used = {imports[m] for m in loaded & set(imports)} - {'torch'}
+    assert used <= set(needs), f"the pod path imports {sorted(used - set(needs))}: add it to NEEDS in pod_rehearsal.py"

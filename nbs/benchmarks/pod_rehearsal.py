@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratch import scratch
 
 ROOT = Path(__file__).resolve().parents[2]
-NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
+NEEDS = ['numpy', 'pyyaml', 'tokenizers', 'safetensors', 'fastcore', 'papermill', 'ipykernel', 'matplotlib']  # what lmbook's pod path imports
 IMPORTS = dict(pyyaml='yaml')
 KEY, POD, EXP = 'rpa_REHEARSALkey0000', 'podrehearsal01', 'rehearsal'
 
@@ -174,9 +174,11 @@ def main():
     standin = work/'start.sh'
     standin.write_text('#!/bin/bash\n# stands in for the image\'s /start.sh (sshd, JupyterLab), which then sleeps\nexec sleep infinity\n'); standin.chmod(0o755)
     calls = work/'api-calls.jsonl'
-    fake = subprocess.Popen([sys.executable, str(ROOT/'lmbook'/'dev'/'fake_runpod.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
+    # the fake runs in the volume's virtualenv, which has lmbook's dependencies (fastcore) where this Python may not
+    fake = subprocess.Popen([str(ws/'venvs'/'lmbook'/'bin'/'python'), str(ROOT/'lmbook'/'dev'/'fake_runpod.py'), '--key', KEY, '--pod', POD, '--calls', str(calls)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     url = fake.stdout.readline().strip()
+    if not url: raise SystemExit(f"the RunPod fake did not start (exit code {fake.wait()}): its error is above")
     env = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG', 'LC_ALL', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')}
     env |= dict(HOME=str(work/'home'), TMPDIR=str(work/'tmp'), LMBOOK_WORKSPACE=str(ws), RUN_CONFIG=profile, RUN_EXPERIMENT=EXP, RUN_SHARD='1', RUN_OVERRIDES=ov,
                 AUTOKILL='stop', ON_FAILURE='stop', TENSORBOARD_PORT='0', RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url,
