@@ -143,7 +143,8 @@ def end_pod(api:PodAPI, # this pod's API
         left = deadline_s - (api.clock.now() - t0)
         if moot() or left <= 0: return None if moot() else False
         pause = min(most_s, 2.0**i, left)
-        log(f"pod: no {action} yet (HTTP {code or 'none'}); trying again in {pause:g} s "
+        said = f"HTTP {code}" if code else "the API did not answer"
+        log(f"pod: no {action} yet ({said}); trying again in {pause:g} s "
             f"({api.clock.now() - t0:.0f} of {deadline_s:.0f} s)")
         api.clock.sleep(pause)
         i += 1
