@@ -25,7 +25,7 @@ It keeps only the JSON (--out, else $OUT/pod_rehearsal.json, else ./pod_rehearsa
 checkpoints, the snapshot, HOME, and TMPDIR: the container's own /tmp, where the start command writes its script) is
 --work, kept, else a scratch folder removed when the script ends, however it ends (see scratch.py).
 """
-import argparse, json, os, shlex, shutil, signal, subprocess, sys, time, urllib.request
+import argparse, json, os, re, shlex, shutil, signal, subprocess, sys, time, urllib.request
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scratch import scratch
@@ -195,7 +195,12 @@ def main():
         wait(lambda: metrics_steps(run), a.timeout, 'the first step', p, calls, log, n)
         res['first_step_s'] = round(time.time() - t0, 1)
         say(f"first step {res['first_step_s']} s after the start command")
-        wait(lambda: max(metrics_steps(run), default=0) >= stop_at, a.timeout, f'step {stop_at}', p, calls, log, n)
+        # the kill comes once the checkpoint before `stop_at` is complete (a large one is still being written a few
+        # steps after its step on a fast card), so the resume shows what was saved and what was lost
+        ck = int(re.findall(r'ckpt_every=(\d+)', ov)[-1])
+        due = stop_at//ck*ck
+        wait(lambda: max(metrics_steps(run), default=0) >= stop_at and (not due or due in saved_steps(run)), a.timeout,
+             f'step {stop_at} and the checkpoint of step {due}', p, calls, log, n)
         trainer = json.loads((run/'.lock').read_text())['pid']
         os.kill(trainer, signal.SIGKILL)  # as the kernel's out-of-memory killer kills
         killed_at, t_kill = max(metrics_steps(run)), time.time()
