@@ -550,6 +550,7 @@ RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=r
                serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard,
                nodes=run_nodes)
 LOCK = threading.Lock()
+SINK: list[Path] = []  # the JSON lines file each row's record is added to as soon as the row ends
 
 
 def run_row(row:Row, ws:Path, out:Path, env:dict) -> dict:
@@ -560,6 +561,9 @@ def run_row(row:Row, ws:Path, out:Path, env:dict) -> dict:
     rec = dict(row=row.name, kind=row.kind, ok=ok, seconds=round(time.time() - t0, 1), **env,
                set=row.overrides, **res, **({'error': err} if err else {}))
     print(('PASS ' if ok else 'FAIL ') + json.dumps(rec), flush=True)
+    with LOCK:  # a check stopped by a time limit keeps the rows it finished
+        for f in SINK:
+            with open(f, 'a') as fh: fh.write(json.dumps(rec) + '\n')
     return rec
 
 
@@ -619,6 +623,11 @@ def main():
     skipped = [r.name for r in rows if r.gpus > env['gpus']]
     rows = [r for r in rows if r.gpus <= env['gpus']]
     t0, recs = time.time(), []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text('')
+    SINK[:] = [out]
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"the GPU check was stopped (SIGTERM); the rows it "
+                                                               f"finished are in {out}"))
     try:
         p = lmbook(ws, 'prepare', '-p', 'smoke', '-e', 'gpu', log=logs/'prepare.log')
         if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")
@@ -631,8 +640,7 @@ def main():
             recs += one_gpu_rows(one, ids[:-2] if beside else ids, a.jobs, ws, logs, env)
             recs += dist.result() if beside else [run_row(r, ws, logs, env) for r in many]
     finally:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+        signal.signal(signal.SIGTERM, before)
         if not a.keep: shutil.rmtree(ws, ignore_errors=True)
     bad = [r['row'] for r in recs if not r['ok']]
     print(f"\n{len(recs) - len(bad)}/{len(recs)} rows passed in {time.time() - t0:.0f} s on {env['gpus']} "

@@ -1,7 +1,7 @@
 """The GPU check (`bash .ci/gpu`, rows in `.ci/gpu.py`) runs every config value that takes a CUDA path of its
 own: `config.cuda_values()` lists them, and a value without a row fails here, so a new lever cannot skip the
 GPU."""
-import importlib.util, sys
+import importlib.util, json, sys
 from conftest import ROOT
 import pytest
 from lmbook.config import cuda_values, Config, config_dict, flat_config
@@ -77,3 +77,21 @@ def test_rows_spread_over_the_gpus(gpus, tmp_path, monkeypatch):
     two = {seen[r.name] for r in gpu.ROWS if r.gpus == 2 and r.name in seen}
     assert one == ({'0', '1'} if gpus == 4 else {str(i) for i in range(gpus)})
     assert two == ({'2,3'} if gpus == 4 else {None} if gpus == 2 else set())
+
+
+def test_each_row_is_kept_as_it_ends(tmp_path, monkeypatch):
+    """A check that a time limit stops keeps the rows it finished: each row's record is in the file as soon as
+    the row ends (a call's limit once ended the check after 27 rows, before it wrote any)."""
+    out, lines_seen = tmp_path/'rows.jsonl', []
+    def fake(row, ws, o):
+        lines_seen.append(len(out.read_text().splitlines()))
+        return {}
+    monkeypatch.setattr(gpu, 'RUNNERS', {k: fake for k in gpu.RUNNERS})
+    monkeypatch.setattr(gpu, 'environment', lambda: dict(card='NVIDIA H200', gpus=1, torch='x', date='d'))
+    monkeypatch.setattr(gpu, 'lmbook', lambda *a, **k: type('Done', (), dict(returncode=0, stderr=''))())
+    monkeypatch.setattr(sys, 'argv', ['gpu', '--out', str(out), '--keep', str(tmp_path/'ws'), '--jobs', '1',
+                                      '--only', 'train-auto,eval'])
+    with pytest.raises(SystemExit) as e: gpu.main()
+    assert e.value.code == 0
+    assert lines_seen == [0, 1, 2]  # train-auto, train-bf16-compile (eval reads it), then eval
+    assert [json.loads(l)['row'] for l in out.read_text().splitlines()] == ['train-bf16-compile', 'train-auto', 'eval']
