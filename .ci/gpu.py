@@ -626,8 +626,8 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text('')
     SINK[:] = [out]
-    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"the GPU check was stopped (SIGTERM); the rows it "
-                                                               f"finished are in {out}"))
+    stopped = f"the GPU check was stopped (SIGTERM); the rows it finished are in {out}"
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(stopped))
     try:
         p = lmbook(ws, 'prepare', '-p', 'smoke', '-e', 'gpu', log=logs/'prepare.log')
         if p.returncode: sys.exit(f"lmbook prepare failed: {p.stderr[-800:]}")

@@ -142,15 +142,18 @@ def test_pod_rehearsal_installs_what_the_pod_path_imports():
     src = (BENCH/'pod_rehearsal.py').read_text()
     needs = next(ast.literal_eval(n.value) for n in ast.parse(src).body
                  if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'NEEDS')
-    fetched = re.search(r'--platform linux_x86_64 \\\n\s*(.+)\n', (BENCH/'pod_wheels.sh').read_text()).group(1).split()
+    wheels_sh = (BENCH/'pod_wheels.sh').read_text()
+    fetched = re.search(r'--platform linux_x86_64 \\\n\s*(.+)\n', wheels_sh).group(1).split()
     assert set(needs) <= set(fetched), f"pod_wheels.sh does not download {set(needs) - set(fetched)}"
     deps = tomllib.loads((ROOT/'pyproject.toml').read_text())['project']['dependencies']
     names = {re.match(r'[\w.-]+', d).group(0).lower() for d in deps}
     imports = {dict(pyyaml='yaml').get(n, n): n for n in names}
-    mods = ['lmbook.cli', 'lmbook.pods.runpod', 'lmbook.pods.boot', 'lmbook.pods.supervise', 'lmbook.train.trainer',
-            'lmbook.train.runnb', 'lmbook.dev.fake_runpod']
-    code = f"import sys\nfor m in {mods!r}: __import__(m)\nprint(' '.join(sorted({{k.split('.')[0] for k in sys.modules}})))"
-    loaded = set(subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True, check=True)
-                 .stdout.split())
+    mods = ['lmbook.cli', 'lmbook.pods.runpod', 'lmbook.pods.boot', 'lmbook.pods.supervise',
+            'lmbook.train.trainer', 'lmbook.train.runnb', 'lmbook.dev.fake_runpod']
+    code = (f"import sys\nfor m in {mods!r}: __import__(m)\n"
+            "print(' '.join(sorted({k.split('.')[0] for k in sys.modules})))")
+    loaded = set(subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                                check=True).stdout.split())
     used = {imports[m] for m in loaded & set(imports)} - {'torch'}
-    assert used <= set(needs), f"the pod path imports {sorted(used - set(needs))}: add it to NEEDS in pod_rehearsal.py"
+    assert used <= set(needs), \
+        f"the pod path imports {sorted(used - set(needs))}: add it to NEEDS in pod_rehearsal.py"

@@ -94,4 +94,5 @@ def test_each_row_is_kept_as_it_ends(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e: gpu.main()
     assert e.value.code == 0
     assert lines_seen == [0, 1, 2]  # train-auto, train-bf16-compile (eval reads it), then eval
-    assert [json.loads(l)['row'] for l in out.read_text().splitlines()] == ['train-bf16-compile', 'train-auto', 'eval']
+    rows = [json.loads(l)['row'] for l in out.read_text().splitlines()]
+    assert rows == ['train-bf16-compile', 'train-auto', 'eval']
