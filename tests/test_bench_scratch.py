@@ -26,6 +26,11 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
                    '--eval-every', '2', '--set', SMALL, '--out', '{out}.d'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', str(MINUTES), '--set', SMALL,
                       '--out', '{out}'],
+    # the scripts of the time-to-a-model rows, each as its docstring checks it on a CPU
+    'warm_start': ['warm_start.py', '--profile', 'smoke', '--mb', '4', '--steps', '2', '--out', '{out}',
+                   '--set', 'device=cpu', 'take=3000'],
+    'ckpt_speed': ['ckpt_speed.py', '--profile', 'smoke', '--disk-gb', '0.2', '--out', '{out}'],
+    'muon_step': ['muon_step.py', '--profile', 'smoke', '--steps', '2', '--out', '{out}'],
 }
 
 
