@@ -22,13 +22,15 @@ from ..core import env_var, process_env
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'check_env_value', 'check_not_secret', 'check_repo',
-           'PodSpec', 'resolve_env', 'run_git', 'code_source', 'shipped', 'start_script', 'start_command', 'pod_name',
-           'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec', 'alert_source', 'serve_key', 'serve_spec',
-           'prepare_spec', 'proxy_urls', 'serve_usage', 'request_text', 'create_pod_retrying', 'wait_running',
-           'format_status']
+__all__ = ['START_LIMIT', 'PORTS', 'NO_PREP_VOLUME', 'SERVE_PORT', 'SERVE_SECRET', 'check_env_value', 'check_not_secret',
+           'check_repo', 'PodSpec', 'resolve_env', 'run_git', 'code_source', 'shipped', 'start_script', 'start_command',
+           'pod_name', 'check_pod_args', 'run_overrides', 'spend_env', 'pod_spec', 'alert_source', 'serve_key',
+           'serve_spec', 'prepare_spec', 'proxy_urls', 'serve_usage', 'request_text', 'create_pod_retrying',
+           'wait_running', 'format_status']
 
 # %% ../../nbs/07f_runpod.ipynb #b4f3d991
+START_LIMIT = 8192  # characters of start command a pod request carries here
+
 def check_env_value(key:str, value:str, limit:int=4096) -> str:
     "Refuse env values the GraphQL request cannot carry verbatim: quotes, backslashes, control characters."
     check_safe(key, 'env_key', 'environment variable name')
@@ -164,7 +166,7 @@ def validate(self:PodSpec) -> 'PodSpec':
             raise ValueError(f"secret {k} is not a source lmbook knows (its value "
                              "is not shown): use 'generate', 'env:NAME' or '{{ "
                              "RUNPOD_SECRET_name }}' (never the value itself)")
-    check_env_value('start', self.start, limit=8192)
+    check_env_value('start', self.start, limit=START_LIMIT)
     return self
 
 # %% ../../nbs/07f_runpod.ipynb #ccbbc60c
@@ -277,7 +279,10 @@ def start_command(script:Path|None=None) -> str:
     b64 = base64.b64encode(gzip.compress(start_script(script).encode(), 9, mtime=0)).decode()
     cmd = (f"bash -c 'T=${{TMPDIR:-/tmp}}; echo {b64} | base64 -d | gunzip > $T/lmbook-start.sh && "
            "exec bash $T/lmbook-start.sh'")
-    return check_env_value('start', cmd, limit=8192)
+    if len(cmd) > START_LIMIT:
+        raise ValueError(f"the pod's start command is {len(cmd):,} characters, over the {START_LIMIT:,} a "
+                         "pod request carries here: shorten lmbook/pod_start.sh or the supervisor it carries")
+    return check_env_value('start', cmd, limit=START_LIMIT)
 
 # %% ../../nbs/07f_runpod.ipynb #4ad811fc
 def pod_name(experiment:str, gpu_type:str, gpus:int, volume_id:str='') -> str:
