@@ -264,14 +264,18 @@ def shipped(src:str) -> str:
             for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs: a.annotation = None
     tree.body = [s for s in tree.body if not (isinstance(s, ast.Assign)
                                               and getattr(s.targets[0], 'id', '') == '__all__')]
+    if not any(isinstance(n, ast.AnnAssign) for n in ast.walk(tree)):  # no annotation left to postpone
+        tree.body = [s for s in tree.body if not (isinstance(s, ast.ImportFrom) and s.module == '__future__')]
     # ast.unparse writes every string on one line: indentation is all a line starts with
     lines = [re.sub(r'^(    )+', lambda m: ' '*(len(m[0])//4), l) for l in ast.unparse(tree).splitlines()]
     return '\n'.join(l for l in lines if l.strip())
 
 def start_script(script:Path|None=None) -> str:
-    "The pod start script without its comment lines, with the supervisor inside it (what the pod runs)."
+    "The pod start script without its comments, with the supervisor inside it (what the pod runs)."
     src = Path(script or package_dir()/'pod_start.sh').read_text()
-    sh = '\n'.join(l for l in src.splitlines() if l.strip() and not l.lstrip().startswith('#')) + '\n'
+    # a comment after code starts two spaces and `# ` after it (bash's own `#`s, as in ${X##*/}, do not)
+    lines = [re.sub(r'  # .*', '', l) for l in src.splitlines() if not l.lstrip().startswith('#')]
+    sh = '\n'.join(l for l in lines if l.strip()) + '\n'
     return sh.replace('@SUPERVISOR@', shipped((package_dir()/'pods'/'supervise.py').read_text()))
 
 def start_command(script:Path|None=None) -> str:
