@@ -2,7 +2,8 @@
 money matrix (test_pod_matrix) does not cross. A pod kept up after a failure still stops at its spend cap; a
 refused key or a pod stopped from outside is no reason to retry; `runpodctl` comes first; `MAX_DOLLARS` is
 priced by the API; a start after an end the API took is a person's and boots; boot stops before training on a
-stop in its data stage. Every supervisor's clock runs 600 times faster than the wall's."""
+stop in its data stage; a full volume does not keep the pod up. Every supervisor's clock runs 600 times faster
+than the wall's."""
 import ast, json, os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -90,6 +91,22 @@ def test_max_dollars_is_priced_by_the_api_and_a_taken_end_lets_the_next_start_bo
     log = log_of(s)
     assert 'started again after its run ended (the run finished (step_00000030 complete)): booting' in log
     assert 'the spend cap stops the run at 1.86 billed hours' in log, log  # $5 at the API's $2.69/h, not $1/h
+
+
+def test_a_full_volume_still_stops_the_pod(api, tmp_path, capfd):
+    """A full volume takes neither the boot log's lines nor the end's marker: the run's end still stops the
+    pod through the API, the lines go to the container's output (RunPod's logs), the bill's watch goes on."""
+    s = supervisor(api, tmp_path, LMBOOK_GUARD_POLL='30')
+    s.log_path = Path('/dev/full')  # every write: "No space left on device"
+    (tmp_path/'ws'/'logs'/'full').write_text('')
+    s.marker = tmp_path/'ws'/'logs'/'full'/'ended.json'  # its folder cannot be made: the write is refused
+    rc = s.run(['true'], report(s, outcome='failed', why='the trainer ended (exit code 1)'))
+    out = capfd.readouterr().err
+    assert api.pods[POD]['status'] == 'EXITED' and rc == 1, out
+    assert 'pod: the trainer ended (exit code 1): stopping pod pod1234abc' in out
+    assert f'pod: {s.marker} cannot be written' in out and 'pod: RunPod took the stop' in out
+    assert 'pod: billed' in out  # the watch's lines: its thread did not die on the first one
+    assert not list((tmp_path/'ws'/'logs').glob('.*.tmp'))
 
 
 def test_the_supervisor_reads_only_variables_lmbook_documents():

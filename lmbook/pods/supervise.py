@@ -41,17 +41,24 @@ def saved_checkpoints(folder:Path) -> list[Path]:
             out.append(p)
     return sorted(out, key=step_of, reverse=True)
 
+# %% ../../nbs/07fb_supervise.ipynb #6a2c8b14
 def read_json(path:Path) -> dict:
     "The JSON object in `path`, or {} when there is none."
     try: d = json.loads(Path(path).read_text())
     except (OSError, ValueError): return {}
     return d if isinstance(d, dict) else {}
 
-def write_json(path:Path, d:dict):
-    "Write `d` to `path` whole or not at all."
+def write_json(path:Path, d:dict) -> bool:
+    "Write `d` to `path` whole or not at all; False when the disk refuses it (a full volume)."
     tmp = Path(path).with_name(f'.{Path(path).name}.tmp')
-    tmp.write_text(json.dumps(d))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(d))
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try: tmp.unlink()
+        except OSError: pass
+        return False
 
 def alive(pid:int) -> bool:
     "Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."
@@ -181,9 +188,11 @@ class Supervisor:
         self.most = num('LMBOOK_STOP_PAUSE') or 60
 
     def log(self, msg:str):
-        "One line in the boot log on the volume."
+        "One line in the boot log on the volume; on the container's output when the volume refuses it (full)."
         line = f"[boot {time.strftime('%H:%M:%S', time.gmtime())}] {msg}\n"
-        with open(self.log_path, 'a') as f: f.write(line)
+        try:
+            with open(self.log_path, 'a') as f: f.write(line)
+        except OSError: sys.stderr.write(line)
 
 # %% ../../nbs/07fb_supervise.ipynb #cbb17240
 def _on_signal(self:Supervisor, signum:int, frame=None):
@@ -281,7 +290,8 @@ def _end_pod(self:Supervisor, action:str, why:str) -> int:
     if not self.api.pod:
         self.log("pod: no RUNPOD_POD_ID: not a RunPod pod, nothing to stop")
         return 1
-    mark = lambda api: write_json(self.marker, dict(action=action, why=why, api=api, time=time.time()))
+    mark = lambda api: write_json(self.marker, dict(action=action, why=why, api=api, time=time.time())) or \
+        self.log(f"pod: {self.marker} cannot be written")
     mark('pending')
     ok = end_pod(self.api, action, self.log, self.deadline, self.most, moot=lambda: bool(self.signum))
     if ok is False:
