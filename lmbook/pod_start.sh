@@ -44,8 +44,11 @@ cat > "$T/lmbook-supervise.py" <<'LMBOOK_SUPERVISOR'
 LMBOOK_SUPERVISOR
 python3 "$T/lmbook-supervise.py" "$L" "$0" "$V/bin/lmbook" "$@" &
 P=$!
-trap 'kill -TERM $P' TERM
-trap 'kill -HUP $P' HUP
-trap 'kill -INT $P' INT
+G=
+trap 'G=1; kill -TERM $P' TERM
+trap 'G=1; kill -HUP $P' HUP
+trap 'G=1; kill -INT $P' INT
 while kill -0 $P 2>/dev/null; do wait $P; rc=$?; done
+# the supervisor killed from outside (the out-of-memory killer) cannot end the pod: the container's end does
+[ -n "$G" ] || [ $rc -le 128 ] || say "pod: the supervisor was killed (exit code $rc): the container ends"
 exit $rc

@@ -1,11 +1,12 @@
 """The money matrix's bench: one pod container per cell, run on this machine as RunPod runs one. The pod's
 exact start command is PID 1 of a session of its own, over a fresh workspace, against the REST v2 fake; the
 real `lmbook boot` runs the stand-in trainer (tests/pod_trainer.py). A cell ends the run one way (finished,
-failed, SIGKILL of the trainer, boot crashing, a STOP request, a container stop, the spend cap, a failed
-install, a failed data stage) while the API answers, is down 3 minutes from the pod's first stop call, or
-never answers. The bench plays RunPod's part too: a pod the API stopped gets SIGTERM, then its processes are
-killed; a container whose PID 1 exits leaves its pod EXITED. Every pod-side wait runs LMBOOK_TIME_SCALE = 60
-times faster, and so does the fake's clock: three minutes of outage take three seconds."""
+failed, SIGKILL of the trainer, boot crashing, SIGKILL of the supervisor, a STOP request, a container stop,
+the spend cap, a failed install, a failed data stage) while the API answers, is down 3 minutes from the
+pod's first stop call, or never answers. The bench plays RunPod's part too: a pod the API stopped gets
+SIGTERM, then its processes are killed; a container whose PID 1 exits leaves its pod EXITED. Every pod-side
+wait runs LMBOOK_TIME_SCALE = 60 times faster, and so does the fake's clock: three minutes of outage take
+three seconds."""
 import json, os, shlex, signal, subprocess, sys, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,11 @@ KEY, POD, EXP = 'rpa_PODSCOPEDkey42', 'pod1234abc', 'mx'
 STEPS, EVERY, DT, AT = 30, 10, 0.25, 14  # the trainer's steps, checkpoint interval, seconds a step; the step
                                          # at which a kill, a stop request or a container stop comes
 CAP_H = 0.2                      # the spend cap's hours: 12 pod minutes, mid-way through the cap's longer run
-ENDINGS = ('finished', 'failed', 'SIGKILL of the trainer', 'boot crashes', 'STOP request',
-           'container SIGTERM', 'spend cap', 'failed install', 'failed data stage')
+ENDINGS = ('finished', 'failed', 'SIGKILL of the trainer', 'boot crashes', 'SIGKILL of the supervisor',
+           'STOP request', 'container SIGTERM', 'spend cap', 'failed install', 'failed data stage')
 APIS = ('answering', 'down 3 min', 'down for good')
 LIMIT_MIN = {'answering': 2, 'down 3 min': 3 + 2, 'down for good': 10 + 2}  # billed minutes after the end
+UNFINISHED = ('container SIGTERM', 'SIGKILL of the supervisor')  # the container ends before the run
 GRACE_S = 10                     # pod seconds RunPod gives a stopped container before it kills it
 
 
@@ -89,7 +91,8 @@ class Cell:
         env = self.env(url)
         try:
             self.out = self.container(fake, env, timeout)
-            restart = self.api == 'down for good' and self.ending != 'container SIGTERM'
+            # a container that ended with its run unfinished resumes the run when started again: no restart
+            restart = self.api == 'down for good' and self.ending not in UNFINISHED
             if restart: self.out['restart'] = self.restarted(fake, env, timeout)
         finally:
             self.kill_all()
@@ -112,7 +115,7 @@ class Cell:
                 boot = trainer and ppid(trainer)
             if not fired and steps and max(steps) >= AT and trainer:
                 fired = self.fire(p1, run, trainer, boot)
-                if self.ending in ('SIGKILL of the trainer', 'container SIGTERM'): t_end = fake.billed_s(POD)
+                if self.ending in ('SIGKILL of the trainer', *UNFINISHED): t_end = fake.billed_s(POD)
             if t_end is None: t_end = self.end_seen(fake, log, trainer)
             status = fake.pods[POD]['status'] if POD in fake.pods else 'TERMINATED'
             if status not in ('RUNNING', 'STARTING') and p1.poll() is None:  # RunPod stops the container
@@ -137,6 +140,8 @@ class Cell:
         "End the run the cell's way, from outside."
         if self.ending == 'SIGKILL of the trainer': os.kill(trainer, signal.SIGKILL)
         elif self.ending == 'boot crashes': os.kill(boot, signal.SIGKILL)
+        elif self.ending == 'SIGKILL of the supervisor':  # as the kernel's out-of-memory killer kills
+            os.kill(ppid(boot), signal.SIGKILL)
         elif self.ending == 'STOP request':  # as `lmbook pod stop` writes it; then the laptop is gone
             (run/'STOP').write_text('lmbook pod stop\n')
         elif self.ending == 'container SIGTERM':  # to PID 1, as docker stop sends it; or to its process group

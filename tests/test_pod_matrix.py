@@ -20,6 +20,8 @@ SAYS = {  # ending -> (what the boot log says, as a regex; the same in words for
     'boot crashes': (rf'the run finished \(step_{STEPS:08d} complete\) after lmbook boot ended '
                      r'\(killed by SIGKILL\)',
                      'the run finished (step_N complete) after lmbook boot ended (killed by SIGKILL)'),
+    'SIGKILL of the supervisor': (r'the supervisor was killed \(exit code 137\): the container ends',
+                                  'the supervisor was killed (exit code 137): the container ends'),
     'STOP request': (r'the run stopped on a stop request at step (\d+)',
                      'the run stopped on a stop request at step N'),
     'container SIGTERM': (r'the container got SIGTERM: the run checkpointed',
@@ -37,6 +39,7 @@ ENDED = {'answering': 'RunPod took the {action}', 'down 3 min': 'RunPod took the
 def expected(ending:str, api:str) -> tuple[str|None, str]:
     "(the action the pod's end takes, the status the pod ends in)."
     if ending == 'container SIGTERM': return None, 'EXITED'  # the container exits: RunPod is ending the pod
+    if ending == 'SIGKILL of the supervisor': return None, 'EXITED'  # the container exits: nothing is left
     action = 'terminate' if ending == 'finished' else 'stop'
     return action, 'TERMINATED' if action == 'terminate' and api != 'down for good' else 'EXITED'
 
@@ -48,6 +51,8 @@ def saved_ok(ending:str, r:dict) -> tuple[bool, str]:
     if ending in STOPS: return last == r['steps'], 'the step reached'
     if ending in ('failed', 'SIGKILL of the trainer'):
         return last == EVERY and r['steps'] > EVERY, 'the checkpoint before, named'
+    if ending == 'SIGKILL of the supervisor':  # the container's end kills the trainer as it stands
+        return last == EVERY and r['steps'] > EVERY, 'the checkpoint before'
     return r['steps'] == 0 and not r['saved'], '(none trained)'
 
 
