@@ -32,11 +32,12 @@ def stale_after() -> float:
     return s
 
 def pid_alive(pid:int) -> bool:
-    "Whether process `pid` exists on this host (one owned by another user counts)."
+    "Whether process `pid` runs on this host (one owned by another user counts; a zombie, dead, does not)."
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: return True
-    return True
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError): return True  # no /proc (macOS): it exists
 
 def lock_state(path:Path, now:float|None=None) -> tuple[dict|None, str|None]:
     "The lock file's content and why it is stale (None: held); (None, None) when there is no readable lock."

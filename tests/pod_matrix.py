@@ -91,8 +91,8 @@ class Cell:
         env = self.env(url)
         try:
             self.out = self.container(fake, env, timeout)
-            # a container that ended with its run unfinished resumes the run when started again: no restart
-            restart = self.api == 'down for good' and self.ending not in UNFINISHED
+            # after a container stop RunPod is ending the pod: it does not start it again
+            restart = self.api == 'down for good' and self.ending != 'container SIGTERM'
             if restart: self.out['restart'] = self.restarted(fake, env, timeout)
         finally:
             self.kill_all()

@@ -72,8 +72,14 @@ def problems(ending:str, api:str, r:dict) -> list[str]:
     ok, what = saved_ok(ending, r)
     if not ok: bad.append(f"{at} saved {r['saved']} after {r['steps']} steps, not {what}")
     again = 'TERMINATED' if action == 'terminate' else 'EXITED'
-    if (s := r.get('restart')) and not (s['status'] == again and not s['trained'] and s['billed_min'] <= 2
-                                        and 'started again after its run ended' in s['log']):
+    s = r.get('restart')
+    if s and ending == 'SIGKILL of the supervisor':  # the run was not over: started again, it resumes
+        if not (s['status'] == 'EXITED' and s['trained'] and
+                re.search(rf'pod: the run finished \(step_{STEPS:08d} complete\)', s['log'])):
+            bad.append(f"{at} started again, the run did not resume and finish: {s['status']}, "
+                       f"trained {s['trained']}")
+    elif s and not (s['status'] == again and not s['trained'] and s['billed_min'] <= 2
+                    and 'started again after its run ended' in s['log']):
         bad.append(f"{at} a restarted container did not end the pod at once: {s['status']}, trained again "
                    f"{s['trained']}, {s['billed_min']:.1f} billed minutes")
     return bad
@@ -86,7 +92,9 @@ def render(res:dict) -> str:
     for (ending, api), r in res.items():
         state = api if api == 'answering' else f"{api}, {dict(refuse='refused', hang='hanging')[r['kind']]}"
         again = r.get('restart')
-        ends = r['status'] + (f"; started again: {again['status']} at once" if again else '')
+        how = 'resumes, then ' if ending == 'SIGKILL of the supervisor' else ''
+        ends = r['status'] + (f"; started again: {how}{again['status']}" + ('' if how else ' at once')
+                              if again else '')
         rows.append(f"| {ending} | {state} | {ends} | {LIMIT_MIN[api]} min | {SAYS[ending][1]} | "
                     f"{saved_ok(ending, r)[1]} |")
     return '\n'.join(rows)
