@@ -95,6 +95,7 @@ ENV = {  # every environment variable lmbook reads -> what it means
     'ON_FAILURE': "stop or keep: what a pod does after a failed run",
     'KEEP_POD': "1: a pod stays up after its run ends (pod create --keep), until it is stopped",
     'MAX_HOURS': "a pod's spend guard: hours it may run",
+    'STALL_MINUTES': "a pod's stall guard: minutes its trainer may log nothing before boot stops it",
     'MAX_DOLLARS': "a pod's spend guard: dollars it may spend",
     'PRICE_PER_HOUR': "a pod's price when the API does not say",
     'RUNPOD_POD_ID': "set by RunPod inside a pod",

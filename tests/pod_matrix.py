@@ -1,12 +1,12 @@
 """The money matrix's bench: one pod container per cell, run on this machine as RunPod runs one. The pod's
 exact start command is PID 1 of a session of its own, over a fresh workspace, against the REST v2 fake; the
 real `lmbook boot` runs the stand-in trainer (tests/pod_trainer.py). A cell ends the run one way (finished,
-failed, SIGKILL of the trainer, boot crashing, SIGKILL of the supervisor, a STOP request, a container stop,
-the spend cap, a failed install, a failed data stage) while the API answers, is down 3 minutes from the
-pod's first stop call, or never answers. The bench plays RunPod's part too: a pod the API stopped gets
-SIGTERM, then its processes are killed; a container whose PID 1 exits leaves its pod EXITED. Every pod-side
-wait runs LMBOOK_TIME_SCALE = 60 times faster, and so does the fake's clock: three minutes of outage take
-three seconds."""
+failed, SIGKILL of the trainer, boot crashing, SIGKILL of the supervisor, a trainer that hangs deaf to
+stops, a STOP request, a container stop, the spend cap, a failed install, a failed data stage) while the
+API answers, is down 3 minutes from the pod's first stop call, or never answers. The bench plays RunPod's
+part too: a pod the API stopped gets SIGTERM, then its processes are killed; a container whose PID 1 exits
+leaves its pod EXITED. Every pod-side wait runs LMBOOK_TIME_SCALE = 60 times faster, and so does the fake's
+clock: three minutes of outage take three seconds."""
 import json, os, shlex, signal, subprocess, sys, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +19,11 @@ SCALE = 60                       # pod seconds a wall second
 KEY, POD, EXP = 'rpa_PODSCOPEDkey42', 'pod1234abc', 'mx'
 STEPS, EVERY, DT, AT = 30, 10, 0.25, 14  # the trainer's steps, checkpoint interval, seconds a step; the step
                                          # at which a kill, a stop request or a container stop comes
+STALL_S = 3                      # wall seconds without a metrics line before boot stops the trainer
 CAP_H = 0.2                      # the spend cap's hours: 12 pod minutes, mid-way through the cap's longer run
 ENDINGS = ('finished', 'failed', 'SIGKILL of the trainer', 'boot crashes', 'SIGKILL of the supervisor',
-           'STOP request', 'container SIGTERM', 'spend cap', 'failed install', 'failed data stage')
+           'trainer hangs', 'STOP request', 'container SIGTERM', 'spend cap', 'failed install',
+           'failed data stage')
 APIS = ('answering', 'down 3 min', 'down for good')
 LIMIT_MIN = {'answering': 2, 'down 3 min': 3 + 2, 'down for good': 10 + 2}  # billed minutes after the end
 UNFINISHED = ('container SIGTERM', 'SIGKILL of the supervisor')  # the container ends before the run
@@ -61,7 +63,8 @@ class Cell:
         base = {k: v for k, v in os.environ.items() if k in ('PATH', 'LANG')}
         steps = 2*STEPS if self.ending == 'spend cap' else STEPS  # a run that lasts past the cap
         trainer = (f"{sys.executable} {ROOT/'tests'/'pod_trainer.py'} --steps {steps} --every {EVERY} "
-                   f"--dt {DT}" + (' --fail-at 12' if self.ending == 'failed' else ''))
+                   f"--dt {DT}" + (' --fail-at 12' if self.ending == 'failed' else '')
+                   + (f' --hang-at {AT}' if self.ending == 'trainer hangs' else ''))
         env = base | dict(HOME=str(self.root/'home'), TMPDIR=str(self.root/'tmp'), LMBOOK_WORKSPACE=str(ws),
                           RUN_EXPERIMENT=EXP, RUN_CONFIG='smoke', RUN_OVERRIDES=f'max_steps={steps}',
                           RUNPOD_POD_ID=POD, RUNPOD_API_KEY=KEY, RUNPOD_API_BASE_URL=url,
@@ -71,6 +74,7 @@ class Cell:
                           HF_HUB_OFFLINE='1', HF_DATASETS_OFFLINE='1', PYTHONUNBUFFERED='1')
         if self.ending == 'finished': env['AUTOKILL'] = 'terminate'
         if self.ending == 'spend cap': env['MAX_HOURS'] = f'{CAP_H}'
+        if self.ending == 'trainer hangs': env['STALL_MINUTES'] = f'{STALL_S/60:g}'
         if self.ending == 'failed install': env |= dict(LMBOOK_SRC=str(self.root/'src'),
                                                         LMBOOK_REPO=f'file://{self.root}/no-such-repo.git')
         if self.ending == 'failed data stage':

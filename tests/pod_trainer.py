@@ -1,7 +1,8 @@
 """A stand-in trainer for the pod tests, run by `lmbook boot` through `LMBOOK_TRAIN_CMD` in the run folder: it
 holds the run's lock, resumes from its newest complete checkpoint, logs one metrics line a step, checkpoints
 every `--every` steps and at the last, and on SIGTERM, SIGHUP, SIGINT or a STOP request writes a checkpoint at
-the step it reached and exits 128 + the signal, as lmbook's trainer does. `--fail-at N` exits 1 at step N."""
+the step it reached and exits 128 + the signal, as lmbook's trainer does. `--fail-at N` exits 1 at step N;
+`--hang-at N` hangs at step N, deaf to every stop (as a process stuck in a read or a collective)."""
 import argparse, json, signal, sys, time
 from pathlib import Path
 from lmbook.rundir import RunDir
@@ -29,6 +30,7 @@ def main():
     ap.add_argument('--every', type=int, required=True)
     ap.add_argument('--dt', type=float, default=0.1, help='seconds a step')
     ap.add_argument('--fail-at', type=int, default=0)
+    ap.add_argument('--hang-at', type=int, default=0)
     a = ap.parse_args()
     rd, got = RunDir(Path.cwd()), []
     for s in STOPS: signal.signal(s, lambda n, f: got.append(n))
@@ -43,6 +45,9 @@ def main():
         time.sleep(a.dt)
         with open(rd.metrics, 'a') as f: f.write(json.dumps(dict(step=step, loss=10/step)) + '\n')
         print(f"step {step:4d}/{a.steps} | loss {10/step:.3f}", flush=True)
+        if a.hang_at == step:
+            for s in STOPS: signal.signal(s, signal.SIG_IGN)
+            while True: time.sleep(1)
         if a.fail_at == step:
             print(f"error: the loss diverged at step {step}", flush=True)
             rc = 1

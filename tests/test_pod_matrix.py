@@ -22,6 +22,9 @@ SAYS = {  # ending -> (what the boot log says, as a regex; the same in words for
                      'the run finished (step_N complete) after lmbook boot ended (killed by SIGKILL)'),
     'SIGKILL of the supervisor': (r'the supervisor was killed \(exit code 137\): the container ends',
                                   'the supervisor was killed (exit code 137): the container ends'),
+    'trainer hangs': (r'the trainer logged nothing for 0.05 min \(STALL_MINUTES\) and was stopped; the '
+                      rf'newest complete checkpoint is step_{EVERY:08d}',
+                      'the trainer logged nothing for M min (STALL_MINUTES) and was stopped; ... is step_N'),
     'STOP request': (r'the run stopped on a stop request at step (\d+)',
                      'the run stopped on a stop request at step N'),
     'container SIGTERM': (r'the container got SIGTERM: the run checkpointed',
@@ -49,7 +52,7 @@ def saved_ok(ending:str, r:dict) -> tuple[bool, str]:
     last = r['saved'][-1] if r['saved'] else 0
     if ending in ('finished', 'boot crashes'): return last == STEPS, 'the final step'
     if ending in STOPS: return last == r['steps'], 'the step reached'
-    if ending in ('failed', 'SIGKILL of the trainer'):
+    if ending in ('failed', 'SIGKILL of the trainer', 'trainer hangs'):
         return last == EVERY and r['steps'] > EVERY, 'the checkpoint before, named'
     if ending == 'SIGKILL of the supervisor':  # the container's end kills the trainer as it stands
         return last == EVERY and r['steps'] > EVERY, 'the checkpoint before'

@@ -76,6 +76,15 @@ def create(fake, *extra):
 def posts(fake): return fake.calls('POST', '/v2/pods')
 
 
+def test_stall_minutes_go_to_the_pod(fake, capsys):
+    "`pod create --stall-minutes` also arms the pod's own stall guard, which outlives the laptop."
+    rc, out, err = run(capsys, 'pod', 'create', '--profile', 'smoke', '--experiment', 'st', '--gpu', 'H100',
+                       '--repo', fake.repo, '--stall-minutes', '25')
+    assert rc == 0, err
+    (pod,) = fake.pods.values()
+    assert pod['body']['env']['STALL_MINUTES'] == '25'
+
+
 def test_create_sends_the_whole_spec_and_no_secret_anywhere_else(fake, capsys):
     rc, out, err = run(capsys, *create(fake))
     assert rc == 0, err
@@ -214,6 +223,7 @@ def test_missing_and_wrong_key_and_api_errors_are_one_line(fake, capsys, monkeyp
     (['--gpu', 'B200', '--image', 'runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04'], ['CUDA 12.8']),
     (['--repo', '<this repository>'], ['--repo']),
     (['--max-hours', '-1'], ['--max-hours']),
+    (['--stall-minutes', '-5'], ['--stall-minutes', '0 (never)']),
 ])
 def test_bad_values_and_risky_combinations_are_refused_before_any_request(fake, capsys, args, words):
     base = ['pod', 'create', '--profile', 'smoke', '--experiment', 'ok', '--gpu', 'H100', '--repo', fake.repo]

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/boot.html.md"""
 
 # %% ../../nbs/07g_boot.ipynb #d33ba9a3
 from __future__ import annotations
-import importlib, os, re, shlex, shutil, signal, socket, subprocess, sys, time, traceback
+import contextlib, importlib, os, re, shlex, shutil, signal, socket, subprocess, sys, time, traceback
 from pathlib import Path
 from ..core import load_settings, workspace_root, package_dir, cli_options, Paths, EXIT_USER_ERROR
 from ..core import env_var
@@ -100,16 +100,32 @@ def trainer_exit_code(out:Path, rc:int) -> int:
 
 # %% ../../nbs/07g_boot.ipynb #1f713b6b
 def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, **kw) -> int:
-    "Run the training command in its own session, passing a stop boot gets on to the trainer; its exit code."
+    """Run the training command in its own session, passing a stop boot gets on to the trainer, and stopping a
+    trainer that logs nothing for $STALL_MINUTES (SIGKILL to its session as long again after); its exit
+    code."""
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
                          start_new_session=True, **kw)
-    passed = False
+    passed, stall_s, rd = False, float(env_var('STALL_MINUTES') or 0)*60, RunDir(paths.run)
+    seen, since = None, time.monotonic()
     if stop: stop.training = True
     try:
         while p.poll() is None:
             if not passed and stop and stop.signum:
                 stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got")
                 passed = True
+            # what the trainer wrote: its metrics and its log (boot's own log also holds the supervisor's)
+            out = tuple(f.stat().st_size if f.is_file() else 0 for f in (rd.metrics, rd.log))
+            if out != seen: seen, since = out, time.monotonic()
+            quiet = time.monotonic() - since
+            if stall_s and stop and not stop.stalled and not passed and quiet > stall_s:
+                log(f"stage 4/4 train: the trainer logged nothing for {stall_s/60:g} min (STALL_MINUTES)")
+                stop.stalled = stall_s/60
+                stop_run(p, paths.run, log, 'the stall stop')
+                passed = True
+            elif stop and stop.stalled > 0 and quiet > 2*stall_s:  # a hung process may not take SIGTERM
+                log("stage 4/4 train: the stalled trainer did not stop: killing it (SIGKILL)")
+                with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
+                stop.stalled = -stop.stalled  # said once
             time.sleep(0.2)
         return wait_run(p, paths.run)
     finally:
@@ -123,6 +139,9 @@ def run_outcome(paths:Paths, rc:int, stop:StopSignals|None=None) -> tuple[str, s
     newest = cks[0].name if cks else 'none'
     if rc == 0 and (ck := finished_checkpoint(paths)):
         return 'finished', f"the run finished ({ck.name} complete)"
+    if stop and stop.stalled:
+        return 'failed', (f"the trainer logged nothing for {abs(stop.stalled):g} min (STALL_MINUTES) and was "
+                          f"stopped; the newest complete checkpoint is {newest}")
     said = re.findall(r'stopped by SIG\w+ at step (\d+)',
                       rd.log.read_text(errors='replace') if rd.log.is_file() else '')
     if rc in STOPPED and said and cks and step_of(cks[0]) == int(said[-1]):

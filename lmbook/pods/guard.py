@@ -52,7 +52,8 @@ class Stopped(Exception):
 class StopSignals:
     "SIGTERM/SIGHUP/SIGINT as a flag while `training` is set, else `Stopped`; old handlers restored on exit."
     SIGS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-    def __init__(self): self.signum, self.training, self.old = 0, False, {}
+    def __init__(self):  # `stalled`: minutes without output after which boot itself stopped the trainer
+        self.signum, self.training, self.old, self.stalled = 0, False, {}, 0.0
     def _handler(self, signum, frame):
         self.signum = self.signum or signum
         if not self.training: raise Stopped(signum)

@@ -56,7 +56,7 @@ def _spec_from_args(a) -> PodSpec:
     return _machine(a, pod_spec(a.profile, a.experiment, gpu, gpus, a.volume or '', a.image, ov, autokill,
                                 a.shard, a.hf_token or '', parse_assignments(a.env), cloud,
                                 a.data_center or '', repo, commit, a.on_failure, a.max_hours, a.max_dollars,
-                                alert_source(a.alert_url), a.keep))
+                                alert_source(a.alert_url), a.keep, a.stall_minutes))
 
 # %% ../../nbs/07fa_podcli.ipynb #a4b513b9
 def _prepare_spec_from_args(a) -> PodSpec:
@@ -391,7 +391,7 @@ def add_guard_options(p):
     add_wait_options(p)
     p.add_argument('--watch', action='store_true', help='then watch the pod from here, as `lmbook pod watch` '
                    'does: stop it at its spend cap, or when it stalls')
-    podwatch.watch_options(p)
+    podwatch.watch_options(p, on_pod=True)
 
 def add_wait_options(p):
     "The options of `pod create` and `pod prepare` on a failure, the spend limits, the retries and the wait."

@@ -348,6 +348,7 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
              max_dollars:float=0, # stop it once it has cost about this much at its price (0: no limit)
              alert_url:str='', # LMBOOK_ALERT_URL's source: '', 'env:NAME' or '{{ RUNPOD_SECRET_name }}'
              keep:bool=False, # the pod stays up after its run ends, billing, until `lmbook pod stop`
+             stall_minutes:float=0, # boot stops a trainer that logs nothing this long (0: never)
             ) -> PodSpec:
     "A checked `PodSpec` training `profile` as `experiment` on `gpus` x `gpu`, with Jupyter and TensorBoard."
     s = load_settings()
@@ -360,6 +361,8 @@ def pod_spec(profile:str, # profile name, or a config file path on the volume
                LMBOOK_COMMIT=commit, ON_FAILURE=on_failure, PYTHONUNBUFFERED='1')
     if autokill: env['AUTOKILL'] = autokill
     if keep: env['KEEP_POD'] = '1'
+    if stall_minutes < 0: raise ValueError(f"--stall-minutes {stall_minutes:g}: give 0 (never) or more")
+    if stall_minutes: env['STALL_MINUTES'] = f'{stall_minutes:g}'
     env |= spend_env(gpu_type, gpus, cloud_type, max_hours, max_dollars)
     env.update(extra_env or {})
     sec = dict(JUPYTER_PASSWORD='env:JUPYTER_PASSWORD' if env_var('JUPYTER_PASSWORD') else 'generate')

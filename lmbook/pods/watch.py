@@ -245,10 +245,14 @@ def _watch_cmd(a) -> int:
                          "or --stall-minutes")
     return watch_pod(api, a.pod_id, w, a.watch_poll, a.timeout)
 
-def watch_options(p, poll:float=60):
+def watch_options(p, poll:float=60, on_pod:bool=False): # on_pod: `pod create`, whose pod watches itself too
     "The options of a laptop-side watch, shared by `pod watch` and `pod create --watch`."
     p.add_argument('--stall-minutes', type=float, default=0,
-                   help="stop the pod when its log shows no progress for this long (0: never)")
+                   help="stop the pod when its log shows no progress for this long (0: never)" + (
+                       "; the pod itself stops a trainer that logs nothing for this long (STALL_MINUTES), "
+                       "laptop or not: set it above the run's start-up (compiling, the micro-batch fit) and "
+                       "its longest checkpoint"
+                       if on_pod else ''))
     p.add_argument('--watch-poll', type=float, default=poll, help='seconds between looks at the pod')
 
 def add_watch_cli(pod):
