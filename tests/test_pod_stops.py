@@ -170,3 +170,23 @@ def test_keep_keeps_a_finished_pod_up_as_asked(api, tmp_path):
     assert 'the run finished (step_00000030 complete); the pod stays up, as asked' in log
     assert re.search(r'the spend cap: the pod has billed 0\.2\d h', log)
     assert api.pods[POD]['status'] == 'EXITED'
+
+
+def test_boot_stops_a_trainer_that_hangs_after_its_first_step(tmp_path, monkeypatch):
+    """STALL_MINUTES counts from the first metrics line (the data, the fit and compiling come before it): a
+    trainer quiet for 2 s before its first step is left alone; hung after it, deaf to SIGTERM, it is stopped,
+    then killed."""
+    from types import SimpleNamespace
+    from lmbook.pods.boot import _follow
+    from lmbook.pods.guard import StopSignals
+    from lmbook.pods.stages import BootLog
+    monkeypatch.setenv('STALL_MINUTES', '0.01')  # 0.6 s
+    run = tmp_path/'run'
+    run.mkdir()
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(2); "
+            "open('metrics.jsonl', 'w').write('{\"step\": 1}\\n'); time.sleep(60)")
+    stop, log, t0 = StopSignals(), BootLog(tmp_path/'boot.log'), time.monotonic()
+    rc = _follow([sys.executable, '-c', code], SimpleNamespace(run=run), log, stop, cwd=run)
+    took, said = time.monotonic() - t0, (tmp_path/'boot.log').read_text()
+    assert rc == -signal.SIGKILL and stop.stalled and 2.5 < took < 10, (rc, took, said)
+    assert 'logged nothing for 0.01 min (STALL_MINUTES)' in said and 'killing it (SIGKILL)' in said

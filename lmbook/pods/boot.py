@@ -117,7 +117,8 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, **kw) -> int
             out = tuple(f.stat().st_size if f.is_file() else 0 for f in (rd.metrics, rd.log))
             if out != seen: seen, since = out, time.monotonic()
             quiet = time.monotonic() - since
-            if stall_s and stop and not stop.stalled and not passed and quiet > stall_s:
+            # armed from the first metrics line: before it the data, the fit and compiling may take long
+            if stall_s and out[0] and stop and not stop.stalled and not passed and quiet > stall_s:
                 log(f"stage 4/4 train: the trainer logged nothing for {stall_s/60:g} min (STALL_MINUTES)")
                 stop.stalled = stall_s/60
                 stop_run(p, paths.run, log, 'the stall stop')

@@ -250,8 +250,7 @@ def watch_options(p, poll:float=60, on_pod:bool=False): # on_pod: `pod create`, 
     p.add_argument('--stall-minutes', type=float, default=0,
                    help="stop the pod when its log shows no progress for this long (0: never)" + (
                        "; the pod itself stops a trainer that logs nothing for this long (STALL_MINUTES), "
-                       "laptop or not: set it above the run's start-up (compiling, the micro-batch fit) and "
-                       "its longest checkpoint"
+                       "laptop or not, from its first step: set it above the run's longest checkpoint"
                        if on_pod else ''))
     p.add_argument('--watch-poll', type=float, default=poll, help='seconds between looks at the pod')
 
