@@ -105,7 +105,7 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, **kw) -> int
     code."""
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log.f, stderr=subprocess.STDOUT,
                          start_new_session=True, **kw)
-    passed, stall_s, rd = False, float(env_var('STALL_MINUTES') or 0)*60, RunDir(paths.run)
+    passed, killed, stall_s, rd = False, False, float(env_var('STALL_MINUTES') or 0)*60, RunDir(paths.run)
     seen, since = None, time.monotonic()
     if stop: stop.training = True
     try:
@@ -113,20 +113,21 @@ def _follow(cmd:list[str], paths:Paths, log, stop:StopSignals|None, **kw) -> int
             if not passed and stop and stop.signum:
                 stop_run(p, paths.run, log, f"the {signal.Signals(stop.signum).name} boot got")
                 passed = True
-            # what the trainer wrote: its metrics and its log (boot's own log also holds the supervisor's)
-            out = tuple(f.stat().st_size if f.is_file() else 0 for f in (rd.metrics, rd.log))
-            if out != seen: seen, since = out, time.monotonic()
-            quiet = time.monotonic() - since
-            # armed from the first metrics line: before it the data, the fit and compiling may take long
-            if stall_s and out[0] and stop and not stop.stalled and not passed and quiet > stall_s:
-                log(f"stage 4/4 train: the trainer logged nothing for {stall_s/60:g} min (STALL_MINUTES)")
-                stop.stalled = stall_s/60
-                stop_run(p, paths.run, log, 'the stall stop')
-                passed = True
-            elif stop and stop.stalled > 0 and quiet > 2*stall_s:  # a hung process may not take SIGTERM
-                log("stage 4/4 train: the stalled trainer did not stop: killing it (SIGKILL)")
-                with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
-                stop.stalled = -stop.stalled  # said once
+            if stall_s and stop and not killed:
+                # what the trainer wrote: its metrics and its log (boot's own log holds the supervisor's too)
+                out = tuple(f.stat().st_size if f.is_file() else 0 for f in (rd.metrics, rd.log))
+                if out != seen: seen, since = out, time.monotonic()
+                quiet = time.monotonic() - since
+                # armed from the first metrics line: before it the data, the fit and compiling may take long
+                if out[0] and not stop.stalled and not passed and quiet > stall_s:
+                    log(f"stage 4/4 train: the trainer logged nothing for {stall_s/60:g} min (STALL_MINUTES)")
+                    stop.stalled = stall_s/60
+                    stop_run(p, paths.run, log, 'the stall stop')
+                    passed = True
+                elif stop.stalled and quiet > 2*stall_s:  # a hung process may not take SIGTERM
+                    log("stage 4/4 train: the stalled trainer did not stop: killing it (SIGKILL)")
+                    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
+                    killed = True
             time.sleep(0.2)
         return wait_run(p, paths.run)
     finally:
@@ -141,7 +142,7 @@ def run_outcome(paths:Paths, rc:int, stop:StopSignals|None=None) -> tuple[str, s
     if rc == 0 and (ck := finished_checkpoint(paths)):
         return 'finished', f"the run finished ({ck.name} complete)"
     if stop and stop.stalled:
-        return 'failed', (f"the trainer logged nothing for {abs(stop.stalled):g} min (STALL_MINUTES) and was "
+        return 'failed', (f"the trainer logged nothing for {stop.stalled:g} min (STALL_MINUTES) and was "
                           f"stopped; the newest complete checkpoint is {newest}")
     said = re.findall(r'stopped by SIG\w+ at step (\d+)',
                       rd.log.read_text(errors='replace') if rd.log.is_file() else '')
