@@ -66,3 +66,26 @@ def test_start_up_is_recorded(tmp_path):
     assert 'resume' in again['parts'] and 'validation' not in again['parts']
     assert again['started'] > first['ended']
     assert sum(l.startswith('start-up:') for l in said) == 2
+
+
+def test_second_process_finds_the_compiled_graphs(tmp_path):
+    "A new process on the same workspace (a new pod on the same volume) compiles nothing, and its log says so."
+    import subprocess, sys
+    code = ("import sys; from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
+            "from lmbook.train.trainer import train\n"
+            "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
+            "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
+    tiny = repr(dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='true'))
+    def start(exp):
+        env = {k: v for k, v in os.environ.items() if k not in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')}
+        (tmp_path/f'tmp-{exp}').mkdir()
+        p = subprocess.run([sys.executable, '-c', code, exp, tiny, str(tmp_path/'ws')], capture_output=True,
+                           text=True, env=dict(env, TMPDIR=str(tmp_path/f'tmp-{exp}')), timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        line = next(l for l in p.stdout.splitlines() if l.startswith('start-up:'))
+        return p.stdout.split('NOTE ')[-1].strip(), line
+    note, line = start('a')
+    assert note.startswith('compile cache: graphs') and 'compiled' in note and 'found' not in note, note
+    assert f'({note})' in line  # beside the first step's seconds in the log
+    note, _ = start('b')  # another experiment: the same graphs, found in the workspace's cache/_compile
+    assert 'found' in note and 'compiled' not in note, note

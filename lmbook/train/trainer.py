@@ -30,7 +30,7 @@ from ..runs.load import is_chat
 from ..runs.sample import prompts_for, sample_texts, write_samples
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
 from .step import resolve_compile
-from .warmstart import StartClock, use_compile_cache
+from .warmstart import StartClock, compile_note, use_compile_cache
 from .inputs import Init
 from .runstart import Run, build
 from .validation import mean_loss
@@ -358,7 +358,7 @@ def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int):
 def log_startup(r:Run):
     "After this start's first step: log where its seconds went and keep them in `meta.json` (rank 0)."
     if r.clock is None: return
-    r.clock.lap('first step')
+    r.clock.lap('first step', compile_note(r.clock.compiled))
     r.log(r.clock.line())
     if r.info.is_main:
         rd = RunDir(r.dir)

@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/warmstart.html.md"""
 
 # %% ../../nbs/05ca_warmstart.ipynb #4d097299
 from __future__ import annotations
-import hashlib, json, os, time
+import hashlib, json, os, sys, time
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -17,7 +17,7 @@ from ..data.mixture import sources_dir
 
 # %% auto #0
 __all__ = ['COMPILE_CACHE', 'FIT_CACHE', 'shared_cache', 'use_compile_cache', 'card_name', 'software', 'fit_key', 'fit_file',
-           'cached_fit', 'save_fit', 'StartClock']
+           'cached_fit', 'save_fit', 'compile_counts', 'compile_note', 'StartClock']
 
 # %% ../../nbs/05ca_warmstart.ipynb #1913fb5a
 COMPILE_CACHE, FIT_CACHE = '_compile', '_fit'  # folders of `cache/` that every experiment shares
@@ -98,12 +98,33 @@ def save_fit(folder:Path, key:dict, cfg:Config, # the fitted config: its batch_s
     os.replace(tmp, path)
     return path
 
+# %% ../../nbs/05ca_warmstart.ipynb #c0a1e7d3
+_CACHES = dict(graphs=('inductor', 'fxgraph_cache'), autograd=('aot_autograd', 'autograd_cache'))
+_OUTCOMES = dict(hit='found', miss='compiled', bypass='not cacheable')
+
+def compile_counts() -> dict[tuple[str, str], int]:
+    "Lookups of torch.compile's two caches in this process so far, by (cache, outcome); zeros before any compile."
+    utils = sys.modules.get('torch._dynamo.utils')  # not imported yet: nothing has compiled
+    c = utils.counters if utils is not None else {}
+    return {(name, said): int(c.get(group, {}).get(f'{key}_{o}', 0))
+            for name, (group, key) in _CACHES.items() for o, said in _OUTCOMES.items()}
+
+def compile_note(before:dict) -> str:
+    "What compiling since `before` (`compile_counts()`) found in the caches; '' when nothing compiled."
+    now, said = compile_counts(), []
+    for name in _CACHES:
+        got = [f"{n} {o}" for o in _OUTCOMES.values() if (n := now[name, o] - before.get((name, o), 0))]
+        if got: said.append(f"{name} {', '.join(got)}")
+    return f"compile cache: {'; '.join(said)}" if said else ''
+
+
 # %% ../../nbs/05ca_warmstart.ipynb #6dac1ff1
 class StartClock:
     "The seconds each part of a run's start takes, from `train`'s call to the end of its first step."
     def __init__(self, t0:float|None=None): # when the start began (default: now, in `time.time()` seconds)
         self.t0 = time.time() if t0 is None else t0
         self.last, self.parts, self.notes = self.t0, {}, {}
+        self.compiled = compile_counts()  # the caches' counters when the start began
 
     def lap(self, part:str, # the part that ends now: 'data', 'fit', 'first step', ...
             note:str='', # how it went, e.g. 'found in cache/_fit'
