@@ -1,7 +1,7 @@
 """Checkpoint writes against the disk's own speed, in one call on one machine: the goal is a full checkpoint written
 at 70% or more of the disk's sequential write speed.
 
-1. The disk: `dd` of --disk-gb GB in 64 MB blocks, synced at the end (conv=fsync), and the same through a plain Python
+1. The disk: `dd` of --disk-gb GB (default: as many as the checkpoint) in 64 MB blocks, synced at the end (conv=fsync), and the same through a plain Python
    writer (one stream, 64 MB writes, fsync), before each checkpoint write (--rounds): the disk's speed is the median
    of them all (a virtual disk's speed can change from one write to the next).
 2. A full checkpoint of PROFILE's state as a run holds it in CPU memory before a background write: fp32 weights
@@ -15,7 +15,8 @@ Each write counts from the call to the folder's rename into place; GB are 1e9 by
 is made on the CPU; the disk is the GPU machine's, where the trainer writes.
 
 GPU machine, from the repo root (host RAM for the state plus about 10%, and twice the checkpoint's size of free
-disk; about 5 minutes at runpod_2b):
+disk; about 7 minutes at runpod_2b, where each round writes 25 GB three times; the disk test writes as much as
+the checkpoint, since a virtual disk can be faster for its first GB than for the rest):
     PYTHONPATH=$PWD python3 nbs/benchmarks/ckpt_speed.py --out $OUT/ckpt_speed.json
 CPU, to check the script itself (a few seconds):
     PYTHONPATH=$PWD python3 nbs/benchmarks/ckpt_speed.py --profile smoke --disk-gb 0.2 --out /tmp/ckpt_speed.json
@@ -90,7 +91,9 @@ def write(folder:Path, snap:dict, step:int, old:bool=False) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--profile', default='runpod_2b')
-    ap.add_argument('--disk-gb', type=float, default=8, help='GB each disk test writes')
+    ap.add_argument('--disk-gb', type=float, default=None,
+                    help="GB each disk test writes (default: the checkpoint's own size: a virtual disk can be faster "
+                         "for its first GB than for the rest)")
     ap.add_argument('--rounds', type=int, default=3, help='rounds of (disk test, checkpoint write)')
     ap.add_argument('--no-before', action='store_true', help='skip the writer used before')
     ap.add_argument('--dir', type=Path, help='where to write (default: a scratch folder on this disk)')
@@ -105,10 +108,11 @@ def main():
     msd, osd, n = state(a.profile)
     snap = dict(model=msd, optim=osd, ranks=[dict(rng=rng_state(), loader=dict(pos=0))])
     res['checkpoint_gb'] = round(n/1e9, 2)
+    gb = a.disk_gb or n/1e9
     disks, rows = [], []
     # disk tests and checkpoint writes alternate: a virtual disk's speed drifts from one write to the next
     for i, old in enumerate([False]*a.rounds + ([] if a.no_before else [True])):
-        if not old: disks.append(disk_speed(folder, a.disk_gb))
+        if not old: disks.append(disk_speed(folder, gb))
         s = write(folder, snap, i + 1, old)
         path = folder/ckpt_name(i + 1)
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
