@@ -1,8 +1,9 @@
 """Start-up of `papermill nbs/train.ipynb -p profile PROFILE` on one GPU, cold and warm, from the notebook's start to
 the end of the first optimizer step (the first step holds the compilation of the training graph).
 
-Three starts of the same command on one workspace (a folder standing for the pod's volume), each with an empty
-machine-local cache (a fresh TMPDIR and TRITON_CACHE_DIR, as on a new pod):
+Three starts of the same command on one workspace (a folder standing for the pod's volume), each with empty
+machine-local caches (a fresh TMPDIR and HOME, TRITON_CACHE_DIR unset, as on a new pod: inductor then keeps Triton's
+kernels in its own cache folder, the workspace's `cache/_compile`):
   cold    a new experiment, nothing in the workspace's caches (`cache/_compile`, `cache/_fit`); it trains its
           --steps steps and writes its final checkpoint;
   resume  the same experiment with twice the steps: it resumes from that checkpoint (the micro-batch its first
@@ -16,8 +17,11 @@ the trainer's start (papermill, the kernel, the launch). The data (the `sources`
 vocabulary) is prepared once before the first start and reported apart. Goals at runpod_2b on one H100: warm <= 45 s,
 cold <= 120 s.
 
-GPU, from the repo root (one GPU, about 8 minutes at runpod_2b, 60 GB of disk: one 24 GB checkpoint):
+GPU, from the repo root (one GPU, 60 GB of disk: one 24 GB checkpoint). At runpod_2b on an H200 the cold start and
+the resume took about 9 minutes together (the cold start's final checkpoint, `best/` and samples included), so the
+new experiment's start goes in a second call, after a cold start that writes no checkpoint (--no-resume):
     bash -c 'source nbs/benchmarks/arms.sh; python3 nbs/benchmarks/warm_start.py --out $OUT/warm_start.json'
+    bash -c 'source nbs/benchmarks/arms.sh; python3 nbs/benchmarks/warm_start.py --no-resume --out $OUT/warm_new.json'
 CPU, to check the script itself (half a minute; at 2 MB none of its 148 documents goes to validation):
     PYTHONPATH=$PWD python3 nbs/benchmarks/warm_start.py --profile smoke --mb 4 --steps 2 --out /tmp/warm.json \\
         --set device=cpu take=3000
@@ -48,7 +52,7 @@ def start(a, ws:Path, env:dict, exp:str, steps:int, sets:list[str], kill:bool, l
     "One papermill start of `exp`, timed from its command to the end of its first step; killed then if `kill`."
     run, tmp = ws/'runs'/exp, ws/f'tmp-{exp}-{steps}'
     tmp.mkdir()
-    env = {**env, 'TMPDIR': str(tmp), 'TRITON_CACHE_DIR': str(tmp/'triton')}  # the machine's caches, empty
+    env = {**env, 'TMPDIR': str(tmp), 'HOME': str(tmp)}  # the machine's own caches, empty, as on a new pod
     before = meta(run).get('startup', {}).get('ended')
     cmd = [sys.executable, '-m', 'papermill', 'nbs/train.ipynb', str(ws/f'{exp}-{steps}.ipynb'), '-p', 'profile',
            a.profile, '-p', 'experiment', exp, '-p', 'max_steps', str(steps), '-p', 'overrides', ','.join(sets)]
@@ -91,7 +95,7 @@ def main():
     ws = scratch('lmbook-warm-start-')
     env = {**os.environ, **SHARED, 'LMBOOK_WORKSPACE': str(ws), 'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1',
            'PYTHONUNBUFFERED': '1'}
-    env.pop('TORCHINDUCTOR_CACHE_DIR', None)  # the trainer keeps its compiler cache in the workspace
+    for k in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR'): env.pop(k, None)  # the trainer's choice, as on a pod
     data = data_sets(a, ws)
     t0 = time.time()
     p = subprocess.run([sys.executable, '-m', 'lmbook.cli', 'prepare', '-p', a.profile, '-e', 'warm-a', '-q',
