@@ -135,6 +135,23 @@ def saved_steps(run:Path) -> list[int]:
     return sorted(int(c.parent.name[5:]) for c in (run/'checkpoints').glob('step_*/COMPLETE'))
 
 
+def after(run:Path, t0:float, stop:float) -> list[dict]:
+    "Where the seconds from the final checkpoint (`t0`) to the stop call went: each cell of the newest executed notebook that ran past `t0` (papermill's own times), then the rest."
+    from datetime import datetime
+    nbs = sorted(run.glob('train-*.ipynb'))
+    if not nbs: return [dict(part='no executed notebook', s=round(stop - t0, 1))]
+    rows, end = [], t0
+    for c in json.loads(nbs[-1].read_text()).get('cells', []):
+        pm = c.get('metadata', {}).get('papermill', {})
+        if c.get('cell_type') != 'code' or not pm.get('end_time'): continue
+        a, b = (datetime.fromisoformat(pm[k].replace('Z', '+00:00')).timestamp() for k in ('start_time', 'end_time'))
+        if b <= t0: continue
+        first = next((l.strip() for l in ''.join(c.get('source', '')).splitlines() if l.strip() and not l.startswith('#')), '')
+        rows.append(dict(part=f'cell: {first[:60]}', s=round(b - max(a, t0), 1)))
+        end = max(end, b)
+    return rows + [dict(part="papermill's end to the stop call", s=round(stop - end, 1))]
+
+
 def resumes(run:Path) -> list[int]:
     "The steps the trainer resumed at, in order (its train.log)."
     tl = (run/'train.log').read_text() if (run/'train.log').is_file() else ''
@@ -245,6 +262,7 @@ def main():
                     stop_after_final_checkpoint=final.is_file() and c['t'] >= final.stat().st_mtime,
                     idle_s_final_checkpoint_to_stop_call=round(c['t'] - final.stat().st_mtime, 1) if final.is_file() else None)
         say(f"finished; the pod stopped itself {res['idle_s_final_checkpoint_to_stop_call']} s after the final checkpoint")
+        if final.is_file(): res['after_final_checkpoint'] = after(run, final.stat().st_mtime, c['t'])
         res['api_calls'] = [dict(method=c['method'], path=c['path'], status=c['status'], body=c['body']) for c in api_calls(calls)]
         res['ok'] = bool(named and not any('after writing its checkpoint' in l for l in said)
                          and resumed1 == (saved[-1] if saved else 0) and stop_ck == reached == resumes(run)[-1]
