@@ -69,7 +69,7 @@ def test_start_up_is_recorded(tmp_path):
 
 
 def test_second_process_finds_the_compiled_graphs(tmp_path):
-    "A new process on the same workspace (a new pod on the same volume) compiles nothing, and its log says so."
+    "A new process on the same workspace (a new pod, the same volume) compiles nothing, and its log says so."
     import subprocess, sys
     code = ("import sys; from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
             "from lmbook.train.trainer import train\n"
@@ -77,7 +77,8 @@ def test_second_process_finds_the_compiled_graphs(tmp_path):
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
     tiny = repr(dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='true'))
     def start(exp):
-        env = {k: v for k, v in os.environ.items() if k not in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')}
+        mine = ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')  # the trainer's choice, as on a pod
+        env = {k: v for k, v in os.environ.items() if k not in mine}
         (tmp_path/f'tmp-{exp}').mkdir()
         p = subprocess.run([sys.executable, '-c', code, exp, tiny, str(tmp_path/'ws')], capture_output=True,
                            text=True, env=dict(env, TMPDIR=str(tmp_path/f'tmp-{exp}')), timeout=300)

@@ -103,7 +103,7 @@ _CACHES = dict(graphs=('inductor', 'fxgraph_cache'), autograd=('aot_autograd', '
 _OUTCOMES = dict(hit='found', miss='compiled', bypass='not cacheable')
 
 def compile_counts() -> dict[tuple[str, str], int]:
-    "Lookups of torch.compile's two caches in this process so far, by (cache, outcome); zeros before any compile."
+    "Lookups of torch.compile's two caches in this process, by (cache, outcome); zeros before compiling."
     utils = sys.modules.get('torch._dynamo.utils')  # not imported yet: nothing has compiled
     c = utils.counters if utils is not None else {}
     return {(name, said): int(c.get(group, {}).get(f'{key}_{o}', 0))

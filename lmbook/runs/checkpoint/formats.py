@@ -66,7 +66,8 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
     with ThreadPoolExecutor(max(1, min(8, len(names)))) as ex:
         sums = dict(zip(names, ex.map(lambda n: sha256_file(path/n), names)))
     for name, meta in man['files'].items():
-        if sums[name] != meta['sha256']: raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
+        if sums[name] != meta['sha256']:
+            raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
     return man
 
 # %% ../../../nbs/04ba_formats.ipynb #613b06d3
