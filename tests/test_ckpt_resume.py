@@ -94,3 +94,16 @@ def test_pickle_payload_refused(ws):
     assert any('skipping checkpoint step_00000008' in l and 'UnpicklingError' in l for l in log), log
     assert any('resumed at step 4' in l for l in log)
     assert not os.path.exists(PWNED)
+
+
+def test_a_new_checkpoint_is_not_read_back(tmp_path, monkeypatch):
+    "`write_checkpoint` hashed its files as it wrote them: pruning reads back only the older ones it keeps."
+    import lmbook.runs.checkpoint.writer as wr
+    from lmbook.runs.checkpoint.formats import rng_state
+    read, real = [], wr.verify_checkpoint
+    spy = lambda p, *a, **k: read.append(Path(p).name) or real(p, *a, **k)
+    monkeypatch.setattr(wr, 'verify_checkpoint', spy)
+    snap = dict(model={'w': torch.ones(4)}, optim=None, ranks=[dict(rng=rng_state(), loader=dict(pos=0))])
+    for step in (1, 2): wr.write_checkpoint(tmp_path, step, snap, dict(tokens=0), keep=2)  # no `good` set
+    assert read == ['step_00000001']  # the older one, once; neither right after its own write
+    assert [p.name for p in list_checkpoints(tmp_path)] == ['step_00000002', 'step_00000001']

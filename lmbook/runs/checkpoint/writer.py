@@ -212,7 +212,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
         if full: raise space_error(ckpt_dir, name, need, shutil.disk_usage(ckpt_dir).free, keep) from None
         raise
     if name != ckpt_name(step): return final
-    if good is not None: good.add(final.name)
+    (good := set() if good is None else good).add(final.name)  # hashed as written, sealed: not read back
     prune_checkpoints(ckpt_dir, keep, good, log)
     return final
 
