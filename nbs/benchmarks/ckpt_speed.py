@@ -83,8 +83,7 @@ def write(folder:Path, snap:dict, step:int, old:bool=False) -> float:
     if old: ck._write_full = before
     try:
         t0 = time.perf_counter()
-        # `good`, as the trainer's checkpointer passes it: the new checkpoint is not read back and hashed again
-        ck.write_checkpoint(folder, step, snap, dict(tokens=0), keep=1, good=set())
+        ck.write_checkpoint(folder, step, snap, dict(tokens=0), keep=1)  # not read back, as in the trainer
         return time.perf_counter() - t0
     finally: ck._write_full = keep
 
