@@ -51,6 +51,7 @@ ROWS = [
     Row('train-bf16-compile', 'train', dict(compile='true', dtype='bfloat16')),
     Row('train-auto', 'train', dict(compile='auto', dtype='auto')),
     Row('train-fp32-eager', 'train', dict(compile='false', dtype='float32')),
+    Row('compile-blocks', 'train', dict(compile='blocks')),
     Row('fp8-auto', 'train', dict(fp8='auto'), expect=dict(fp8='tensorwise')),
     Row('fp8-tensorwise', 'train', dict(fp8='tensorwise'), expect=dict(fp8='tensorwise')),
     Row('fp8-rowwise', 'train', dict(fp8='rowwise'), expect=dict(fp8='rowwise')),

@@ -1910,5 +1910,7 @@ d = { 'settings': { 'branch': 'main',
                                         'lmbook.train.warmstart.save_fit': ('warmstart.html#save_fit', 'lmbook/train/warmstart.py'),
                                         'lmbook.train.warmstart.shared_cache': ('warmstart.html#shared_cache', 'lmbook/train/warmstart.py'),
                                         'lmbook.train.warmstart.software': ('warmstart.html#software', 'lmbook/train/warmstart.py'),
+                                        'lmbook.train.warmstart.torch_default_cache': ( 'warmstart.html#torch_default_cache',
+                                                                                        'lmbook/train/warmstart.py'),
                                         'lmbook.train.warmstart.use_compile_cache': ( 'warmstart.html#use_compile_cache',
                                                                                       'lmbook/train/warmstart.py')}}}

@@ -57,7 +57,7 @@ def file_batches(token_dir:Path, batch_size:int, block_size:int, device:str='cpu
 def make_step(cfg:Config, # the config to train
               device:str, # e.g. 'cuda' or 'cpu'
               info=None, # `distributed.DistInfo` under torchrun
-              compile_mode:str='default', # torch.compile mode, or 'regional' (each block compiled on its own)
+              compile_mode:str='default', # torch.compile mode (the whole model)
               inductor:dict|None=None, # torch._inductor.config settings
              ):
     "The trainer's `Trainable`, a `step(batches, lr) -> loss` of one `train_step`, and the fp8 recipe."
@@ -73,9 +73,7 @@ def make_step(cfg:Config, # the config to train
     t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, init, info)
     if custom:
         keep_apart()  # as make_trainable does before compiling
-        if compile_mode == 'regional':
-            for b in t.raw.h: b.compile()
-        else: t.raw.compile(mode=None if compile_mode == 'default' else compile_mode)
+        t.raw.compile(mode=compile_mode)
     def step(batches, lr=cfg.train.optim.lr): return train_step(t, lambda: next(batches), lr).loss
     return t, step, t.fp8
 

@@ -41,8 +41,8 @@ def autocast(device:str, dtype:torch.dtype|str|None='auto'):
     return torch.autocast(str(device).split(':')[0], dtype=dtype)
 
 def resolve_compile(compile:str, device:str) -> bool:
-    "Whether to `torch.compile` the model."
-    return device.startswith('cuda') if compile == 'auto' else compile == 'true'
+    "Whether to `torch.compile` the model (the whole of it, or each block on its own: 'blocks')."
+    return device.startswith('cuda') if compile == 'auto' else compile in ('true', 'blocks')
 
 # %% ../../nbs/05b_step.ipynb #a371ffac
 @dataclass
@@ -90,7 +90,8 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     apply_act_ckpt(model, lv.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(lv.compile, dev):
         keep_apart()  # the loss and 4-bit kernels stay outside the compiled graphs
-        if info.distributed and parallel in SHARDED:
+        # each block on its own (FSDP2 shards per block): the others reuse the first one's compiled code
+        if lv.compile == 'blocks' or (info.distributed and parallel in SHARDED):
             for b in model.h: b.compile()
         else: model.compile()
     amp = resolve_dtype(lv.dtype, dev)

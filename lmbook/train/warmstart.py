@@ -16,8 +16,8 @@ from ..core import env_var, process_env
 from ..data.mixture import sources_dir
 
 # %% auto #0
-__all__ = ['COMPILE_CACHE', 'FIT_CACHE', 'shared_cache', 'use_compile_cache', 'card_name', 'software', 'fit_key', 'fit_file',
-           'cached_fit', 'save_fit', 'compile_counts', 'compile_note', 'StartClock']
+__all__ = ['COMPILE_CACHE', 'FIT_CACHE', 'shared_cache', 'torch_default_cache', 'use_compile_cache', 'card_name', 'software',
+           'fit_key', 'fit_file', 'cached_fit', 'save_fit', 'compile_counts', 'compile_note', 'StartClock']
 
 # %% ../../nbs/05ca_warmstart.ipynb #1913fb5a
 COMPILE_CACHE, FIT_CACHE = '_compile', '_fit'  # folders of `cache/` that every experiment shares
@@ -31,13 +31,19 @@ def shared_cache(paths, # an experiment's `Paths`
 # %% ../../nbs/05ca_warmstart.ipynb #79464c11
 _OURS: dict[int, str] = {}  # the folder this process put in an environment, to tell it from a user's
 
+def torch_default_cache() -> str:
+    "The folder torch writes into TORCHINDUCTOR_CACHE_DIR itself, the first time it needs one and none is set."
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no compiler
+    return os.path.abspath(default_cache_dir())
+
 def use_compile_cache(paths, # the run's `Paths`
                       env:dict|None=None, # the environment to set (default: this process's)
                      ) -> Path:
     "Point torch.compile's caches at the workspace's `cache/_compile`, unless TORCHINDUCTOR_CACHE_DIR is set."
     env = process_env(env)  # set in it too: torch reads it when it first compiles
     have = env_var('TORCHINDUCTOR_CACHE_DIR', env=env)
-    if have and have != _OURS.get(id(env)): return Path(have)  # the user's choice
+    # the user's choice; torch's own default, written there by whatever touched the compiler first, is not
+    if have and have not in (_OURS.get(id(env)), torch_default_cache()): return Path(have)
     folder = shared_cache(paths, COMPILE_CACHE)
     folder.mkdir(parents=True, exist_ok=True)
     env['TORCHINDUCTOR_CACHE_DIR'] = _OURS[id(env)] = str(folder)

@@ -3,7 +3,7 @@ the end of the first optimizer step (the first step holds the compilation of the
 
 Three starts of the same command on one workspace (a folder standing for the pod's volume), each with empty
 machine-local caches (a fresh TMPDIR and HOME, TRITON_CACHE_DIR unset, as on a new pod: inductor then keeps Triton's
-kernels in its own cache folder, the workspace's `cache/_compile`):
+kernels in its own cache folder, the workspace's `cache/warm/_compile`):
   cold    a new experiment, nothing in the workspace's caches (`cache/_compile`, `cache/_fit`); it trains its
           --steps steps and writes its final checkpoint;
   resume  the same experiment with twice the steps: it resumes from that checkpoint (the micro-batch its first
@@ -114,8 +114,8 @@ def main():
         res['resume'] = start(a, ws, env, 'warm-a', 2*a.steps, sets, kill=True, limit_s=a.limit)
         save()
     res['new'] = start(a, ws, env, 'warm-b', a.steps, sets, kill=True, limit_s=a.limit)
-    res['compile_cache_mb'] = round(sum(f.stat().st_size for f in (ws/'cache'/'_compile').rglob('*')
-                                        if f.is_file())/1e6, 1) if (ws/'cache'/'_compile').is_dir() else 0
+    cache = ws/SHARED['LMBOOK_CACHE_DIR']/'_compile'  # where the runs keep torch.compile's caches
+    res['compile_cache_mb'] = round(sum(f.stat().st_size for f in cache.rglob('*') if f.is_file())/1e6, 1)
     save()
 
 
