@@ -32,7 +32,7 @@ def shared_cache(paths, # an experiment's `Paths`
 _OURS: dict[int, str] = {}  # the folder this process put in an environment, to tell it from a user's
 
 def torch_default_cache() -> str:
-    "The folder torch writes into TORCHINDUCTOR_CACHE_DIR itself, the first time it needs one and none is set."
+    "The folder torch writes into TORCHINDUCTOR_CACHE_DIR itself when it first needs one and none is set."
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # a small module: no compiler
     return os.path.abspath(default_cache_dir())
 
