@@ -78,8 +78,27 @@ def start(a, ws:Path, env:dict, exp:str, steps:int, sets:list[str], kill:bool, l
     lines = [l.strip() for l in ((run/'train.log').read_text().splitlines() if (run/'train.log').is_file() else [])
              if any(k in l for k in ('batch_fit', 'start-up:', 'fp8=', 'resumed at step'))]
     return dict(experiment=exp, steps=steps, command_to_first_step_s=round(st['ended'] - t0, 1),
-                command_to_trainer_s=round(st['started'] - t0, 1), trainer_s=st['total_s'], parts=st['parts'],
+                command_to_trainer_s=round(st['started'] - t0, 1), before_trainer=before_trainer(
+                    ws/f'{exp}-{steps}.ipynb', t0, st['started']), trainer_s=st['total_s'], parts=st['parts'],
                 notes=st.get('notes', {}), exit=p.returncode, lines=lines[-12:])
+
+
+def before_trainer(nb:Path, t0:float, started:float) -> dict:
+    """Where the seconds from the command to the trainer's start went, by papermill's own cell times: to the
+    first cell (papermill and the kernel starting), each finished cell, the launching cell to the trainer."""
+    from datetime import datetime
+    def ts(v): return datetime.fromisoformat(v.replace('Z', '+00:00')).timestamp()
+    try: cells = [c['metadata'].get('papermill', {}) for c in json.loads(nb.read_text())['cells']
+                  if c['cell_type'] == 'code']
+    except (OSError, ValueError, KeyError): return {}
+    ran = [c for c in cells if c.get('start_time')]
+    if not ran: return {}
+    out, last = {'to the first cell': round(ts(ran[0]['start_time']) - t0, 1)}, ts(ran[0]['start_time'])
+    for i, c in enumerate(ran):
+        if c.get('end_time') and ts(c['end_time']) <= started:
+            out[f'cell {i + 1}'], last = round(ts(c['end_time']) - ts(c['start_time']), 1), ts(c['end_time'])
+    out['the launching cell to the trainer'] = round(started - last, 1)
+    return out
 
 
 def main():
