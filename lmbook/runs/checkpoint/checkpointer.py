@@ -79,16 +79,18 @@ class Checkpointer:
 def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict,
            tok_ref:dict|None) -> dict|None:
     "Load the newest good checkpoint into `model` and `optimizer`; return it (None: nothing to resume)."
-    info, found = self.info, {}
+    info, read, found = self.info, {}, None
     if info.is_main:
-        def load(p): found['data'] = read_checkpoint(p)
-        latest_checkpoint(self.dir, warn=lambda m: self.log(f"warning: {m}"), check=load,
-                          on_skip=lambda p: move_damaged(p, self.log))
-    step = int(all_reduce(found['data']['state']['step'] if found else -1, 'max'))
+        # read while its hashes are checked: only the checkpoint that verified counts
+        def load(p): read[p] = read_checkpoint(p)
+        good = latest_checkpoint(self.dir, warn=lambda m: self.log(f"warning: {m}"), check=load,
+                                 on_skip=lambda p: move_damaged(p, self.log))
+        found = read.get(good)
+    step = int(all_reduce(found['state']['step'] if found else -1, 'max'))
     if step < 0: return None
     path = self.dir/ckpt_name(step)
     # every rank reads the state (shared filesystem): all of a full checkpoint, its part of a sharded one
-    data = found.get('data') or read_checkpoint(path, info.rank)
+    data = found or read_checkpoint(path, info.rank)
     check_compatible(data['state'], config['model'], tok_ref, path)
     data['changes'] = check_config_change(seen_from(data['state'], config, info.world_size), config,
                                           flat_config(config).get('allow_config_change', False), path)
