@@ -4,12 +4,12 @@ the end of the first optimizer step (the first step holds the compilation of the
 Three starts of the same command on one workspace (a folder standing for the pod's volume), each with empty
 machine-local caches (a fresh TMPDIR and HOME, TRITON_CACHE_DIR unset, as on a new pod: inductor then keeps Triton's
 kernels in its own cache folder, the workspace's `cache/warm/_compile`):
-  cold    a new experiment, nothing in the workspace's caches (`cache/_compile`, `cache/_fit`); it trains its
-          --steps steps and writes its final checkpoint;
+  cold    a new experiment, nothing in the workspace's caches (`cache/warm/_compile`, `cache/warm/_fit`); it
+          trains its --steps steps and writes its final checkpoint;
   resume  the same experiment with twice the steps: it resumes from that checkpoint (the micro-batch its first
-          start chose, no step-0 validation), the compiled kernels found in `cache/_compile`;
-  new     another experiment of the same profile: the fit found in `cache/_fit`, the kernels in `cache/_compile`,
-          and the step-0 validation (its graph compiled from the cache too).
+          start chose, no step-0 validation), the compiled kernels found in `cache/warm/_compile`;
+  new     another experiment of the same profile: the fit found in `cache/warm/_fit`, the kernels in
+          `cache/warm/_compile`, and the step-0 validation (its graph compiled from the cache too).
 The resume and new starts are killed (SIGKILL to the trainer) once their first step is recorded. Each start's
 parts (setup, data, fit, model, loaders, resume or run files, validation, first step) come from the trainer's own
 clock (`meta.json`'s `startup`, the `start-up:` line of its log); the script adds the seconds from its command to
