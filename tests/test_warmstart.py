@@ -71,7 +71,10 @@ def test_start_up_is_recorded(tmp_path):
 def test_second_process_finds_the_compiled_graphs(tmp_path):
     "A new process on the same workspace (a new pod, the same volume) compiles nothing, and its log says so."
     import subprocess, sys
-    code = ("import sys; from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
+    # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR when something asks first, as importing
+    # torchao's float8 does on a GPU machine: the trainer must still use the workspace's cache
+    code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir()\n"
+            "import sys; from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
             "from lmbook.train.trainer import train\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")

@@ -69,6 +69,9 @@ def make_step(cfg:Config, # the config to train
             old = getattr(icfg, k)
             setattr(icfg, k, str(v).lower() in ('1', 'true') if isinstance(old, bool) else type(old)(v))
     custom = compiled and compile_mode != 'default'
+    if custom and cfg.train.levers.compile == 'blocks':
+        raise ValueError(f"--compile-mode {compile_mode} compiles the whole model: leave out compile=blocks "
+                         "or the mode")
     init = check_init(cfg, find_init(cfg.train.finetune.init_from))  # the weights the run would start from
     t = build_trainable(apply_overrides(cfg, {'compile': 'false'}) if custom else cfg, init, info)
     if custom:
