@@ -37,6 +37,7 @@ def verdict(out:Path) -> str:
         b, f = ends['bf16']['final_val_loss'], ends['fp8']['final_val_loss']
         d = 100*(f - b)/b
         lines.append(f"fp8 vs bf16 final val_loss: {d:+.2f}% ({'within' if abs(d) <= 0.5 else 'below' if d < 0 else 'OUTSIDE'} the 0.5% bound)")
+    if 'bf16' in ends and any(r.get('run') == 'fp8' for r in rows):  # an fp8 arm stopped early still has its crossing
         lines.append(time_to_bf16(rows, ends))
     return '\n'.join(lines)
 
@@ -44,10 +45,13 @@ def time_to_bf16(rows:list[dict], ends:dict) -> str:
     "When the fp8 arm's validation loss first reaches the bf16 arm's final one, against bf16's whole time."
     b, target = ends['bf16'], ends['bf16']['final_val_loss']
     hit = next((r for r in rows if r.get('run') == 'fp8' and not r.get('summary') and r['val_loss'] <= target), None)
-    if hit is None: return f"fp8 never reached bf16's final val_loss {target}"
-    with_compile = (hit['train_s'] + ends['fp8']['compile_s'])/(b['train_s'] + b['compile_s'])
+    last = max((r['step'] for r in rows if r.get('run') == 'fp8' and not r.get('summary')), default=0)
+    if hit is None: return f"fp8 never reached bf16's final val_loss {target} (its last row: step {last})"
+    f = ends.get('fp8')  # none when the arm was stopped before its end: its compile time is then unknown
+    with_compile = (f"{(hit['train_s'] + f['compile_s'])/(b['train_s'] + b['compile_s']):.2f}x with compilation"
+                    if f else f"the arm stopped at step {last} before its summary: compilation not known")
     return (f"fp8 reached bf16's final val_loss {target} at step {hit['step']}, {hit['train_s']:.1f}s of training: "
-            f"{hit['train_s']/b['train_s']:.2f}x bf16's {b['train_s']:.1f}s ({with_compile:.2f}x with compilation)")
+            f"{hit['train_s']/b['train_s']:.2f}x bf16's {b['train_s']:.1f}s ({with_compile})")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
