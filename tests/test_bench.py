@@ -134,11 +134,11 @@ def test_fp8_verdict_gives_the_time_to_bf16s_final_loss(tmp_path):
     rows = [r for r in rows if r['run'] == 'bf16' or r.get('val_loss') != 2.9]  # fp8 stops at 3.2
     out.write_text(''.join(json.dumps(r) + '\n' for r in rows))
     assert "fp8 never reached bf16's final val_loss 3.0" in verdict(out)
-    rows = [r for r in rows if not (r['run'] == 'fp8' and r.get('summary'))]  # fp8 stopped before its summary
+    rows = [r for r in rows if not (r['run'] == 'fp8' and r.get('summary'))]  # fp8 stopped before its end
     rows.append(dict(run='fp8', step=200, train_s=10.0, loss=4.0, val_loss=2.95))
     out.write_text(''.join(json.dumps(r) + '\n' for r in rows))
-    assert ("at step 200, 10.0s of training: 0.50x bf16's 20.0s (the arm stopped at step 200 before its summary: "
-            "compilation not known)") in verdict(out)
+    assert ("at step 200, 10.0s of training: 0.50x bf16's 20.0s (the arm stopped at step 200 before its "
+            "summary: compilation not known)") in verdict(out)
 
 
 def test_fp8_parity_arm_takes_an_accumulation(tmp_path):

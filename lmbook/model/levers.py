@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/levers.html.md"""
 
 # %% ../../nbs/03d_levers.ipynb #5086dfc5
 from __future__ import annotations
-import functools, warnings
+import functools, importlib.util, warnings
 from typing import Callable
 import torch
 import torch.nn as nn
@@ -19,15 +19,18 @@ __all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'fp8_recip
            'apply_act_ckpt', 'loss_kernel', 'attention_kernel', 'lever_report']
 
 # %% ../../nbs/03d_levers.ipynb #fe6c9e32
-def fp8_support(device:str) -> str:
+def fp8_support(device:str,
+                quick:bool=False, # torchao found, not imported (the launcher's check; the trainer imports it)
+               ) -> str:
     "'' when float8 training can run on `device`, else the reason in one line."
     if not device.startswith('cuda') or not torch.cuda.is_available(): return "float8 matmuls need a CUDA GPU"
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9): return ("float8 matmuls need compute capability 8.9 "
                                         f"or newer, this card has {major}.{minor}")
+    need = "float8 training needs torchao (pip install torchao)"
+    if quick: return '' if importlib.util.find_spec('torchao') else need
     try: import torchao.float8  # noqa: F401
-    except Exception as e: return ("float8 training needs torchao (pip install torchao): "
-                                   f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    except Exception as e: return f"{need}: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return ''
 
 def fp8_eligible(mod:nn.Module, fqn:str) -> bool:

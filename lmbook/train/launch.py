@@ -29,12 +29,13 @@ from .trainer import NonFiniteError, STOP_SIGNALS, choose_run_dir, exit_code, tr
 from ..runlock import RunLock
 from ..rundir import RunDir
 from ..core import env_var
+from ..runs.checkpoint.resume import Prefetch, prefetch_checkpoint
 
 # %% auto #0
 __all__ = ['WORKER', 'CRASHED', 'FORCE', 'TORCHRUN_SIGNALS', 'torchrun_option', 'train_args', 'resolve_args', 'describe_exit',
            'main', 'alert_failure', 'alerting', 'node_rank', 'worker_cmd', 'free_ram_gb', 'device_memory',
-           'check_hardware', 'node_label', 'spawn', 'TrainingExit', 'killed_rank', 'detach', 'train_epilog',
-           'detach_option', 'launch', 'add_cli']
+           'check_hardware', 'read_ahead', 'node_label', 'spawn', 'TrainingExit', 'killed_rank', 'detach',
+           'train_epilog', 'detach_option', 'launch', 'add_cli']
 
 # %% ../../nbs/05f_launch.ipynb #01c458d7
 def torchrun_option(p):
@@ -208,13 +209,20 @@ def check_hardware(cfg, # the resolved `Config`
     "Refuse, in one line, a run its machine cannot hold; else the note worth showing (None: it fits)."
     device = pick_device(cfg.train.device)
     name, mem, fp8 = device_memory(device)
-    if cfg.train.levers.fp8 == 'auto': cfg = with_fp8(cfg, fp8 and not fp8_support(device))
+    if cfg.train.levers.fp8 == 'auto': cfg = with_fp8(cfg, fp8 and not fp8_support(device, quick=True))
     nodes = _nodes(torchrun_args)
     v = fit_verdict(cfg, device, mem, name, profile, cfg.train.nproc*nodes, fp8, nodes=nodes)
     if v is None: return None
     refused, line = v
     if refused and not cfg.train.force: raise ValueError(f"{line}; {FORCE}")
     return f"note: {'force=true, so it starts although ' if refused else ''}{line}"
+
+# %% ../../nbs/05f_launch.ipynb #cb40da23
+def read_ahead(cfg, # the resolved `Config`
+               experiment:str, root:Path|None=None) -> Prefetch:
+    "The run's newest checkpoint read into the page cache in the background, when the run will resume."
+    if not cfg.train.checkpoint.auto_resume: return Prefetch()
+    return prefetch_checkpoint(RunDir(paths_for(experiment, root=root).run).checkpoints, free_ram_gb())
 
 # %% ../../nbs/05f_launch.ipynb #efd8ab23
 TORCHRUN_SIGNALS = 'SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'  # the signals torchrun passes on to its workers
@@ -239,13 +247,14 @@ def spawn(profile:str, # profile name or config file
            grace_s:float=30, # how long a stopped run may take to checkpoint
            prepare_only:bool=False, # only prepare the data
            forward_signals:bool=False, # pass SIGTERM/SIGINT of this process on to the run and wait for it
-           checked:bool=False, # the caller ran `check_hardware` already
+           checked:bool=False, # the caller ran `check_hardware` (and `read_ahead`) already
           ) -> Iterator[str]:
     "In the launching process: start training process(es), yield their lines; `TrainingExit` if it fails."
     cmd = worker_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     if not (prepare_only or checked):  # before any work
-        ov = dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc)))
-        if note := check_hardware(get_config(profile, ov), profile, torchrun_args): yield note
+        cfg = get_config(profile, dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc))))
+        read_ahead(cfg, experiment, root)
+        if note := check_hardware(cfg, profile, torchrun_args): yield note
     # the child's whole environment, passed on; torchrun (2.9 and later) passes SIGUSR1 on to its workers too
     e = dict(os.environ, PYTHONUNBUFFERED='1', PET_SIGNALS_TO_HANDLE=TORCHRUN_SIGNALS, **(env or {}))
     cmds = [] if prepare_only else [cmd]
@@ -431,6 +440,7 @@ def launch(cfg, # the resolved `Config`
     "In the command's process (`lmbook train`/`finetune`): train `cfg` here, under torchrun or detached."
     if not (prepare_only or checked):  # before any work, and before a detached run leaves this terminal
         if note := check_hardware(cfg, profile, torchrun_args): print(note, flush=True)
+    if not (prepare_only or detached): read_ahead(cfg, experiment, root)  # a detached run reads its own
     if detached:
         rc, pid, out = detach(cfg, profile, experiment, overrides, root, torchrun_args)
         if rc is not None: return rc  # it stopped before training, and said why

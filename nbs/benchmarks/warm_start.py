@@ -10,7 +10,9 @@ kernels in its own cache folder, the workspace's `cache/warm/_compile`):
           start chose, no step-0 validation), the compiled kernels found in `cache/warm/_compile`;
   new     another experiment of the same profile: the fit found in `cache/warm/_fit`, the kernels in
           `cache/warm/_compile`, and the step-0 validation (its graph compiled from the cache too).
-The resume and new starts are killed (SIGKILL to the trainer) once their first step is recorded. Each start's
+Before the resume the checkpoint's pages are dropped from the page cache (a new pod reads its volume cold), and
+the seconds to read it off the disk alone are recorded (`cold_read`): what the launcher's read-ahead overlaps with
+the trainer's start. The resume and new starts are killed (SIGKILL to the trainer) once their first step is recorded. Each start's
 parts (setup, data, fit, model, loaders, resume or run files, validation, first step) come from the trainer's own
 clock (`meta.json`'s `startup`, the `start-up:` line of its log); the script adds the seconds from its command to
 the trainer's start (papermill, the kernel, the launch). The data (the `sources` corpus of tokens.py, the profile's
@@ -41,6 +43,31 @@ def data_sets(a, ws:Path) -> list[str]:
     import tokens
     corpus = tokens.source_corpus(ws/'corpus'/f'sources-{a.mb:g}MB.jsonl', a.mb)
     return [f'dataset={corpus}', 'dataset_config=', 'tokenizer=', 'val_ratio=0.02']
+
+
+def drop_cached(run:Path) -> float:
+    "Evict the run's checkpoints from the page cache, as a new pod's volume holds them; their GB."
+    gb = 0.0
+    for f in (run/'checkpoints').rglob('*'):
+        if not f.is_file(): continue
+        fd = os.open(f, os.O_RDONLY)
+        try: os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally: os.close(fd)
+        gb += f.stat().st_size/1e9
+    return gb
+
+
+def cold_read(run:Path) -> dict:
+    "Seconds to read the newest checkpoint off the disk as the launcher reads ahead, the page cache emptied first."
+    from lmbook.runs.checkpoint.resume import prefetch_checkpoint
+    drop_cached(run)
+    t = time.time()
+    pf = prefetch_checkpoint(run/'checkpoints', ram_gb=1e6)
+    pf.join()
+    s, gb = time.time() - t, sum(f.stat().st_size for f in pf.files)/1e9
+    drop_cached(run)
+    return dict(checkpoint=pf.path.name if pf.path else None, gb=round(gb, 2), seconds=round(s, 1),
+                gb_s=round(gb/s, 3) if s else None)
 
 
 def meta(run:Path) -> dict:
@@ -129,7 +156,9 @@ def main():
         if a.out: a.out.write_text(json.dumps(res, indent=1) + '\n')
     res['cold'] = start(a, ws, env, 'warm-a', a.steps, sets, kill=a.no_resume, limit_s=a.limit + 300)
     save()
-    if not a.no_resume:
+    if not a.no_resume:  # the resume finds the checkpoint on the disk, not in memory, as on a new pod
+        res['cold_read'] = cold_read(ws/'runs'/'warm-a')
+        save()
         res['resume'] = start(a, ws, env, 'warm-a', 2*a.steps, sets, kill=True, limit_s=a.limit)
         save()
     res['new'] = start(a, ws, env, 'warm-b', a.steps, sets, kill=True, limit_s=a.limit)

@@ -6,8 +6,9 @@ Docs: https://lmbook.github.io/lmbook/resume.html.md"""
 
 # %% ../../../nbs/04bd_resume.ipynb #af4d7821
 from __future__ import annotations
-import json, warnings
+import json, threading, warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 import torch
@@ -20,8 +21,8 @@ from .formats import list_checkpoints, read_shards, safe_reader, verify_checkpoi
 
 # %% auto #0
 __all__ = ['SHAPE_KEYS', 'SHAPE_DEFAULTS', 'FREE_KEYS', 'FIXED_KEYS', 'RESET_KEYS', 'load_weights', 'read_optim',
-           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'check_compatible', 'changed_keys',
-           'config_changes', 'check_config_change', 'seen_from']
+           'read_rank_state', 'read_checkpoint', 'latest_checkpoint', 'Prefetch', 'prefetch_checkpoint',
+           'check_compatible', 'changed_keys', 'config_changes', 'check_config_change', 'seen_from']
 
 # %% ../../../nbs/04bd_resume.ipynb #8fa23d48
 def load_weights(path:Path) -> dict[str, torch.Tensor]:
@@ -90,6 +91,42 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
             warn(f"skipping checkpoint {p.name}: {e}")
             if on_skip: on_skip(p)
     return None
+
+# %% ../../../nbs/04bd_resume.ipynb #550fa0bd
+@dataclass
+class Prefetch:
+    "A checkpoint being read into the page cache: which, its files and the threads reading them."
+    path: Path|None = None
+    files: list = field(default_factory=list)
+    threads: list = field(default_factory=list)
+    def join(self, timeout:float|None=None):
+        for t in self.threads: t.join(timeout)
+
+def _read_through(paths:list[Path], chunk:int):
+    "Read `paths` to their ends, keeping nothing (the page cache keeps them)."
+    buf = bytearray(chunk)
+    for p in paths:
+        try:
+            with open(p, 'rb', buffering=0) as f:
+                while f.readinto(buf): pass
+        except OSError: return  # the resume itself says what is wrong with the file
+
+def prefetch_checkpoint(ckpt_dir:Path, # a run's checkpoints folder
+                        ram_gb:float|None, # memory free for the page cache (None: unknown, nothing read)
+                        readers:int=8, chunk:int=1<<24) -> Prefetch:
+    "Read the newest complete checkpoint in `ckpt_dir` into the page cache, in background threads."
+    for p in list_checkpoints(ckpt_dir):
+        try: man = verify_checkpoint(p, hashes=False)  # complete, every file at its size: quick
+        except CheckpointError: continue
+        sizes = man['files']
+        if ram_gb is None or sum(m['size'] for m in sizes.values())/1e9 > ram_gb/2: return Prefetch()
+        files = [p/n for n in sorted(sizes, key=lambda n: -sizes[n]['size'])]  # the largest first
+        groups = [files[i::readers] for i in range(min(readers, len(files)))]
+        threads = [threading.Thread(target=_read_through, args=(g, chunk), daemon=True,
+                                    name=f'prefetch {p.name}') for g in groups]
+        for t in threads: t.start()
+        return Prefetch(p, files, threads)
+    return Prefetch()
 
 # %% ../../../nbs/04bd_resume.ipynb #acf54618
 SHAPE_KEYS = tuple(k for k, (r, _) in resume_rules().items() if r == 'shape')  # in the config's order
