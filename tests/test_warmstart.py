@@ -64,6 +64,7 @@ def test_start_up_is_recorded(tmp_path):
     train(get_config('smoke', dict(TINY, max_steps=6)), 'e', root=tmp_path, log=log)
     again = RunDir(res['run_dir']).read_meta()['startup']
     assert 'resume' in again['parts'] and 'validation' not in again['parts']
+    assert again['notes']['resume'].startswith('found and hashed ')  # where the resume's seconds went
     assert again['started'] > first['ended']
     assert sum(l.startswith('start-up:') for l in said) == 2
 

@@ -24,7 +24,7 @@ from ..distributed import DistInfo, init_distributed, all_reduce, barrier
 from ..runs.metrics import MetricsLogger, RunLog, format_row, console, format_duration, read_metrics
 from ..runs.metrics import disk_full, no_space, wandb_args
 from ..runs.alert import Alerts, watch_stall
-from ..runs.checkpoint.checkpointer import Checkpointer
+from ..runs.checkpoint.checkpointer import Checkpointer, resume_note
 from ..runs.mirror import Mirror
 from ..runs.load import is_chat
 from ..runs.sample import prompts_for, sample_texts, write_samples
@@ -445,7 +445,7 @@ def loop(r:Run, experiment:str, profile:str='') -> dict:
               else None)
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = begin(r, ck, experiment)
-    if r.clock: r.clock.lap('resume' if resumed else 'run files')
+    if r.clock: r.clock.lap('resume', resume_note(resumed)) if resumed else r.clock.lap('run files')
     slog = StepLog(r, metrics)
     # a resumed run validates at its next due step: `best/` keeps the best val_loss so far on disk
     if not resumed:

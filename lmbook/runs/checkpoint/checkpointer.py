@@ -25,7 +25,7 @@ from .resume import latest_checkpoint, read_checkpoint, read_rank_state, seen_fr
 from .best import best_failed, read_best, write_best
 
 # %% auto #0
-__all__ = ['Checkpointer']
+__all__ = ['Checkpointer', 'resume_note']
 
 # %% ../../../nbs/04bf_checkpointer.ipynb #37a27dc4
 class Checkpointer:
@@ -79,7 +79,7 @@ class Checkpointer:
 def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optimizer, config:dict,
            tok_ref:dict|None) -> dict|None:
     "Load the newest good checkpoint into `model` and `optimizer`; return it (None: nothing to resume)."
-    info, read, found = self.info, {}, None
+    info, read, found, t0 = self.info, {}, None, time.perf_counter()
     if info.is_main:
         # read while its hashes are checked: only the checkpoint that verified counts
         def load(p): read[p] = read_checkpoint(p)
@@ -103,16 +103,23 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
         data['rank_state'] = read_rank_state(path, 0)
     fresh = [k for k, *_ in changed_keys(data['state'].get('config', {}), config) if k in RESET_KEYS]
     hyper = [{k: v for k, v in g.items() if k != 'params'} for g in optimizer.param_groups]
+    t1 = time.perf_counter()  # found, hashed and opened: its tensors now go into the model and optimizer
     if data['shards']: load_shards(model, None if fresh else optimizer, path)
     else: load_full_state(model, None if fresh else optimizer, data['model'], data['optim'])
+    data['seconds'] = dict(found=round(t1 - t0, 2), loaded=round(time.perf_counter() - t1, 2))
     # the config's betas, weight decay, ..., not the checkpoint's
     for g, h in zip(optimizer.param_groups, hyper): g.update(h)
     data['fresh_optimizer'] = bool(fresh)
     self.last = step
     self.good.add(path.name)
-    # a lowered keep_ckpts frees its space now
-    if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)
+    if info.is_main: prune_checkpoints(self.dir, self.keep, self.good, self.log)  # frees a lowered keep_ckpts
     return data
+
+# %% ../../../nbs/04bf_checkpointer.ipynb #f01696ff
+def resume_note(data:dict) -> str:
+    "Where a resume's seconds went (`Checkpointer.resume`'s answer), for the start-up line."
+    s = data.get('seconds')
+    return f"found and hashed {s['found']:.1f} s, into the model {s['loaded']:.1f} s" if s else ''
 
 # %% ../../../nbs/04bf_checkpointer.ipynb #08af4d0f
 @patch
