@@ -81,7 +81,7 @@ def resume(self:Checkpointer, model:torch.nn.Module, optimizer:torch.optim.Optim
     "Load the newest good checkpoint into `model` and `optimizer`; return it (None: nothing to resume)."
     info, read, found, t0 = self.info, {}, None, time.perf_counter()
     if info.is_main:
-        # read while its hashes are checked: only the checkpoint that verified counts
+        # opened once its hashes matched: only the checkpoint that verified counts
         def load(p): read[p] = read_checkpoint(p)
         good = latest_checkpoint(self.dir, warn=lambda m: self.log(f"warning: {m}"), check=load,
                                  on_skip=lambda p: move_damaged(p, self.log))

@@ -7,7 +7,6 @@ Docs: https://lmbook.github.io/lmbook/resume.html.md"""
 # %% ../../../nbs/04bd_resume.ipynb #af4d7821
 from __future__ import annotations
 import json, threading, warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -79,13 +78,8 @@ def latest_checkpoint(ckpt_dir:Path, hashes:bool=True, warn:Callable|None=None, 
     warn = warn or (lambda msg: warnings.warn(msg, stacklevel=2))
     for p in list_checkpoints(ckpt_dir):
         try:
-            verify_checkpoint(p, hashes=False)  # complete, every file there at its size: quick
-            # the hashes and `check` (a resume reads the whole checkpoint) at once: one pass over a cold disk
-            with ThreadPoolExecutor(1) as ex:
-                hashed = ex.submit(verify_checkpoint, p, hashes)
-                try:
-                    if check: check(p)
-                finally: hashed.result()  # a corrupt file says so first, whatever `check` raised
+            verify_checkpoint(p, hashes)
+            if check: check(p)
             return p
         except CheckpointError as e:
             warn(f"skipping checkpoint {p.name}: {e}")
