@@ -12,6 +12,7 @@ from ..core import paths_for, sha256_file
 from ..config import did_you_mean
 from ..data.tokenizer import load_tokenizer
 from .checkpoint.formats import CheckpointError, MODEL_SHARDS, list_checkpoints, verify_checkpoint
+from .tensorfile import check_hashes
 from ..rundir import BEST, RunDir
 
 # %% auto #0
@@ -26,12 +27,12 @@ def verify_for_inference(path:Path) -> dict:
     "The manifest of checkpoint `path` if the files inference reads have their recorded sizes and hashes."
     path = Path(path)
     man = verify_checkpoint(path, hashes=False)
-    weights = [n for n in man['files'] if n.startswith(f'{MODEL_SHARDS}/')] or list(INFERENCE_FILES[:1])
-    for name in [*weights, *INFERENCE_FILES[1:]]:
-        meta = man['files'].get(name)
-        if meta is None: raise CheckpointError(f"{path} has no {name}")
-        if sha256_file(path/name) != meta['sha256']: raise CheckpointError(f"{path/name} does not "
-                                                                           "match its sha256 (corrupt)")
+    names = [*([n for n in man['files'] if n.startswith(f'{MODEL_SHARDS}/')] or INFERENCE_FILES[:1]),
+             *INFERENCE_FILES[1:]]
+    if missing := [n for n in names if n not in man['files']]:
+        raise CheckpointError(f"{path} has no {missing[0]}")
+    if bad := check_hashes({path/n: man['files'][n] for n in names}):
+        raise CheckpointError(f"{bad} does not match its sha256 (corrupt)")
     return man
 
 # %% ../../nbs/04d_find.ipynb #e845f0df

@@ -6,14 +6,14 @@ Docs: https://lmbook.github.io/lmbook/tensorfile.html.md"""
 
 # %% ../../nbs/04ab_tensorfile.ipynb #c9f4da07
 from __future__ import annotations
-import hashlib, json, os, struct, threading
+import hashlib, json, os, struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['CHUNK', 'DTYPES', 'raw_bytes', 'layout', 'write_files', 'write_tensors', 'flatten_state', 'unflatten_state',
-           'split_tensors']
+__all__ = ['CHUNK', 'DTYPES', 'PIECE', 'raw_bytes', 'layout', 'write_files', 'write_tensors', 'sha256_range', 'disk_meta',
+           'check_hashes', 'flatten_state', 'unflatten_state', 'split_tensors']
 
 # %% ../../nbs/04ab_tensorfile.ipynb #98e9bbbd
 CHUNK = 64 << 20  # bytes handed to the kernel in one write
@@ -44,10 +44,33 @@ def layout(tensors:dict[str, torch.Tensor], metadata:dict|None=None) -> tuple[by
     return struct.pack('<Q', len(js)) + js, order
 
 # %% ../../nbs/04ab_tensorfile.ipynb #daae717c
-def _hash(parts:list, out:dict, key):
+PIECE = 256 << 20  # a file over this many bytes is also hashed piece by piece: its pieces check at once
+
+def _sha256(parts:list) -> str:
     h = hashlib.sha256()
     for b in parts: h.update(b)
-    out[key] = h.hexdigest()
+    return h.hexdigest()
+
+def _window(parts:list[memoryview], start:int, n:int) -> list[memoryview]:
+    "The slices of `parts` (a file's bytes, in order) that hold its bytes `start` to `start + n`."
+    out, at = [], 0
+    for b in parts:
+        lo, hi = max(start, at), min(start + n, at + len(b))
+        if lo < hi: out.append(b[lo - at:hi - at])
+        at += len(b)
+    return out
+
+def _hash_jobs(path:Path, parts:list, piece:int) -> list[tuple]:
+    "((path, None), the whole file's bytes), then ((path, i), piece i's bytes) of a file over `piece` bytes."
+    size = sum(len(b) for b in parts)
+    pieces = range(0, size, piece) if size > piece else []
+    return [((path, None), parts)] + [((path, i), _window(parts, s, piece)) for i, s in enumerate(pieces)]
+
+def _file_meta(path:Path, parts:list, sums:dict, piece:int) -> dict:
+    "A manifest's entry: size, sha256 and, over `piece` bytes, the piece size and each piece's sha256."
+    size, n = sum(len(b) for b in parts), sum(1 for k in sums if k[0] == path and k[1] is not None)
+    return dict(size=size, sha256=sums[path, None],
+                **(dict(piece=piece, pieces=[sums[path, i] for i in range(n)]) if n else {}))
 
 def _pwrite(fd:int, b:memoryview, at:int):
     "Write all of `b` at offset `at` of file `fd`."
@@ -57,26 +80,29 @@ def _pwrite(fd:int, b:memoryview, at:int):
 
 # %% ../../nbs/04ab_tensorfile.ipynb #65c88790
 def write_files(files:dict[Path, tuple[dict, dict|None]], # path -> (tensors, metadata) of each file
-                threads:int=8, # writers for all the files' chunks
+                threads:int=8, # writers for all the files' chunks, and as many hashers
+                piece:int|None=None, # bytes a piece is hashed in (default `PIECE`)
                ) -> dict[Path, dict]:
-    "Write the safetensors files `files` all at once, hashed from memory as written; their sizes and sha256s."
-    plans, fds, sums, hashers = {}, {}, {}, []
-    try:
-        for path, (tensors, meta) in files.items():
-            head, order = layout(tensors, meta)
-            parts = [memoryview(head)] + [raw_bytes(t) for _, t in order]
-            plans[path], fds[path] = parts, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            hashers.append(threading.Thread(target=_hash, args=(parts, sums, path), daemon=True))
-        for h in hashers: h.start()
-        jobs = [(fds[p], part[i:i + CHUNK], at + i) for p, parts in plans.items()
-                for part, at in zip(parts, _offsets(parts)) for i in range(0, len(part), CHUNK)]
-        with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as ex:
-            list(ex.map(lambda j: _pwrite(*j), jobs))
-        with ThreadPoolExecutor(max(1, len(fds))) as ex: list(ex.map(os.fsync, fds.values()))
-        for h in hashers: h.join()
-    finally:
-        for fd in fds.values(): os.close(fd)
-    return {p: dict(size=sum(len(b) for b in parts), sha256=sums[p]) for p, parts in plans.items()}
+    "Write the safetensors files `files` all at once, hashed from memory as written; their manifest entries."
+    plans, fds, piece = {}, {}, piece or PIECE
+    with ThreadPoolExecutor(threads) as hasher:  # beside the writers; each file's whole hash starts first
+        try:
+            for path, (tensors, meta) in files.items():
+                head, order = layout(tensors, meta)
+                parts = [memoryview(head)] + [raw_bytes(t) for _, t in order]
+                plans[path], fds[path] = parts, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            hashing = sorted((j for p, parts in plans.items() for j in _hash_jobs(p, parts, piece)),
+                             key=lambda j: j[0][1] is not None)
+            sums = {k: hasher.submit(_sha256, views) for k, views in hashing}
+            jobs = [(fds[p], part[i:i + CHUNK], at + i) for p, parts in plans.items()
+                    for part, at in zip(parts, _offsets(parts)) for i in range(0, len(part), CHUNK)]
+            with ThreadPoolExecutor(max(1, min(threads, len(jobs)))) as ex:
+                list(ex.map(lambda j: _pwrite(*j), jobs))
+            with ThreadPoolExecutor(max(1, len(fds))) as ex: list(ex.map(os.fsync, fds.values()))
+            sums = {k: f.result() for k, f in sums.items()}
+        finally:
+            for fd in fds.values(): os.close(fd)
+    return {p: _file_meta(p, parts, sums, piece) for p, parts in plans.items()}
 
 def _offsets(parts:list) -> list[int]:
     "Where each part starts in its file."
@@ -89,6 +115,39 @@ def _offsets(parts:list) -> list[int]:
 def write_tensors(path:Path, tensors:dict[str, torch.Tensor], metadata:dict|None=None) -> dict:
     "Write `tensors` as the safetensors file `path`, synced; its size and sha256."
     return write_files({Path(path): (tensors, metadata)})[Path(path)]
+
+# %% ../../nbs/04ab_tensorfile.ipynb #1285235f
+def sha256_range(path:Path, start:int=0, n:int|None=None, chunk:int=1 << 24) -> str:
+    "Hex sha256 of `n` bytes of file `path` from `start` (to its end by default)."
+    h, left = hashlib.sha256(), float('inf') if n is None else n
+    with open(path, 'rb', buffering=0) as f:
+        f.seek(start)
+        while left > 0 and (b := f.read(int(min(chunk, left)))):
+            h.update(b)
+            left -= len(b)
+    return h.hexdigest()
+
+def disk_meta(path:Path, piece:int|None=None) -> dict:
+    "The manifest entry of a file on disk, read once: size, sha256 and, over `piece` bytes, its pieces'."
+    piece, whole, cur, pieces, at = piece or PIECE, hashlib.sha256(), hashlib.sha256(), [], 0
+    with open(path, 'rb', buffering=0) as f:
+        while b := f.read(min(1 << 24, piece - at % piece)):  # never across a piece's end
+            for h in (whole, cur): h.update(b)
+            at += len(b)
+            if at % piece == 0: pieces, cur = pieces + [cur.hexdigest()], hashlib.sha256()
+    if at % piece: pieces.append(cur.hexdigest())
+    return dict(size=at, sha256=whole.hexdigest(), **(dict(piece=piece, pieces=pieces) if at > piece else {}))
+
+def check_hashes(files:dict[Path, dict], # each file and its manifest entry
+                 threads:int|None=None) -> Path|None:
+    "The first of `files` whose bytes differ from its entry (None: all match), every piece hashed at once."
+    jobs = [(p, i*m['piece'], m['piece'], h) for p, m in files.items()
+            for i, h in enumerate(m.get('pieces', []))]
+    jobs += [(p, 0, None, m['sha256']) for p, m in files.items() if 'pieces' not in m]
+    jobs.sort(key=lambda j: -(files[j[0]]['size'] if j[2] is None else j[2]))  # the longest first
+    with ThreadPoolExecutor(max(1, min(threads or os.cpu_count() or 1, 16, len(jobs)))) as ex:
+        sums = list(ex.map(lambda j: sha256_range(*j[:3]), jobs))
+    return next((j[0] for j, s in zip(jobs, sums) if s != j[3]), None)
 
 # %% ../../nbs/04ab_tensorfile.ipynb #a5d1456d
 def flatten_state(osd:dict) -> tuple[dict[str, torch.Tensor], dict]:

@@ -7,12 +7,11 @@ Docs: https://lmbook.github.io/lmbook/formats.html.md"""
 # %% ../../../nbs/04ba_formats.ipynb #ada4e8a6
 from __future__ import annotations
 import json, pickle, random, sys, warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from ...core import sha256_file
+from ..tensorfile import check_hashes
 from ...data.tokenizer import load_tokenizer
 from ...rundir import BEST
 
@@ -61,13 +60,9 @@ def verify_checkpoint(path:Path, hashes:bool=True) -> dict:
         if p.stat().st_size != meta['size']: raise CheckpointError(f"{p} has {p.stat().st_size} bytes, "
                                                                    f"expected {meta['size']}")
     if not hashes: return man
-    # every file hashed at once (hashlib lets go of the GIL): a resume waits for the largest file, not the sum
-    names = sorted(man['files'], key=lambda n: -man['files'][n]['size'])
-    with ThreadPoolExecutor(max(1, min(8, len(names)))) as ex:
-        sums = dict(zip(names, ex.map(lambda n: sha256_file(path/n), names)))
-    for name, meta in man['files'].items():
-        if sums[name] != meta['sha256']:
-            raise CheckpointError(f"{path/name} does not match its sha256 (corrupt)")
+    # every piece of every file hashed at once (hashlib lets go of the GIL), the cores sharing the work
+    if bad := check_hashes({path/n: meta for n, meta in man['files'].items()}):
+        raise CheckpointError(f"{bad} does not match its sha256 (corrupt)")
     return man
 
 # %% ../../../nbs/04ba_formats.ipynb #613b06d3

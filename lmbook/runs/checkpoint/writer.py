@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Callable
 import torch
 import torch.distributed as dist
-from ...core import sha256_file
 from ...distributed import DistInfo, all_reduce, barrier
-from ..tensorfile import flatten_state, split_tensors, write_files
+from ..tensorfile import disk_meta, flatten_state, split_tensors, write_files
 from .formats import CheckpointError, CheckpointSpaceError, MODEL_SHARDS, OPTIM_SHARDS
 from .formats import ckpt_name, dedupe, full_state, list_checkpoints, rng_state
 from .formats import save_shards, sharded_state, single_process, verify_checkpoint
@@ -93,7 +92,7 @@ def _torch_save(obj, path:Path):
     torch.save(obj, path)
     _fsync(path)
 
-def _file_meta(p:Path) -> dict: return dict(size=p.stat().st_size, sha256=sha256_file(p))
+def _file_meta(p:Path) -> dict: return disk_meta(p)  # its size, sha256 and pieces' sha256s
 
 def _files(folder:Path) -> list[str]:
     "The files in `folder` and its subfolders (a sharded checkpoint's parts), by relative name, sorted."
