@@ -168,3 +168,11 @@ def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
     assert 'the final val_loss of adamw@6e-3 (8 steps' in text and 'muon@0.5@3e-3: 4 steps' in text, text
     bad = run('--arm', 'adam@1', '--tiny')
     assert bad.returncode != 0 and 'write adamw@LR' in bad.stderr
+    first = []  # --seed sets the model's first weights: step 0's validation loss differs
+    for seed in ('1', '2'):
+        out = tmp_path/f'seed{seed}.jsonl'
+        p = run('--arm', 'adamw@6e-3', '--tiny', '--steps', '1', '--batch-size', '4', '--eval-every', '1',
+                '--eval-batches', '2', '--workspace', str(ws), '--seed', seed)
+        assert p.returncode == 0, p.stderr[-1500:]
+        first.append(json.loads(out.read_text().splitlines()[0])['val_loss'])
+    assert first[0] != first[1], first

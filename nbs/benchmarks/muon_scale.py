@@ -7,7 +7,7 @@ Arms, each a SPEC (one process each, `--arm SPEC`; muon_scale.sh runs them side 
   muon@F@LR@fp8       the same with fp8=tensorwise.
 Every arm trains the profile's model (`runpod_1b` by default) at micro-batch B x its block, accumulation 1 (or
 --grad-accum; the profile ships with 16 x 8), warmup over a tenth of its steps then a cosine decay to 10%, on the
-same real tokens in the same order (tokens.py), with the same seed and the same validation batches. Rows as in time_to_loss.py: one every EVAL_EVERY steps (run,
+same real tokens in the same order (tokens.py), with the same seed (--seed) and the same validation batches. Rows as in time_to_loss.py: one every EVAL_EVERY steps (run,
 step, tokens, train_s without compilation and evaluation, val_loss), and a last one per arm.
 
 Verdict (`--verdict`): the target is the lowest final validation loss of the AdamW arms (the tuned AdamW); for
@@ -57,6 +57,7 @@ def main():
     tokens.add_arm_options(ap, 'runpod_1b', 1600, 16, 120)
     ap.add_argument('--arm', help='the arm this process trains (a SPEC)')
     ap.add_argument('--muon-lr', type=float, default=0.02, help="Muon's peak learning rate (matrices)")
+    ap.add_argument('--seed', type=int, default=1337, help="the model's initial weights (the batches keep their order)")
     a = ap.parse_args()
     if a.verdict: return print(verdict(a.out))
     if not a.prepare and not a.arm: ap.error('--arm is needed (or --prepare / --verdict)')
@@ -71,7 +72,7 @@ def main():
                 **({'fp8': 'off'} if sets.get('fp8') else {})) if a.tiny else {}
     cfg = get_config(a.profile, {**sets, 'batch_size': a.batch_size, 'grad_accum': a.grad_accum, 'max_steps': steps,
                                  'warmup_steps': max(1, steps//10), 'schedule': 'cosine', 'min_lr_ratio': 0.1,
-                                 'muon_lr': a.muon_lr, **tiny})
+                                 'muon_lr': a.muon_lr, 'seed': a.seed, **tiny})
     _, e = run(a.arm, cfg, train, val, a.eval_every, a.eval_batches, a.out)
     print(f"{a.arm}: {steps} steps, {e['train_s']:.1f}s, val_loss {e['final_val_loss']}", flush=True)
 
