@@ -253,8 +253,9 @@ def spawn(profile:str, # profile name or config file
     cmd = worker_cmd(profile, experiment, overrides, nproc, root, torchrun_args)
     if not (prepare_only or checked):  # before any work
         cfg = get_config(profile, dict(overrides or {}, **({} if nproc is None else dict(nproc=nproc))))
-        read_ahead(cfg, experiment, root)
-        if note := check_hardware(cfg, profile, torchrun_args): yield note
+        note = check_hardware(cfg, profile, torchrun_args)
+        read_ahead(cfg, experiment, root)  # a run the check refused reads nothing
+        if note: yield note
     # the child's whole environment, passed on; torchrun (2.9 and later) passes SIGUSR1 on to its workers too
     e = dict(os.environ, PYTHONUNBUFFERED='1', PET_SIGNALS_TO_HANDLE=TORCHRUN_SIGNALS, **(env or {}))
     cmds = [] if prepare_only else [cmd]
