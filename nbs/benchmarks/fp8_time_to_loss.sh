@@ -11,7 +11,9 @@
 # Both on the same real tokens with the same first validation sequences (as many for each); the verdict says when fp8
 # first reaches bf16's final validation loss. Two GPUs of one host run both arms at once (about 8 minutes); one GPU
 # runs them one after the other; CUDA_VISIBLE_DEVICES picks the GPUs. torchao comes as a wheel in .whl/ where no
-# package index is reachable.
+# package index is reachable. ARMS_LIMIT_S stops the arms after that many seconds so that the verdict still runs
+# in a call of limited time (runpod_1b-equal took about 10.5 minutes: ARMS_LIMIT_S=520 in a call of ten); an fp8
+# arm stopped early still gives the step at which it reached bf16's loss.
 seed=${1:-1337}; profile=${2:-runpod_2b}; bacc=1; bsteps=1500; bevery=100
 case $profile in
   runpod_2b) bmb=8; fmb=16; fsteps=960 ;;
@@ -22,6 +24,7 @@ esac
 needs='torchao'
 source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 out=${OUT:-.}/fp8-time-to-loss-$profile-seed$seed.jsonl; P=nbs/benchmarks/fp8_parity.py
+limit="timeout ${ARMS_LIMIT_S:-0}"  # 0: no limit
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 python3 -c "import torch, torchao; print('torch', torch.__version__, 'torchao', torchao.__version__)"
 python3 $P "$out" --prepare --profile ${profile%-equal} --workspace "$tmp/ws"
@@ -31,11 +34,11 @@ common="--seed $seed --profile ${profile%-equal} --workspace $tmp/ws"
 gpus=(${CUDA_VISIBLE_DEVICES//,/ })  # the GPUs given (two seeds at once on four GPUs: 0,1 and 2,3), else all
 [ ${#gpus[@]} -gt 0 ] || gpus=($(seq 0 $(($(nvidia-smi -L | wc -l) - 1))))
 if [ ${#gpus[@]} -ge 2 ]; then
-  CUDA_VISIBLE_DEVICES=${gpus[0]} python3 $P "$out" $bf16 $common > "${OUT:-.}/bf16-seed$seed.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=${gpus[1]} python3 $P "$out" $fp8 $common > "${OUT:-.}/fp8-seed$seed.log" 2>&1 &
-  wait
+  CUDA_VISIBLE_DEVICES=${gpus[0]} $limit python3 $P "$out" $bf16 $common > "${OUT:-.}/bf16-seed$seed.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=${gpus[1]} $limit python3 $P "$out" $fp8 $common > "${OUT:-.}/fp8-seed$seed.log" 2>&1 &
+  wait || true
 else
-  python3 $P "$out" $bf16 $common
-  python3 $P "$out" $fp8 $common
+  $limit python3 $P "$out" $bf16 $common || true
+  $limit python3 $P "$out" $fp8 $common || true
 fi
 python3 $P "$out" --verdict
