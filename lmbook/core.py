@@ -352,11 +352,16 @@ def git_commit(path:Path|None=None) -> str|None:
         return r.stdout.strip() or None if r.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired): return None
 
-def sha256_file(path:Path, chunk:int=1<<24) -> str:
+def sha256_file(path:Path, chunk:int=1<<24,
+                start:int=0, n:int|None=None, # only `n` bytes from `start` (a checkpoint file's piece)
+               ) -> str:
     "Hex SHA-256 of a file, read in chunks (shards, token files, checkpoints)."
-    h = hashlib.sha256()
+    h, left = hashlib.sha256(), float('inf') if n is None else n
     with open(path, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
+        f.seek(start)
+        while left > 0 and (b := f.read(int(min(chunk, left)))):
+            h.update(b)
+            left -= len(b)
     return h.hexdigest()
 
 def environment_info() -> dict:

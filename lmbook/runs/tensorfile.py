@@ -10,10 +10,11 @@ import hashlib, json, os, struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
+from ..core import sha256_file
 
 # %% auto #0
-__all__ = ['CHUNK', 'DTYPES', 'PIECE', 'raw_bytes', 'layout', 'write_files', 'write_tensors', 'sha256_range', 'disk_meta',
-           'check_hashes', 'flatten_state', 'unflatten_state', 'split_tensors']
+__all__ = ['CHUNK', 'DTYPES', 'PIECE', 'raw_bytes', 'layout', 'write_files', 'write_tensors', 'disk_meta', 'check_hashes',
+           'flatten_state', 'unflatten_state', 'split_tensors']
 
 # %% ../../nbs/04ab_tensorfile.ipynb #98e9bbbd
 CHUNK = 64 << 20  # bytes handed to the kernel in one write
@@ -68,7 +69,8 @@ def _hash_jobs(path:Path, parts:list, piece:int) -> list[tuple]:
 
 def _file_meta(path:Path, parts:list, sums:dict, piece:int) -> dict:
     "A manifest's entry: size, sha256 and, over `piece` bytes, the piece size and each piece's sha256."
-    size, n = sum(len(b) for b in parts), sum(1 for k in sums if k[0] == path and k[1] is not None)
+    size = sum(len(b) for b in parts)
+    n = -(-size//piece) if size > piece else 0  # as `_hash_jobs` cut it
     return dict(size=size, sha256=sums[path, None],
                 **(dict(piece=piece, pieces=[sums[path, i] for i in range(n)]) if n else {}))
 
@@ -117,16 +119,6 @@ def write_tensors(path:Path, tensors:dict[str, torch.Tensor], metadata:dict|None
     return write_files({Path(path): (tensors, metadata)})[Path(path)]
 
 # %% ../../nbs/04ab_tensorfile.ipynb #1285235f
-def sha256_range(path:Path, start:int=0, n:int|None=None, chunk:int=1 << 24) -> str:
-    "Hex sha256 of `n` bytes of file `path` from `start` (to its end by default)."
-    h, left = hashlib.sha256(), float('inf') if n is None else n
-    with open(path, 'rb', buffering=0) as f:
-        f.seek(start)
-        while left > 0 and (b := f.read(int(min(chunk, left)))):
-            h.update(b)
-            left -= len(b)
-    return h.hexdigest()
-
 def disk_meta(path:Path, piece:int|None=None) -> dict:
     "The manifest entry of a file on disk, read once: size, sha256 and, over `piece` bytes, its pieces'."
     piece, whole, cur, pieces, at = piece or PIECE, hashlib.sha256(), hashlib.sha256(), [], 0
@@ -146,7 +138,7 @@ def check_hashes(files:dict[Path, dict], # each file and its manifest entry
     jobs += [(p, 0, None, m['sha256']) for p, m in files.items() if 'pieces' not in m]
     jobs.sort(key=lambda j: -(files[j[0]]['size'] if j[2] is None else j[2]))  # the longest first
     with ThreadPoolExecutor(max(1, min(threads or os.cpu_count() or 1, 16, len(jobs)))) as ex:
-        sums = list(ex.map(lambda j: sha256_range(*j[:3]), jobs))
+        sums = list(ex.map(lambda j: sha256_file(j[0], start=j[1], n=j[2]), jobs))
     return next((j[0] for j, s in zip(jobs, sums) if s != j[3]), None)
 
 # %% ../../nbs/04ab_tensorfile.ipynb #a5d1456d
