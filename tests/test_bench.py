@@ -166,6 +166,15 @@ def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
         assert p.returncode == 0, p.stderr[-1500:]
     text = run('--verdict').stdout
     assert 'the final val_loss of adamw@6e-3 (8 steps' in text and 'muon@0.5@3e-3: 4 steps' in text, text
+    stopped = tmp_path/'stopped.jsonl'  # no AdamW arm finished: a stopped one's last row is the target
+    row = lambda run, step, s, loss: json.dumps(dict(run=run, step=step, train_s=s, val_loss=loss))
+    stopped.write_text('\n'.join([row('adamw@3e-4', 0, 0.0, 10.8), row('adamw@3e-4', 90, 160.0, 6.1),
+                                  row('muon@0.7@9e-4', 20, 40.0, 5.8)]) + '\n')
+    text = subprocess.run([sys.executable, str(script), str(stopped), '--verdict'], env=env,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert 'target: 6.1, the last val_loss of adamw@3e-4, stopped at step 90' in text, text
+    assert ('muon@0.7@9e-4: stopped before its end, last row step 20; reached it at step 20, 40.0s: 0.25x'
+            in text), text
     bad = run('--arm', 'adam@1', '--tiny')
     assert bad.returncode != 0 and 'write adamw@LR' in bad.stderr
     first = []  # --seed sets the model's first weights: step 0's validation loss differs

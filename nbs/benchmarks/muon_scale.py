@@ -12,7 +12,8 @@ step, tokens, train_s without compilation and evaluation, val_loss), and a last 
 
 Verdict (`--verdict`): the target is the lowest final validation loss of the AdamW arms (the tuned AdamW); for
 every arm, the training time at which it first reached the target, against the whole training time of the AdamW
-arm that set it. The goal for Muon: at most 0.6x.
+arm that set it. The goal for Muon at 1B: at most 0.8x. An arm stopped before its end (muon_scale.sh's
+ARMS_LIMIT_S) still gives the step at which it reached the target.
 
 Usage (repo root): python3 nbs/benchmarks/muon_scale.py OUT.jsonl --prepare --workspace WS
                    python3 nbs/benchmarks/muon_scale.py OUT.jsonl --arm SPEC --workspace WS [--steps 1600]
@@ -34,20 +35,29 @@ def arm_settings(spec:str, steps:int) -> tuple[int, dict]:
 
 
 def verdict(out:Path) -> str:
-    "Each arm's time to the tuned AdamW's final validation loss, against that AdamW's whole time."
+    """Each arm's time to the tuned AdamW's final validation loss, against that AdamW's whole time. Where no AdamW
+    arm finished, the target is the best last validation loss of those stopped early, at their time then."""
     rows = [json.loads(l) for l in open(out) if l.strip()]
     ends = {r['run']: r for r in rows if r.get('summary')}
-    adamw = {n: e for n, e in ends.items() if n.startswith('adamw')}
-    if not adamw: return 'no AdamW arm has finished: no target'
-    best = min(adamw, key=lambda n: adamw[n]['final_val_loss'])
-    target, base = adamw[best]['final_val_loss'], adamw[best]['train_s']
-    lines = [f"target: {target}, the final val_loss of {best} ({adamw[best]['max_steps']} steps, {base:.1f}s)"]
-    for n, e in ends.items():
-        hit = next((r for r in rows if r.get('run') == n and not r.get('summary') and r['val_loss'] <= target), None)
+    mine = {n: [r for r in rows if r['run'] == n and not r.get('summary')]
+            for n in dict.fromkeys(r['run'] for r in rows)}
+    adamw = {n: (e['final_val_loss'], e['train_s'], f"the final val_loss of {n} ({e['max_steps']} steps, "
+                 f"{e['train_s']:.1f}s)") for n, e in ends.items() if n.startswith('adamw')}
+    if not adamw:  # no AdamW arm finished: those stopped early give their last row
+        adamw = {n: (rs[-1]['val_loss'], rs[-1]['train_s'], f"the last val_loss of {n}, stopped at step "
+                     f"{rs[-1]['step']} ({rs[-1]['train_s']:.1f}s)") for n, rs in mine.items()
+                 if n.startswith('adamw') and rs and rs[-1]['step'] > 0}
+    if not adamw: return 'no AdamW arm has a validation row after step 0: no target'
+    target, base, what = min(adamw.values())
+    lines = [f"target: {target}, {what}"]
+    for n, rs in mine.items():  # every arm in the order it ran, stopped early or not
+        hit = next((r for r in rs if r['val_loss'] <= target), None)
         when = (f"reached it at step {hit['step']}, {hit['train_s']:.1f}s: {hit['train_s']/base:.2f}x"
                 if hit else 'did not reach it')
-        lines.append(f"{n}: {e['max_steps']} steps, {e['train_s']:.1f}s, final val_loss {e['final_val_loss']}; "
-                     f"{when}; {e['card']}")
+        e = ends.get(n)
+        end = (f"{e['max_steps']} steps, {e['train_s']:.1f}s, final val_loss {e['final_val_loss']}; {e['card']}"
+               if e else f"stopped before its end, last row step {rs[-1]['step'] if rs else '-'}")
+        lines.append(f"{n}: {end}; {when}")
     return '\n'.join(lines)
 
 

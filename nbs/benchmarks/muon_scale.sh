@@ -7,7 +7,9 @@
 # (1; at 8, the profile's own tokens a step, each step takes about eight times as long). SEED: the model's initial
 # weights (1337). Validation every twentieth of the steps. At the profile's tokens, two arms a call of ten minutes:
 #   bash nbs/benchmarks/muon_scale.sh 200 adamw@3e-4,muon@0.55@9e-4 8 7   (two GPUs; about 7 minutes by the step
-#   times of 2026-11-27: 0.21 s a micro-step, 0.17 s for Muon's orthogonalisation)
+#   times of 2026-11-27: 0.21 s a micro-step, 0.17 s for Muon's orthogonalisation). ARMS_LIMIT_S stops each arm
+#   after that many seconds so that the verdict still runs in a call of limited time (an arm stopped early still
+#   gives the step at which it reached the target).
 source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 steps=${1:-1600}; arms=${2:-adamw@3e-4,adamw@6e-4,muon@0.55@9e-4,muon@0.55@9e-4@fp8}; accum=${3:-1}; seed=${4:-1337}
 every=$(( steps/20 > 1 ? steps/20 : 1 ))
@@ -18,9 +20,9 @@ n=$(nvidia-smi -L | wc -l)
 IFS=, read -ra list <<< "$arms"
 for g in $(seq 0 $((n - 1))); do     # GPU g runs arms g, g+n, g+2n, ... one after another
   (for ((k = g; k < ${#list[@]}; k += n)); do
-     CUDA_VISIBLE_DEVICES=$g python3 $P "$out" --arm "${list[$k]}" --steps "$steps" --grad-accum "$accum" --seed "$seed" \
-       --eval-every "$every" --workspace "$tmp/ws" \
-       > "${OUT:-.}/muon-arm-$k.log" 2>&1
+     CUDA_VISIBLE_DEVICES=$g timeout ${ARMS_LIMIT_S:-0} python3 $P "$out" --arm "${list[$k]}" --steps "$steps" \
+       --grad-accum "$accum" --seed "$seed" --eval-every "$every" --workspace "$tmp/ws" \
+       > "${OUT:-.}/muon-arm-$k.log" 2>&1 || true  # the next arm runs
    done) &
 done
 wait
