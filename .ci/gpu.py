@@ -55,6 +55,7 @@ ROWS = [
     Row('fp8-auto', 'train', dict(fp8='auto'), expect=dict(fp8='tensorwise')),
     Row('fp8-tensorwise', 'train', dict(fp8='tensorwise'), expect=dict(fp8='tensorwise')),
     Row('fp8-rowwise', 'train', dict(fp8='rowwise'), expect=dict(fp8='rowwise')),
+    Row('fp8-warm-start', 'warm', dict(fp8='tensorwise', compile='true'), expect=dict(fp8='tensorwise')),
     Row('act_ckpt-none', 'train', dict(act_ckpt='none'), expect=dict(act_ckpt='none')),
     Row('act_ckpt-selective', 'train', dict(act_ckpt='selective'), expect=dict(act_ckpt='selective')),
     Row('act_ckpt-full', 'train', dict(act_ckpt='full'), expect=dict(act_ckpt='full')),
@@ -160,6 +161,22 @@ def run_train(row:Row, ws:Path, out:Path) -> dict:
     check('ignored' not in p.stdout + p.stderr, f"a lever was ignored: {(p.stdout + p.stderr)[-400:]}")
     if row.overrides.get('batch_fit'): check('batch_fit: micro-batch' in p.stdout, 'no batch_fit line')
     return dict(trained(run), levers=levers)
+
+
+def run_warm(row:Row, ws:Path, out:Path) -> dict:
+    "Two experiments of one config on one workspace, a process each: the second finds every compiled graph."
+    notes = []
+    for name in (f'{row.name}-a', f'{row.name}-b'):
+        run_ok(lmbook(ws, 'train', '-p', 'smoke', '-e', name, *sets({**TINY, **row.overrides}),
+                      log=out/f'{name}.log'), f'lmbook train ({name})')
+        meta = json.loads((ws/'runs'/name/'meta.json').read_text())
+        for k, v in row.expect.items():
+            check(meta.get('levers', {}).get(k) == v, f"{name} used {k}={meta.get('levers', {}).get(k)!r}")
+        notes.append(meta['startup']['notes'].get('first step', ''))
+    second = notes[1]  # e.g. 'compile cache: graphs 3 found; autograd 1 found'
+    check('autograd' in second and not re.search('compiled|not cacheable', second),
+          f"the second start's compile cache: {second!r} (the first's: {notes[0]!r})")
+    return dict(trained(ws/'runs'/f'{row.name}-b'), notes=notes)
 
 
 def tiny_llama_folder(ws:Path) -> Path:
@@ -549,7 +566,7 @@ def run_guard(row:Row, ws:Path, out:Path) -> dict:
 
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
                serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard,
-               nodes=run_nodes)
+               nodes=run_nodes, warm=run_warm)
 LOCK = threading.Lock()
 SINK: list[Path] = []  # the JSON lines file each row's record is added to as soon as the row ends
 
