@@ -12,11 +12,13 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
 from ..config import Config
+from ..core import env_var
 from .gpt import liger_flce, flex
 
 # %% auto #0
-__all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'fp8_recipe', 'apply_fp8', 'keep_matmuls', 'checkpointed',
-           'apply_act_ckpt', 'loss_kernel', 'attention_kernel', 'lever_report']
+__all__ = ['SAVED_OPS', 'fp8_support', 'fp8_eligible', 'convert_fp8', 'fp8_recipe', 'apply_fp8', 'cacheable_calls',
+           'cacheable_fp8', 'keep_matmuls', 'checkpointed', 'apply_act_ckpt', 'loss_kernel', 'attention_kernel',
+           'lever_report']
 
 # %% ../../nbs/03d_levers.ipynb #fe6c9e32
 def fp8_support(device:str,
@@ -45,6 +47,7 @@ def convert_fp8(model:nn.Module, recipe:str) -> int:
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())
     convert_to_float8_training(model, module_filter_fn=fp8_eligible,
                                config=Float8LinearConfig.from_recipe_name(recipe))
+    cacheable_fp8()  # so that a warm start finds the float8 graphs (below)
     return n
 
 # %% ../../nbs/03d_levers.ipynb #32cf8b96
@@ -67,6 +70,38 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
         return 'off'
     convert_fp8(model, recipe)
     return recipe
+
+# %% ../../nbs/03d_levers.ipynb #1298e690
+def cacheable_calls(functions, # autograd.Function classes the compiled graphs call
+                    classes, # qualified names of classes the graphs build, e.g. a library's config tuples
+                    key:str, # what the cached graphs depend on besides torch: the library's version
+                   ) -> bool:
+    "Let AOTAutograd's cache keep graphs that call `functions` and build `classes`; False where torch cannot."
+    # the compiler's settings: imported only where a model is made cacheable
+    from torch._functorch import config as aot
+    from torch._inductor import config as inductor
+    if not (hasattr(aot, 'autograd_cache_allow_custom_autograd_functions')
+            and hasattr(inductor, 'unsafe_marked_cacheable_functions')): return False
+    for f in functions: torch._dynamo.disallow_in_graph(f)  # traced through: forward, backward in the graph
+    aot.autograd_cache_allow_custom_autograd_functions = True
+    marked = dict.fromkeys(classes, key)
+    inductor.unsafe_marked_cacheable_functions = {**inductor.unsafe_marked_cacheable_functions, **marked}
+    return True
+
+def cacheable_fp8(env:dict|None=None) -> bool:
+    "Make torchao's float8 graphs cacheable; False with LMBOOK_FP8_GRAPH_CACHE=0 or another torchao."
+    if env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) == '0': return False
+    try:  # optional: float8 through torchao
+        import torchao
+        from torchao.float8 import config as c, float8_linear as fl, float8_training_tensor as t
+        from torchao.float8 import float8_scaling_utils as s
+        functions = (t._ToFloat8ConstrFunc, t._FromFloat8ConstrFunc, s.NoopFwToFloat8BwDynamic,
+                     fl.matmul_with_hp_or_float8_args)
+        classes = (t.ScaledMMConfig, t.LinearMMConfig, c.CastConfig, c.Float8GemmConfig, c.Float8LinearConfig,
+                   t.Float8TrainingTensor)  # built in the graph of a forward without gradients (validation)
+    except (ImportError, AttributeError): return False  # a torchao without these: its graphs stay as they are
+    names = [f'{k.__module__}.{k.__qualname__}' for k in classes]
+    return cacheable_calls(functions, names, f'torchao {torchao.__version__}')
 
 # %% ../../nbs/03d_levers.ipynb #ae68e129
 _aten = torch.ops.aten

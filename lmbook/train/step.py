@@ -15,7 +15,6 @@ from ..config import Config
 from ..model.gpt import keep_apart
 from .optim import make_optimizer
 from ..model.levers import apply_act_ckpt, apply_fp8
-from .warmstart import cacheable_fp8
 from ..distributed import DistInfo, SHARDED, grad_sync, unwrap, wrap_model
 
 # %% auto #0
@@ -90,7 +89,6 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     fp8 = apply_fp8(model, lv.fp8, dev)  # float8 linear layers go in before compile and wrapping
     apply_act_ckpt(model, lv.act_ckpt)  # so does activation checkpointing, per block
     if resolve_compile(lv.compile, dev):
-        if fp8 != 'off': cacheable_fp8()  # so that a warm start finds the float8 graphs (warmstart)
         keep_apart()  # the loss and 4-bit kernels stay outside the compiled graphs
         # each block on its own (FSDP2 shards per block): the others reuse the first one's compiled code
         if lv.compile == 'blocks' or (info.distributed and parallel in SHARDED):

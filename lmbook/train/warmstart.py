@@ -17,8 +17,7 @@ from ..data.mixture import sources_dir
 
 # %% auto #0
 __all__ = ['COMPILE_CACHE', 'FIT_CACHE', 'shared_cache', 'torch_default_cache', 'use_compile_cache', 'card_name', 'software',
-           'fit_key', 'fit_file', 'cached_fit', 'save_fit', 'compile_counts', 'compile_note', 'cacheable_calls',
-           'cacheable_fp8', 'StartClock']
+           'fit_key', 'fit_file', 'cached_fit', 'save_fit', 'compile_counts', 'compile_note', 'StartClock']
 
 # %% ../../nbs/05ca_warmstart.ipynb #1913fb5a
 COMPILE_CACHE, FIT_CACHE = '_compile', '_fit'  # folders of `cache/` that every experiment shares
@@ -124,37 +123,6 @@ def compile_note(before:dict) -> str:
         if got: said.append(f"{name} {', '.join(got)}")
     return f"compile cache: {'; '.join(said)}" if said else ''
 
-
-# %% ../../nbs/05ca_warmstart.ipynb #bdd8c853
-def cacheable_calls(functions, # autograd.Function classes the compiled graphs call
-                    classes, # qualified names of classes the graphs build, e.g. a library's config tuples
-                    key:str, # what the cached graphs depend on besides torch: the library's version
-                   ) -> bool:
-    "Let AOTAutograd's cache keep graphs that call `functions` and build `classes`; False where torch cannot."
-    from torch._functorch import config as aot
-    from torch._inductor import config as inductor
-    if not (hasattr(aot, 'autograd_cache_allow_custom_autograd_functions')
-            and hasattr(inductor, 'unsafe_marked_cacheable_functions')): return False
-    for f in functions: torch._dynamo.disallow_in_graph(f)  # traced through: forward and backward in the graph
-    aot.autograd_cache_allow_custom_autograd_functions = True
-    marked = dict.fromkeys(classes, key)
-    inductor.unsafe_marked_cacheable_functions = {**inductor.unsafe_marked_cacheable_functions, **marked}
-    return True
-
-def cacheable_fp8(env:dict|None=None) -> bool:
-    "Make torchao's float8 training graphs cacheable; False with LMBOOK_FP8_GRAPH_CACHE=0 or another torchao."
-    if env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) == '0': return False
-    try:
-        import torchao
-        from torchao.float8 import config as c, float8_linear as fl, float8_training_tensor as t
-        from torchao.float8 import float8_scaling_utils as s
-        functions = (t._ToFloat8ConstrFunc, t._FromFloat8ConstrFunc, s.NoopFwToFloat8BwDynamic,
-                     fl.matmul_with_hp_or_float8_args)
-        classes = (t.ScaledMMConfig, t.LinearMMConfig, c.CastConfig, c.Float8GemmConfig, c.Float8LinearConfig,
-                   t.Float8TrainingTensor)  # built in the graph of a forward without gradients (validation)
-    except (ImportError, AttributeError): return False  # a torchao without these: its graphs stay as they are
-    names = [f'{k.__module__}.{k.__qualname__}' for k in classes]
-    return cacheable_calls(functions, names, f'torchao {torchao.__version__}')
 
 # %% ../../nbs/05ca_warmstart.ipynb #6dac1ff1
 class StartClock:
