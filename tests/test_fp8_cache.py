@@ -1,6 +1,7 @@
-"""A float8 model's compiled graphs go into AOTAutograd's cache (`levers.cacheable_fp8`): a second process finds
-its training and validation graphs, with the same numbers as torchao's own uncached graphs; LMBOOK_FP8_GRAPH_CACHE=0
-leaves them uncached. torchao's float8 runs on the CPU; each start is its own process, as a warm start is."""
+"""A float8 model's compiled graphs go into AOTAutograd's cache (`levers.cacheable_fp8`): a second process
+finds its training and validation graphs, with the same numbers as torchao's own uncached graphs;
+LMBOOK_FP8_GRAPH_CACHE=0 leaves them uncached. torchao's float8 runs on the CPU; each start is its own
+process, as a warm start is, and converts a model before its own, as the micro-batch fit's trials do."""
 import json, os, subprocess, sys
 import pytest
 from conftest import ROOT
@@ -11,6 +12,7 @@ START = """
 import json, sys, torch
 from torch._dynamo.utils import counters
 from lmbook.model.levers import convert_fp8
+convert_fp8(torch.nn.Sequential(torch.nn.Linear(64, 64)), 'tensorwise')  # an earlier model, as a fit's trial
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
 convert_fp8(model, 'tensorwise')

@@ -72,6 +72,8 @@ def apply_fp8(model:nn.Module, # the plain GPT, before compile and DDP/FSDP2 wra
     return recipe
 
 # %% ../../nbs/03d_levers.ipynb #1298e690
+_TRACED_THROUGH: set = set()  # the Functions dynamo traces through in this process (asking twice: an error)
+
 def cacheable_calls(functions, # autograd.Function classes the compiled graphs call
                     classes, # qualified names of classes the graphs build, e.g. a library's config tuples
                     key:str, # what the cached graphs depend on besides torch: the library's version
@@ -82,7 +84,9 @@ def cacheable_calls(functions, # autograd.Function classes the compiled graphs c
     from torch._inductor import config as inductor
     if not (hasattr(aot, 'autograd_cache_allow_custom_autograd_functions')
             and hasattr(inductor, 'unsafe_marked_cacheable_functions')): return False
-    for f in functions: torch._dynamo.disallow_in_graph(f)  # traced through: forward, backward in the graph
+    for f in set(functions) - _TRACED_THROUGH:  # a process converts models more than once (the fit's trials)
+        torch._dynamo.disallow_in_graph(f)  # traced through: forward and backward go in the graph
+    _TRACED_THROUGH.update(functions)
     aot.autograd_cache_allow_custom_autograd_functions = True
     marked = dict.fromkeys(classes, key)
     inductor.unsafe_marked_cacheable_functions = {**inductor.unsafe_marked_cacheable_functions, **marked}
