@@ -56,8 +56,8 @@ ROWS = [
     Row('fp8-tensorwise', 'train', dict(fp8='tensorwise'), expect=dict(fp8='tensorwise')),
     Row('fp8-rowwise', 'train', dict(fp8='rowwise'), expect=dict(fp8='rowwise')),
     # the fit's trials convert a float8 model each; the second start finds the fit and every graph
-    Row('fp8-warm-start', 'warm', dict(fp8='tensorwise', compile='true', batch_fit=True, batch_size=2, grad_accum=8),
-        expect=dict(fp8='tensorwise')),
+    Row('fp8-warm-start', 'warm', dict(fp8='tensorwise', compile='true', batch_fit=True, batch_size=2,
+                                       grad_accum=8), expect=dict(fp8='tensorwise')),
     Row('act_ckpt-none', 'train', dict(act_ckpt='none'), expect=dict(act_ckpt='none')),
     Row('act_ckpt-selective', 'train', dict(act_ckpt='selective'), expect=dict(act_ckpt='selective')),
     Row('act_ckpt-full', 'train', dict(act_ckpt='full'), expect=dict(act_ckpt='full')),
