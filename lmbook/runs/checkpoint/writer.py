@@ -92,7 +92,6 @@ def _torch_save(obj, path:Path):
     torch.save(obj, path)
     _fsync(path)
 
-def _file_meta(p:Path) -> dict: return disk_meta(p)  # its size, sha256 and pieces' sha256s
 
 def _files(folder:Path) -> list[str]:
     "The files in `folder` and its subfolders (a sharded checkpoint's parts), by relative name, sorted."
@@ -165,9 +164,9 @@ def _write_parts(tmp:Path, snap:dict, group=None) -> dict:
 def _hash_parts(tmp:Path, group=None) -> dict:
     "Size and sha256 of a sharded checkpoint's part files, each rank hashing its share (all on every rank)."
     names = [n for n in _files(tmp) if n.startswith((f'{MODEL_SHARDS}/', f'{OPTIM_SHARDS}/'))]
-    if single_process(): return {n: _file_meta(tmp/n) for n in names}
+    if single_process(): return {n: disk_meta(tmp/n) for n in names}
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    try: mine = {n: _file_meta(tmp/n) for n in names[rank::world]}
+    try: mine = {n: disk_meta(tmp/n) for n in names[rank::world]}
     except OSError as e: mine = f"rank {rank}: {type(e).__name__}: {e}"  # told, so that no rank waits for it
     every = [None]*world
     dist.all_gather_object(every, mine, group=group)
@@ -200,7 +199,7 @@ def write_checkpoint(ckpt_dir:Path, # the run's checkpoints folder
                                                       time=time.time(), **({'format': 'sharded'} if shards
                                                                           else {}), **state), indent=1))
         _fsync(tmp/'state.json')
-        files.update({n: _file_meta(tmp/n) for n in _files(tmp) if n not in files})
+        files.update({n: disk_meta(tmp/n) for n in _files(tmp) if n not in files})
         _seal(tmp, step, dict(sorted(files.items())))
         _publish(tmp, final)
     except BaseException as e:
@@ -293,7 +292,7 @@ def link_checkpoint(src:Path, # a complete step checkpoint
         st = dict(json.loads((src/'state.json').read_text()), time=time.time(), **extra)
         (tmp/'state.json').write_text(json.dumps(st, indent=1))
         _fsync(tmp/'state.json')
-        files['state.json'] = _file_meta(tmp/'state.json')
+        files['state.json'] = disk_meta(tmp/'state.json')
         _seal(tmp, man['step'], dict(sorted(files.items())))
         _publish(tmp, final)
     except BaseException:
