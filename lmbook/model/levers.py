@@ -94,7 +94,10 @@ def cacheable_calls(functions, # autograd.Function classes the compiled graphs c
 
 def cacheable_fp8(env:dict|None=None) -> bool:
     "Make torchao's float8 graphs cacheable; False with LMBOOK_FP8_GRAPH_CACHE=0 or another torchao."
-    if env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) == '0': return False
+    said = env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) or '1'
+    if said not in ('0', '1'): raise ValueError(f"LMBOOK_FP8_GRAPH_CACHE={said!r}: write 1 (float8's graphs "
+                                                "cached, the default) or 0 (as torchao makes them)")
+    if said == '0': return False
     try:  # optional: float8 through torchao
         import torchao
         from torchao.float8 import config as c, float8_linear as fl, float8_training_tensor as t
