@@ -153,6 +153,15 @@ def test_fp8_parity_arm_takes_an_accumulation(tmp_path):
     assert [(r['step'], r['tokens']) for r in rows] == [(0, 0), (2, 2*4*64), (4, 4*4*64)]
 
 
+def test_fp8_time_to_loss_refuses_an_unknown_arm(tmp_path):
+    "ARMS picks one arm a call (one GPU, two calls); a misspelt one stops before anything is installed or run."
+    p = subprocess.run(['bash', 'nbs/benchmarks/fp8_time_to_loss.sh', '7', 'runpod_1b-equal'], cwd=ROOT,
+                       env={**os.environ, 'ARMS': 'fp16', 'OUT': str(tmp_path)}, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.strip() == 'fp8_time_to_loss.sh: ARMS=fp16: write both, bf16 or fp8'
+    assert not list(tmp_path.iterdir())
+
+
 def test_muon_scale_arms_and_verdict_on_cpu(tmp_path):
     "Two arms on one prepared workspace, then the verdict: the best AdamW sets the target, each arm is timed."
     script, out, ws = ROOT/'nbs/benchmarks/muon_scale.py', tmp_path/'rows.jsonl', tmp_path/'ws'

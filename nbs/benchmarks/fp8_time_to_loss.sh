@@ -13,7 +13,9 @@
 # runs them one after the other; CUDA_VISIBLE_DEVICES picks the GPUs. torchao comes as a wheel in .whl/ where no
 # package index is reachable. ARMS_LIMIT_S stops the arms after that many seconds so that the verdict still runs
 # in a call of limited time (runpod_1b-equal took about 10.5 minutes: ARMS_LIMIT_S=520 in a call of ten); an fp8
-# arm stopped early still gives the step at which it reached bf16's loss.
+# arm stopped early still gives the step at which it reached bf16's loss. ARMS=bf16 or ARMS=fp8 runs one arm (on the
+# first GPU): one GPU then runs the two arms in two calls back to back on the same machine, the second call's
+# $OUT holding the first call's rows file before it starts (the verdict reads both arms from it).
 seed=${1:-1337}; profile=${2:-runpod_2b}; bacc=1; bsteps=1500; bevery=100
 case $profile in
   runpod_2b) bmb=8; fmb=16; fsteps=960 ;;
@@ -21,6 +23,8 @@ case $profile in
   runpod_1b-equal) bmb=16; bacc=2; bsteps=750; bevery=50; fmb=32; fsteps=947 ;;
   *) echo "fp8_time_to_loss.sh: no arms for $profile: runpod_2b, runpod_1b or runpod_1b-equal" >&2; exit 2 ;;
 esac
+arms=${ARMS:-both}
+case $arms in both|bf16|fp8) ;; *) echo "fp8_time_to_loss.sh: ARMS=$arms: write both, bf16 or fp8" >&2; exit 2 ;; esac
 needs='torchao'
 source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 out=${OUT:-.}/fp8-time-to-loss-$profile-seed$seed.jsonl; P=nbs/benchmarks/fp8_parity.py
@@ -33,12 +37,12 @@ fp8="--arm fp8 --batch-size $fmb --steps $fsteps --eval-every 40 --eval-batches 
 common="--seed $seed --profile ${profile%-equal} --workspace $tmp/ws"
 gpus=(${CUDA_VISIBLE_DEVICES//,/ })  # the GPUs given (two seeds at once on four GPUs: 0,1 and 2,3), else all
 [ ${#gpus[@]} -gt 0 ] || gpus=($(seq 0 $(($(nvidia-smi -L | wc -l) - 1))))
-if [ ${#gpus[@]} -ge 2 ]; then
+if [ "$arms" = both ] && [ ${#gpus[@]} -ge 2 ]; then
   CUDA_VISIBLE_DEVICES=${gpus[0]} $limit python3 $P "$out" $bf16 $common > "${OUT:-.}/bf16-seed$seed.log" 2>&1 &
   CUDA_VISIBLE_DEVICES=${gpus[1]} $limit python3 $P "$out" $fp8 $common > "${OUT:-.}/fp8-seed$seed.log" 2>&1 &
   wait || true
-else
-  $limit python3 $P "$out" $bf16 $common || true
-  $limit python3 $P "$out" $fp8 $common || true
+else  # one after the other on the first GPU, or the one arm asked for
+  [ "$arms" = fp8 ] || CUDA_VISIBLE_DEVICES=${gpus[0]} $limit python3 $P "$out" $bf16 $common || true
+  [ "$arms" = bf16 ] || CUDA_VISIBLE_DEVICES=${gpus[0]} $limit python3 $P "$out" $fp8 $common || true
 fi
 python3 $P "$out" --verdict
