@@ -44,6 +44,7 @@ class Row:
     expect: dict = field(default_factory=dict)     # levers the run must report using (meta.json `levers`)
     after: tuple = ()                             # rows whose runs this one reads
     gpus: int = 1                                 # GPUs it needs
+    env: dict = field(default_factory=dict)       # environment variables its runs set
 
 
 ATTN = ('sdpa', 'auto', 'cudnn', 'flash', 'efficient', 'math')
@@ -55,9 +56,11 @@ ROWS = [
     Row('fp8-auto', 'train', dict(fp8='auto'), expect=dict(fp8='tensorwise')),
     Row('fp8-tensorwise', 'train', dict(fp8='tensorwise'), expect=dict(fp8='tensorwise')),
     Row('fp8-rowwise', 'train', dict(fp8='rowwise'), expect=dict(fp8='rowwise')),
-    # the fit's trials convert a float8 model each; the second start finds the fit and every graph
+    # the fit's trials convert a float8 model each; with float8's graph cache asked for, the second start
+    # finds the fit and every graph
     Row('fp8-warm-start', 'warm', dict(fp8='tensorwise', compile='true', batch_fit=True, batch_size=2,
-                                       grad_accum=8), expect=dict(fp8='tensorwise')),
+                                       grad_accum=8), expect=dict(fp8='tensorwise'),
+        env=dict(LMBOOK_FP8_GRAPH_CACHE='1')),
     Row('act_ckpt-none', 'train', dict(act_ckpt='none'), expect=dict(act_ckpt='none')),
     Row('act_ckpt-selective', 'train', dict(act_ckpt='selective'), expect=dict(act_ckpt='selective')),
     Row('act_ckpt-full', 'train', dict(act_ckpt='full'), expect=dict(act_ckpt='full')),
@@ -117,10 +120,11 @@ def pinned(ids:list[str], fn):
     return run
 
 
-def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True) -> subprocess.CompletedProcess:
-    """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`); its output also to
-    `log`."""
-    env = child_env(ws, shared)
+def lmbook(ws:Path, *args, timeout=600, log:Path|None=None, shared=True,
+           env:dict|None=None) -> subprocess.CompletedProcess:
+    """Run the `lmbook` command in workspace `ws` (on the shared data unless not `shared`, with `env` on top);
+    its output also to `log`."""
+    env = {**child_env(ws, shared), **(env or {})}
     p = subprocess.run([sys.executable, '-m', 'lmbook.cli', *map(str, args)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=timeout)
     if log: log.write_text(p.stdout + p.stderr)
@@ -170,7 +174,7 @@ def run_warm(row:Row, ws:Path, out:Path) -> dict:
     notes = []
     for name in (f'{row.name}-a', f'{row.name}-b'):
         run_ok(lmbook(ws, 'train', '-p', 'smoke', '-e', name, *sets({**TINY, **row.overrides}),
-                      log=out/f'{name}.log'), f'lmbook train ({name})')
+                      log=out/f'{name}.log', env=row.env), f'lmbook train ({name})')
         meta = json.loads((ws/'runs'/name/'meta.json').read_text())
         for k, v in row.expect.items():
             check(meta.get('levers', {}).get(k) == v, f"{name} used {k}={meta.get('levers', {}).get(k)!r}")

@@ -125,7 +125,7 @@ ENV = {  # every environment variable lmbook reads -> what it means
     'AWS_ENDPOINT_URL': "the S3 endpoint of a checkpoint mirror at s3://",
     'PYTORCH_CUDA_ALLOC_CONF': "PyTorch's CUDA allocator settings, recorded by benchmarks",
     'TORCHINDUCTOR_CACHE_DIR': "torch.compile's caches (a run's default: the workspace's cache/_compile)",
-    'LMBOOK_FP8_GRAPH_CACHE': "1 (default) or 0: float8's compiled graphs cached, or as torchao makes them",
+    'LMBOOK_FP8_GRAPH_CACHE': "0 (default) or 1: float8's compiled graphs as torchao makes them, or cached",
     'JPY_PARENT_PID': "the process that started a Jupyter kernel (papermill or a notebook server)",
     'JPY_SESSION_NAME': "set by JupyterLab for a notebook a person has open",
     'PATH': "where `runpodctl` is looked for on a pod",

@@ -1,7 +1,8 @@
 """A float8 model's compiled graphs go into AOTAutograd's cache (`levers.cacheable_fp8`): a second process
-finds its training and validation graphs, with the same numbers as torchao's own uncached graphs;
-LMBOOK_FP8_GRAPH_CACHE=0 leaves them uncached. torchao's float8 runs on the CPU; each start is its own
-process, as a warm start is, and converts a model before its own, as the micro-batch fit's trials do."""
+finds its training and validation graphs, with the same numbers as torchao's own uncached graphs. It is
+asked for with LMBOOK_FP8_GRAPH_CACHE=1; by default (and with 0) they stay uncached. torchao's float8 runs
+on the CPU; each start is its own process, as a warm start is, and converts a model before its own, as the
+micro-batch fit's trials do."""
 import json, os, subprocess, sys
 import pytest
 from conftest import ROOT
@@ -30,17 +31,18 @@ print(json.dumps(dict(train=train, val=cache(), grad=x.grad.tolist(), out=out.to
 
 
 def start(cache_dir, **env) -> dict:
+    base = {k: v for k, v in os.environ.items() if k != 'LMBOOK_FP8_GRAPH_CACHE'}
     p = subprocess.run([sys.executable, '-c', START], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, 'TORCHINDUCTOR_CACHE_DIR': str(cache_dir), **env})
+                       env={**base, 'TORCHINDUCTOR_CACHE_DIR': str(cache_dir), **env})
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_float8_graphs_found_by_a_second_process(tmp_path):
-    first, second = start(tmp_path/'on'), start(tmp_path/'on')
+    first, second = (start(tmp_path/'on', LMBOOK_FP8_GRAPH_CACHE='1') for _ in range(2))
     assert (first['train'], first['val']) == ('miss,saved', 'miss,saved'), first
     assert (second['train'], second['val']) == ('hit', 'hit'), second
-    off = start(tmp_path/'off', LMBOOK_FP8_GRAPH_CACHE='0')  # torchao's graphs as torchao makes them
+    off = start(tmp_path/'off')  # the default: torchao's graphs as torchao makes them
     assert (off['train'], off['val']) == ('bypass', 'bypass'), off
     for run in (first, second):  # the same numbers, to the bit
         assert (run['grad'], run['out']) == (off['grad'], off['out'])

@@ -47,7 +47,7 @@ def convert_fp8(model:nn.Module, recipe:str) -> int:
     n = sum(fp8_eligible(m, k) for k, m in model.named_modules())
     convert_to_float8_training(model, module_filter_fn=fp8_eligible,
                                config=Float8LinearConfig.from_recipe_name(recipe))
-    cacheable_fp8()  # so that a warm start finds the float8 graphs (below)
+    cacheable_fp8()  # its graphs cached where LMBOOK_FP8_GRAPH_CACHE=1 asks (below)
     return n
 
 # %% ../../nbs/03d_levers.ipynb #32cf8b96
@@ -93,10 +93,10 @@ def cacheable_calls(functions, # autograd.Function classes the compiled graphs c
     return True
 
 def cacheable_fp8(env:dict|None=None) -> bool:
-    "Make torchao's float8 graphs cacheable; False with LMBOOK_FP8_GRAPH_CACHE=0 or another torchao."
-    said = env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) or '1'
+    "Make torchao's float8 graphs cacheable if LMBOOK_FP8_GRAPH_CACHE=1 (True where done)."
+    said = env_var('LMBOOK_FP8_GRAPH_CACHE', env=env) or '0'
     if said not in ('0', '1'): raise ValueError(f"LMBOOK_FP8_GRAPH_CACHE={said!r}: write 1 (float8's graphs "
-                                                "cached, the default) or 0 (as torchao makes them)")
+                                                "cached) or 0 (as torchao makes them, the default)")
     if said == '0': return False
     try:  # optional: float8 through torchao
         import torchao

@@ -150,7 +150,7 @@ def main():
     import torch
     res = dict(profile=a.profile, prepare_s=round(time.time() - t0, 1), date=time.strftime('%Y-%m-%d'),
                card=torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu', torch=torch.__version__,
-               set=a.set, fp8_graph_cache=os.environ.get('LMBOOK_FP8_GRAPH_CACHE') != '0')
+               set=a.set, fp8_graph_cache=os.environ.get('LMBOOK_FP8_GRAPH_CACHE') == '1')
     sets = [*data, *a.set, 'eval_every=1000', 'ckpt_every=1000', 'log_every=1', 'tensorboard=false']
     def save():
         print(json.dumps(res, indent=1))
