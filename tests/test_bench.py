@@ -154,10 +154,10 @@ def test_fp8_parity_arm_takes_an_accumulation(tmp_path):
 
 
 def test_fp8_time_to_loss_refuses_an_unknown_arm(tmp_path):
-    "ARMS picks one arm a call (one GPU, two calls); a misspelt one stops before anything is installed or run."
+    "ARMS picks one arm a call (one GPU, two calls); a misspelt one stops before anything is installed."
     p = subprocess.run(['bash', 'nbs/benchmarks/fp8_time_to_loss.sh', '7', 'runpod_1b-equal'], cwd=ROOT,
-                       env={**os.environ, 'ARMS': 'fp16', 'OUT': str(tmp_path)}, capture_output=True, text=True,
-                       timeout=60)
+                       env={**os.environ, 'ARMS': 'fp16', 'OUT': str(tmp_path)}, capture_output=True,
+                       text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.strip() == 'fp8_time_to_loss.sh: ARMS=fp16: write both, bf16 or fp8'
     assert not list(tmp_path.iterdir())
 
