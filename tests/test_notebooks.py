@@ -106,9 +106,20 @@ PAPERMILL_OWN = ('Input Notebook:', 'Output Notebook:', 'Working directory:', 'E
                  'Black is not installed', 'Passed unknown parameter')
 
 def first_said(stderr:str) -> str|None:
-    "The first line of a papermill run's terminal that is not papermill's banner or progress bar."
-    lines = [l for l in re.split(r'[\r\n]', stderr) if l.strip() and not l.startswith(PAPERMILL_OWN)]
+    "The first line of a papermill run's terminal that is not papermill's banner, bar or kernel start-up."
+    # the kernel's own start-up (a port another test's kernel took) prints above this banner
+    started = stderr.split('Executing notebook with kernel')
+    said = started[-1].split('\n', 1)[-1] if len(started) > 1 else stderr
+    lines = [l for l in re.split(r'[\r\n]', said) if l.strip() and not l.startswith(PAPERMILL_OWN)]
     return lines[0] if lines else None
+
+
+def test_first_said_skips_the_kernels_start_up():
+    noise = ('Input Notebook:  nbs/train.ipynb\nExecuting:   0%|  | 0/11\nException in thread Heartbeat:\n'
+             'Traceback (most recent call last):\nzmq.error.ZMQError: Address already in use\n')
+    said = "Executing notebook with kernel: python3\nExecuting:   9%|\nerror: unknown config key 'n_layers'\n"
+    assert first_said(noise + said) == "error: unknown config key 'n_layers'"
+    assert first_said('Executing:   9%|\nerror: x\n') == 'error: x'  # no banner: every line counts
 
 
 def error_outputs(nb_path) -> list[str]:
