@@ -30,9 +30,9 @@ def profile(fn:Callable[[], Config]) -> Callable[[], Config]:
     return fn
 
 # %% ../nbs/01d_profiles.ipynb #78c6d6f8
-def gpu_levers(fp8:str='auto') -> LeversConfig:
-    "The levers of the profiles of 1B parameters and more: the largest micro-batch, float8 as `fp8` says."
-    return LeversConfig(fp8=fp8, batch_fit=True)
+def gpu_levers() -> LeversConfig:
+    "The levers of the profiles of 1B parameters and more: float8 where it runs, the largest micro-batch."
+    return LeversConfig(fp8='auto', batch_fit=True)
 
 def with_fp8(cfg:Config, runs_fp8:bool, # whether the card (and torchao) run float8 matmuls
             ) -> Config:
@@ -79,7 +79,7 @@ def runpod_1b() -> Config:
                   DataConfig(dataset='HuggingFaceFW/fineweb', dataset_config='sample-10BT'),
                   TrainConfig(batch_size=16, grad_accum=8, optim=OptimConfig(lr=3e-4),
                               sched=ScheduleConfig(max_steps=20000, warmup_steps=1000),
-                              eval=EvalConfig(eval_every=500), levers=gpu_levers(fp8='off')))
+                              eval=EvalConfig(eval_every=500), levers=gpu_levers()))
 
 # %% ../nbs/01d_profiles.ipynb #d147044e
 @profile

@@ -1,7 +1,7 @@
 """End to end as a user meets it: `lmbook train` from the command to a validation loss, levers on against off.
 
 Two arms, the same `lmbook train -p PROFILE` command but for their `--set` values:
-  on    the profile as shipped (on CUDA: compile and batch_fit; fp8='auto' at runpod_2b and 4b), plus --on
+  on    the profile as shipped (on CUDA: compile, batch_fit and fp8='auto' from 1B up), plus --on
         (default none: the profile alone; 2026-11-27 measured `--on 'optimizer=muon,fp8=auto'`);
   off   every lever off: compile=false, fp8=off, act_ckpt=none, batch_fit=false, doc_mask=false, optimizer=adamw.
 Both train on the same tokens, prepared once before either starts (`lmbook prepare`, the `sources` corpus of
