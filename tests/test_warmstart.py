@@ -94,3 +94,35 @@ def test_second_process_finds_the_compiled_graphs(tmp_path):
     assert f'({note})' in line  # beside the first step's seconds in the log
     note, _ = start('b')  # another experiment: the same graphs, found in the workspace's cache/_compile
     assert 'found' in note and 'compiled' not in note, note
+
+
+def test_cold_start_finds_its_fits_graphs(tmp_path):
+    """The micro-batch fit's trial compiles the training step; the run's first step, after the step-0
+    validation ran its rows in smaller chunks (as a large vocabulary makes it on a GPU), finds those graphs
+    instead of compiling the step again for any batch size. The GPU's trial runs on the CPU here."""
+    import subprocess, sys
+    code = ("import sys, torch\n"
+            "for f in ('empty_cache', 'reset_peak_memory_stats'): setattr(torch.cuda, f, lambda *a: None)\n"
+            "torch.cuda.max_memory_reserved = lambda *a: 0\n"
+            "torch.cuda.mem_get_info = lambda *a: (1 << 40, 1 << 40)\n"
+            "import lmbook.train.runstart as rs, lmbook.train.validation as v\n"
+            "from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
+            "from lmbook.train.trainer import train\n"
+            "v.LOGITS_AT_ONCE = 64*4096  # a row of logits at a time: validation's chunks of one row\n"
+            "real = rs.fitted_config\n"
+            "def fitted(cfg, init, run_dir, info, log, cache=None, fits=None, card=None):\n"
+            "    trial = lambda c: c.train.batch_size <= 4 and rs.fits_card(c, init, info)\n"
+            "    return real(cfg, init, run_dir, info, log, cache, trial, card='cpu')\n"
+            "rs.fitted_config = fitted\n"
+            "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
+            "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
+    tiny = repr(dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='blocks', batch_fit=True,
+                     batch_size=2, grad_accum=4))
+    env = {k: v for k, v in os.environ.items() if k not in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')}
+    (tmp_path/'tmp').mkdir()
+    p = subprocess.run([sys.executable, '-c', code, 'a', tiny, str(tmp_path/'ws')], capture_output=True,
+                       text=True, env=dict(env, TMPDIR=str(tmp_path/'tmp')), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert 'micro-batch 4 x accumulation 2' in p.stdout, p.stdout[-2000:]  # the trials ran: 2, then 4
+    note = p.stdout.split('NOTE ')[-1].strip()
+    assert note.startswith('compile cache: graphs 2 found'), note  # the step's forward and backward

@@ -61,6 +61,7 @@ class Trainable:
     fp8: str = 'off'              # the float8 recipe really applied ('off' where the card or torchao cannot)
     # input ids -> attention mask (`model.doc_mask`), None: plain causal attention
     mask_fn: Callable|None = None
+    compiled: bool = False        # the model (or each block) goes through torch.compile
 
     def forward_kw(self, x:torch.Tensor) -> dict:
         "The keyword arguments of a forward over `x` besides targets: the document mask, when there is one."
@@ -69,6 +70,11 @@ class Trainable:
     def autocast(self):
         "The autocast context for forward passes, in the dtype training runs in."
         return autocast(self.device, self.amp_dtype)
+
+    def static_shapes(self):
+        "The context of the run's own passes (training steps, validation): a graph for each input shape."
+        if not self.compiled: return contextlib.nullcontext()
+        return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
 
     @property
     def eval_model(self) -> torch.nn.Module:
@@ -99,7 +105,7 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     sharded = info.distributed and parallel in SHARDED
     opt = make_optimizer(wrapped, tc.optim, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
     return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.optim.grad_clip, info,
-                     sharded, fp8)
+                     sharded, fp8, compiled=resolve_compile(lv.compile, dev))
 
 # %% ../../nbs/05b_step.ipynb #f051c8ce
 @dataclass
@@ -121,7 +127,7 @@ def train_step(t:Trainable, # model, optimizer and settings
         x, y = get_batch()
         x, y = x.to(t.device, non_blocking=True), y.to(t.device, non_blocking=True)
         with grad_sync(t.model, i == t.grad_accum - 1):
-            with t.autocast(): loss = t.model(x, y, **t.forward_kw(x))/t.grad_accum
+            with t.autocast(), t.static_shapes(): loss = t.model(x, y, **t.forward_kw(x))/t.grad_accum
             loss.backward()
         total += loss.detach()
     norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), t.grad_clip if t.grad_clip > 0

@@ -223,7 +223,7 @@ def mean_loss(t,  # the run's `Trainable`
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
         x = x.to(t.device)
-        with t.autocast(): tot += t.model(x, y.to(t.device), **t.forward_kw(x)).float()
+        with t.autocast(), t.static_shapes(): tot += t.model(x, y.to(t.device), **t.forward_kw(x)).float()
     t.model.train()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
@@ -252,7 +252,8 @@ def train_evals(tok_dir:Path, hellaswag:list|None=None, every:int=0) -> TrainEva
 # %% ../../nbs/05c_validation.ipynb #0f2a5573
 def val_metrics(t:Trainable, batches:list, byte_lengths:torch.Tensor) -> dict:
     "`val_loss` and `val_bpb` over `batches` in one pass, in the dtype training runs in, summed over ranks."
-    res = bits_per_byte(t.eval_model, batches, byte_lengths, t.device, t.mask_fn, t.amp_dtype)
+    with t.static_shapes():  # its row chunks compile apart from the training step's shape
+        res = bits_per_byte(t.eval_model, batches, byte_lengths, t.device, t.mask_fn, t.amp_dtype)
     return dict(val_loss=res['val_loss'], val_bpb=res['val_bpb'])
 
 # %% ../../nbs/05c_validation.ipynb #31f75c57
