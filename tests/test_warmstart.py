@@ -69,9 +69,20 @@ def test_start_up_is_recorded(tmp_path):
     assert sum(l.startswith('start-up:') for l in said) == 2
 
 
+def start_process(code:str, exp:str, cfg:dict, tmp_path) -> str:
+    """Run `code` (argv: experiment, config values, workspace) in a new process on `tmp_path/'ws'`, with its
+    own TMPDIR and no compile cache variables, as a new pod has; its stdout."""
+    import subprocess, sys
+    env = {k: v for k, v in os.environ.items() if k not in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')}
+    (tmp_path/f'tmp-{exp}').mkdir()
+    p = subprocess.run([sys.executable, '-c', code, exp, repr(cfg), str(tmp_path/'ws')], capture_output=True,
+                       text=True, env=dict(env, TMPDIR=str(tmp_path/f'tmp-{exp}')), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return p.stdout
+
+
 def test_second_process_finds_the_compiled_graphs(tmp_path):
     "A new process on the same workspace (a new pod, the same volume) compiles nothing, and its log says so."
-    import subprocess, sys
     # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR when something asks first, as importing
     # torchao's float8 does on a GPU machine: the trainer must still use the workspace's cache
     code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir()\n"
@@ -79,16 +90,11 @@ def test_second_process_finds_the_compiled_graphs(tmp_path):
             "from lmbook.train.trainer import train\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    tiny = repr(dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='true'))
-    def start(exp):
-        mine = ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')  # the trainer's choice, as on a pod
-        env = {k: v for k, v in os.environ.items() if k not in mine}
-        (tmp_path/f'tmp-{exp}').mkdir()
-        p = subprocess.run([sys.executable, '-c', code, exp, tiny, str(tmp_path/'ws')], capture_output=True,
-                           text=True, env=dict(env, TMPDIR=str(tmp_path/f'tmp-{exp}')), timeout=300)
-        assert p.returncode == 0, p.stderr[-2000:]
-        line = next(l for l in p.stdout.splitlines() if l.startswith('start-up:'))
-        return p.stdout.split('NOTE ')[-1].strip(), line
+    tiny = dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='true')
+    def start(exp):  # the compile cache is the trainer's choice, as on a pod
+        out = start_process(code, exp, tiny, tmp_path)
+        line = next(l for l in out.splitlines() if l.startswith('start-up:'))
+        return out.split('NOTE ')[-1].strip(), line
     note, line = start('a')
     assert note.startswith('compile cache: graphs') and 'compiled' in note and 'found' not in note, note
     assert f'({note})' in line  # beside the first step's seconds in the log
@@ -100,7 +106,6 @@ def test_cold_start_finds_its_fits_graphs(tmp_path):
     """The micro-batch fit's trial compiles the training step; the run's first step, after the step-0
     validation ran its rows in smaller chunks (as a large vocabulary makes it on a GPU), finds those graphs
     instead of compiling the step again for any batch size. The GPU's trial runs on the CPU here."""
-    import subprocess, sys
     code = ("import sys, torch\n"
             "for f in ('empty_cache', 'reset_peak_memory_stats'): setattr(torch.cuda, f, lambda *a: None)\n"
             "torch.cuda.max_memory_reserved = lambda *a: 0\n"
@@ -116,13 +121,8 @@ def test_cold_start_finds_its_fits_graphs(tmp_path):
             "rs.fitted_config = fitted\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    tiny = repr(dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='blocks', batch_fit=True,
-                     batch_size=2, grad_accum=4))
-    env = {k: v for k, v in os.environ.items() if k not in ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')}
-    (tmp_path/'tmp').mkdir()
-    p = subprocess.run([sys.executable, '-c', code, 'a', tiny, str(tmp_path/'ws')], capture_output=True,
-                       text=True, env=dict(env, TMPDIR=str(tmp_path/'tmp')), timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert 'micro-batch 4 x accumulation 2' in p.stdout, p.stdout[-2000:]  # the trials ran: 2, then 4
-    note = p.stdout.split('NOTE ')[-1].strip()
+    out = start_process(code, 'a', dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='blocks',
+                                         batch_fit=True, batch_size=2, grad_accum=4), tmp_path)
+    assert 'micro-batch 4 x accumulation 2' in out, out[-2000:]  # the trials ran: 2, then 4
+    note = out.split('NOTE ')[-1].strip()
     assert note.startswith('compile cache: graphs 2 found'), note  # the step's forward and backward
