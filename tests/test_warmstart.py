@@ -1,6 +1,7 @@
 """A warm start: the micro-batch fit's answer and the compiler's caches are found in the workspace by the next
 start, and every start records where its seconds went."""
 import os
+import pytest
 from pathlib import Path
 from lmbook.overrides import apply_overrides
 from lmbook.profiles import get_config
@@ -102,10 +103,12 @@ def test_second_process_finds_the_compiled_graphs(tmp_path):
     assert 'found' in note and 'compiled' not in note, note
 
 
-def test_cold_start_finds_its_fits_graphs(tmp_path):
+@pytest.mark.parametrize('compile', ['true', 'blocks'])
+def test_cold_start_finds_its_fits_graphs(tmp_path, compile):
     """The micro-batch fit's trial compiles the training step; the run's first step, after the step-0
     validation ran its rows in smaller chunks (as a large vocabulary makes it on a GPU), finds those graphs
-    instead of compiling the step again for any batch size. The GPU's trial runs on the CPU here."""
+    instead of compiling the step again for any batch size; the whole model or each block compiled. The GPU's
+    trial runs on the CPU here."""
     code = ("import sys, torch\n"
             "for f in ('empty_cache', 'reset_peak_memory_stats'): setattr(torch.cuda, f, lambda *a: None)\n"
             "torch.cuda.max_memory_reserved = lambda *a: 0\n"
@@ -121,7 +124,7 @@ def test_cold_start_finds_its_fits_graphs(tmp_path):
             "rs.fitted_config = fitted\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    out = start_process(code, 'a', dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='blocks',
+    out = start_process(code, 'a', dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile=compile,
                                          batch_fit=True, batch_size=2, grad_accum=4), tmp_path)
     assert 'micro-batch 4 x accumulation 2' in out, out[-2000:]  # the trials ran: 2, then 4
     note = out.split('NOTE ')[-1].strip()
