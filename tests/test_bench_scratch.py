@@ -82,6 +82,26 @@ def test_end_to_end_goes_on_across_calls(tmp_path):
     assert not list((tmp_path/'tmp').iterdir())  # the work folder goes once the comparison is complete
 
 
+def test_end_to_end_one_arm_a_call(tmp_path):
+    """On one GPU each arm can have a call of its own: --arms off runs the off arm alone, --arms on the other in
+    the next call, and the result is complete; a misspelled arm stops before anything is prepared."""
+    script, *args = SCRIPTS['end_to_end']
+    cmd = [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]]
+    env = _env(tmp_path)
+    bad = subprocess.run([*cmd, '--arms', 'of'], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and '--arms of: name off, on or off,on' in bad.stderr
+    assert not (tmp_path/'out.d').exists() and not list((tmp_path/'tmp').iterdir())
+    first = subprocess.run([*cmd, '--arms', 'off'], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
+    assert res['arms']['off']['done'] and res['arms']['on']['starts'] == 0 and not res['complete']
+    second = subprocess.run([*cmd, '--arms', 'on'], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
+    assert res['complete'] and res['arms']['off']['starts'] == 1 and res['arms']['on']['starts'] == 1
+    assert res['on_over_off'] is not None and res['prepare_s'] > 0
+
+
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):
     "SIGTERM to qlora_7b.py mid-row: the row's process is stopped, then the model folder and workspace go."
     tmp, err = tmp_path/'tmp', tmp_path/'stderr.txt'

@@ -10,7 +10,8 @@ micro-batch, accumulation and lr), a validation every --eval-every steps and che
 them (keeping one). The target is --target, else the off arm's final validation loss. The result gives, for each
 arm, the seconds from its command to its first validation at or below the target, and the on arm's share of the
 off arm's. The goal for the levers: at most 0.6x. With two GPUs or more the arms run at the same time, one a GPU;
-with one they run one after the other.
+with one they run one after the other (--arms off in one call, --arms on in the next: no arm starts just before
+a call's budget ends).
 
 Across calls. One call runs for at most --budget-s seconds (default 540, under a 10-minute limit): at
 --budget-s minus --stop-s it asks each running arm to checkpoint and stop (lmbook's stop request), and kills
@@ -154,8 +155,13 @@ def parse():
     ap.add_argument('--out', type=Path, required=True, help='folder of end_to_end.json, written every call')
     ap.add_argument('--work', type=Path, help='folder of the arms\' workspace and state, kept between calls '
                     '(default: under $TMPDIR, named after --out)')
+    ap.add_argument('--arms', default='off,on', help='the arms this call may start (on one GPU, --arms off in '
+                    'one call and --arms on in the next keeps an arm from starting just before the budget ends)')
     ap.add_argument('--clean', action='store_true', help='start again: remove the work folder first')
-    return ap.parse_args()
+    a = ap.parse_args()
+    if not a.arms or set(a.arms.split(',')) - set(ARMS): ap.error(f"--arms {a.arms}: name off, on or off,on")
+    a.arms = a.arms.split(',')
+    return a
 
 
 def main():
@@ -184,7 +190,7 @@ def main():
         st['prepare_s'] = round(time.time() - t_call, 1)
     arms = {'off': a.off, 'on': a.on}
     runs = {arm: ws/'runs'/f'e2e-{arm}' for arm in ARMS}
-    todo = [arm for arm in ARMS if not st['arms'][arm]['done']]
+    todo = [arm for arm in ARMS if arm in a.arms and not st['arms'][arm]['done']]
     for i, group in enumerate([todo] if st['together'] else [[arm] for arm in todo]):
         if not group or (i and time.time() > t_call + a.budget_s - a.stop_s): break  # the next call goes on
         procs = {arm: (start(a, arm, common + [s for s in arms[arm].split(',') if s], env,
