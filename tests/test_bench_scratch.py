@@ -54,15 +54,19 @@ def test_script_leaves_tmpdir_empty(name, tmp_path):
         assert res['kill_seconds_lost'] <= MINUTES*60 + 5, res
 
 
+def _end_to_end(tmp_path) -> tuple[list, dict]:
+    "end_to_end.py's command at toy size, its result in tmp_path/out.d, and its environment."
+    script, *args = SCRIPTS['end_to_end']
+    return [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]], _env(tmp_path)
+
+
 def test_end_to_end_goes_on_across_calls(tmp_path):
     """A call that asks its arms to stop at once (the kill only 240 s later: a loaded CI machine may take a
     minute to the first step) stops the off arm at its first step, after a checkpoint; the next call
     with the same --out resumes it and runs the on arm: the JSON of one long call, the off arm's clock
     counting its start-up once, the same losses as the on arm's uninterrupted run (on the CPU the levers
     change nothing)."""
-    script, *args = SCRIPTS['end_to_end']
-    cmd = [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]]
-    env = _env(tmp_path)
+    cmd, env = _end_to_end(tmp_path)
     first = subprocess.run([*cmd, '--budget-s', '240', '--stop-s', '240'], env=env, capture_output=True,
                            text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -86,9 +90,7 @@ def test_end_to_end_goes_on_across_calls(tmp_path):
 def test_end_to_end_one_arm_a_call(tmp_path):
     """On one GPU each arm can have a call of its own: --arms off runs the off arm alone, --arms on the other in
     the next call, and the result is complete; a misspelled arm stops before anything is prepared."""
-    script, *args = SCRIPTS['end_to_end']
-    cmd = [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]]
-    env = _env(tmp_path)
+    cmd, env = _end_to_end(tmp_path)
     bad = subprocess.run([*cmd, '--arms', 'of'], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and '--arms of: name off, on or off,on' in bad.stderr
     assert not (tmp_path/'out.d').exists() and not list((tmp_path/'tmp').iterdir())
