@@ -88,8 +88,8 @@ def test_end_to_end_goes_on_across_calls(tmp_path):
 
 
 def test_end_to_end_one_arm_a_call(tmp_path):
-    """On one GPU each arm can have a call of its own: --arms off runs the off arm alone, --arms on the other in
-    the next call, and the result is complete; a misspelled arm stops before anything is prepared."""
+    """On one GPU each arm can have a call of its own: --arms off runs the off arm alone, --arms on the other
+    in the next call, and the result is complete; a misspelled arm stops before anything is prepared."""
     cmd, env = _end_to_end(tmp_path)
     bad = subprocess.run([*cmd, '--arms', 'of'], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and '--arms of: name off, on or off,on' in bad.stderr
