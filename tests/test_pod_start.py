@@ -62,6 +62,13 @@ def pid1(env):
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def end_left(pattern:str):
+    "SIGKILL what still runs with `pattern` in its command line, as a container's end would."
+    for pid in subprocess.run(['pgrep', '-f', pattern], capture_output=True, text=True).stdout.split():
+        try: os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError: pass
+
+
 def wait_for(cond, timeout, what):
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -160,6 +167,7 @@ def test_an_endpoint_pod_serves_the_model(api, tmp_path):
         assert not (tmp_path/'workspace'/'runs').exists()  # nothing trained
     finally:
         os.killpg(p.pid, signal.SIGKILL); p.wait()
+        end_left(str(model))  # the supervisor starts the server in a session of its own
 
 
 def test_an_endpoint_pod_with_vllm(api, tmp_path):
