@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from lmbook.dev.fake_runpod import FakeRunPodV2, serve
 from lmbook.pods.runpod import start_command
-from test_pod_start import volume_venv  # the volume's virtualenv, as the start-command tests make it
+from test_pod_start import end_container, volume_venv  # as the start-command tests make and end them
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 60                       # pod seconds a wall second
@@ -185,13 +185,8 @@ class Cell:
         return [b for m, p, b in fake.calls('POST', f'/v2/pods/{POD}/action')]
 
     def kill_all(self):
-        "Kill every process of this cell's container (they carry its workspace in their environment)."
-        mark = f"LMBOOK_WORKSPACE={self.root/'workspace'}".encode()
-        for d in Path('/proc').iterdir():
-            if not d.name.isdigit() or int(d.name) == os.getpid(): continue
-            try:
-                if mark in (d/'environ').read_bytes().split(b'\0'): os.kill(int(d.name), signal.SIGKILL)
-            except (OSError, ProcessLookupError): pass
+        "Kill every process of this cell's container."
+        end_container(self.root/'workspace')
 
 
 def run_matrix(root:Path, cells:list[tuple[str, str]]|None=None, timeout:float=90,

@@ -62,11 +62,14 @@ def pid1(env):
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def end_left(pattern:str):
-    "SIGKILL what still runs with `pattern` in its command line, as a container's end would."
-    for pid in subprocess.run(['pgrep', '-f', pattern], capture_output=True, text=True).stdout.split():
-        try: os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError: pass
+def end_container(workspace:Path):
+    "SIGKILL every process of a container, as its end would: they carry its workspace in their environment."
+    mark = f"LMBOOK_WORKSPACE={workspace}".encode()
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid(): continue
+        try:
+            if mark in (d/'environ').read_bytes().split(b'\0'): os.kill(int(d.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError): pass
 
 
 def wait_for(cond, timeout, what):
@@ -167,7 +170,7 @@ def test_an_endpoint_pod_serves_the_model(api, tmp_path):
         assert not (tmp_path/'workspace'/'runs').exists()  # nothing trained
     finally:
         os.killpg(p.pid, signal.SIGKILL); p.wait()
-        end_left(str(model))  # the supervisor starts the server in a session of its own
+        end_container(tmp_path/'workspace')  # the supervisor starts the server in a session of its own
 
 
 def test_an_endpoint_pod_with_vllm(api, tmp_path):
