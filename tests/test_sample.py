@@ -149,3 +149,40 @@ def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
     assert r.returncode == 0, r.stderr
     out = [json.loads(l) for l in r.stdout.splitlines()]
     assert all(o['prompt'] == 'Return the ' and not o['text'].startswith(' ') for o in out), out
+
+
+class Bytes:
+    "A stand-in tokenizer: a token a byte, end-of-text 0."
+    eot_id = 0
+    def encode(self, s): return [b or 1 for b in s.encode()]
+    def decode(self, ids): return bytes(i % 256 for i in ids).decode(errors='replace')
+
+
+def compiled_trainable(blocks:bool):
+    "A tiny model compiled whole or per block, on a backend that counts what it compiles; no inductor."
+    from torch._dynamo.testing import CompileCounter
+    from lmbook.model.gpt import GPT
+    from lmbook.train.step import Trainable
+    c = get_config('smoke', dict(n_layer=2, n_embd=32, n_head=2, vocab_size=256, block_size=32, device='cpu'))
+    m, frames = GPT(c.model), CompileCounter()
+    for part in (m.h if blocks else [m]): part.compile(backend=frames)
+    return c, Trainable(m, m, torch.optim.SGD(m.parameters()), 'cpu', None, compiled=True), frames
+
+
+@pytest.mark.parametrize('blocks', [False, True], ids=['whole', 'blocks'])
+@pytest.mark.parametrize('stance', [True, False], ids=['set_stance', 'torch-before-2.6'])
+def test_run_samples_compile_nothing(tmp_path, monkeypatch, blocks, stance):
+    "A run's samples (its end, `sample_every`) skip the compiled code, whole or per block, on any torch."
+    import types
+    import lmbook.train.trainer as tr
+    from lmbook.distributed import DistInfo
+    torch._dynamo.reset()
+    if not stance: monkeypatch.delattr(torch.compiler, 'set_stance')
+    c, t, frames = compiled_trainable(blocks)
+    monkeypatch.setattr(tr, 'load_tokenizer', lambda d: Bytes())
+    r = types.SimpleNamespace(info=DistInfo(), t=t, tok_dir=tmp_path, cfg=c, dir=tmp_path)
+    tr._samples(r, 7)
+    assert frames.frame_count == 0  # nothing compiled for the samples
+    assert '"step": 7' in (tmp_path/'samples.jsonl').read_text()
+    with torch.no_grad(): t.raw(torch.zeros(1, 4, dtype=torch.long))
+    assert frames.frame_count > 0  # the compiled code is back after them

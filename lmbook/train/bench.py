@@ -20,7 +20,7 @@ from ..model.memory import estimate_memory
 from .optim import schedule_for
 from ..model.levers import lever_report
 from ..distributed import DistInfo, all_reduce, dist_env, init_distributed
-from .step import cuda_allocator_defaults, resolve_compile, train_step
+from .step import cuda_allocator_defaults, resolve_compile, train_step, uncompiled
 from .runstart import build_trainable, fit_batch, resolve_fp8
 from .inputs import check_init, find_init
 from ..core import env_var
@@ -95,7 +95,7 @@ def eager_val_loss(t, # a `trainer.Trainable`
     "Mean loss over `batches` through the uncompiled forward, averaged across ranks."
     tot = torch.zeros((), device=t.device)
     for x, y in batches:
-        with t.autocast(): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
+        with t.autocast(), uncompiled(t.raw): tot += t.raw.forward(x.to(t.device), y.to(t.device)).float()
     return all_reduce(tot/max(1, len(batches)), 'mean', t.device)
 
 def _is_oom(e:BaseException) -> bool:

@@ -19,7 +19,7 @@ from ..distributed import DistInfo, SHARDED, grad_sync, unwrap, wrap_model
 
 # %% auto #0
 __all__ = ['CUDA_ALLOC_CONF', 'cuda_allocator_defaults', 'resolve_dtype', 'autocast', 'resolve_compile', 'Trainable',
-           'make_trainable', 'StepResult', 'train_step', 'is_oom', 'OutOfMemory', 'oom_error']
+           'make_trainable', 'uncompiled', 'StepResult', 'train_step', 'is_oom', 'OutOfMemory', 'oom_error']
 
 # %% ../../nbs/05b_step.ipynb #5b4dec77
 CUDA_ALLOC_CONF = 'expandable_segments:True'  # measured: runpod_4b reserves 78.5 GB with it, 85.4 GB without
@@ -106,6 +106,19 @@ def make_trainable(model:torch.nn.Module, # the plain GPT, on `info.device`
     opt = make_optimizer(wrapped, tc.optim, dev.split(':')[0], fused=dev.startswith('cuda') and not sharded)
     return Trainable(wrapped, unwrap(wrapped), opt, dev, amp, tc.grad_accum, tc.optim.grad_clip, info,
                      sharded, fp8, compiled=resolve_compile(lv.compile, dev))
+
+# %% ../../nbs/05b_step.ipynb #b228a053
+@contextlib.contextmanager
+def uncompiled(model:torch.nn.Module):
+    "`model`'s passes in this block without its compiled code: for passes too few to repay a compile."
+    if hasattr(torch.compiler, 'set_stance'):  # torch 2.6+
+        with torch.compiler.set_stance('force_eager'): yield
+        return
+    kept = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, '_compiled_call_impl', None)]
+    for m, _ in kept: m._compiled_call_impl = None
+    try: yield
+    finally:
+        for m, f in kept: m._compiled_call_impl = f
 
 # %% ../../nbs/05b_step.ipynb #f051c8ce
 @dataclass

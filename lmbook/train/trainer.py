@@ -29,7 +29,7 @@ from ..runs.mirror import Mirror
 from ..runs.load import is_chat
 from ..runs.sample import prompts_for, sample_texts, write_samples
 from .step import StepResult, Trainable, cuda_allocator_defaults, train_step, is_oom, oom_error
-from .step import resolve_compile
+from .step import resolve_compile, uncompiled
 from .warmstart import StartClock, compile_note, use_compile_cache
 from .inputs import Init
 from .runstart import Run, build
@@ -223,7 +223,8 @@ def diverged(r:Run, consec:int, step:int, lr:float, last_ckpt:int) -> NonFiniteE
 # %% ../../nbs/05e_trainer.ipynb #ee7ccf26
 def _samples(r:Run, step:int):
     if r.info.is_main or r.t.sharded:  # FSDP2 needs every rank for a forward pass
-        with r.t.autocast():  # the dtypes training runs in (a bf16 base with float32 adapters)
+        # the dtypes training runs in (a bf16 base with float32 adapters); a few prompts repay no compile
+        with r.t.autocast(), uncompiled(r.t.eval_model):
             s = sample_texts(r.t.eval_model, load_tokenizer(r.tok_dir),
                              prompts_for(r.cfg), block_size=r.cfg.model.block_size,
                              seed=r.cfg.train.seed, device=r.info.device, chat=is_chat(r.cfg))
