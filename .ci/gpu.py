@@ -150,6 +150,8 @@ def trained(run:Path) -> dict:
           f"{run.name}: the loss did not fall ({train[0]['loss']:.3f} -> "
                                                f"{train[-1]['loss']:.3f})")
     check(vals and all(v == v and v < 1e9 for v in vals), f"{run.name}: validation {vals}")
+    samples = (run/'samples.jsonl').read_text().splitlines() if (run/'samples.jsonl').is_file() else []
+    check(samples, f"{run.name}: no samples at the run's end")  # sampled with the compiled code set aside
     last = train[-1]
     return dict(tok_per_s=round(last['tok_per_s']), mfu=last.get('mfu') and round(last['mfu'], 4),
                 mem_gb=round(last['mem_gb'], 3), loss_first=round(train[0]['loss'], 4),
@@ -222,6 +224,11 @@ def run_finetune(row:Row, ws:Path, out:Path) -> dict:
 
 def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     "The exported folder, read by transformers on CUDA, gives lmbook's logits (and peft's adapters too)."
+    # one row's own model work at a time: from_pretrained sets torch's default dtype for every thread
+    with LOCK: return _export_matches(ws, exp_name, folder)
+
+
+def _export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
     from lmbook.runs.load import load_model
@@ -246,14 +253,19 @@ def export_matches(ws:Path, exp_name:str, folder:Path) -> dict:
 
 def run_sample(row:Row, ws:Path, out:Path) -> dict:
     "`lmbook sample` on CUDA (a plain run and a QLoRA one); KV-cache decoding gives the no-cache tokens."
-    import torch
-    from lmbook.model.generate import generate
-    from lmbook.runs.load import load_model
     for src, prompt in (('train-bf16-compile', 'Return the'), ('finetune-qlora-nf4', 'What does abs do?')):
         p = lmbook(ws, 'sample', src, prompt, '--device', DEVICE, '--max-new-tokens', '24', '--num-samples',
                    '2', log=out/f'{row.name}-{src}.log')
         run_ok(p, f'lmbook sample {src}')
         check(len(p.stdout.strip()) > len(prompt), f"no text: {p.stdout!r}")
+    with LOCK: return kv_cache_figures(ws)  # no from_pretrained in another row's thread meanwhile
+
+
+def kv_cache_figures(ws:Path) -> dict:
+    "Greedy decoding of `train-bf16-compile` with and without the KV cache: the same tokens, and the speeds."
+    import torch
+    from lmbook.model.generate import generate
+    from lmbook.runs.load import load_model
     lm = load_model('train-bf16-compile', ws, DEVICE)
     idx = torch.tensor([lm.tokenizer.encode('Return the value')] * 4, device=DEVICE)
     times = {}
