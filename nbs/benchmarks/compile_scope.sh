@@ -3,7 +3,8 @@
 # start and per step: the `bench` rows of PROFILE (tok/s, and `warmup_s`: the first two optimizer steps with
 # their compilation), one arm per GPU at once (true on GPU 0, blocks on GPU 1), each arm twice: cold (an empty
 # compile cache, a fresh TMPDIR and HOME as on a new pod) and warm (that cache again, in a new process, as a
-# resume on the same volume). From the repo root on a machine of two GPUs, about 4 minutes at runpod_2b:
+# resume on the same volume); on one GPU the arms run one after the other. From the repo root on a machine of two
+# GPUs, about 4 minutes at runpod_2b:
 #   bash nbs/benchmarks/compile_scope.sh [PROFILE] [STEPS] [--set k=v ...]   (rows: $OUT/compile_scope.jsonl)
 source nbs/benchmarks/arms.sh  # the one preamble: $tmp, the wheels of .whl/ this Python lacks, the checks
 profile=${1:-runpod_2b}; steps=${2:-8}; shift 2 2>/dev/null || shift $#
@@ -23,4 +24,5 @@ print(r['label'], 'tok/s', r['tok_per_s'], 'warmup_s', r['warmup_s'], 'mem_gb', 
   done
 }
 unset TRITON_CACHE_DIR
-arm 0 true & arm 1 blocks & wait
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then arm 0 true & arm 1 blocks & wait
+else arm 0 true; arm 0 blocks; fi  # one GPU: the arms one after the other
