@@ -28,8 +28,8 @@ APIS = ('answering', 'down 3 min', 'down for good')
 LIMIT_MIN = {'answering': 2, 'down 3 min': 3 + 2, 'down for good': 10 + 2}  # billed minutes after the end
 UNFINISHED = ('container SIGTERM', 'SIGKILL of the supervisor')  # the container ends before the run
 GRACE_S = 10                     # pod seconds RunPod gives a stopped container before it kills it
-# ... on this machine at least 2 s: at 60x, 10 pod seconds are 0.17 s, in which a loaded 2-core machine once let
-# the supervisor be killed before RunPod's answer to its own stop call reached it (the fake's reply: a broken pipe)
+# ... on this machine at least 2 s: at 60x, 10 pod seconds are 0.17 s, in which a loaded 2-core machine
+# once let the supervisor be killed before RunPod's answer to its own stop call reached it (a broken pipe)
 GRACE_WALL_S = max(GRACE_S/SCALE, 2.0)
 
 
