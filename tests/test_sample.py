@@ -133,14 +133,18 @@ def test_huge_max_new_tokens_capped_and_streamed(ws, run):
     want = ''.join(f"{s['prompt']}{s['text']}\n---\n" for s in map(json.loads, j.stdout.splitlines()))
     assert r.stdout == want and r.stdout.encode('utf-8').decode('utf-8', 'strict') == want
 
+class Bytes:
+    "A stand-in tokenizer: a token a byte, end-of-text 0."
+    eot_id = 0
+    def encode(self, s): return [b or 1 for b in s.encode()]
+    def decode(self, ids): return bytes(i % 256 for i in ids).decode(errors='replace')
+
+
 def test_stream_ends_on_whole_characters():
     """Tokens that split a character (here one token a byte) are held until it is whole: no broken character
     mid-stream."""
     from lmbook.model.generate import TextStream
-    class ByteTok:
-        eot_id = 0
-        def decode(self, ids): return bytes(ids).decode('utf-8', 'replace')
-    ts, text = TextStream(ByteTok(), 0), 'naïve — 日本語 🙂'
+    ts, text = TextStream(Bytes(), 0), 'naïve — 日本語 🙂'
     pieces = [ts.push(b) for b in text.encode()]
     assert ''.join(pieces) + ts.flush() == text and all('\ufffd' not in p for p in pieces)
 def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
@@ -149,13 +153,6 @@ def test_a_prompt_ending_in_a_space_gets_no_second_one(ws, run):
     assert r.returncode == 0, r.stderr
     out = [json.loads(l) for l in r.stdout.splitlines()]
     assert all(o['prompt'] == 'Return the ' and not o['text'].startswith(' ') for o in out), out
-
-
-class Bytes:
-    "A stand-in tokenizer: a token a byte, end-of-text 0."
-    eot_id = 0
-    def encode(self, s): return [b or 1 for b in s.encode()]
-    def decode(self, ids): return bytes(i % 256 for i in ids).decode(errors='replace')
 
 
 def compiled_trainable(blocks:bool):
