@@ -289,7 +289,10 @@ _HELLASWAG_FILE = Range(pattern=f'({_TEXT})?', hint="'' or a file path without s
 class EvalConfig:
     "What a run measures besides its training loss, and how often: validation, samples, HellaSwag."
     eval_every: int = cfield(100, at_least(1), 'free', "steps between validation passes")
-    eval_steps: int = cfield(20, at_least(1), 'free', "validation batches per pass")
+    eval_steps: int = cfield(20, at_least(1), 'free', "validation batches of batch_size sequences per "
+                             "pass (eval_rows, when set, replaces it)")
+    eval_rows: int = cfield(0, at_least(0), 'free', "sequences a validation pass scores, shared by the "
+                            "processes (0: eval_steps x batch_size as given, before the micro-batch fit)")
     sample_every: int = cfield(0, at_least(0), 'free',
                                "steps between sampled continuations (0: only at the end)")
     sample_prompts: str = cfield('', _SAMPLE_PROMPTS, 'free', "prompts sampled during and at the end of "
@@ -424,6 +427,12 @@ class Config:
     def tokens_per_step(self) -> int:
         "Tokens per optimizer step on one process (times world size when distributed)."
         return self.train.batch_size*self.train.grad_accum*self.model.block_size
+
+    @property
+    def val_rows(self) -> int:
+        "Sequences a validation pass scores (all processes): `eval_rows`, else `eval_steps` x `batch_size`."
+        ev = self.train.eval
+        return ev.eval_rows or ev.eval_steps*self.train.batch_size
 
 # %% ../nbs/01_config.ipynb #23dd7478
 SECTIONS = ('model', 'data', 'train')  # the top-level sections; `train` holds sections of its own

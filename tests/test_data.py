@@ -224,7 +224,7 @@ def test_prepare_data_smoke_profile(tmp_path):
     dl = TokenLoader(pd.train_tokens, 4, cfg.model.block_size)
     x, y = dl.next_batch()
     assert x.shape == (4, 128) and x.dtype == torch.int64 and int(x.max()) < pd.vocab_size
-    assert len(val_batches(pd.val_tokens, 4, 128, 3)) == 3
+    assert len(val_batches(pd.val_tokens, 12, 128, 4)) == 3
 
 
 def test_console_script(corpus, workspace):

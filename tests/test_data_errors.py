@@ -44,7 +44,7 @@ def test_token_files_missing_empty_truncated_or_disagreeing(built, tmp_path):
     t = copy(d/'tokens', tmp_path/'t2'); (t/'shard_00001.bin').write_bytes(b'')
     with pytest.raises(ValueError, match='bad header'): TokenLoader(t, 2, 16)
     t = copy(d/'tokens', tmp_path/'t3'); p = t/'shard_00002.bin'; p.write_bytes(p.read_bytes()[:-6])
-    with pytest.raises(ValueError, match='truncated'): val_batches(t, 2, 16, 1)
+    with pytest.raises(ValueError, match='truncated'): val_batches(t, 2, 16)
     t = copy(d/'tokens', tmp_path/'t4')
     m = read_manifest(t); m['files'][0]['tokens'] += 1; write_manifest(t, m)
     with pytest.raises(ValueError, match='manifest says'): TokenLoader(t, 2, 16)

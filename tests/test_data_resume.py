@@ -127,14 +127,14 @@ def test_ranks_read_disjoint_windows(toy_tokens):
 
 
 def test_val_batches_fixed_and_rank_disjoint(toy_tokens):
-    a = val_batches(toy_tokens, 4, 32, 5)
-    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, val_batches(toy_tokens, 4, 32, 5)))
-    r0, r1 = val_batches(toy_tokens, 2, 32, 3, rank=0, world_size=2), val_batches(toy_tokens, 2, 32, 3,
+    a = val_batches(toy_tokens, 20, 32, 4)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, val_batches(toy_tokens, 20, 32, 4)))
+    r0, r1 = val_batches(toy_tokens, 6, 32, 2, rank=0, world_size=2), val_batches(toy_tokens, 6, 32, 2,
                                                                                   rank=1, world_size=2)
     firsts0, firsts1 = (set(torch.cat([x for x, _ in r])[:, 0].tolist()) for r in (r0, r1))
     assert not firsts0 & firsts1
     x, y = a[0]
-    assert x.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
+    assert len(a) == 5 and x.shape == (4, 32) and torch.equal(x[:, 1:], y[:, :-1])
 
 
 def test_loader_state_for_other_data_is_refused(toy_tokens, tmp_path):
@@ -161,9 +161,9 @@ def test_many_files_resume_and_coverage(tmp_path):
     batches(a, n + 7)
     b = TokenLoader(d, 3, 16, seed=2); b.load_state_dict(a.state_dict())
     assert all(torch.equal(g, w) for g, w in zip(batches(b, 2*n - 7), want[7:]))
-    v = val_batches(d, 4, 16, 2*n)
+    v = val_batches(d, 8*n, 16, 4)
     assert (torch.equal(v[0][0][0], torch.arange(16))
-            and all(torch.equal(x, y) for (x, _), (y, _) in zip(v, val_batches(d, 4, 16, 2*n))))
+            and all(torch.equal(x, y) for (x, _), (y, _) in zip(v, val_batches(d, 8*n, 16, 4))))
 
 
 def test_tokenize_trails_an_unfinished_sharder(tmp_path):

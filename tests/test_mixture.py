@@ -150,7 +150,7 @@ def test_nanogpt_bins_read_in_place(workspace, tmp_path, gpt2_cache, capsys):
     for r in x.tolist():  # every document a window holds whole is one of the file's
         ends = [i for i, t in enumerate(r) if t == GPT2_EOT]
         assert len(ends) >= 2 and all(tuple(r[i + 1:j + 1]) in docs for i, j in zip(ends, ends[1:]))
-    assert len(val_batches(pd.val_tokens, 2, 32, 3)) == 3
+    assert len(val_batches(pd.val_tokens, 6, 32, 2)) == 3
     # as `dataset`, the same; with another tokenizer, refused in one line before anything is read
     assert main(['prepare', '-p', 'smoke', '-e', 'owt2', '-q', '-s', f'dataset=nanogpt:{d}', 'tokenizer=gpt2',
                  'vocab_size=50304']) == 0

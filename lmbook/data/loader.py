@@ -24,12 +24,12 @@ from .tokenizer import open_tokens, read_header, ensure_tokenizer, tokenize_spli
 from ..chatformat import SPECIAL_TOKENS
 from .tokenizer import MAGIC, VERSION, hub_tokenizer_json, load_tokenizer, write_tokens
 from .stream import Preparation
-from .mixture import MixtureLoader, is_mixture, mixture_val_batches, open_mixture, prepare_mixture
+from .mixture import MixtureLoader, is_mixture, mixture_val_rows, open_mixture, prepare_mixture
 
 # %% auto #0
-__all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'val_batches', 'open_loader',
-           'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left', 'data_leader',
-           'data_status', 'run_need', 'add_cli']
+__all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'share_rows', 'val_batches',
+           'open_loader', 'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left',
+           'data_leader', 'data_status', 'run_need', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -203,23 +203,34 @@ def write_token_dir(out_dir:Path, arrays:list[np.ndarray], eot_id:int=0) -> Path
     return out_dir
 
 # %% ../../nbs/02d_loader.ipynb #adf9cb36
-def val_batches(token_dir:Path, batch_size:int, block_size:int, n_batches:int, rank:int=0,
-                world_size:int=1,
+def share_rows(x:torch.Tensor, y:torch.Tensor, # every row of the validation set: inputs, targets
+               batch_size:int=0, # rows a batch (0: all of this rank's at once)
+               rank:int=0, world_size:int=1, # this process's place among those sharing the set
+              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    "Rank `rank`'s batches of the rows: a contiguous share, padded with unscored rows to the others' passes."
+    if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    per = -(-len(x)//world_size)
+    xs, ys = x[rank*per:(rank + 1)*per], y[rank*per:(rank + 1)*per]
+    if pad := per - len(xs):  # target -1 is never scored: the set stays the same on any number of ranks
+        xs = torch.cat([xs, x[:1].expand(pad, -1)])
+        ys = torch.cat([ys, torch.full((pad, y.shape[1]), -1, dtype=y.dtype)])
+    b = batch_size or per
+    return [(xs[s:s + b], ys[s:s + b]) for s in range(0, per, b)]
+
+def val_batches(token_dir:Path, # a token folder, or a mixture's
+                rows:int, # sequences in the validation set (a run's `Config.val_rows`)
+                block_size:int, batch_size:int=0, rank:int=0, world_size:int=1, # as `share_rows` takes them
                 more:Callable[[], None]|None=None, # a folder being prepared: waits for the windows asked for
                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    "The same `n_batches` (x, y) validation batches every call; ranks get disjoint windows."
-    if not 0 <= rank < world_size: raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-    if is_mixture(token_dir): return mixture_val_batches(token_dir, batch_size, block_size, n_batches, rank,
-                                                         world_size)
-    dl = TokenLoader(token_dir, 1, block_size, shuffle=False, more=more)
-    dl.wait_for(n_batches*world_size*batch_size)  # the first windows are the same however many follow
-    total, out = int(dl.n_windows.sum()), []
-    if total == 0: raise dl._too_small()
-    for b in range(n_batches):
-        buf = torch.from_numpy(dl.windows(0,
-                                          ((b*world_size + rank)*batch_size + np.arange(batch_size)) % total))
-        out.append((buf[:, :-1].contiguous(), buf[:, 1:].contiguous()))
-    return out
+    "This rank's batches of the validation set: the folder's first `rows` windows (cycling when fewer)."
+    if is_mixture(token_dir): x, y = mixture_val_rows(token_dir, rows, block_size)
+    else:
+        dl = TokenLoader(token_dir, 1, block_size, shuffle=False, more=more)
+        dl.wait_for(rows)  # the first windows are the same however many follow
+        if (total := int(dl.n_windows.sum())) == 0: raise dl._too_small()
+        buf = torch.from_numpy(dl.windows(0, np.arange(rows) % total))
+        x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+    return share_rows(x, y, batch_size, rank, world_size)
 
 # %% ../../nbs/02d_loader.ipynb #1b1678fd
 def open_loader(token_dir:Path, batch_size:int, block_size:int, rank:int=0, world_size:int=1,
@@ -424,11 +435,10 @@ def data_status(cfg, paths) -> str:
 # %% ../../nbs/02d_loader.ipynb #0e6b3077
 def run_need(cfg, world_size:int=1) -> tuple[int|None, int]:
     "Train windows a run of `cfg` on `world_size` processes reads (None: all: epochs), and validation ones."
-    sc, tc, T = cfg.train.sched, cfg.train, cfg.model.block_size
+    sc, T = cfg.train.sched, cfg.model.block_size
     tps = cfg.tokens_per_step*world_size
     train = None if sc.epochs > 0 and sc.token_budget <= 0 else total_steps(sc, tps)*tps//T
-    # validation batches at the largest micro-batch the fit may choose: all of a step's sequences
-    return train, tc.eval.eval_steps*tc.batch_size*tc.grad_accum*world_size
+    return train, cfg.val_rows  # the validation set is the same on any number of processes
 
 
 # %% ../../nbs/02d_loader.ipynb #873821a5

@@ -25,7 +25,7 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['NANOGPT_FILES', 'SOURCES_DIR', 'DRAW_CHUNK', 'MIXTURE', 'GPT2_VOCAB', 'GPT2_EOT', 'Source', 'mixture_sources',
            'sources_dir', 'source_key', 'doc_starts', 'doc_index', 'SourceTokens', 'draw_sources', 'MixtureLoader',
-           'is_mixture', 'write_mixture', 'open_mixture', 'mixture_val_batches', 'nanogpt_split', 'mixed_docs',
+           'is_mixture', 'write_mixture', 'open_mixture', 'mixture_val_rows', 'nanogpt_split', 'mixed_docs',
            'mixture_tokenizer', 'token_split', 'prepare_mixture', 'token_shares', 'mixture_report']
 
 # %% ../../nbs/02ca_mixture.ipynb #52d251a8
@@ -311,11 +311,9 @@ def open_mixture(folder:Path) -> tuple[list[SourceTokens], list[float]]:
         out.append(s)
     return out, [e['weight'] for e in m['sources']]
 
-def mixture_val_batches(folder:Path, batch_size:int, block_size:int, n_batches:int, rank:int=0,
-                        world_size:int=1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    "The same `n_batches` validation batches of a mixture every call (seed 0); ranks get disjoint rows."
-    dl = MixtureLoader(*open_mixture(folder), batch_size, block_size, rank, world_size, seed=0)
-    return [dl.next_batch() for _ in range(n_batches)]
+def mixture_val_rows(folder:Path, rows:int, block_size:int) -> tuple[torch.Tensor, torch.Tensor]:
+    "The (x, y) of a mixture's validation set: `rows` windows in one draw (seed 0), the same every call."
+    return MixtureLoader(*open_mixture(folder), rows, block_size, seed=0).next_batch()
 
 # %% ../../nbs/02ca_mixture.ipynb #720b18ef
 GPT2_VOCAB, GPT2_EOT = 50257, 50256  # GPT-2's vocabulary and its <|endoftext|> id: what nanoGPT's .bin hold

@@ -14,6 +14,7 @@ import torch
 from ..config import Config
 from ..chatformat import END, ROLES
 from .chatdata import ChatSource, chat_records, chat_source, record_messages
+from .loader import share_rows
 
 # %% auto #0
 __all__ = ['render_chat', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'split_examples', 'sft_source', 'sft_val_rows',
@@ -141,14 +142,12 @@ class SFTLoader:
         self.epoch, self.pos, self.seed = int(d['epoch']), int(d['pos']), int(d['seed'])
 
 # %% ../../nbs/02e_sft.ipynb #df76058a
-def sft_val_batches(x:torch.Tensor, y:torch.Tensor, batch_size:int, n_batches:int, rank:int=0,
-                    world_size:int=1) -> list:
-    "The same `n_batches` validation batches every call; ranks get disjoint rows, cycling when few."
-    out = []
-    for b in range(n_batches):
-        idx = torch.from_numpy(((b*world_size + rank)*batch_size + np.arange(batch_size)) % len(x))
-        out.append((x[idx], y[idx]))
-    return out
+def sft_val_batches(x:torch.Tensor, y:torch.Tensor, # the packed validation rows
+                    rows:int, # rows in the validation set (a run's `Config.val_rows`), cycling when fewer
+                    batch_size:int=0, rank:int=0, world_size:int=1) -> list:
+    "This rank's batches of the fixed validation set, as `loader.share_rows` shares them."
+    idx = torch.arange(rows) % len(x)
+    return share_rows(x[idx], y[idx], batch_size, rank, world_size)
 
 # %% ../../nbs/02e_sft.ipynb #f0a56ac1
 def split_examples(examples:list, val_ratio:float, seed:int) -> tuple[list, list]:

@@ -178,8 +178,9 @@ def measure(cfg:Config, # the config to train (batch_size, grad_accum, model sha
         losses, row['warmup_s'], dts = time_steps(step, batches, lr, warmup, steps, device)
         row.update(timed_figures(cfg, losses, dts, world, device, row['card']))
         if val_data is not None:
-            row['val_loss'] = round(eager_val_loss(model, val_batches(val_data, tc.batch_size, m.block_size,
-                                                                      eval_batches, info.rank, world)), 4)
+            vb = val_batches(val_data, eval_batches*tc.batch_size*world, m.block_size, tc.batch_size,
+                             info.rank, world)  # `eval_batches` batches on every rank
+            row['val_loss'] = round(eager_val_loss(model, vb), 4)
         del model, step
     except Exception as e:
         if not _is_oom(e): raise

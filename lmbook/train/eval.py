@@ -37,7 +37,7 @@ def _hellaswag_or_skip(root, path, limit, note) -> list[dict]|None:
 def evaluate(source:str|Path,
              root:Path|None=None, # workspace root (default: from settings)
              device:str='auto', # 'auto' (CUDA, else MPS, else CPU), 'cpu', 'cuda' or 'mps'
-             batches:int=0, # validation batches (0: the run's eval_steps)
+             batches:int=0, # validation batches of `batch_size` (0: the run's own validation set)
              batch_size:int=0, # sequences per batch (0: the run's batch_size)
              hellaswag:bool=True, # also run HellaSwag
              hellaswag_path:Path|None=None, # a HellaSwag JSONL file (default: the cached official one)
@@ -52,20 +52,19 @@ def evaluate(source:str|Path,
     cfg, res = lm.config, dict(checkpoint=str(lm.path), step=lm.step, experiment=lm.experiment)
     mask_fn = (functools.partial(doc_mask, sep_id=lm.tokenizer.eot_id, backend=cfg.model.attn_backend)
                if cfg.train.levers.doc_mask else None)
+    b = batch_size or cfg.train.batch_size
+    rows, share = batches*b or cfg.val_rows, (b, info.rank, info.world_size)
     if cfg.data.sft_data:  # a fine-tuning run: its own validation examples, scored on the responses
         hf_cache = paths_for(lm.experiment, root=root).hf_cache if lm.experiment else None
-        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer, hf_cache), batch_size or cfg.train.batch_size,
-                             batches or cfg.train.eval.eval_steps, info.rank, info.world_size)
+        vb = sft_val_batches(*sft_val_rows(cfg, lm.tokenizer, hf_cache), rows, *share)
         res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     elif lm.experiment:
         vdir = token_dir(paths_for(lm.experiment, root=root), 'val')
         if not (vdir/'manifest.json').is_file():
             raise FileNotFoundError(f"no validation tokens in {vdir}: run `lmbook prepare -e "
                                     f"{lm.experiment}` with the run's profile")
-        allb = (val_batches(vdir, batch_size or cfg.train.batch_size, cfg.model.block_size, batches
-                            or cfg.train.eval.eval_steps))
-        res.update(bits_per_byte(lm.model, allb[info.rank::info.world_size],
-                                 token_byte_lengths(lm.tokenizer), info.device, mask_fn))
+        vb = val_batches(vdir, rows, cfg.model.block_size, *share)
+        res.update(bits_per_byte(lm.model, vb, token_byte_lengths(lm.tokenizer), info.device, mask_fn))
     if report and info.is_main: report(dict(res))
     exs = (_hellaswag_or_skip(root, hellaswag_path, limit, note if info.is_main else None) if hellaswag
            else None)
@@ -152,7 +151,8 @@ def add_cli(sub):
     p.add_argument('source', help='checkpoint folder, run folder or experiment '
                    'name (EXPERIMENT:best: its best checkpoint)')
     p.add_argument('--batches', type=int, default=0,
-                   help="validation batches (default: the run's eval_steps)")
+                   help="validation batches of --batch-size sequences (default: the run's own validation "
+                   "set)")
     p.add_argument('--batch-size', type=int, default=0,
                    help="sequences per batch (default: the run's batch_size)")
     p.add_argument('--no-hellaswag', action='store_true', help='skip HellaSwag')

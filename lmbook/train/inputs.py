@@ -264,16 +264,15 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
 # %% ../../nbs/05cb_inputs.ipynb #80b99559
 def run_loaders(cfg:Config, prepared, info) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
-    tc, bs, n_val = cfg.train, cfg.model.block_size, cfg.train.eval.eval_steps
+    tc, bs, share = cfg.train, cfg.model.block_size, (cfg.train.batch_size, info.rank, info.world_size)
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
-                sft_val_batches(*prepared.val, tc.batch_size, n_val, info.rank, info.world_size))
+                sft_val_batches(*prepared.val, cfg.val_rows, *share))
     # tokens prepared for this run alone (a corpus stopped at what it reads) are read as they are
     more = lambda d: prepared.more or nothing_more(d)
     return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed,
                         more=more(prepared.train_tokens)),
-            val_batches(prepared.val_tokens, tc.batch_size, bs, n_val, info.rank, info.world_size,
-                        more=more(prepared.val_tokens)))
+            val_batches(prepared.val_tokens, cfg.val_rows, bs, *share, more=more(prepared.val_tokens)))
 
 
 # %% ../../nbs/05cb_inputs.ipynb #078c711a

@@ -31,7 +31,7 @@ from .warmstart import shared_cache
 
 # %% auto #0
 __all__ = ['build_trainable', 'fits_card', 'fit_batch', 'fitted_config', 'newest_state', 'keep_tokens_per_step', 'resolve_fp8',
-           'settle', 'change_lines', 'Run', 'build']
+           'with_val_rows', 'settle', 'change_lines', 'Run', 'build']
 
 # %% ../../nbs/05d_runstart.ipynb #52192cbe
 def build_trainable(cfg:Config, # the run's config
@@ -186,6 +186,12 @@ def resolve_fp8(cfg:Config, # the run's config
                 "fp8=auto: tensorwise (float8 matmuls on this card)")
     return with_fp8(cfg, not why)
 
+# %% ../../nbs/05d_runstart.ipynb #950868f7
+def with_val_rows(cfg:Config) -> Config:
+    "`cfg` with `eval_rows` fixed from the config as given (`Config.val_rows`), before `batch_size` changes."
+    ev = dataclasses.replace(cfg.train.eval, eval_rows=cfg.val_rows)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval=ev))
+
 # %% ../../nbs/05d_runstart.ipynb #1905b301
 def settle(cfg:Config, # the config as given
            init:Init, # what its weights start from
@@ -197,6 +203,7 @@ def settle(cfg:Config, # the config as given
            log:Callable|None=None, # where a line that changes nothing goes (the fit kept its batch)
           ) -> tuple[Config, list[tuple]]:
     "The config the run trains, from the one given, and each change made: (key, given, used, why), in order."
+    cfg = with_val_rows(cfg)  # before the fit: one validation set whatever micro-batch and processes train
     changes, said, now = [], [], flat_config(config_dict(cfg))
     def record(new:Config, why:str=''):  # one change of the config, with what its maker said
         nonlocal cfg, now
