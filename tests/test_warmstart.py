@@ -84,34 +84,17 @@ def start_process(code:str, exp:str, cfg:dict, tmp_path) -> str:
     return p.stdout
 
 
-def test_second_process_finds_the_compiled_graphs(tmp_path):
-    "A new process on the same workspace (a new pod, the same volume) compiles nothing, and its log says so."
-    # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR when something asks first, as importing
-    # torchao's float8 does on a GPU machine: the trainer must still use the workspace's cache
-    code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir()\n"
-            "import sys; from lmbook.profiles import get_config; from lmbook.rundir import RunDir\n"
-            "from lmbook.train.trainer import train\n"
-            "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
-            "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    tiny = dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile='true')
-    def start(exp):  # the compile cache is the trainer's choice, as on a pod
-        out = start_process(code, exp, tiny, tmp_path)
-        line = next(l for l in out.splitlines() if l.startswith('start-up:'))
-        return out.split('NOTE ')[-1].strip(), line
-    note, line = start('a')
-    assert note.startswith('compile cache: graphs') and 'compiled' in note and 'found' not in note, note
-    assert f'({note})' in line  # beside the first step's seconds in the log
-    note, _ = start('b')  # another experiment: the same graphs, found in the workspace's cache/_compile
-    assert 'found' in note and 'compiled' not in note, note
-
-
 @pytest.mark.parametrize('compile', ['true', 'blocks'])
 def test_cold_start_finds_its_fits_graphs(tmp_path, compile):
     """The micro-batch fit's trial compiles the training step; the run's first step, after the step-0
     validation ran its rows in smaller chunks (as a large vocabulary makes it on a GPU), finds those graphs
     instead of compiling the step again for any batch size; the whole model or each block compiled. The GPU's
-    trial runs on the CPU here."""
-    code = ("import sys, torch\n"
+    trial runs on the CPU here. With the whole model, a second process on the same workspace (a new pod, the
+    same volume) then finds the fit's answer and every graph, and its log says so."""
+    # torch writes its /tmp default into TORCHINDUCTOR_CACHE_DIR when something asks first, as importing
+    # torchao's float8 does on a GPU machine: the trainer must still use the workspace's cache
+    code = ("from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir()\n"
+            "import sys, torch\n"
             "for f in ('empty_cache', 'reset_peak_memory_stats'): setattr(torch.cuda, f, lambda *a: None)\n"
             "torch.cuda.max_memory_reserved = lambda *a: 0\n"
             "torch.cuda.mem_get_info = lambda *a: (1 << 40, 1 << 40)\n"
@@ -126,8 +109,15 @@ def test_cold_start_finds_its_fits_graphs(tmp_path, compile):
             "rs.fitted_config = fitted\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    out = start_process(code, 'a', dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile=compile,
-                                         batch_fit=True, batch_size=2, grad_accum=4), tmp_path)
+    tiny = dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile=compile, batch_fit=True, batch_size=2,
+                grad_accum=4)
+    out = start_process(code, 'a', tiny, tmp_path)
     assert 'micro-batch 4 x accumulation 2' in out, out[-2000:]  # the trials ran: 2, then 4
     note = out.split('NOTE ')[-1].strip()
     assert note.startswith('compile cache: graphs 2 found'), note  # the step's forward and backward
+    if compile == 'blocks': return
+    out = start_process(code, 'b', tiny, tmp_path)  # another experiment: nothing tried, nothing compiled
+    assert 'as fitted for this card' in out, out[-2000:]
+    note = out.split('NOTE ')[-1].strip()
+    line = next(l for l in out.splitlines() if l.startswith('start-up:'))
+    assert 'found' in note and 'compiled' not in note and f'({note})' in line, note
