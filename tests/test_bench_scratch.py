@@ -36,7 +36,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
 
 E2E = {'profile', 'steps', 'prepare_s', 'on', 'off', 'target', 'together', 'complete', 'calls', 'arms',
        'validations', 'logs', 'off_seconds_to_target', 'on_seconds_to_target', 'on_over_off', 'card',
-       'gpus_per_arm', 'torch', 'date'}  # end_to_end.py's JSON, after one call or several
+       'gpus_per_arm', 'torch', 'date', 'val_rows'}  # end_to_end.py's JSON, after one call or several
 
 
 @pytest.mark.parametrize('name', [n for n in SCRIPTS if n != 'end_to_end'])  # its own test below
@@ -103,6 +103,7 @@ def test_end_to_end_one_arm_a_call(tmp_path):
     res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
     assert res['complete'] and res['arms']['off']['starts'] == 1 and res['arms']['on']['starts'] == 1
     assert res['on_over_off'] is not None and res['prepare_s'] > 0
+    assert res['val_rows'] == {'off': 2*4, 'on': 2*4}  # both validated on eval_steps x batch_size of SMALL
 
 
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):

@@ -9,7 +9,8 @@ tokens.py with a BPE of 8192 tokens), with the same schedule (--steps, warmup ov
 micro-batch, accumulation and lr), a validation every --eval-every steps and checkpoints as the profile writes
 them (keeping one). The target is --target, else the off arm's final validation loss. The result gives, for each
 arm, the seconds from its command to its first validation at or below the target, and the on arm's share of the
-off arm's. The goal for the levers: at most 0.6x. With two GPUs or more the arms run at the same time, one a GPU;
+off arm's; and the sequences each arm's validations scored (`val_rows`): on two different sets there is no
+share. The goal for the levers: at most 0.6x. With two GPUs or more the arms run at the same time, one a GPU;
 with one they run one after the other (--arms off in one call, --arms on in the next: no arm starts just before
 a call's budget ends).
 
@@ -119,6 +120,14 @@ def arm_after(st:dict, arm:str, run:Path, ended:dict, steps:int):
     if s['done']: shutil.rmtree(run/'checkpoints', ignore_errors=True)  # its disk, for the other arm's
 
 
+def val_rows(run:Path) -> int|None:
+    "Sequences each validation of `run` scored, from the config it trained with (None: not started)."
+    from lmbook.profiles import load_config_file
+    from lmbook.rundir import RunDir
+    try: return load_config_file(RunDir(run).config).val_rows
+    except (FileNotFoundError, ValueError): return None
+
+
 def summary(a, st:dict, runs:dict, work:Path) -> dict:
     "The result so far: each arm's validations on its own clock, the target and the on arm's share."
     import torch
@@ -133,6 +142,9 @@ def summary(a, st:dict, runs:dict, work:Path) -> dict:
     for arm in ARMS: res[f'{arm}_seconds_to_target'] = seconds_to(vals[arm], target) if target else None
     on, off = res['on_seconds_to_target'], res['off_seconds_to_target']
     res['on_over_off'] = round(on/off, 3) if on and off else None
+    res['val_rows'] = rows_ = {arm: val_rows(runs[arm]) for arm in ARMS}
+    if None not in rows_.values() and len(set(rows_.values())) > 1:  # no ratio of losses on two sets
+        res['on_over_off'], res['not_comparable'] = None, f"the arms validated on different sets: {rows_}"
     gpus = torch.cuda.device_count()
     return res | dict(card=torch.cuda.get_device_name(0) if gpus else 'cpu', gpus_per_arm=1,
                       torch=torch.__version__, date=time.strftime('%Y-%m-%d'))
