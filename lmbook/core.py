@@ -6,7 +6,7 @@ Docs: https://lmbook.github.io/lmbook/core.html.md"""
 
 # %% ../nbs/00_core.ipynb #e7c86c04
 from __future__ import annotations
-import configparser, hashlib, os, random, re, subprocess, sys, tempfile, warnings
+import ast, configparser, hashlib, os, random, re, subprocess, sys, tempfile, threading, warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 import yaml
@@ -19,7 +19,7 @@ __all__ = ['SETTINGS_ENV', 'ENV', 'CLI_OPTIONS', 'EXIT_FINISHED', 'EXIT_USER_ERR
            'load_settings', 'on_runpod', 'workspace_root', 'check_name', 'nonblank', 'default_experiment',
            'resolve_experiment', 'cli_options', 'one_line_warnings', 'Paths', 'paths_for', 'check_writable',
            'seed_everything', 'pick_device', 'git_commit', 'sha256_file', 'environment_info', 'peak_flops', 'gpu_table',
-           'find_gpu']
+           'find_gpu', 'parse_python']
 
 # %% ../nbs/00_core.ipynb #92807e1b
 SETTINGS_ENV = dict(  # settings key -> the environment variable that overrides it
@@ -414,3 +414,10 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     short = ', '.join(str((g.get('aliases') or [k])[0]) for k, g in table.items())
     raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one "
                      f"of {short} (the table is lmbook/gpu_prices.yaml)")
+
+# %% ../nbs/00_core.ipynb #8fc2531f
+_PARSE = threading.Lock()
+
+def parse_python(src:str|bytes) -> ast.Module:
+    "`ast.parse(src)`, one thread at a time (see above)."
+    with _PARSE: return ast.parse(src)

@@ -10,6 +10,7 @@ import ast, gzip, json, os, site, sys, sysconfig, zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+from ..core import parse_python
 
 # %% auto #0
 __all__ = ['PYSOURCE_SUFFIXES', 'MAX_FILE_BYTES', 'TEXT_SUFFIXES', 'MAX_DOC_BYTES', 'stdlib_files', 'builtin_docs', 'site_dirs',
@@ -28,7 +29,7 @@ def stdlib_files(root:Path|None=None) -> list[Path]:
     return out
 
 def _docstrings(src:bytes, min_chars:int) -> Iterator[str]:
-    try: tree = ast.parse(src)
+    try: tree = parse_python(src)
     except (SyntaxError, ValueError): return
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -40,7 +41,7 @@ def builtin_docs(min_chars:int=40, root:Path|None=None) -> Iterator[str]:
     files = stdlib_files(root)
     topics = [f for f in files if f.parts[-2:] == ('pydoc_data', 'topics.py')]
     for f in topics:
-        for node in ast.parse(f.read_bytes()).body:
+        for node in parse_python(f.read_bytes()).body:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
                 for k, v in zip(node.value.keys, node.value.values):
                     if isinstance(v, ast.Constant) and isinstance(v.value, str) and len(v.value) >= min_chars:

@@ -13,7 +13,7 @@ import yaml
 from .api import (RunPodAPI, RunPodError, CapacityError, TransientError, check_safe, masked,
                            rest_body, SAFE_VALUES, CPU_REST_ONLY)
 from . import sync as podsync, watch as podwatch
-from ..core import load_settings, check_name, package_dir, cli_options
+from ..core import load_settings, check_name, package_dir, cli_options, parse_python
 from ..overrides import parse_assignments
 from ..profiles import get_config
 from ..core import find_gpu, gpu_table
@@ -253,7 +253,7 @@ def code_source(repo:str|None=None, # git URL the pod clones (default: the check
 # %% ../../nbs/07f_runpod.ipynb #bbadd9f9
 def shipped(src:str) -> str:
     "Python as the start command carries it: the same program without docstrings, annotations, `__all__`."
-    tree = ast.parse(src)
+    tree = parse_python(src)  # one thread at a time: the pod tests build start commands from many at once
     doc = lambda b: (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
                      and isinstance(b.value.value, str))
     for n in ast.walk(tree):
