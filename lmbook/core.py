@@ -415,7 +415,7 @@ def find_gpu(name:str, table:dict|None=None) -> str:
     raise ValueError(f"unknown GPU {name!r}: use a RunPod GPU id or one "
                      f"of {short} (the table is lmbook/gpu_prices.yaml)")
 
-# %% ../nbs/00_core.ipynb #8fc2531f
+# %% ../nbs/00_core.ipynb #18ecee94
 _PARSE = threading.Lock()
 
 def parse_python(src:str|bytes) -> ast.Module:
