@@ -23,7 +23,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
     'qlora_7b': ['qlora_7b.py', '{out}', '--tiny', '--steps', '2', '--rows', 'lmbook-qlora-ckpt-none'],
     'serve_phases': ['serve_phases.py', '--tiny', '--out', '{out}'],
     'end_to_end': ['end_to_end.py', '--profile', 'smoke', '--dataset', 'builtin', '--steps', '4',
-                   '--eval-every', '2', '--set', SMALL, '--out', '{out}.d'],
+                   '--eval-every', '2', '--set', SMALL + ',log_every=1', '--out', '{out}.d'],
     'graceful_stop': ['graceful_stop.py', '--profile', 'smoke', '--minutes', str(MINUTES), '--set', SMALL,
                       '--out', '{out}'],
     # the scripts of the time-to-a-model rows, each as its docstring checks it on a CPU
@@ -36,7 +36,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
 
 E2E = {'profile', 'steps', 'prepare_s', 'on', 'off', 'target', 'together', 'complete', 'calls', 'arms',
        'validations', 'logs', 'off_seconds_to_target', 'on_seconds_to_target', 'on_over_off', 'card',
-       'gpus_per_arm', 'torch', 'date', 'val_rows'}  # end_to_end.py's JSON, after one call or several
+       'gpus_per_arm', 'torch', 'date', 'val_rows', 'losses'}  # end_to_end.py's JSON, after one call or several
 
 
 @pytest.mark.parametrize('name', [n for n in SCRIPTS if n != 'end_to_end'])  # its own test below
@@ -81,6 +81,8 @@ def test_end_to_end_goes_on_across_calls(tmp_path):
     assert off['exits'] == [143, 0] and len(off['restart_s']) == 1 and on['exits'] == [0], res['arms']
     v = res['validations']
     assert [r[:2] for r in v['off']] == [r[:2] for r in v['on']] and [r[0] for r in v['off']] == [0, 2, 4]
+    losses = res['losses']  # the training loss, one row a step here, the resumed arm's rows counted once
+    assert [r[0] for r in losses['off']] == [1, 2, 3, 4] and losses['off'] == losses['on'], losses
     assert v['off'][0][2] == off['startup_s'] and [r[2] for r in v['off']] == sorted(r[2] for r in v['off'])
     # the off arm's final loss is the target, which it reached last
     assert res['target'] == v['off'][-1][1] and res['off_seconds_to_target'] == v['off'][-1][2] > 0
