@@ -36,7 +36,7 @@ SCRIPTS = {  # script and arguments, tiny on the CPU; the result goes to {out}
 
 E2E = {'profile', 'steps', 'prepare_s', 'on', 'off', 'target', 'together', 'complete', 'calls', 'arms',
        'validations', 'logs', 'off_seconds_to_target', 'on_seconds_to_target', 'on_over_off', 'card',
-       'gpus_per_arm', 'torch', 'date', 'val_rows', 'losses'}  # end_to_end.py's JSON, after one call or several
+       'gpus_per_arm', 'torch', 'date', 'val_rows', 'losses'}  # end_to_end.py's JSON, after any call
 
 
 @pytest.mark.parametrize('name', [n for n in SCRIPTS if n != 'end_to_end'])  # its own test below
