@@ -109,10 +109,11 @@ def test_cold_start_finds_its_fits_graphs(tmp_path, compile):
             "rs.fitted_config = fitted\n"
             "res = train(get_config('smoke', eval(sys.argv[2])), sys.argv[1], root=sys.argv[3], log=print)\n"
             "print('NOTE', RunDir(res['run_dir']).read_meta()['startup']['notes'].get('first step'))")
-    tiny = dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile=compile, batch_fit=True, batch_size=2,
-                grad_accum=4)
+    # one trial compiles (4: fits); 8 is refused without compiling, as a card's estimate refuses it
+    tiny = dict(TINY, n_layer=2, max_steps=2, eval_steps=1, compile=compile, batch_fit=True, batch_size=4,
+                grad_accum=2)
     out = start_process(code, 'a', tiny, tmp_path)
-    assert 'micro-batch 4 x accumulation 2' in out, out[-2000:]  # the trials ran: 2, then 4
+    assert 'micro-batch 4 x accumulation 2 (4 fits, 8 does not)' in out, out[-2000:]
     note = out.split('NOTE ')[-1].strip()
     assert note.startswith('compile cache: graphs 2 found'), note  # the step's forward and backward
     if compile == 'blocks': return
