@@ -30,10 +30,11 @@ validation's seconds are start-up + its row's `elapsed_s`. What each later start
 as `restart_s`; the steps a killed arm loses after its last checkpoint are run again and counted once (its rows
 after the checkpoint are replaced by the resumed ones). The data preparation is `prepare_s`, counted in neither.
 
-GPU, from the repo root, at runpod_1b for 20 minutes and more of training per arm (600 steps of 131k tokens, the
-off arm ~2.3 s a step): call the same command until `complete` is true (about 3 calls on two GPUs, about 6 on one):
-    PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --steps 600 --eval-every 50 \\
-        --work cache/end_to_end --out ${OUT:-.}
+GPU, from the repo root, at runpod_1b for 20 minutes and more of training per arm (520 steps of 131k tokens, the
+off arm ~2.36 s a step): call the same command until `complete` is true (3 calls of 555 s on two GPUs, 2026-11-29;
+about 6 on one):
+    PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --steps 520 --eval-every 40 --mb 150 \\
+        --budget-s 555 --stop-s 70 --work cache/end_to_end --out ${OUT:-.}
 (--work: in the checkout's ignored cache/, which the machine keeps from one call to the next.)
 CPU, to check the script itself (under a minute):
     PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --profile smoke --dataset builtin --steps 20 \\
