@@ -10,7 +10,8 @@ micro-batch, accumulation and lr), a validation every --eval-every steps and che
 them (keeping one). The target is --target, else the off arm's final validation loss. The result gives, for each
 arm, the seconds from its command to its first validation at or below the target, and the on arm's share of the
 off arm's; and the sequences each arm's validations scored (`val_rows`): on two different sets there is no
-share. Each arm's training loss at its metrics rows (`losses`, on the same tokens in both) goes with it. The goal for the levers: at most 0.6x. With two GPUs or more the arms run at the same time, one a GPU;
+share. Each arm's training loss at its metrics rows (`losses`, on the same tokens in both) goes with it.
+The goal for the levers: at most 0.6x. With two GPUs or more the arms run at the same time, one a GPU;
 with one they run one after the other (--arms off in one call, --arms on in the next: no arm starts just before
 a call's budget ends).
 
@@ -139,8 +140,9 @@ def summary(a, st:dict, runs:dict, work:Path) -> dict:
     target = a.target if a.target is not None else (vals['off'][-1][1] if st['arms']['off']['done'] else None)
     res = dict(profile=a.profile, steps=a.steps, prepare_s=st['prepare_s'], on=a.on, off=a.off, target=target,
                together=st['together'], complete=complete, calls=st['calls'], arms=st['arms'], validations=vals,
-               losses={arm: [(r['step'], round(r['loss'], 4)) for r in rows(runs[arm]) if r.get('loss') is not None]
-                       for arm in ARMS},  # the training loss (the same tokens in both arms) at each metrics row
+               # the training loss (the same tokens in both arms) at each metrics row
+               losses={arm: [(r['step'], round(r['loss'], 4)) for r in rows(runs[arm])
+                             if r.get('loss') is not None] for arm in ARMS},
                logs={arm: log_ends(work/f'{arm}.log') for arm in ARMS})
     for arm in ARMS: res[f'{arm}_seconds_to_target'] = seconds_to(vals[arm], target) if target else None
     on, off = res['on_seconds_to_target'], res['off_seconds_to_target']
