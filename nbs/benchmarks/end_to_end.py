@@ -32,8 +32,8 @@ as `restart_s`; the steps a killed arm loses after its last checkpoint are run a
 after the checkpoint are replaced by the resumed ones). The data preparation is `prepare_s`, counted in neither.
 
 GPU, from the repo root, at runpod_1b for 20 minutes and more of training per arm (520 steps of 131k tokens, the
-off arm ~2.36 s a step): call the same command until `complete` is true (3 calls of 555 s on two GPUs, 2026-11-29;
-about 6 on one):
+off arm ~2.36 s a step): call the same command until `complete` is true (3 calls of 555 s on two GPUs,
+2026-11-29; about 6 on one):
     PYTHONPATH=$PWD python3 nbs/benchmarks/end_to_end.py --steps 520 --eval-every 40 --mb 150 \\
         --budget-s 555 --stop-s 70 --work cache/end_to_end --out ${OUT:-.}
 (--work: in the checkout's ignored cache/, which the machine keeps from one call to the next.)
