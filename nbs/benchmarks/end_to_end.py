@@ -134,14 +134,15 @@ def summary(a, st:dict, runs:dict, work:Path) -> dict:
     "The result so far: each arm's validations on its own clock, the target and the on arm's share."
     import torch
     clock = lambda arm, r: round((st['arms'][arm]['startup_s'] or 0) + r['elapsed_s'], 1)
-    vals = {arm: [(r['step'], round(r['val_loss'], 4), clock(arm, r)) for r in rows(runs[arm])
+    recs = {arm: rows(runs[arm]) for arm in ARMS}  # each arm's metrics, read once
+    vals = {arm: [(r['step'], round(r['val_loss'], 4), clock(arm, r)) for r in recs[arm]
                   if r.get('val_loss') is not None] for arm in ARMS}
     complete = all(st['arms'][arm]['done'] for arm in ARMS)
     target = a.target if a.target is not None else (vals['off'][-1][1] if st['arms']['off']['done'] else None)
     res = dict(profile=a.profile, steps=a.steps, prepare_s=st['prepare_s'], on=a.on, off=a.off, target=target,
                together=st['together'], complete=complete, calls=st['calls'], arms=st['arms'], validations=vals,
                # the training loss (the same tokens in both arms) at each metrics row
-               losses={arm: [(r['step'], round(r['loss'], 4)) for r in rows(runs[arm])
+               losses={arm: [(r['step'], round(r['loss'], 4)) for r in recs[arm]
                              if r.get('loss') is not None] for arm in ARMS},
                logs={arm: log_ends(work/f'{arm}.log') for arm in ARMS})
     for arm in ARMS: res[f'{arm}_seconds_to_target'] = seconds_to(vals[arm], target) if target else None
