@@ -61,6 +61,10 @@ ROWS = [
     Row('fp8-warm-start', 'warm', dict(fp8='tensorwise', compile='true', batch_fit=True, batch_size=2,
                                        grad_accum=8), expect=dict(fp8='tensorwise'),
         env=dict(LMBOOK_FP8_GRAPH_CACHE='1')),
+    # the same, stopped by a STOP request and resumed: it trains on as the run that was never stopped
+    Row('fp8-fit-stop-resume', 'stop_resume', dict(fp8='tensorwise', compile='true', batch_fit=True,
+                                                   batch_size=2, grad_accum=8), expect=dict(fp8='tensorwise'),
+        env=dict(LMBOOK_FP8_GRAPH_CACHE='1')),
     Row('act_ckpt-none', 'train', dict(act_ckpt='none'), expect=dict(act_ckpt='none')),
     Row('act_ckpt-selective', 'train', dict(act_ckpt='selective'), expect=dict(act_ckpt='selective')),
     Row('act_ckpt-full', 'train', dict(act_ckpt='full'), expect=dict(act_ckpt='full')),
@@ -582,9 +586,51 @@ def run_guard(row:Row, ws:Path, out:Path) -> dict:
     return dict(refusal=errors[0][:300])
 
 
+def losses(run:Path) -> dict[int, float]:
+    return {r['step']: r['loss'] for r in metrics(run) if r.get('loss') is not None}
+
+
+def run_stop_resume(row:Row, ws:Path, out:Path) -> dict:
+    """A run stopped by a STOP request at step 12 of 30 and resumed, against the same run uninterrupted: its
+    losses after the stop differ no more than a few times the GPU's own run-to-run noise before it, and its
+    training clock goes on from the stop's checkpoint."""
+    from lmbook.runlock import request_stop
+    name, ref = row.name, f'{row.name}-ref'
+    cfg = sets({**TINY, 'max_steps': 30, 'log_every': 1, **row.overrides})
+    run_ok(lmbook(ws, 'train', '-p', 'smoke', '-e', ref, *cfg, log=out/f'{ref}.log', env=row.env),
+           'the uninterrupted run')
+    p = subprocess.Popen([sys.executable, '-m', 'lmbook.cli', 'train', '-p', 'smoke', '-e', name, *cfg],
+                         cwd=ROOT, env={**child_env(ws), **row.env}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen, asked = [], False
+    for line in p.stdout:
+        seen.append(line)
+        m = re.match(r'step\s+(\d+)/', line)
+        if m and int(m.group(1)) >= 12 and not asked: asked = request_stop(ws/'runs'/name, 'the GPU check')
+    (out/f'{name}-stopped.log').write_text(''.join(seen))
+    check(p.wait() == 128 + signal.SIGTERM, f"the stopped run exited {p.returncode}: {''.join(seen[-5:])}")
+    ck = sorted((ws/'runs'/name/'checkpoints').glob('step_*'))[-1]
+    state = json.loads((ck/'state.json').read_text())
+    again = lmbook(ws, 'train', '-p', 'smoke', '-e', name, *cfg, log=out/f'{name}-resumed.log', env=row.env)
+    run_ok(again, 'the resumed run')
+    m = re.search(r'resumed at step (\d+)', again.stdout)
+    check(m and int(m.group(1)) == state['step'], f"not resumed from {ck.name}: {again.stdout[-400:]}")
+    at, a, b = state['step'], losses(ws/'runs'/ref), losses(ws/'runs'/name)
+    check(set(a) == set(b), f"steps logged: {sorted(set(a) ^ set(b))} in one run only")
+    noise = max(abs(a[s] - b[s]) for s in a if s <= at)
+    after = max(abs(a[s] - b[s]) for s in a if s > at)
+    check(after <= 3*noise + 0.01, f"after the resume at step {at} the losses differ by up to {after:.4f}, "
+                                   f"before it by {noise:.4f}")
+    clock = [r['elapsed_s'] for r in metrics(ws/'runs'/name) if r['step'] > at]
+    check(clock[0] > state['elapsed_s'],
+          f"the clock went back: {state['elapsed_s']} s at the stop, then {clock[0]} s")
+    return dict(trained(ws/'runs'/name), stopped_at=at, loss_diff_before=round(noise, 5),
+                loss_diff_after=round(after, 5), elapsed_at_stop=state['elapsed_s'])
+
+
 RUNNERS = dict(train=run_train, finetune=run_finetune, sample=run_sample, eval=run_eval, serve=run_serve,
                serve_api=run_serve_api, papermill=run_papermill, dist=run_dist, guard=run_guard,
-               nodes=run_nodes, warm=run_warm)
+               nodes=run_nodes, warm=run_warm, stop_resume=run_stop_resume)
 LOCK = threading.Lock()
 SINK: list[Path] = []  # the JSON lines file each row's record is added to as soon as the row ends
 

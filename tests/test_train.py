@@ -124,3 +124,26 @@ def test_checkpoints_on_time(ws, monkeypatch):
     # smoke: ckpt_minutes=0
     off = train(cfg(max_steps=3, ckpt_every=100), 'on-steps', root=ws, log=quiet(log))
     assert [p.name for p in list_checkpoints(Path(off['run_dir'])/'checkpoints')] == ['step_00000003']
+
+
+def test_the_clock_goes_on_across_a_stop(ws, monkeypatch):
+    """A run stopped between two metrics rows resumes its training clock from the stop's checkpoint: the
+    steps after the last row it kept are counted, not lost (the rows alone would miss them)."""
+    import time
+    from lmbook.train import trainer
+    from lmbook.runlock import request_stop
+    step, calls, pause = trainer.train_step, [], 0.3
+    def slow(t, *a):
+        calls.append(time.sleep(pause))  # a step of `pause` seconds at least; the 5th asks to stop
+        if len(calls) == 5: request_stop(Path(ws)/'runs'/'clock')
+        return step(t, *a)
+    monkeypatch.setattr(trainer, 'train_step', slow)
+    c = cfg(max_steps=8, log_every=100, eval_every=100, ckpt_every=100)
+    assert train(c, 'clock', root=ws, log=quiet([]))['step'] == 5
+    run = Path(ws)/'runs'/'clock'
+    assert [x['step'] for x in rows(run)] == [0]  # no row after step 0: the stop fell between rows
+    state = json.loads((list_checkpoints(run/'checkpoints')[0]/'state.json').read_text())
+    assert state['elapsed_s'] >= 5*pause
+    assert train(c, 'clock', root=ws, log=quiet([]))['step'] == 8
+    last = rows(run)[-1]
+    assert last['step'] == 8 and last['elapsed_s'] >= 8*pause, last

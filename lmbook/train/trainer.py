@@ -158,13 +158,16 @@ def _elapsed_before(path:Path) -> float:
 
 class StepLog:
     "Times the steps of a run and writes its metric rows."
-    def __init__(self, r:Run, metrics:MetricsLogger):
+    def __init__(self, r:Run, metrics:MetricsLogger,
+                 elapsed0:float|None=None, # training seconds of earlier starts (None: the kept rows' newest)
+                ):
         self.r, self.metrics, self.t_train, self.n = r, metrics, 0.0, 0
         dev = r.info.device
         self.peak = peak_flops(torch.cuda.get_device_name(dev) if dev.startswith('cuda') else None)
         self.fpt = flops_per_token(r.cfg.model)
         self.first = None  # (step, time) of the first row this start wrote: the pace of the time left
-        self.t0, self.elapsed0 = time.time(), _elapsed_before(metrics.path)  # training time of earlier starts
+        self.t0 = time.time()
+        self.elapsed0 = _elapsed_before(metrics.path) if elapsed0 is None else elapsed0
 
     def timed(self, seconds:float):
         self.t_train += seconds
@@ -184,6 +187,11 @@ class StepLog:
 
 # %% ../../nbs/05e_trainer.ipynb #b0bc789d
 @patch
+def elapsed(self:StepLog) -> float:
+    "Training seconds of the run so far: this start's and those of the starts before it (not the gaps)."
+    return self.elapsed0 + time.time() - self.t0
+
+@patch
 def eta(self:StepLog, step:int, now:float|None=None) -> float|None:
     "Seconds left after `step`, at the pace since the first row this start wrote (None until there is one)."
     now = time.time() if now is None else now
@@ -196,7 +204,7 @@ def write(self:StepLog, row:dict):
     "Append `row` to the metrics and log it as one line, ending with the time left."
     extra = ''.join(f" | {k} {row[k]:.4f}" for k in ('val_bpb', 'hellaswag') if row.get(k) is not None)
     # wall time, gaps between starts left out
-    row = dict(row, elapsed_s=round(self.elapsed0 + time.time() - self.t0, 3))
+    row = dict(row, elapsed_s=round(self.elapsed(), 3))
     eta = self.eta(row['step'])
     extra += f" | eta {format_duration(eta)}" if eta is not None else ''
     self.metrics.write(row)
@@ -258,9 +266,10 @@ class Progress:
     last_val: float|None = None   # the newest val_loss
 
 # %% ../../nbs/05e_trainer.ipynb #9e2a07bb
-def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str) -> dict:
+def _run_state(r:Run, step:int, tokens:int, skipped:int, lineage:str, elapsed:float) -> dict:
     tc = r.cfg.train
     return dict(tokens=tokens, epoch=r.loader.epoch, total_steps=r.total, lr=r.sched(step), skipped=skipped,
+                elapsed_s=round(elapsed, 3),  # the training clock at this step: where a resume goes on from
                 parallel=tc.parallel, config=config_dict(r.cfg), tokenizer=r.tok_ref, lineage=lineage,
                 **({'base': r.base} if r.base else {}))
 
@@ -347,13 +356,14 @@ def log_step(r:Run, slog:StepLog, p:Progress, res:StepResult, lr:float) -> dict:
     if row: slog.write(row)
     return ev
 
-def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int):
+def save_if_due(r:Run, ck:Checkpointer, p:Progress, ev:dict, signum:int, slog:StepLog):
     "Checkpoint step `p.step` when it is due (every `ckpt_every`, the end, a stop) or a new best val_loss."
     due = ck.due(p.step, r.total, bool(signum))
     best = ev.get('val_loss') if ck.improves(ev.get('val_loss'), p.step) else None
     if due or best is not None:
-        ck.save(p.step, r.t.model, r.t.optimizer, _run_state(r, p.step, p.tokens, p.skipped, p.lineage),
-                dict(loader=r.loader.state_dict()), r.t.sharded, best, due)
+        state = _run_state(r, p.step, p.tokens, p.skipped, p.lineage, slog.elapsed())
+        ck.save(p.step, r.t.model, r.t.optimizer, state, dict(loader=r.loader.state_dict()), r.t.sharded,
+                best, due)
 
 # %% ../../nbs/05e_trainer.ipynb #88b0e40b
 def log_startup(r:Run):
@@ -389,7 +399,7 @@ def run_steps(r:Run, ck:Checkpointer, slog:StepLog, p:Progress, flag:StopFlag) -
         every = tc.eval.sample_every
         if every and p.step % every == 0 and p.step < r.total: _samples(r, p.step)
         signum = agree_stop(flag.signum or take_stop_request(r.dir), r.info)  # or a STOP request
-        save_if_due(r, ck, p, ev, signum)
+        save_if_due(r, ck, p, ev, signum, slog)
         if signum: break
     return signum
 
@@ -414,7 +424,7 @@ def alert_started(r:Run, p:Progress, al:Alerts):
 def alert_finished(r:Run, ck:Checkpointer, p:Progress, slog:StepLog, al:Alerts):
     "Send `finished`: steps, tokens and time, the final validation loss, and where `best/` is."
     best = ck.dir/ckpt.BEST if ck.best_saved > 0 else None
-    took = slog.elapsed0 + time.time() - slog.t0
+    took = slog.elapsed()
     loss = lambda v: 'n/a' if v is None else f"{v:.4f}"
     text = (f"{p.step:,} steps, {_count(p.tokens)} tokens in {format_duration(took)}; val_loss "
             + (f"{loss(p.first_val)} -> " if p.first_val is not None else '') + loss(p.last_val)
@@ -447,7 +457,8 @@ def loop(r:Run, experiment:str, profile:str='') -> dict:
     ck.on_written = mirror and mirror.submit  # copies go off the volume in the background
     resumed, p, metrics = begin(r, ck, experiment)
     if r.clock: r.clock.lap('resume', resume_note(resumed)) if resumed else r.clock.lap('run files')
-    slog = StepLog(r, metrics)
+    # the clock goes on from the checkpoint's, with the steps after the last metrics row it holds
+    slog = StepLog(r, metrics, resumed and resumed['state'].get('elapsed_s'))
     # a resumed run validates at its next due step: `best/` keeps the best val_loss so far on disk
     if not resumed:
         ev = r.validator.run(r.t, 0)
