@@ -60,25 +60,34 @@ def _end_to_end(tmp_path) -> tuple[list, dict]:
     return [sys.executable, str(BENCH/script), *[a.format(out=tmp_path/'out') for a in args]], _env(tmp_path)
 
 
-def test_end_to_end_goes_on_across_calls(tmp_path):
-    """A call that asks its arms to stop at once (the kill only 240 s later: a loaded CI machine may take a
-    minute to the first step) stops the off arm at its first step, after a checkpoint; the next call
-    with the same --out resumes it and runs the on arm: the JSON of one long call, the off arm's clock
-    counting its start-up once, the same losses as the on arm's uninterrupted run (on the CPU the levers
-    change nothing)."""
+def test_end_to_end_goes_on_across_calls_an_arm_a_call(tmp_path):
+    """A misspelled arm stops before anything is prepared. On one GPU each arm has calls of its own: a call
+    of the off arm alone that asks it to stop at once (the kill only 240 s later: a loaded CI machine may take
+    a minute to the first step) stops it at its first step, after a checkpoint; the next call resumes it, and
+    a third runs the on arm: the JSON of one long call, the off arm's clock counting its start-up once, the
+    same losses as the on arm's uninterrupted run (on the CPU the levers change nothing)."""
     cmd, env = _end_to_end(tmp_path)
-    first = subprocess.run([*cmd, '--budget-s', '240', '--stop-s', '240'], env=env, capture_output=True,
-                           text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
-    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
-    assert set(res) == E2E and not res['complete'] and res['arms']['off']['exits'] == [143], res['arms']
+    bad = subprocess.run([*cmd, '--arms', 'of'], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and '--arms of: name off, on or off,on' in bad.stderr
+    assert not (tmp_path/'out.d').exists() and not list((tmp_path/'tmp').iterdir())
+    def call(*args) -> dict:
+        p = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
+        assert set(res) == E2E, set(res) ^ E2E
+        return res
+    res = call('--arms', 'off', '--budget-s', '240', '--stop-s', '240')
+    assert not res['complete'] and res['arms']['off']['exits'] == [143], res['arms']
     assert res['arms']['on']['starts'] == 0 and list(tmp_path.glob('tmp/lmbook-end-to-end-*/ws/runs/e2e-off'))
-    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-2000:]
-    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
-    assert set(res) == E2E and res['complete'] and len(res['calls']) == 2
+    res = call('--arms', 'off')
+    off = res['arms']['off']
+    assert not res['complete'] and off['done'] and off['exits'] == [143, 0] and len(off['restart_s']) == 1
+    res = call('--arms', 'on')
     off, on = res['arms']['off'], res['arms']['on']
-    assert off['exits'] == [143, 0] and len(off['restart_s']) == 1 and on['exits'] == [0], res['arms']
+    assert res['complete'] and len(res['calls']) == 3, res['calls']
+    assert on['exits'] == [0] and off['starts'] == 2, res['arms']
+    assert res['on_over_off'] is not None and res['prepare_s'] > 0
+    assert res['val_rows'] == {'off': 2*4, 'on': 2*4}  # both validated on eval_steps x batch_size of SMALL
     v = res['validations']
     assert [r[:2] for r in v['off']] == [r[:2] for r in v['on']] and [r[0] for r in v['off']] == [0, 2, 4]
     losses = res['losses']  # the training loss, one row a step here, the resumed arm's rows counted once
@@ -89,25 +98,6 @@ def test_end_to_end_goes_on_across_calls(tmp_path):
     # the off arm's final loss is the target, which it reached last
     assert res['target'] == v['off'][-1][1] and res['off_seconds_to_target'] == v['off'][-1][2] > 0
     assert not list((tmp_path/'tmp').iterdir())  # the work folder goes once the comparison is complete
-
-
-def test_end_to_end_one_arm_a_call(tmp_path):
-    """On one GPU each arm can have a call of its own: --arms off runs the off arm alone, --arms on the other
-    in the next call, and the result is complete; a misspelled arm stops before anything is prepared."""
-    cmd, env = _end_to_end(tmp_path)
-    bad = subprocess.run([*cmd, '--arms', 'of'], env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and '--arms of: name off, on or off,on' in bad.stderr
-    assert not (tmp_path/'out.d').exists() and not list((tmp_path/'tmp').iterdir())
-    first = subprocess.run([*cmd, '--arms', 'off'], env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
-    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
-    assert res['arms']['off']['done'] and res['arms']['on']['starts'] == 0 and not res['complete']
-    second = subprocess.run([*cmd, '--arms', 'on'], env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-2000:]
-    res = json.loads((tmp_path/'out.d'/'end_to_end.json').read_text())
-    assert res['complete'] and res['arms']['off']['starts'] == 1 and res['arms']['on']['starts'] == 1
-    assert res['on_over_off'] is not None and res['prepare_s'] > 0
-    assert res['val_rows'] == {'off': 2*4, 'on': 2*4}  # both validated on eval_steps x batch_size of SMALL
 
 
 def test_sigterm_mid_row_leaves_tmpdir_empty(tmp_path):
