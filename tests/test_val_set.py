@@ -63,3 +63,16 @@ def test_one_validation_set(kinds, kind, tmp_path):
             assert len(passes) == 1, (kind, b, world, passes)  # every rank makes as many passes
             assert torch.equal(x, want_x) and torch.equal(y, want_y), (kind, b, world)
             assert most <= b  # a pass holds no more than the micro-batch it trains with
+
+
+@pytest.mark.parametrize('kind,rows,what', [('tokens', 400, 'windows of 16 tokens'),
+                                             ('sft', 12, '7 packed rows')])
+def test_a_set_that_repeats_rows_says_so_once(kinds, kind, rows, what):
+    """A validation split smaller than the set asked for repeats rows, and says so in one line; a large one is
+    quiet."""
+    said = []
+    run_loaders(get_config('smoke', dict(GIVEN, eval_rows=rows)), kinds[kind], DistInfo(), said.append)
+    assert len(said) == 1 and what in said[0] and f'fewer than the {rows}' in said[0], said
+    assert 'raise val_ratio' in said[0]
+    run_loaders(get_config('smoke', dict(GIVEN, eval_rows=5)), kinds[kind], DistInfo(), said.append)
+    assert len(said) == 1, said[1:]

@@ -27,9 +27,9 @@ from .stream import Preparation
 from .mixture import MixtureLoader, is_mixture, mixture_val_rows, open_mixture, prepare_mixture
 
 # %% auto #0
-__all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'share_rows', 'val_batches',
-           'open_loader', 'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data', 'no_space_left',
-           'data_leader', 'data_status', 'run_need', 'add_cli']
+__all__ = ['BIN_FILES', 'manifest_files', 'token_files', 'TokenLoader', 'write_token_dir', 'share_rows', 'repeat_note',
+           'val_batches', 'open_loader', 'bin_dir', 'import_bin', 'PreparedData', 'streams', 'prepare_data',
+           'no_space_left', 'data_leader', 'data_status', 'run_need', 'add_cli']
 
 # %% ../../nbs/02d_loader.ipynb #3d45bbe2
 def manifest_files(token_dir:Path, # a folder of token files
@@ -217,10 +217,18 @@ def share_rows(x:torch.Tensor, y:torch.Tensor, # every row of the validation set
     b = batch_size or per
     return [(xs[s:s + b], ys[s:s + b]) for s in range(0, per, b)]
 
+def repeat_note(have:int, rows:int, what:str) -> str|None:
+    "The warning for a validation set of `rows` taken from `have` distinct `what` (None when none repeats)."
+    if have >= rows: return None
+    return (f"warning: the validation split holds {have} {what}, fewer than the {rows} a validation pass "
+            f"scores (eval_steps x batch_size, or eval_rows): some are scored {-(-rows//have)} times; raise "
+            "val_ratio, or lower eval_steps or eval_rows, to score each once")
+
 def val_batches(token_dir:Path, # a token folder, or a mixture's
                 rows:int, # sequences in the validation set (a run's `Config.val_rows`)
                 block_size:int, batch_size:int=0, rank:int=0, world_size:int=1, # as `share_rows` takes them
                 more:Callable[[], None]|None=None, # a folder being prepared: waits for the windows asked for
+                log:Callable|None=None, # told once when the folder holds fewer windows than `rows`
                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     "This rank's batches of the validation set: the folder's first `rows` windows (cycling when fewer)."
     if is_mixture(token_dir): x, y = mixture_val_rows(token_dir, rows, block_size)
@@ -228,6 +236,7 @@ def val_batches(token_dir:Path, # a token folder, or a mixture's
         dl = TokenLoader(token_dir, 1, block_size, shuffle=False, more=more)
         dl.wait_for(rows)  # the first windows are the same however many follow
         if (total := int(dl.n_windows.sum())) == 0: raise dl._too_small()
+        if log and (note := repeat_note(total, rows, f"windows of {block_size} tokens")): log(note)
         buf = torch.from_numpy(dl.windows(0, np.arange(rows) % total))
         x, y = buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
     return share_rows(x, y, batch_size, rank, world_size)

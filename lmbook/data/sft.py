@@ -14,7 +14,7 @@ import torch
 from ..config import Config
 from ..chatformat import END, ROLES
 from .chatdata import ChatSource, chat_records, chat_source, record_messages
-from .loader import share_rows
+from .loader import repeat_note, share_rows
 
 # %% auto #0
 __all__ = ['render_chat', 'read_sft', 'pack', 'SFTLoader', 'sft_val_batches', 'split_examples', 'sft_source', 'sft_val_rows',
@@ -144,8 +144,11 @@ class SFTLoader:
 # %% ../../nbs/02e_sft.ipynb #df76058a
 def sft_val_batches(x:torch.Tensor, y:torch.Tensor, # the packed validation rows
                     rows:int, # rows in the validation set (a run's `Config.val_rows`), cycling when fewer
-                    batch_size:int=0, rank:int=0, world_size:int=1) -> list:
+                    batch_size:int=0, rank:int=0, world_size:int=1,
+                    log:Callable|None=None, # told once when there are fewer rows than `rows`
+                   ) -> list:
     "This rank's batches of the fixed validation set, as `loader.share_rows` shares them."
+    if log and (note := repeat_note(len(x), rows, 'packed rows')): log(note)
     idx = torch.arange(rows) % len(x)
     return share_rows(x[idx], y[idx], batch_size, rank, world_size)
 

@@ -262,17 +262,20 @@ def sft_data(cfg:Config, paths, examples:list, tk) -> SFTData:
                    val[0].numel(), len(examples))
 
 # %% ../../nbs/05cb_inputs.ipynb #80b99559
-def run_loaders(cfg:Config, prepared, info) -> tuple:
+def run_loaders(cfg:Config, prepared, info,
+                log:Callable|None=None, # told when the validation set repeats rows
+               ) -> tuple:
     "(train loader, validation batches) of this rank for `prepared` data of either kind."
     tc, bs, share = cfg.train, cfg.model.block_size, (cfg.train.batch_size, info.rank, info.world_size)
     if isinstance(prepared, SFTData):
         return (SFTLoader(*prepared.train, tc.batch_size, info.rank, info.world_size, seed=tc.seed),
-                sft_val_batches(*prepared.val, cfg.val_rows, *share))
+                sft_val_batches(*prepared.val, cfg.val_rows, *share, log=log))
     # tokens prepared for this run alone (a corpus stopped at what it reads) are read as they are
     more = lambda d: prepared.more or nothing_more(d)
     return (open_loader(prepared.train_tokens, tc.batch_size, bs, info.rank, info.world_size, seed=tc.seed,
                         more=more(prepared.train_tokens)),
-            val_batches(prepared.val_tokens, cfg.val_rows, bs, *share, more=more(prepared.val_tokens)))
+            val_batches(prepared.val_tokens, cfg.val_rows, bs, *share, more=more(prepared.val_tokens),
+                        log=log))
 
 
 # %% ../../nbs/05cb_inputs.ipynb #078c711a

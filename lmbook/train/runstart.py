@@ -301,7 +301,7 @@ def build(cfg:Config, # the run's config, as the user gave it
     if cfg.train.levers.doc_mask:
         t.mask_fn = functools.partial(doc_mask, sep_id=data.eot_id, backend=cfg.model.attn_backend)
     clock.lap('model')
-    loader, val = run_loaders(cfg, data, info)  # token windows, or packed fine-tuning rows
+    loader, val = run_loaders(cfg, data, info, log)  # token windows, or packed fine-tuning rows
     if isinstance(loader, MixtureLoader):  # what each source gives the run
         for line in mixture_report(loader, total*tps): log(line)
     clock.lap('loaders')
