@@ -457,11 +457,12 @@ def test_chat_page_in_a_browser(server, tmp_path):
                    windowsVirtualKeyCode=13)
             done = "(document.querySelector('.assistant') || {dataset: {}}).dataset.done === '1'"
             until(lambda: tab.js(done))
-            got = tab.js("(a => ({text: a.textContent, chunks: +a.dataset.chunks, cls: a.className}))("
-                         "document.querySelector('.assistant'))")
-            assert got['text'] and 'error' not in got['cls'], got
+            got = tab.js("(a => ({text: a.textContent, chunks: +a.dataset.chunks, cls: a.className, "
+                         "finish: a.dataset.finish || ''}))(document.querySelector('.assistant'))")
+            # an empty answer only where the model ended it at once (its end token first), never silently
+            assert 'error' not in got['cls'] and (got['text'] or got['finish'] == 'stop'), got
             if got['chunks'] > 1: break
-        assert got['chunks'] > 1, got  # streamed, in more than one piece
+        assert got['chunks'] > 1 and got['finish'] in ('stop', 'length'), got  # streamed, in pieces, ended
         assert tab.js("document.querySelector('.user').textContent") == 'What does abs do?'
         tab.js("document.getElementById('reset').click()")
         assert tab.js("document.querySelectorAll('.msg').length") == 0
